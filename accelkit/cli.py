@@ -1,0 +1,90 @@
+"""The `accelkit` command group.
+
+Commands live in accelkit/commands/<module>.py and are imported only when used (or when their one-line help
+is listed); heavy libraries (torch, accelerate, ...) are imported inside the functions that need them, so
+`accelkit --help` starts in a fraction of the time `accelerate --help` takes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from accelkit import __version__
+from accelkit.errors import AccelkitError
+
+# command name -> module under accelkit.commands; listed in the order `accelkit --help` shows them.
+COMMANDS: dict[str, str] = {
+    "init": "init",
+    "config": "config",
+    "launch": "launch",
+    "merge-ckpt": "merge_ckpt",
+    "convert": "convert",
+    "env": "env",
+}
+
+DEBUG_ENV = "ACCELKIT_DEBUG"
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a command's module only when the command is needed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module_name = COMMANDS.get(cmd_name)
+        if module_name is None:
+            return None
+        module = importlib.import_module(f"accelkit.commands.{module_name}")
+        return module.command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "-V", "--version", prog_name="accelkit")
+def cli() -> None:
+    """accelkit: take a training script from one GPU to many, and back to one checkpoint.
+
+    \b
+      accelkit init my-run --template causal-lm --backend fsdp
+      accelkit config --backend fsdp --num-processes 8 -o fsdp.yaml
+      accelkit launch --backend fsdp my-run/train.py -- --max-steps 1000
+      accelkit merge-ckpt my-run/outputs/checkpoint-1000 -o merged/
+
+    Set ACCELKIT_DEBUG=1 to see full tracebacks.
+    """
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user mistakes become one message and a non-zero exit, never a traceback."""
+    try:
+        rv = cli.main(args=argv, prog_name="accelkit", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:  # AccelkitError and click's usage errors (exit code 2)
+        if debug_enabled() and isinstance(exc, AccelkitError):
+            raise
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug or an environment problem we did not anticipate
+        if debug_enabled():
+            raise
+        click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"  Hint: rerun with {DEBUG_ENV}=1 for the full traceback.", err=True)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""accelkit.configs"""

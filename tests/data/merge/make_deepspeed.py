@@ -1,0 +1,69 @@
+"""Producer: DeepSpeed ZeRO-1/2/3 checkpoints of the tiny model, trained for two steps on 2 CPU ranks.
+
+Run with `DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 make_deepspeed.py OUT [STAGES]`.
+For each stage it writes OUT/zero{stage}/ (engine.save_checkpoint: `latest` + tag folder) and, from rank 0, the
+full fp32 state dict the engine holds after training, OUT/zero{stage}_expected.safetensors, to compare against.
+One process group serves all stages so the JIT-built comm op and imports are paid once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import batch, tiny_model  # noqa: E402
+
+
+def train_and_save(stage: int, out: Path) -> None:
+    import deepspeed
+    from safetensors.torch import save_file
+
+    model = tiny_model(seed=stage)
+    model.model.norm.weight.requires_grad_(False)  # a frozen parameter: stored outside the optimizer partitions
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+    }
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    rank = torch.distributed.get_rank()
+    for step in range(2):
+        ids = batch(seed=step, rank=rank)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(str(out / f"zero{stage}"), tag="global_step2")
+    if stage == 3:
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    else:
+        full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    if rank == 0:
+        full.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight (safetensors stores it once)
+        save_file(full, str(out / f"zero{stage}_expected.safetensors"))
+    torch.distributed.barrier()
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    stages = [int(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "1,2,3").split(",")]
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    out.mkdir(parents=True, exist_ok=True)
+    for stage in stages:
+        train_and_save(stage, out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        (out / "DONE").write_text("ok\n")
+
+
+if __name__ == "__main__":
+    main()
