@@ -1,11 +1,128 @@
-"""Placeholder until this command lands."""
+"""`accelkit config`: write an Accelerate config that `accelerate launch --config_file` accepts unchanged."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
 
 import click
 
+from accelkit.commands.config_options import config_options, options_from_kwargs
 from accelkit.errors import AccelkitError
 
 
+def command_line(options, output: Path | None) -> str:
+    """The accelkit command that reproduces this config, for the YAML's header comment."""
+    from dataclasses import fields
+
+    from accelkit.configs.options import flag_name
+
+    parts = ["accelkit", "config"]
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if value is None or value == ():
+            continue
+        if isinstance(value, bool):
+            parts.append(flag_name(f.name) if value else "--no-" + flag_name(f.name)[2:])
+        elif isinstance(value, tuple):
+            for item in value:
+                parts += [flag_name(f.name), item]
+        else:
+            parts += [flag_name(f.name), str(value)]
+    if output is not None:
+        parts += ["-o", str(output)]
+    return shlex.join(parts)
+
+
+def _print_findings(findings) -> None:
+    for f in findings:
+        label = "Error" if f.severity == "error" else "Warning"
+        click.echo(f"{label}: {f.message}\n  Fix: {f.fix}", err=True)
+
+
+def _list_presets() -> int:
+    from accelkit.configs import list_presets
+
+    presets = list_presets()
+    width = max((len(p.name) for p in presets), default=0)
+    for p in presets:
+        click.echo(f"{p.name.ljust(width)}  {p.description}")
+    if presets:
+        click.echo(f"\nUse one with `accelkit config --preset NAME [options] -o my.yaml`, or launch it as it is: "
+                   f"`accelerate launch --config_file {presets[0].path.parent}/NAME.yaml ...`.", err=True)
+    return 0
+
+
+def _check(path: Path) -> int:
+    from accelkit.configs import check_config
+
+    findings = check_config(path)
+    _print_findings(findings)
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = len(findings) - errors
+    if errors:
+        click.echo(f"{path}: {errors} error(s), {warnings} warning(s).", err=True)
+        return 1
+    click.echo(f"{path}: OK: Accelerate's loader accepts it" + (f"; {warnings} warning(s)." if warnings else "."))
+    return 0
+
+
+def _refuse_overwrite(paths: list[Path], force: bool) -> None:
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise AccelkitError(f"{existing[0]} already exists",
+                            hint="pass --force to overwrite it, or choose another path")
+
+
 @click.command(name="config")
-def command() -> None:
-    """(not yet implemented)"""
-    raise AccelkitError("this command is not implemented yet")
+@config_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the YAML here (without it: print the YAML).")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@click.option("--list", "list_", is_flag=True, help="List the presets in accelerate_configs/ and exit.")
+@click.option("--check", "check_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="Check an existing config: Accelerate's loader plus accelkit's checks, each with "
+                                   "its fix. Exits 1 on errors.")
+def command(output: Path | None, force: bool, list_: bool, check_path: Path | None, **kwargs) -> int:
+    """Write an Accelerate config YAML for single, cpu, ddp, fsdp or deepspeed.
+
+    \b
+      accelkit config --backend fsdp --num-processes 8 -o fsdp.yaml
+      accelkit config --preset deepspeed_zero3 --offload --deepspeed-json ds.json -o ds.yaml
+      accelkit config --backend ddp --num-processes 16 --num-machines 2 --main-process-ip 10.0.0.1
+      accelkit config --list
+      accelkit config --check my_config.yaml
+    """
+    options = options_from_kwargs(kwargs)
+    if list_ or check_path is not None:
+        given = [name for name in options.given()]
+        if list_ and check_path is not None:
+            raise click.UsageError("use --list or --check, not both")
+        if given or output is not None:
+            raise click.UsageError("--list and --check take no other options")
+        code = _list_presets() if list_ else _check(check_path)
+        if code:
+            click.get_current_context().exit(code)  # works under main() and click's CliRunner alike
+        return code
+
+    from accelkit.configs import build_config, problems, render_yaml, write_config, write_deepspeed_json
+
+    config = build_config(options)
+    _print_findings([f for f in problems(config, deepspeed_json=config.deepspeed_json) if f.severity == "warning"])
+    line = command_line(options, output)
+    targets = [output] if output is not None else []
+    if config.deepspeed_json is not None:
+        targets.append(Path(config["deepspeed_config"]["deepspeed_config_file"]))
+    _refuse_overwrite(targets, force)
+    if output is None:
+        if config.deepspeed_json is not None:
+            click.echo(f"Wrote the DeepSpeed JSON to {write_deepspeed_json(config)}", err=True)
+        click.echo(render_yaml(config, line), nl=False)
+        return 0
+    write_config(config, output, line)
+    click.echo(f"Wrote {output}" + (f" and {targets[-1]}" if config.deepspeed_json is not None else "") +
+               f" ({config['distributed_type']}, {config['num_processes']} process(es)"
+               f" on {config['num_machines']} machine(s)).")
+    click.echo(f"Launch: accelerate launch --config_file {output} your_script.py")
+    return 0
+

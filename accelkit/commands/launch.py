@@ -1,11 +1,116 @@
-"""Placeholder until this command lands."""
+"""`accelkit launch`: run a training script on every process of a job (or rehearse it on CPU, or write SLURM)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
 
 import click
 
-from accelkit.errors import AccelkitError
+from accelkit.commands.config_options import config_options, options_from_kwargs
 
 
-@click.command(name="launch")
-def command() -> None:
-    """(not yet implemented)"""
-    raise AccelkitError("this command is not implemented yet")
+@click.command(name="launch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="Start from this Accelerate config (e.g. from `accelkit config -o`); options "
+                                   "given here override its values.")
+@config_options
+@click.option("--cpu", is_flag=True, default=False,
+              help="Run N real processes on CPU over gloo for any backend (DDP, FSDP and DeepSpeed are rehearsed "
+                   "with their real code).")
+@click.option("-m", "--module", is_flag=True, default=False, help="SCRIPT is a module name, run like `python -m`.")
+@click.option("--dry-run", is_flag=True, default=False,
+              help="Print the exact command, its environment and the config; start nothing.")
+@click.option("--max-restarts", type=int, default=None, metavar="N",
+              help="Restart the whole worker group up to N times after a failure (torchrun). Default 0.")
+@click.option("--monitor-interval", type=float, default=None, metavar="SECONDS",
+              help="How often torchrun checks its ranks. Default 0.1.")
+@click.option("--rdzv-backend", default=None, metavar="NAME",
+              help="torchrun rendezvous backend: static (default) or c10d.")
+@click.option("--rdzv-conf", default=None, metavar="K=V,...", help="Extra rendezvous settings for torchrun.")
+@click.option("--same-network", is_flag=True, default=None,
+              help="All machines share one local network (torchrun uses master address/port directly).")
+@click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="Write an sbatch script (and its config beside it) instead of launching.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None, metavar="N", help="With --slurm: nodes.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
+              help="With --slurm: GPUs per node (with --cpu: processes per node).")
+@click.option("--partition", default=None, metavar="P", help="With --slurm: partition.")
+@click.option("--time", "time_limit", default=None, metavar="T", help="With --slurm: time limit, e.g. 04:00:00.")
+@click.option("--job-name", default=None, metavar="J", help="With --slurm: job name. Default: accelkit.")
+@click.argument("script", metavar="SCRIPT")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
+            monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
+            same_network: bool | None, slurm_file: Path | None, nodes: int | None, gpus_per_node: int | None,
+            partition: str | None, time_limit: str | None, job_name: str | None, script: str,
+            script_args: tuple[str, ...], **kwargs: object) -> int:
+    """Launch SCRIPT on every process of the job; everything after SCRIPT goes to the script.
+
+    \b
+      accelkit launch --backend fsdp --num-processes 8 train.py --lr 3e-4
+      accelkit launch --config fsdp.yaml --mixed-precision bf16 train.py -- --max-steps 1000
+      accelkit launch --cpu --backend deepspeed --zero-stage 3 --num-processes 2 train.py
+      accelkit launch --backend ddp --dry-run train.py
+      accelkit launch --backend fsdp --slurm job.sbatch --nodes 2 --gpus-per-node 8 train.py
+
+    Without GPUs, GPU backends need --cpu (a CPU rehearsal). Exit status: the first failing rank's.
+    """
+    from accelkit.launch.plan import LauncherFlags, LaunchTarget
+    from accelkit.launch.prepare import check_target
+    from accelkit.launch.request import LaunchRequest
+
+    options = options_from_kwargs(kwargs)
+    if script_args[:1] == ("--",):  # `SCRIPT -- ARGS`: the separator is ours, not the script's
+        script_args = script_args[1:]
+    slurm_only = {"--nodes": nodes, "--gpus-per-node": gpus_per_node, "--partition": partition,
+                  "--time": time_limit, "--job-name": job_name}
+    if slurm_file is None and any(v is not None for v in slurm_only.values()):
+        flag = next(k for k, v in slurm_only.items() if v is not None)
+        raise click.UsageError(f"{flag} only applies with --slurm FILE")
+
+    target = LaunchTarget(script=script, args=tuple(script_args), module=module)
+    check_target(target)
+    flags = LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval, rdzv_backend=rdzv_backend,
+                          rdzv_conf=rdzv_conf, same_network=same_network)
+    request = LaunchRequest(target=target, options=options, config_file=config_file, cpu=cpu, flags=flags,
+                            command_line=shlex.join(["accelkit", *sys.argv[1:]]))
+
+    if slurm_file is not None:
+        from accelkit.launch.slurm import SlurmOptions, write_slurm_job
+
+        slurm = SlurmOptions(nodes=nodes or options.num_machines or 1, gpus_per_node=gpus_per_node or 0,
+                             partition=partition, time=time_limit, job_name=job_name or "accelkit",
+                             chdir=Path.cwd())
+        config_path, lines = write_slurm_job(request, slurm, slurm_file)
+        for line in lines:
+            click.echo(line, err=True)
+        click.echo(f"Wrote {slurm_file} (config: {config_path}). Submit it with: sbatch {shlex.quote(str(slurm_file))}")
+        return 0
+    if dry_run:
+        from accelkit.launch.prepare import prepare_launch
+
+        prepared = prepare_launch(request, check_hardware=False)
+        click.echo(format_dry_run(prepared))
+        return 0
+
+    from accelkit.launch.run import run_request
+
+    return run_request(request)
+
+
+def format_dry_run(prepared) -> str:
+    plan = prepared.plan
+    lines = ["# accelkit launch --dry-run: nothing was started. The command below runs the job."]
+    lines += [f"# {line.removeprefix('accelkit: ')}" for line in prepared.summary]
+    lines.append(f"# Accelerate config, written to {plan.config_path}:")
+    lines += [f"#   {text}" if text else "#" for text in plan.config_path.read_text().splitlines()]
+    from accelkit.launch.plan import accelerate_cli_argv
+
+    lines.append("# The same launch with Accelerate's CLI (which exits 1 instead of the failing rank's status):")
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    lines.append("#   " + (prefix + " " if prefix else "") + shlex.join(accelerate_cli_argv(plan)))
+    lines.append(plan.shell_command())
+    return "\n".join(lines)
+

@@ -1,11 +1,90 @@
-"""Placeholder until this command lands."""
+"""`accelkit merge-ckpt`: merge a sharded checkpoint into safetensors, streaming in bounded memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError  # noqa: F401 - raised by the library; documented here for readers
+
+DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _print_report(report, inspect_only: bool) -> None:
+    click.echo(f"Format:      {report.format_name}" + (f", world size {report.world_size}"
+                                                        if report.world_size else ""))
+    for note in report.notes:
+        click.echo(f"  - {note}")
+    click.echo(f"Input:       {report.input_files} files, {_size(report.input_bytes)}")
+    dtypes = ", ".join(f"{n} x {d}" for d, n in sorted(report.dtypes.items()))
+    click.echo(f"Tensors:     {report.tensors} ({dtypes})")
+    click.echo(f"Parameters:  {report.parameters:,}")
+    click.echo(f"Bytes:       {_size(report.bytes)}" + (" (tensor data)" if inspect_only else " written"))
+    if inspect_only:
+        if report.dropped_aliases:
+            click.echo("Tied:        " + ", ".join(f"{a} -> {t}" for a, t in report.dropped_aliases.items()))
+        click.echo("Nothing was written (--inspect).")
+        return
+    click.echo(f"Output:      {report.output} ({', '.join(report.output_files)})")
+    if report.verified:
+        click.echo("Verified:    every tensor re-read from the output matches the source bit for bit")
+    click.echo(f"Time:        {report.seconds:.1f} s, peak memory {_size(report.peak_rss_bytes)}")
 
 
 @click.command(name="merge-ckpt")
-def command() -> None:
-    """(not yet implemented)"""
-    raise AccelkitError("this command is not implemented yet")
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="OUTPUT.safetensors for one file; any other path is a folder loadable with from_pretrained.")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
+              help="Cast floating-point tensors (integer buffers are kept as they are).")
+@click.option("--max-shard-size", metavar="SIZE",
+              help="Split a folder output into HF-named shards of at most SIZE (e.g. 5GB) plus an index.")
+@click.option("--verify", is_flag=True, help="Re-read the output and compare every tensor with the source.")
+@click.option("--force", is_flag=True, help="Replace an existing output (only once the new one is complete).")
+@click.option("--inspect", "inspect_only", is_flag=True, help="Describe the checkpoint; write nothing.")
+@click.option("--tag", help="DeepSpeed tag folder to merge (default: the one `latest` names).")
+@click.option("--model-index", type=int, help="Which pytorch_model_fsdp_N/ of an Accelerate save_state folder.")
+@click.option("--config-from", type=click.Path(path_type=Path),
+              help="Folder (or config.json) to copy config/tokenizer files from (default: found beside or above "
+                   "the input).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: str | None, verify: bool,
+            force: bool, inspect_only: bool, tag: str | None, model_index: int | None, config_from: Path | None,
+            quiet: bool) -> int:
+    """Merge a sharded checkpoint INPUT into one safetensors file or a from_pretrained folder.
+
+    \b
+    INPUT is detected and the detection explained: a torch DCP folder (FSDP; or an Accelerate
+    save_state folder, using pytorch_model_fsdp_0/), a DeepSpeed ZeRO-1/2/3 checkpoint (the folder
+    with `latest`, or a tag folder), HF sharded safetensors (*.index.json), or a .bin/.pt state dict.
+
+    \b
+      accelkit merge-ckpt outputs/checkpoint-1000 -o merged/
+      accelkit merge-ckpt ds_ckpt/ -o model.safetensors --dtype bf16 --verify
+      accelkit merge-ckpt outputs/checkpoint-1000 -o merged/ --max-shard-size 5GB
+      accelkit merge-ckpt outputs/checkpoint-1000 --inspect
+
+    Streams one tensor at a time; the output is written under a temporary name and renamed at the
+    end, so a failure never leaves a partial output and the input is never modified.
+    """
+    from accelkit.merge import MergeOptions, inspect_checkpoint, merge_checkpoint
+
+    if inspect_only:
+        _print_report(inspect_checkpoint(input_path, tag, model_index), inspect_only=True)
+        return 0
+    if output is None:
+        raise click.UsageError("missing -o/--output (or pass --inspect to only describe the checkpoint)")
+    report = merge_checkpoint(MergeOptions(
+        input=input_path, output=output, dtype=dtype, max_shard_size=max_shard_size, verify=verify, force=force,
+        tag=tag, model_index=model_index, config_from=config_from, progress=not quiet))
+    _print_report(report, inspect_only=False)
+    return 0

@@ -2,7 +2,8 @@
 
 Run with `DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 make_deepspeed.py OUT [STAGES]`.
 For each stage it writes OUT/zero{stage}/ (engine.save_checkpoint: `latest` + tag folder) and, from rank 0, the
-full fp32 state dict the engine holds after training, OUT/zero{stage}_expected.safetensors, to compare against.
+full fp32 state dict the engine holds after training, OUT/zero{stage}_expected.safetensors, to compare against;
+and the model's OUT/config.json.
 One process group serves all stages so the JIT-built comm op and imports are paid once.
 """
 
@@ -62,6 +63,9 @@ def main() -> None:
     for stage in stages:
         train_and_save(stage, out)
     if int(os.environ.get("RANK", "0")) == 0:
+        from tiny_model import tiny_config
+
+        tiny_config().save_pretrained(str(out))  # found by merge-ckpt two folders above the tag folder
         (out / "DONE").write_text("ok\n")
 
 

@@ -1,0 +1,29 @@
+"""What this machine has, for defaults. torch is imported only when a default is actually needed."""
+
+from __future__ import annotations
+
+# Without GPUs, multi-process backends still default to 2 processes: the smallest setup that really exercises
+# DDP/FSDP/DeepSpeed, and what `accelkit launch --cpu` rehearses on CPU processes.
+CPU_REHEARSAL_PROCESSES = 2
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install must not stop a config from being written
+        return 0
+
+
+def default_backend() -> str:
+    return "ddp" if gpu_count() >= 2 else "single"
+
+
+def default_num_processes(backend: str, num_machines: int) -> int:
+    """Total processes across machines when --num-processes is not given."""
+    if backend == "single":
+        return 1
+    gpus = gpu_count() if backend != "cpu" else 0
+    per_machine = gpus if gpus > 0 else CPU_REHEARSAL_PROCESSES
+    return per_machine * num_machines

@@ -1,0 +1,109 @@
+"""Config dict -> commented YAML text, and writing it (plus its DeepSpeed JSON) without partial files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+# One short line per key a user is likely to edit; the YAML explains itself.
+TOP_COMMENTS = {
+    "distributed_type": "NO = one process, MULTI_CPU, MULTI_GPU = DDP, FSDP, DEEPSPEED",
+    "num_processes": "TOTAL processes across all machines (not per machine)",
+    "machine_rank": "this machine's rank: 0 on the main machine, 1..num_machines-1 on the others",
+    "main_process_ip": "address of machine 0; the same on every machine",
+    "mixed_precision": "no | fp16 | bf16 (fp16 needs a GPU)",
+    "use_cpu": "true runs on CPU even where GPUs exist",
+    "parallelism_config": "FSDP2 hybrid sharding: shard within a machine, replicate across machines",
+}
+NESTED_COMMENTS = {
+    "fsdp_version": "2 = fully_shard (per-parameter DTensor sharding); the launcher assumes 1 when missing",
+    "fsdp_sharding_strategy": "FSDP1 reads this; written explicitly because the launcher's default is FULL_SHARD",
+    "fsdp_auto_wrap_policy": "which modules become FSDP units",
+    "fsdp_state_dict_type": "SHARDED_STATE_DICT saves one shard per rank (merge with `accelkit merge-ckpt`)",
+    "fsdp_offload_params": "keep parameters and gradients on CPU between uses (slower, far less GPU memory)",
+    "fsdp_cpu_ram_efficient_loading": "only rank 0 loads pretrained weights (Transformers models)",
+    "zero_stage": "1 = shard optimizer states, 2 = + gradients, 3 = + parameters",
+    "offload_optimizer_device": "none | cpu | nvme: where optimizer states live",
+    "offload_param_device": "none | cpu | nvme: where parameters live (stage 3 only)",
+    "zero3_init_flag": "build the model already partitioned (stage 3)",
+    "zero3_save_16bit_model": "gather a 16-bit copy of the model when saving (stage 3)",
+    "deepspeed_config_file": "ZeRO stage, offload, precision and accumulation live in this JSON, not here",
+    "deepspeed_multinode_launcher": "standard = torchrun on every machine (no pdsh/ssh hostfile needed)",
+}
+
+
+def _reshard_comment(value: object) -> str:
+    if isinstance(value, bool):
+        return "FSDP2: true = free parameters after forward (full shard), false = keep them (grad-op)"
+    return "FSDP1: same strategy as fsdp_sharding_strategy"
+
+
+def _dump_one(key: str, value: object) -> str:
+    import yaml
+
+    return yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=1000)
+
+
+def render_yaml(config: dict, command_line: str) -> str:
+    """YAML text starting with a comment naming the command that made it."""
+    lines = [f"# Written by: {command_line}",
+             "# Run with: accelerate launch --config_file THIS_FILE your_script.py  (or: accelkit launch --config ...)",
+             "# Check with: accelkit config --check THIS_FILE", ""]
+    for key, value in config.items():
+        if key in TOP_COMMENTS:
+            lines.append(f"# {TOP_COMMENTS[key]}")
+        if isinstance(value, dict) and value:
+            lines.append(f"{key}:")
+            for sub_key, sub_value in value.items():
+                comment = _reshard_comment(sub_value) if sub_key == "fsdp_reshard_after_forward" else \
+                    NESTED_COMMENTS.get(sub_key)
+                if comment:
+                    lines.append(f"  # {comment}")
+                lines.extend("  " + line for line in _dump_one(sub_key, sub_value).splitlines())
+        else:
+            lines.extend(_dump_one(key, value).splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def render_json(content: dict) -> str:
+    return json.dumps(content, indent=2) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    """Write to a temporary file beside `path`; the caller renames it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; a config is an ordinary file
+    return Path(tmp)
+
+
+def write_config(config: dict, path: Path, command_line: str) -> None:
+    """Write the YAML (and the DeepSpeed JSON it references, if build_config made one). Both files appear together
+    or not at all."""
+    pending: list[tuple[Path, Path]] = []
+    try:
+        content = getattr(config, "deepspeed_json", None)
+        if content is not None:
+            json_path = Path(config["deepspeed_config"]["deepspeed_config_file"])
+            pending.append((_write_atomic(json_path, render_json(content)), json_path))
+        pending.append((_write_atomic(Path(path), render_yaml(dict(config), command_line)), Path(path)))
+        for tmp, final in pending:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in pending:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def write_deepspeed_json(config: dict) -> Path | None:
+    """Write only the DeepSpeed JSON a built config references (used when the YAML goes to stdout)."""
+    content = getattr(config, "deepspeed_json", None)
+    if content is None:
+        return None
+    path = Path(config["deepspeed_config"]["deepspeed_config_file"])
+    os.replace(_write_atomic(path, render_json(content)), path)
+    return path

@@ -1,0 +1,80 @@
+"""`convert_source`: single-device PyTorch script text in, Accelerate script text plus a report out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import RemoveImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from accelkit.convert.analysis import analyze
+from accelkit.convert.context import Context
+from accelkit.convert.plan import Plan, PlanApplier
+from accelkit.convert.report import Report
+from accelkit.convert.transforms import TRANSFORMS
+from accelkit.errors import AccelkitError
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+# imports that become unused once AMP and DataParallel code is gone (removed only when nothing else uses them)
+MAYBE_UNUSED = [("torch.cuda.amp", "GradScaler"), ("torch.cuda.amp", "autocast"), ("torch.amp", "GradScaler"),
+                ("torch.amp", "autocast"), ("torch", "autocast"), ("torch", "GradScaler"),
+                ("torch.nn", "DataParallel"), ("torch.nn.parallel", "DataParallel")]
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    mixed_precision: str | None = None  # None: keep what the script did (AMP -> fp16/bf16, else the launch decides)
+
+
+@dataclass
+class ConversionResult:
+    code: str
+    report: Report
+    changed: bool
+
+
+def convert_source(source: str, options: ConvertOptions | None = None, filename: str = "script.py") -> ConversionResult:
+    options = options or ConvertOptions()
+    if options.mixed_precision not in (None, *MIXED_PRECISION_CHOICES):
+        raise AccelkitError(f"unknown mixed precision {options.mixed_precision!r}",
+                            hint=f"use one of: {', '.join(MIXED_PRECISION_CHOICES)}")
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise AccelkitError(f"{filename}:{exc.raw_line}:{exc.raw_column + 1}: syntax error, cannot convert: "
+                            f"{exc.message}", hint="fix the script so that `python -m py_compile` accepts it") from None
+    ctx = Context(MetadataWrapper(module))
+    facts = analyze(ctx)
+    if facts.refusals:
+        line, reason = facts.refusals[0]
+        raise AccelkitError(f"{filename} already does distributed training: {reason} (line {line}); accelkit "
+                            "convert only converts single-device scripts",
+                            hint="run it as it is with torchrun, or start again from its single-GPU version and "
+                                 "convert that")
+    if facts.uses_accelerate:
+        return ConversionResult(source, Report(status="already-accelerate"), False)
+    plan = Plan()
+    for transform in TRANSFORMS:
+        transform(ctx, facts, plan, options)
+    if not plan.has_changes:
+        return ConversionResult(source, Report(left_alone=plan.report.left_alone, status="unchanged"), False)
+    new_module = ctx.module.visit(PlanApplier(plan))
+    new_module = _drop_unused_imports(new_module, source)
+    code = new_module.code
+    try:
+        compile(code, filename, "exec")
+    except SyntaxError as exc:  # a bug in a transform: never hand the user a broken file
+        raise AccelkitError(f"internal error: the converted {filename} does not compile ({exc.msg}, line "
+                            f"{exc.lineno})", hint="please report this with the script; nothing was written") from None
+    return ConversionResult(code, plan.report.sorted(), code != source)
+
+
+def _drop_unused_imports(module: cst.Module, source: str) -> cst.Module:
+    candidates = [(m, n) for m, n in MAYBE_UNUSED if n in source]
+    if not candidates:
+        return module
+    wrapper = MetadataWrapper(module)
+    context = CodemodContext(wrapper=wrapper)
+    return wrapper.visit(RemoveImportsVisitor(context, [(m, n, None) for m, n in candidates]))

@@ -1,0 +1,124 @@
+"""The edit plan the transforms fill in, and the one transformer that applies it.
+
+Transforms only read the original tree and record edits keyed by original nodes; `PlanApplier` applies them in a
+single bottom-up pass. Edits are functions of the *updated* node, so nested edits compose (a `torch.save` call whose
+argument also gets `unwrap_model`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import libcst as cst
+
+from accelkit.convert.report import Report
+
+Edit = Callable[[cst.CSTNode], cst.CSTNode]
+
+
+class Plan:
+    def __init__(self) -> None:
+        self.edits: dict[cst.CSTNode, list[Edit]] = defaultdict(list)
+        self.removed: set[cst.CSTNode] = set()  # small statements (or whole statements) to drop
+        self.before: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
+        self.after: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
+        self.body_start: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)  # suite -> leading stmts
+        self.accelerator_uses: list[cst.CSTNode] = []  # original nodes whose new code names `accelerator`
+        self.report = Report()
+        self.mixed_precision_hint: str | None = None  # fp16/bf16 when the script used AMP
+
+    def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:
+        self.edits[node].append(fn)
+        if uses_accelerator:
+            self.accelerator_uses.append(node)
+
+    def replace(self, node: cst.CSTNode, new: cst.CSTNode, uses_accelerator: bool = True) -> None:
+        self.edit(node, lambda _updated: new, uses_accelerator)
+
+    def remove(self, statement: cst.CSTNode) -> None:
+        self.removed.add(statement)
+
+    def insert_after(self, statement: cst.CSTNode, new: cst.BaseStatement, uses_accelerator: bool = True) -> None:
+        self.after[statement].append(new)
+        if uses_accelerator:
+            self.accelerator_uses.append(statement)
+
+    def insert_before(self, statement: cst.CSTNode, new: cst.BaseStatement, uses_accelerator: bool = True) -> None:
+        self.before[statement].append(new)
+        if uses_accelerator:
+            self.accelerator_uses.append(statement)
+
+    def is_removed(self, statement: cst.BaseStatement) -> bool:
+        if statement in self.removed:
+            return True
+        if isinstance(statement, cst.SimpleStatementLine):
+            return all(s in self.removed for s in statement.body)
+        return False
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.edits or self.removed or self.before or self.after or self.body_start)
+
+
+class PlanApplier(cst.CSTTransformer):
+    def __init__(self, plan: Plan) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        plan = self.plan
+        node: cst.CSTNode = updated_node
+        for fn in plan.edits.get(original_node, ()):
+            node = fn(node)
+        if isinstance(original_node, cst.BaseSmallStatement) and original_node in plan.removed:
+            return cst.RemoveFromParent()
+        if isinstance(original_node, cst.SimpleStatementLine) and isinstance(node, cst.SimpleStatementLine):
+            if not node.body:  # every small statement on the line was removed
+                return self._flatten(original_node, None)
+            node = _fix_last_semicolon(node)
+        if isinstance(original_node, cst.BaseStatement):
+            if original_node in plan.removed:
+                return self._flatten(original_node, None)
+            if original_node in plan.before or original_node in plan.after:
+                return self._flatten(original_node, node)
+        if isinstance(original_node, (cst.IndentedBlock, cst.Module)):
+            leading = plan.body_start.get(original_node)
+            if leading:
+                node = node.with_changes(body=[*_docstring(node.body), *leading, *node.body[len(_docstring(node.body)):]])
+            if isinstance(node, cst.IndentedBlock) and not node.body:
+                node = node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return node
+
+    def _flatten(self, original: cst.CSTNode, kept: cst.CSTNode | None):
+        before = list(self.plan.before.get(original, ()))
+        after = list(self.plan.after.get(original, ()))
+        parts = [*before, *([kept] if kept is not None else []), *after]
+        if not parts:
+            return cst.RemoveFromParent()
+        if isinstance(original, cst.BaseStatement) and (kept is None or before):
+            # the comment lines above the original statement stay on top of whatever replaces it
+            leading = kept.leading_lines if kept is not None else original.leading_lines
+            if kept is not None:
+                parts[len(before)] = kept.with_changes(leading_lines=[])
+            parts[0] = parts[0].with_changes(leading_lines=[*leading, *parts[0].leading_lines])
+        return cst.FlattenSentinel(parts)
+
+
+def _docstring(body) -> list:
+    if body and isinstance(body[0], cst.SimpleStatementLine) and body[0].body:
+        first = body[0].body[0]
+        if isinstance(first, cst.Expr) and isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString)):
+            return [body[0]]
+    return []
+
+
+def _fix_last_semicolon(line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    last = line.body[-1]
+    if getattr(last, "semicolon", cst.MaybeSentinel.DEFAULT) is not cst.MaybeSentinel.DEFAULT:
+        return line.with_changes(body=[*line.body[:-1], last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+    return line
+
+
+def parse_statement(code: str) -> cst.BaseStatement:
+    return cst.parse_statement(code)

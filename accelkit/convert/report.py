@@ -1,0 +1,55 @@
+"""What the conversion did and what it left for a human, with the line numbers of the input script."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Change:
+    line: int  # line in the input script (0 = whole file)
+    what: str
+    why: str
+
+
+@dataclass(frozen=True)
+class LeftAlone:
+    line: int
+    why: str
+    todo: str
+
+
+@dataclass
+class Report:
+    changes: list[Change] = field(default_factory=list)
+    left_alone: list[LeftAlone] = field(default_factory=list)
+    status: str = "converted"  # converted | unchanged | already-accelerate
+
+    def change(self, line: int, what: str, why: str) -> None:
+        self.changes.append(Change(line, what, why))
+
+    def leave(self, line: int, why: str, todo: str) -> None:
+        self.left_alone.append(LeftAlone(line, why, todo))
+
+    def sorted(self) -> Report:
+        return Report(sorted(self.changes, key=lambda c: c.line), sorted(self.left_alone, key=lambda n: n.line),
+                      self.status)
+
+    def format(self, script: str = "script") -> str:
+        if self.status == "already-accelerate":
+            return f"{script}: already uses Accelerate (it creates its own Accelerator); nothing to convert."
+        ordered = self.sorted()
+        lines: list[str] = []
+        if not ordered.changes:
+            lines.append(f"{script}: nothing to convert.")
+        else:
+            lines.append(f"{script}: {len(ordered.changes)} change(s):")
+            lines += [f"  {_where(c.line)}  {c.what}\n{'':10}why: {c.why}" for c in ordered.changes]
+        if ordered.left_alone:
+            lines.append(f"Left alone, needs a human ({len(ordered.left_alone)}):")
+            lines += [f"  {_where(n.line)}  {n.why}\n{'':10}to do: {n.todo}" for n in ordered.left_alone]
+        return "\n".join(lines)
+
+
+def _where(line: int) -> str:
+    return f"{'line ' + str(line) if line else 'file':<8}"

@@ -1,0 +1,9 @@
+"""One module per item of the migration checklist. Each exposes `apply(ctx, facts, plan, options)`, reads the
+original tree and records edits in the plan; the order below matters (prepare placement looks at what earlier
+transforms removed, and the Accelerator is placed before every use the others introduced)."""
+
+from __future__ import annotations
+
+from accelkit.convert.transforms import accelerator, devices, metrics, prepare, saving, training
+
+TRANSFORMS = [devices.apply, training.apply, saving.apply, metrics.apply, prepare.apply, accelerator.apply]

@@ -1,0 +1,130 @@
+"""The training step: `loss.backward()` -> `accelerator.backward(loss)`, gradient clipping through the accelerator,
+and torch AMP (autocast + GradScaler) replaced by Accelerate's mixed precision."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelkit.convert.analysis import AUTOCASTS, Facts
+from accelkit.convert.context import Context, accel, accel_call, dotted
+from accelkit.convert.plan import Plan
+
+CLIPS = {
+    "torch.nn.utils.clip_grad_norm_": "clip_grad_norm_",
+    "torch.nn.utils.clip_grad.clip_grad_norm_": "clip_grad_norm_",
+    "torch.nn.utils.clip_grad_value_": "clip_grad_value_",
+    "torch.nn.utils.clip_grad.clip_grad_value_": "clip_grad_value_",
+}
+WHY_SCALER = "Accelerate owns loss scaling under --mixed-precision fp16 (accelerator.backward and the prepared optimizer)"
+
+
+def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+    scalers = facts.of_kind("scaler")
+    _backward(ctx, plan, scalers)
+    _clipping(ctx, plan)
+    _scaler(ctx, facts, plan, scalers)
+    _autocast(ctx, plan)
+
+
+def _is_scale_call(node: cst.BaseExpression, scalers: set[str]) -> bool:
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "scale"
+            and dotted(node.func.value) in scalers and len(node.args) == 1)
+
+
+def _backward(ctx: Context, plan: Plan, scalers: set[str]) -> None:
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "backward"):
+            continue
+        if any(q.startswith("torch.autograd") for q in ctx.qnames(call)):
+            continue
+        scaled = _is_scale_call(func.value, scalers)
+
+        def rewrite(u: cst.Call, scaled: bool = scaled) -> cst.Call:
+            loss = u.func.value  # type: ignore[attr-defined]
+            if scaled:
+                loss = loss.args[0].value
+            extra = [a if a.keyword is not None else a.with_changes(keyword=cst.Name("gradient"),
+                                                                     equal=cst.AssignEqual(
+                                                                         whitespace_before=cst.SimpleWhitespace(""),
+                                                                         whitespace_after=cst.SimpleWhitespace("")))
+                     for a in u.args]
+            first = cst.Arg(loss, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if extra else
+                            cst.MaybeSentinel.DEFAULT)
+            return cst.Call(func=accel("backward"), args=[first, *extra])
+
+        plan.edit(call, rewrite)
+        loss_code = ctx.code(func.value.args[0].value) if scaled else ctx.code(func.value)  # type: ignore
+        plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `accelerator.backward({loss_code})`",
+                           "accelerator.backward applies loss scaling, gradient accumulation and DeepSpeed's engine")
+
+
+def _clipping(ctx: Context, plan: Plan) -> None:
+    for call in ctx.of_type(cst.Call):
+        method = next((CLIPS[q] for q in ctx.qnames(call) if q in CLIPS), None)
+        if method is None:
+            continue
+        plan.edit(call, lambda u, m=method: u.with_changes(func=accel(m)))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}` -> `accelerator.{method}`",
+                           "it unscales fp16 gradients first and clips sharded (FSDP/DeepSpeed) parameters correctly")
+
+
+def _scaler(ctx: Context, facts: Facts, plan: Plan, scalers: set[str]) -> None:
+    if not scalers:
+        return
+    for item in facts.created:
+        if item.kind == "scaler" and item.small is not None and not item.returned:
+            plan.remove(item.small)
+            plan.report.change(ctx.line(item.small), f"removed `{ctx.code(item.small)}`", WHY_SCALER)
+    handled: set[int] = set()
+    for node in ctx.of_type(cst.Call):
+        func = node.func
+        if not (isinstance(func, cst.Attribute) and dotted(func.value) in scalers):
+            continue
+        handled.add(id(func))
+        method = func.attr.value
+        small = ctx.small_statement(node)
+        standalone = isinstance(small, cst.Expr) and small.value is node
+        if method == "scale":
+            if not _is_backward_receiver(ctx, node):
+                plan.edit(node, lambda u: u.args[0].value, uses_accelerator=False)  # type: ignore[attr-defined]
+                plan.report.change(ctx.line(node), f"`{ctx.code(node)}` -> `{ctx.code(node.args[0].value)}`",
+                                   WHY_SCALER)
+        elif method == "step" and node.args:
+            optimizer = node.args[0].value
+            plan.edit(node, lambda u: cst.Call(func=cst.Attribute(value=u.args[0].value, attr=cst.Name("step")),
+                                               args=[a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                                                     for a in u.args[1:]]),
+                      uses_accelerator=False)
+            plan.report.change(ctx.line(node), f"`{ctx.code(node)}` -> `{ctx.code(optimizer)}.step()`", WHY_SCALER)
+        elif method in {"update", "unscale_"} and standalone:
+            plan.remove(small)
+            why = WHY_SCALER if method == "update" else \
+                "accelerator.clip_grad_norm_ unscales the gradients itself before clipping"
+            plan.report.change(ctx.line(node), f"removed `{ctx.code(node)}`", why)
+        else:
+            handled.discard(id(func))
+    # anything else done with the scaler (state_dict for checkpoints, get_scale, ...) goes to Accelerate's scaler
+    for attr in ctx.of_type(cst.Attribute):
+        if id(attr) in handled or dotted(attr.value) not in scalers:
+            continue
+        plan.edit(attr.value, lambda u: accel("scaler"))
+        plan.report.leave(ctx.line(attr), f"`{ctx.code(attr)}` now uses `accelerator.scaler`, which is None unless "
+                                          "the run uses fp16 mixed precision",
+                          "guard it with `if accelerator.scaler is not None`, or checkpoint with "
+                          "accelerator.save_state()/load_state(), which include the scaler")
+
+
+def _is_backward_receiver(ctx: Context, node: cst.Call) -> bool:
+    parent = ctx.parent(node)
+    return isinstance(parent, cst.Attribute) and parent.attr.value == "backward"
+
+
+def _autocast(ctx: Context, plan: Plan) -> None:
+    for item in ctx.of_type(cst.WithItem):
+        call = item.item
+        if not (isinstance(call, cst.Call) and ctx.qnames(call) & AUTOCASTS):
+            continue
+        plan.edit(call, lambda u: accel_call("autocast"))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `accelerator.autocast()`",
+                           "Accelerate enables autocast from its mixed-precision setting (--mixed-precision)")

@@ -1,0 +1,60 @@
+"""What the user asked `accelkit launch` for, as one value that can cross a process boundary (JSON).
+
+The command line is parsed in the light `accelkit` process; the config is resolved in the launcher process, which
+imports torch and Accelerate anyway (see worker.py), so the request travels between them as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from accelkit.launch.plan import LauncherFlags, LaunchTarget
+
+
+@dataclass
+class LaunchRequest:
+    target: LaunchTarget
+    options: Any  # accelkit.configs.ConfigOptions (typed loosely so this module stays import-light)
+    config_file: Path | None = None
+    cpu: bool = False
+    flags: LauncherFlags = field(default_factory=LauncherFlags)
+    command_line: str = "accelkit launch"
+    # Set for SLURM: the job's shape replaces any machine-specific value (rank, address) given locally.
+    for_cluster: bool = False
+
+    def to_json(self) -> str:
+        options = {f.name: getattr(self.options, f.name) for f in fields(self.options)}
+        options = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+                   for k, v in options.items()}
+        return json.dumps({
+            "target": {**asdict(self.target), "args": list(self.target.args)},
+            "options": options,
+            "config_file": None if self.config_file is None else str(self.config_file),
+            "cpu": self.cpu,
+            "flags": asdict(self.flags),
+            "command_line": self.command_line,
+            "for_cluster": self.for_cluster,
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> LaunchRequest:
+        from accelkit.configs.options import ConfigOptions
+
+        data = json.loads(text)
+        options = dict(data["options"])
+        options["wrap_cls"] = tuple(options.get("wrap_cls") or ())
+        if options.get("deepspeed_json") is not None:
+            options["deepspeed_json"] = Path(options["deepspeed_json"])
+        target = data["target"]
+        return cls(
+            target=LaunchTarget(script=target["script"], args=tuple(target["args"]), module=target["module"]),
+            options=ConfigOptions(**options),
+            config_file=None if data["config_file"] is None else Path(data["config_file"]),
+            cpu=data["cpu"],
+            flags=LauncherFlags(**data["flags"]),
+            command_line=data["command_line"],
+            for_cluster=data["for_cluster"],
+        )

@@ -1,0 +1,99 @@
+"""Say which values a launch uses and where each came from (a command-line option, the --config file, a preset,
+or a default), so nobody has to guess which of three places won."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelkit.launch.plan import LaunchPlan, backend_name
+
+# (label, option field, path of the key in an Accelerate config)
+_COMMON = [
+    ("processes", "num_processes", ("num_processes",)),
+    ("machines", "num_machines", ("num_machines",)),
+    ("mixed_precision", "mixed_precision", ("mixed_precision",)),
+]
+_MULTI_MACHINE = [
+    ("machine_rank", "machine_rank", ("machine_rank",)),
+    ("main_process_ip", "main_process_ip", ("main_process_ip",)),
+]
+_FSDP = [
+    ("fsdp_version", "fsdp_version", ("fsdp_config", "fsdp_version")),
+    ("reshard_after_forward", "sharding", ("fsdp_config", "fsdp_reshard_after_forward")),
+    ("sharding_strategy", "sharding", ("fsdp_config", "fsdp_sharding_strategy")),
+    ("state_dict", "state_dict", ("fsdp_config", "fsdp_state_dict_type")),
+    ("offload_params", "offload", ("fsdp_config", "fsdp_offload_params")),
+]
+_DEEPSPEED = [
+    ("zero_stage", "zero_stage", ("deepspeed_config", "zero_stage")),
+    ("offload_optimizer", "offload_optimizer", ("deepspeed_config", "offload_optimizer_device")),
+    ("offload_params", "offload_params", ("deepspeed_config", "offload_param_device")),
+    ("deepspeed_config_file", "deepspeed_json", ("deepspeed_config", "deepspeed_config_file")),
+]
+
+
+def _lookup(config: dict[str, Any] | None, path: tuple[str, ...]) -> Any:
+    node: Any = config or {}
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        # Accelerate accepts fsdp_config keys with or without their `fsdp_` prefix.
+        node = node.get(key, node.get(key.removeprefix("fsdp_")) if key.startswith("fsdp_") else None)
+    return node
+
+
+def _source(field: str, path: tuple[str, ...], request: Any, base: dict[str, Any] | None) -> str:
+    options = request.options
+    if getattr(options, field, None) not in (None, ()):
+        return "--" + field.replace("_", "-")
+    if field in ("offload_optimizer", "offload_params") and getattr(options, "offload", None) is not None:
+        return "--offload"
+    if base is not None and _lookup(base, path) is not None:
+        return str(request.config_file)
+    if getattr(options, "preset", None):
+        return f"preset {options.preset}"
+    return "default"
+
+
+def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, plan: LaunchPlan, *,
+             port_source: str) -> list[str]:
+    """Summary lines (stderr) for a launch: target, each value with its origin, and what rehearsal does."""
+    name = backend_name(config)
+    backend_source = _source("backend", ("distributed_type",), request, base)
+    items = [f"backend={name} ({backend_source})"]
+    rows = list(_COMMON)
+    if int(config.get("num_machines", 1) or 1) > 1:
+        rows += _MULTI_MACHINE
+    if name == "fsdp":
+        rows += _FSDP
+    elif name == "deepspeed":
+        rows += _DEEPSPEED
+    for label, field, path in rows:
+        value = _lookup(config, path)
+        if value is None:
+            continue
+        items.append(f"{label}={value} ({_source(field, path, request, base)})")
+    port = plan_port(plan)
+    if port is not None:
+        items.append(f"main_process_port={port} ({port_source})")
+    for flag in ("max_restarts", "rdzv_backend", "rdzv_conf", "same_network"):
+        value = getattr(request.flags, flag, None)
+        if value not in (None, False):
+            items.append(f"{flag}={value} (--{flag.replace('_', '-')})")
+
+    target = f"-m {request.target.script}" if request.target.module else request.target.script
+    lines = [f"accelkit: launching {target}: " + ", ".join(items)]
+    if plan.rehearsal is not None:
+        processes = int(plan.config.get("num_processes", 1) or 1) // max(int(plan.config.get("num_machines", 1)
+                                                                               or 1), 1)
+        how = "with the accelkit CPU shim" if "accelkit.rehearsal.bootstrap" in plan.argv else "unpatched"
+        lines.append(f"accelkit: CPU rehearsal of {plan.rehearsal}: {processes} gloo rank(s) on this machine, {how} "
+                     f"({' '.join(f'{k}={v}' for k, v in sorted(plan.env.items()))})")
+    lines += [f"accelkit: {note}" for note in plan.notes]
+    return lines
+
+
+def plan_port(plan: LaunchPlan) -> str | None:
+    if "--main_process_port" in plan.argv:
+        return plan.argv[plan.argv.index("--main_process_port") + 1]
+    return None

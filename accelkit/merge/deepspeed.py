@@ -1,0 +1,270 @@
+"""Reader for DeepSpeed ZeRO-1/2/3 checkpoints (`engine.save_checkpoint`).
+
+Layout: `<dir>/latest` names a tag; `<dir>/<tag>/` holds the model states (`mp_rank_00_model_states.pt` for
+ZeRO-1/2, `zero_pp_rank_{r}_mp_rank_00_model_states.pt` per rank for ZeRO-3: parameter names and shapes, buffers,
+frozen parameters, shared (tied) parameters) and one `*_optim_states.pt` per rank holding that rank's slice of the
+flat fp32 master weights:
+
+- ZeRO-1/2: per parameter group, the flat vector of all parameters (each followed by its alignment padding) is cut
+  into `world_size` equal partitions; rank r holds partition r.
+- ZeRO-3: every parameter is cut on its own into `world_size` slices of ceil(numel / world_size) elements (the last
+  padded); rank r's flat group concatenates its slice of every parameter.
+
+A parameter is rebuilt by copying the ranges it covers out of each rank's memory-mapped partition, so memory holds
+one parameter at a time. The output is the fp32 master weights (what the optimizer trains), plus buffers and frozen
+parameters as saved.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accelkit.errors import AccelkitError
+from accelkit.merge.source import CheckpointSource, TensorEntry
+from accelkit.merge.torch_files import MappedTorchFile
+
+_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+ZERO12_MODEL_FILE = "mp_rank_00_model_states.pt"
+
+
+def is_deepspeed_tag_dir(path: Path) -> bool:
+    return path.is_dir() and any(_OPTIM.match(p.name) for p in path.iterdir())
+
+
+def resolve_tag_dir(path: Path, tag: str | None) -> tuple[Path, str]:
+    """The folder holding the rank files, and how it was chosen."""
+    if tag is not None:
+        tag_dir = path / tag
+        if not tag_dir.is_dir():
+            raise AccelkitError(f"no tag folder {tag!r} in {path}", hint=f"tags found: {_tags(path) or 'none'}")
+        return tag_dir, f"tag {tag!r} (from --tag)"
+    latest = path / "latest"
+    if latest.is_file():
+        name = latest.read_text().strip()
+        if not (path / name).is_dir():
+            raise AccelkitError(f"{latest} names tag {name!r} but {path / name} does not exist",
+                                hint=f"pass --tag with one of: {_tags(path) or 'none'}")
+        return path / name, f"tag {name!r} (from {latest.name})"
+    return path, "tag folder given directly"
+
+
+def _tags(path: Path) -> str:
+    return ", ".join(sorted(p.name for p in path.iterdir() if is_deepspeed_tag_dir(p)))
+
+
+def _ranked(folder: Path, pattern: re.Pattern[str], what: str) -> list[Path]:
+    found: dict[int, Path] = {}
+    for p in folder.iterdir():
+        m = pattern.match(p.name)
+        if m:
+            if int(m.group(2)) != 0:
+                raise AccelkitError(f"{p.name}: tensor-parallel (mp_rank > 0) DeepSpeed checkpoints are not supported",
+                                    hint="merge with DeepSpeed's universal checkpoint tools (ds_to_universal.py)")
+            found[int(m.group(1))] = p
+    if not found:
+        raise AccelkitError(f"no {what} files in {folder}", hint="point at the folder that `latest` names")
+    missing = [r for r in range(max(found) + 1) if r not in found]
+    if missing:
+        raise AccelkitError(f"{what} file of rank {missing[0]} is missing in {folder} "
+                            f"(found ranks {sorted(found)})", hint="copy every rank's files into the tag folder")
+    return [found[r] for r in sorted(found)]
+
+
+class DeepSpeedSource(CheckpointSource):
+    def __init__(self, path: Path, tag: str | None = None) -> None:
+        tag_dir, how = resolve_tag_dir(path, tag)
+        super().__init__(format_name="DeepSpeed ZeRO", root=tag_dir)
+        self.notes.append(f"DeepSpeed checkpoint folder {tag_dir} ({how})")
+        optim_paths = _ranked(tag_dir, _OPTIM, "*_optim_states.pt")
+        self._optim = [MappedTorchFile(p) for p in optim_paths]
+        head = self._optim_state(0)
+        self.stage = int(_enum_value(head.get("zero_stage")))
+        count = head.get("partition_count")
+        world = max(count) if isinstance(count, list) else int(count)
+        if world != len(optim_paths):
+            raise AccelkitError(f"{tag_dir} holds {len(optim_paths)} optimizer shards but they were written by a "
+                                f"{world}-rank run: shards from different world sizes are mixed",
+                                hint="copy the complete checkpoint of one run into a clean folder")
+        self.world_size = world
+        self.format_name = f"DeepSpeed ZeRO-{self.stage}"
+        if self.stage == 3:
+            model_paths = _ranked(tag_dir, _ZERO3_MODEL, "zero_pp_rank_*_model_states.pt")
+        else:
+            model_paths = [tag_dir / ZERO12_MODEL_FILE]
+        if self.stage == 3 and len(model_paths) != world:
+            raise AccelkitError(f"{tag_dir} holds {len(model_paths)} model-state shards for a {world}-rank run",
+                                hint="copy the complete checkpoint of one run into a clean folder")
+        self._models = [MappedTorchFile(p) for p in model_paths]
+        for rank, f in enumerate(self._optim[1:], start=1):
+            other = self._optim_state(rank)
+            other_count = other.get("partition_count")
+            other_world = max(other_count) if isinstance(other_count, list) else int(other_count)
+            if other_world != world or int(_enum_value(other.get("zero_stage"))) != self.stage:
+                raise AccelkitError(f"{f.path.name} comes from a different run (world size {other_world}) than "
+                                    f"{optim_paths[0].name} (world size {world})",
+                                    hint="copy the complete checkpoint of one run into a clean folder")
+        self.files = [*model_paths, *optim_paths]
+        self._plan()
+
+    # -- file access -------------------------------------------------------------------------------------------
+    def _optim_state(self, rank: int) -> dict[str, Any]:
+        sd = self._optim[rank].get()
+        if not isinstance(sd, dict) or "optimizer_state_dict" not in sd:
+            raise AccelkitError(f"{self._optim[rank].path} is not a DeepSpeed ZeRO optimizer state file",
+                                hint="point at a checkpoint written by engine.save_checkpoint")
+        return sd["optimizer_state_dict"]
+
+    def _flat_groups(self, rank: int) -> list[torch.Tensor]:
+        key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
+        return self._optim_state(rank)[key]
+
+    def _model_state(self, rank: int = 0) -> dict[str, Any]:
+        sd = self._models[rank].get()
+        if not isinstance(sd, dict) or "param_shapes" not in sd or "buffer_names" not in sd:
+            raise AccelkitError(f"{self._models[rank].path} is not a DeepSpeed model state file",
+                                hint="point at a checkpoint written by engine.save_checkpoint")
+        return sd
+
+    # -- planning: where every tensor comes from ---------------------------------------------------------------
+    def _plan(self) -> None:
+        ms = self._model_state(0)
+        module: dict[str, torch.Tensor] = ms.get("module") or {}
+        self._where: dict[str, tuple] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        dtypes: dict[str, torch.dtype] = {}
+        group_sizes = [[t.numel() for t in self._flat_groups(r)] for r in range(self.world_size or 1)]
+        if any(sizes != group_sizes[0] for sizes in group_sizes):
+            raise AccelkitError(f"the optimizer shards in {self.root} have different partition sizes: they come "
+                                "from different runs", hint="copy the complete checkpoint of one run")
+        fp32 = self._flat_groups(0)[0].dtype if group_sizes[0] else torch.float32
+        if self.stage == 3:
+            self._plan_zero3(ms, group_sizes[0], shapes)
+        else:
+            self._plan_zero12(ms, group_sizes[0], shapes)
+        for name in shapes:
+            dtypes[name] = fp32
+        frozen = ms.get("frozen_param_shapes") or {}
+        for name, shape in frozen.items():
+            shapes[name] = tuple(shape)
+            self._where[name] = ("frozen",)
+            dtypes[name] = ms["frozen_param_fragments"][name].dtype
+        for name in ms.get("buffer_names") or []:
+            if name in module:
+                shapes[name], dtypes[name] = tuple(module[name].shape), module[name].dtype
+                self._where[name] = ("module",)
+        self.aliases = {k: v for k, v in (ms.get("shared_params") or {}).items() if v in shapes and k not in shapes}
+        if self.stage < 3:
+            # ZeRO-1 does not list frozen parameters separately; the module state dict has them in full.
+            extra = [k for k, v in module.items()
+                     if k not in shapes and k not in self.aliases and isinstance(v, torch.Tensor)]
+            for name in extra:
+                shapes[name], dtypes[name] = tuple(module[name].shape), module[name].dtype
+                self._where[name] = ("module",)
+            if extra:
+                self.notes.append(f"{len(extra)} tensors outside the optimizer (frozen) taken from the module "
+                                  f"state dict (e.g. {extra[0]})")
+        order = [k for k in module if k in shapes] + [k for k in shapes if k not in module]
+        self.entries = [TensorEntry(k, shapes[k], dtypes[k]) for k in order]
+
+    def _plan_zero12(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
+        paddings = self._optim_state(0).get("param_alignment_paddings")
+        groups = ms["param_shapes"]
+        if len(groups) != len(part_sizes):
+            raise AccelkitError(f"{self.root}: model states list {len(groups)} parameter groups, optimizer shards "
+                                f"{len(part_sizes)}", hint="the model and optimizer files come from different runs")
+        for g, group in enumerate(groups):
+            offset = 0
+            for i, (name, shape) in enumerate(group.items()):
+                numel = math.prod(shape)
+                shapes[name] = tuple(shape)
+                self._where[name] = ("flat12", g, offset, numel)
+                offset += numel + (paddings[g][i] if paddings else 0)
+            if offset > part_sizes[g] * (self.world_size or 1):
+                raise AccelkitError(f"{self.root}: parameter group {g} needs {offset} values but the shards hold "
+                                    f"{part_sizes[g] * (self.world_size or 1)}",
+                                    hint="the model and optimizer files come from different runs")
+
+    def _plan_zero3(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
+        offset = 0
+        world = self.world_size or 1
+        for group in ms["param_shapes"]:
+            for name, shape in group.items():
+                numel = math.prod(shape)
+                per_rank = math.ceil(numel / world)
+                shapes[name] = tuple(shape)
+                self._where[name] = ("flat3", offset, per_rank, numel)
+                offset += per_rank
+        if offset != sum(part_sizes):
+            raise AccelkitError(f"{self.root}: parameters need {offset} values per rank but the shards hold "
+                                f"{sum(part_sizes)}", hint="the model and optimizer files come from different runs")
+
+    # -- reading ------------------------------------------------------------------------------------------------
+    def _rank_range(self, rank: int, start: int, length: int, concat_groups: bool,
+                    group: int = 0) -> list[torch.Tensor]:
+        """Copy `length` values from `start` of rank's flat group (or of all its groups concatenated, ZeRO-3)."""
+        pieces = []
+        groups = self._flat_groups(rank) if concat_groups else [self._flat_groups(rank)[group]]
+        base = 0
+        for flat in groups:
+            n = flat.numel()
+            lo, hi = max(start, base), min(start + length, base + n)
+            if lo < hi:
+                pieces.append(self._optim[rank].copy_out(flat.narrow(0, lo - base, hi - lo)))
+            base += n
+        return pieces
+
+    def _read_one(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        where = self._where[name]
+        kind = where[0]
+        if kind == "module":
+            ms = self._models[0]
+            return ms.copy_out(self._model_state(0)["module"][name])
+        if kind == "frozen":
+            if self.stage < 3:
+                return self._models[0].copy_out(self._model_state(0)["frozen_param_fragments"][name])
+            numel = math.prod(shape)
+            frags = [self._models[r].copy_out(self._model_state(r)["frozen_param_fragments"][name].reshape(-1))
+                     for r in range(len(self._models))]
+            return torch.cat(frags)[:numel].view(shape)
+        if kind == "flat12":
+            _, g, offset, numel = where
+            part = self._flat_groups(0)[g].numel()
+            pieces = []
+            for rank in range(self.world_size or 1):
+                lo, hi = max(offset, rank * part), min(offset + numel, (rank + 1) * part)
+                if lo < hi:
+                    pieces.extend(self._rank_range(rank, lo - rank * part, hi - lo, False, g))
+            return (torch.cat(pieces) if len(pieces) > 1 else pieces[0]).view(shape)
+        _, offset, per_rank, numel = where
+        pieces = []
+        for rank in range(self.world_size or 1):
+            pieces.extend(self._rank_range(rank, offset, per_rank, True))
+        return torch.cat(pieces)[:numel].view(shape)
+
+    def read(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        by_name = self.entry_by_name
+        for name in names:
+            try:
+                tensor = self._read_one(name, by_name[name].shape)
+            except AccelkitError:
+                raise
+            except Exception as exc:
+                raise AccelkitError(f"cannot rebuild {name!r} from {self.root}: {str(exc)[:200]}",
+                                    hint="the rank files are corrupt or come from different runs") from None
+            yield name, tensor
+
+    def close(self) -> None:
+        for f in [*self._optim, *self._models]:
+            f.close()
+
+
+def _enum_value(value: Any) -> Any:
+    """ZeroStageEnum arrives as an inert stand-in (see torch_files) or, in old files, as a plain int."""
+    return getattr(value, "value", value)

@@ -1,0 +1,81 @@
+"""The files beside the weights that make an output directory loadable with `from_pretrained`, and tied weights.
+
+Config, generation config and tokenizer files are looked for in the input folder and up to three folders above
+(a DCP folder sits in `<run>/checkpoint-N/pytorch_model_fsdp_0/`, the config usually in `<run>/`), or taken from
+`--config-from`. Tied weights: transformers stores a tied pair once (e.g. `lm_head.weight` is dropped in favour of
+`model.embed_tokens.weight`) and re-ties it at load; the pairs come from the checkpoint itself (DeepSpeed's
+shared_params, storage shared inside a `.bin`) or from the model class that config.json names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+
+CONFIG_FILE = "config.json"
+SIDE_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+    "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+)
+SEARCH_LEVELS = 3
+
+
+def find_side_files(input_path: Path, config_from: Path | None) -> tuple[Path | None, list[Path]]:
+    """The folder the side files come from and the files themselves (empty when none are found)."""
+    if config_from is not None:
+        folder = config_from.parent if config_from.is_file() else config_from
+        if not folder.is_dir():
+            raise AccelkitError(f"--config-from {config_from} does not exist",
+                                hint="point at the folder holding config.json (or at config.json itself)")
+        files = [folder / n for n in SIDE_FILES if (folder / n).is_file()]
+        if not files:
+            raise AccelkitError(f"no config or tokenizer files in {folder}",
+                                hint=f"expected some of: {', '.join(SIDE_FILES[:4])}, ...")
+        return folder, files
+    folder = input_path if input_path.is_dir() else input_path.parent
+    for _ in range(SEARCH_LEVELS + 1):
+        files = [folder / n for n in SIDE_FILES if (folder / n).is_file()]
+        if files:
+            return folder, files
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return None, []
+
+
+def tied_pairs_from_config(config_file: Path) -> dict[str, str]:
+    """alias -> kept name for the weights the model class of config.json ties (empty when nothing is tied)."""
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        return {}
+    import torch
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(config_file.parent))
+        archs = [getattr(transformers, a, None) for a in raw.get("architectures") or []]
+        with torch.device("meta"):
+            if archs and archs[0] is not None:
+                model = archs[0](config)
+            else:
+                try:
+                    model = transformers.AutoModelForCausalLM.from_config(config)
+                except ValueError:
+                    model = transformers.AutoModel.from_config(config)
+    except Exception:
+        return {}  # a model type this transformers does not know: keep every tensor
+    pairs = getattr(model, "all_tied_weights_keys", None)
+    if pairs is None:  # transformers < 5
+        pairs = {}
+        if getattr(config, "tie_word_embeddings", False):
+            out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+            names = {id(m): n for n, m in model.named_modules()}
+            if out is not None and inp is not None and id(out) in names and id(inp) in names:
+                pairs[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
+    return dict(pairs)

@@ -1,0 +1,68 @@
+"""Rank entry point for CPU rehearsal: install the shim, then run the user's script unmodified as __main__.
+
+    accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...]
+    accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap -m MODULE [ARGS...]
+
+The backend comes from $ACCELKIT_REHEARSAL (set by `prepare_rehearsal`). The script sees the same sys.argv and
+sys.path[0] as under `python SCRIPT ARGS`; its exceptions and exit codes pass through untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from accelkit.errors import AccelkitError
+from accelkit.rehearsal.shim import REHEARSAL_ENV, install
+
+USAGE = "usage: python -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...] | -m MODULE [ARGS...]"
+
+
+def _fail(error: AccelkitError) -> int:
+    # Every rank fails the same way; one message is enough.
+    if os.environ.get("RANK", "0") == "0":
+        print(f"Error: {error.format_message()}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _install_from_env() -> None:
+    backend = os.environ.get(REHEARSAL_ENV)
+    if not backend:
+        raise AccelkitError(
+            f"accelkit.rehearsal.bootstrap runs only inside a CPU rehearsal (${REHEARSAL_ENV} is not set).",
+            hint="start the script with `accelkit launch --cpu ...`",
+        )
+    if backend == "deepspeed":
+        # Accelerate never enables DeepSpeed when cpu=True; the shim makes cpu=False pick gloo instead.
+        os.environ.pop("ACCELERATE_USE_CPU", None)
+    install(backend)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        _install_from_env()
+    except AccelkitError as error:
+        return _fail(error)
+
+    if argv[0] == "-m":
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]  # runpy replaces argv[0] with the module's file, as `python -m` does
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    script, args = argv[0], argv[1:]
+    if not os.path.exists(script):
+        print(f"python: can't open file {script!r}: [Errno 2] No such file or directory", file=sys.stderr)
+        return 2
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The two small patches that let Accelerate's real FSDP and DeepSpeed code run on CPU ranks over gloo.
+
+Accelerate decides the distributed type once, when the first `Accelerator()` builds its shared state, and it only
+ever upgrades to FSDP or DEEPSPEED from a GPU-like type. Everything after that decision (wrapping, sharding,
+checkpointing) works on CPU with gloo. So the shim changes only that decision, in the rank process:
+
+- FSDP: `ACCELERATE_USE_CPU=true` makes Accelerate build its normal MULTI_CPU/gloo state; `AcceleratorState` is
+  then upgraded to FSDP with the plugin Accelerate built from the launcher's FSDP_* variables, exactly as its own
+  GPU branch does.
+- DeepSpeed: `cpu` must stay false (Accelerate ignores DeepSpeed on CPU), so backend selection under torchrun
+  without an accelerator, which would give "no backend", yields gloo/MULTI_CPU instead; Accelerate's own code then
+  initialises deepspeed.comm on gloo and switches to DEEPSPEED.
+- DDP: nothing is patched; `ACCELERATE_USE_CPU=true` under the torchrun launcher already gives MULTI_CPU + DDP.
+
+`install(backend)` refuses to patch when CUDA is usable or when Accelerate's hooks do not have the expected shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+
+from accelkit.errors import AccelkitError
+
+REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
+BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
+
+_HINT = "run it through `accelkit launch --cpu`, which sets up the rehearsal environment"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def _require_signature(func, params: tuple[str, ...], what: str) -> None:
+    """Fail loudly if an Accelerate internal the shim relies on changed shape."""
+    names = inspect.signature(func).parameters
+    missing = [p for p in params if p not in names]
+    if missing:
+        raise AccelkitError(
+            f"CPU rehearsal cannot patch {what}: it no longer takes {', '.join(missing)} in this Accelerate version.",
+            hint="install a supported Accelerate version (see `accelkit.rehearsal.versions`)",
+        )
+
+
+def _patch_backend_selection() -> None:
+    """Under torchrun with no accelerator and cpu=False, pick gloo/MULTI_CPU instead of "no distributed backend"."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    original = PartialState._prepare_backend
+    if getattr(original, "_accelkit_patched", False):
+        return
+    _require_signature(original, ("cpu", "sagemaker_dp", "backend"), "PartialState._prepare_backend")
+
+    @functools.wraps(original)
+    def prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
+        chosen_backend, distributed_type = original(self, cpu, sagemaker_dp, backend)
+        under_launcher = int(os.environ.get("LOCAL_RANK", -1)) != -1
+        if distributed_type == DistributedType.NO and under_launcher and backend in (None, "gloo"):
+            return "gloo", DistributedType.MULTI_CPU
+        return chosen_backend, distributed_type
+
+    prepare_backend._accelkit_patched = True
+    PartialState._prepare_backend = prepare_backend
+
+
+def _patch_fsdp_upgrade() -> None:
+    """After AcceleratorState settles on MULTI_CPU, upgrade it to FSDP the way Accelerate does for GPU types."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+    if getattr(original, "_accelkit_patched", False):
+        return
+    _require_signature(original, ("mixed_precision", "cpu", "fsdp_plugin"), "AcceleratorState.__init__")
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        first = AcceleratorState._shared_state == {} or AcceleratorState._shared_state == PartialState._shared_state
+        original(self, *args, **kwargs)
+        if not first or self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        fsdp_plugin = signature.bind(self, *args, **kwargs).arguments.get("fsdp_plugin")
+        if fsdp_plugin is None and not _env_flag("ACCELERATE_USE_FSDP"):
+            return
+        self.distributed_type = DistributedType.FSDP
+        if self._mixed_precision != "no" and fsdp_plugin is not None:
+            fsdp_plugin.set_mixed_precision(self._mixed_precision)
+        self.fsdp_plugin = fsdp_plugin
+        PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    init._accelkit_patched = True
+    AcceleratorState.__init__ = init
+
+
+def install(backend: str) -> None:
+    """Install the patches rehearsal of `backend` needs in this (rank) process."""
+    if backend not in BACKENDS:
+        raise AccelkitError(f"Unknown rehearsal backend {backend!r} in ${REHEARSAL_ENV}.", hint=_HINT)
+    import torch
+
+    if torch.cuda.is_available():
+        raise AccelkitError(
+            "CPU rehearsal refuses to patch Accelerate in a process that can see a CUDA device.",
+            hint="launch without --cpu to use the GPUs, or hide them with CUDA_VISIBLE_DEVICES=''",
+        )
+    from accelkit.rehearsal.versions import check_versions
+
+    check_versions(backend)
+    if backend == "fsdp":
+        _patch_fsdp_upgrade()
+    elif backend == "deepspeed":
+        _patch_backend_selection()

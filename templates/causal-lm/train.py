@@ -1,0 +1,351 @@
+"""Causal language model with transformers + datasets: tokenize, pack into fixed-length blocks, report perplexity.
+
+Run it on one process:             python train.py
+Run it on every backend:           accelerate launch --config_file <config.yaml> train.py [flags]
+Rehearse a GPU backend on CPU:     accelkit launch --backend fsdp --cpu --num-processes 2 train.py [flags]
+
+With no flags it trains a tiny randomly initialised Llama-style model with a byte-level tokenizer on
+data/tiny_corpus.txt, offline, in seconds on a CPU. A real model and data set are one flag away:
+    python train.py --model <hub name or path> --dataset <hub name or path> [--dataset-config NAME]
+    python train.py --model <hub name or path> --train-file my.txt|my.jsonl [--validation-file ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import time
+from itertools import chain
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, is_tensorboard_available, set_seed
+from datasets import DatasetDict, load_dataset
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    default_data_collator,
+    get_scheduler,
+)
+
+BUNDLED_TEXT = Path(__file__).resolve().parent / "data" / "tiny_corpus.txt"
+SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", default=None, help="hub name or path of a pretrained causal LM (default: tiny Llama)"
+    )
+    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: the model's)")
+    parser.add_argument("--dataset", default=None, help="hub name or local path of a dataset (load_dataset)")
+    parser.add_argument("--dataset-config", default=None, help="configuration name of --dataset")
+    parser.add_argument("--train-file", default=None, help=".txt, .json or .jsonl file (default: bundled corpus)")
+    parser.add_argument("--validation-file", default=None, help="default: 10%% of the training data")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--block-size", type=int, default=64, help="tokens per training example")
+    parser.add_argument("--output-dir", default="outputs", help="checkpoints, logs and the final model go here")
+    parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run (overrides --epochs)")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--per-device-batch-size", type=int, default=8)
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=3e-3,
+        help="peak LR for your effective batch; scale it linearly when the effective batch changes",
+    )
+    parser.add_argument("--lr-scheduler", choices=sorted(SCHEDULERS), default="linear", help="shape after warmup")
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="save_state every N steps (0: only at the end)")
+    parser.add_argument("--resume-from-checkpoint", default=None, help="'latest' or a checkpoint directory")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--with-tracking", action="store_true", help="log metrics with TensorBoard (<output-dir>/runs)")
+    return parser.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizer and model. Offline default: every byte is a token (no training, encodes any text), and a tiny Llama.
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {byte_char: i for i, byte_char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["<|endoftext|>"] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def build_tokenizer_and_model(args: argparse.Namespace):
+    if args.model:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+        return tokenizer, model
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else byte_level_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=args.block_size,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer, AutoModelForCausalLM.from_config(config)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data: load text, tokenize, then concatenate and cut into blocks of --block-size tokens (no padding is wasted).
+
+DATA_SEED = 0  # fixed, so the validation split does not move with --seed
+
+
+def load_raw_datasets(args: argparse.Namespace) -> DatasetDict:
+    if args.dataset:
+        raw = load_dataset(args.dataset, args.dataset_config)
+    else:
+        files = {"train": args.train_file or str(BUNDLED_TEXT)}
+        if args.validation_file:
+            files["validation"] = args.validation_file
+        builder = "text" if files["train"].endswith(".txt") else "json"
+        raw = load_dataset(builder, data_files=files)
+    if "validation" not in raw:
+        split = raw["train"].train_test_split(test_size=0.1, seed=DATA_SEED)
+        raw = DatasetDict(train=split["train"], validation=split["test"])
+    return raw
+
+
+def tokenize_and_pack(raw: DatasetDict, tokenizer, text_column: str, block_size: int) -> DatasetDict:
+    def tokenize(batch: dict) -> dict:
+        encoded = tokenizer(batch[text_column])
+        # An end-of-text token between documents, so the model learns where one ends.
+        return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in encoded["input_ids"]]}
+
+    def pack(batch: dict) -> dict:
+        tokens = list(chain.from_iterable(batch["input_ids"]))
+        usable = len(tokens) // block_size * block_size  # the remainder of each map batch is dropped
+        blocks = [tokens[i : i + block_size] for i in range(0, usable, block_size)]
+        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}  # the model shifts labels itself
+
+    tokenized = raw.map(tokenize, batched=True, remove_columns=raw["train"].column_names, desc="tokenizing")
+    return tokenized.map(pack, batched=True, batch_size=1000, desc=f"packing into {block_size}-token blocks")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints: <output-dir>/checkpoint-<step>, written by accelerator.save_state on every rank (model, optimizer,
+# scheduler, every RNG state; sharded for FSDP, DeepSpeed's own layout for DeepSpeed). The step is in the name; the
+# shuffle order is a function of (seed, epoch), so the data position follows from the step.
+
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+def find_checkpoint(output_dir: Path, resume_from: str) -> Path | None:
+    if resume_from != "latest":
+        path = Path(resume_from)
+        if not path.is_dir():
+            raise SystemExit(f"--resume-from-checkpoint: {path} is not a directory")
+        return path
+    found = [(int(m.group(1)), p) for p in output_dir.glob("checkpoint-*") if (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    return max(found)[1] if found else None
+
+
+def step_of(checkpoint: Path) -> int:
+    match = CHECKPOINT_NAME.fullmatch(checkpoint.resolve().name)
+    if match is None:
+        raise SystemExit(f"cannot read the step from {checkpoint}: expected a directory named checkpoint-<step>")
+    return int(match.group(1))
+
+
+def log(accelerator: Accelerator, message: str) -> None:
+    """Print once (main process), above the progress bar."""
+    if accelerator.is_main_process:
+        tqdm.write(message)
+
+
+def evaluate(accelerator: Accelerator, model, loader: DataLoader) -> dict[str, float]:
+    model.eval()
+    losses = []
+    for batch in loader:
+        with torch.no_grad():
+            loss = model(**batch).loss
+        # One loss per sample; gather_for_metrics drops the samples duplicated to even out the last batch.
+        losses.append(accelerator.gather_for_metrics(loss.detach().float().repeat(batch["input_ids"].shape[0])))
+    model.train()
+    eval_loss = torch.cat(losses).mean().item()
+    return {"eval_loss": eval_loss, "perplexity": math.exp(min(eval_loss, 50.0))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    output_dir = Path(args.output_dir)
+    tracking = args.with_tracking and is_tensorboard_available()
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with="tensorboard" if tracking else None,
+        project_dir=str(output_dir),
+        # A seedable sampler makes the shuffle order a function of (seed, epoch): resumable and equal on all ranks.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    set_seed(args.seed)
+    if args.with_tracking and not tracking:
+        log(accelerator, "--with-tracking: TensorBoard is not installed (pip install tensorboard); not tracking")
+
+    # -- data and model --------------------------------------------------------------------------------------------
+    tokenizer, model = build_tokenizer_and_model(args)
+    with accelerator.main_process_first():  # rank 0 fills the datasets cache, the others read it
+        datasets = tokenize_and_pack(load_raw_datasets(args), tokenizer, args.text_column, args.block_size)
+    train_set, eval_set = datasets["train"], datasets["validation"]
+    if len(train_set) == 0 or len(eval_set) == 0:
+        raise SystemExit(f"not enough text for one {args.block_size}-token block per split: lower --block-size")
+    # The loader's own generator keeps iterator creation from drawing on the global RNG (dropout's): exact resume.
+    shuffle_generator = torch.Generator().manual_seed(args.seed)
+    train_loader = DataLoader(
+        train_set,
+        args.per_device_batch_size,
+        shuffle=True,
+        generator=shuffle_generator,
+        collate_fn=default_data_collator,
+    )
+    eval_loader = DataLoader(eval_set, args.per_device_batch_size, collate_fn=default_data_collator)
+
+    # -- optimizer and schedule ------------------------------------------------------------------------------------
+    no_decay = ("bias", "norm")  # biases and norm weights are not decayed
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not any(k in n.lower() for k in no_decay)]},
+        {
+            "params": [p for n, p in model.named_parameters() if any(k in n.lower() for k in no_decay)],
+            "weight_decay": 0.0,
+        },
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    # Read accumulation back from the accelerator: a DeepSpeed config may set its own value.
+    accumulation = accelerator.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(len(train_loader) / accumulation)
+    max_steps = args.max_steps or args.epochs * steps_per_epoch
+    num_epochs = math.ceil(max_steps / steps_per_epoch)
+    warmup = min(args.warmup_steps, max_steps)
+    # The loop steps the scheduler once per optimizer step on every backend (a prepared scheduler would step
+    # num_processes times per step, and not at all under DeepSpeed); save_state still stores it.
+    scheduler = get_scheduler(SCHEDULERS[args.lr_scheduler], optimizer, warmup, max_steps)
+    accelerator.register_for_checkpointing(scheduler)
+
+    # -- resume ----------------------------------------------------------------------------------------------------
+    completed_steps = 0
+    if args.resume_from_checkpoint:
+        checkpoint = find_checkpoint(output_dir, args.resume_from_checkpoint)
+        if checkpoint is None:
+            log(accelerator, f"no checkpoint in {output_dir}; starting from scratch")
+        else:
+            accelerator.load_state(str(checkpoint))
+            completed_steps = step_of(checkpoint)
+            log(accelerator, f"resumed from {checkpoint} at step {completed_steps}")
+    starting_epoch = completed_steps // steps_per_epoch
+    batches_to_skip = (completed_steps % steps_per_epoch) * accumulation
+
+    # -- start-up summary ------------------------------------------------------------------------------------------
+    effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
+    num_params = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    log(
+        accelerator,
+        f"backend {accelerator.distributed_type.value} | world size {accelerator.num_processes} | "
+        f"device {accelerator.device} | mixed precision {accelerator.mixed_precision}\n"
+        f"effective batch {effective_batch} = {args.per_device_batch_size} per device x "
+        f"{accelerator.num_processes} processes x {accumulation} accumulation "
+        f"({effective_batch * args.block_size} tokens) | learning rate {args.learning_rate:g} (warmup {warmup}, "
+        f"{args.lr_scheduler}) | steps {max_steps} ({steps_per_epoch} per epoch) | {len(train_set)} train blocks | "
+        f"{num_params:,} parameters",
+    )
+    if tracking:
+        accelerator.init_trackers("causal-lm", config={k: v for k, v in vars(args).items() if v is not None})
+
+    # -- train -----------------------------------------------------------------------------------------------------
+    model.train()
+    progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
+    window_loss, window_tokens, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
+    for epoch in range(starting_epoch, num_epochs):
+        train_loader.set_epoch(epoch)
+        loader = train_loader
+        if epoch == starting_epoch and batches_to_skip:
+            loader = accelerator.skip_first_batches(train_loader, batches_to_skip)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad()
+            window_loss += loss.detach().float() / accumulation
+            window_tokens += batch["input_ids"].numel()
+            if not accelerator.sync_gradients:
+                continue
+            completed_steps += 1
+            progress.update(1)
+            last_step = completed_steps == max_steps
+
+            if completed_steps % args.log_every == 0 or last_step:
+                steps_in_window = (completed_steps - 1) % args.log_every + 1
+                mean_loss = accelerator.reduce(window_loss, "mean").item() / steps_in_window
+                tokens_per_s = window_tokens * accelerator.num_processes / (time.perf_counter() - window_start)
+                lr = scheduler.get_last_lr()[0]
+                log(
+                    accelerator,
+                    f"step {completed_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | {tokens_per_s:.0f} tokens/s",
+                )
+                accelerator.log({"train_loss": mean_loss, "lr": lr, "tokens_per_s": tokens_per_s}, step=completed_steps)
+                window_loss, window_tokens, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
+
+            # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
+            if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
+                accelerator.save_state(str(output_dir / f"checkpoint-{completed_steps}"))
+            end_of_epoch = completed_steps % steps_per_epoch == 0
+            if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
+                metrics = evaluate(accelerator, model, eval_loader)
+                log(accelerator, f"step {completed_steps} | " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                accelerator.log(metrics, step=completed_steps)
+            if last_step:
+                break
+    progress.close()
+
+    # -- final model: config + safetensors + tokenizer, ready for AutoModelForCausalLM.from_pretrained --------------
+    save_final_model(accelerator, model, tokenizer, output_dir / "final")
+    accelerator.end_training()
+
+
+def save_final_model(accelerator: Accelerator, model, tokenizer, final_dir: Path) -> None:
+    accelerator.wait_for_everyone()
+    try:
+        # Every rank takes part: FSDP and DeepSpeed ZeRO-3 gather the shards into one full state dict here.
+        state_dict = accelerator.get_state_dict(model)
+    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save
+        log(accelerator, f"final model not written ({exc}); merge the last checkpoint with `accelkit merge-ckpt`")
+        return
+    accelerator.unwrap_model(model).save_pretrained(
+        final_dir, is_main_process=accelerator.is_main_process, state_dict=state_dict
+    )
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(final_dir)
+        log(accelerator, f"final model: {final_dir} (load with AutoModelForCausalLM.from_pretrained)")
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

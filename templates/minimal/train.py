@@ -1,0 +1,307 @@
+"""A plain PyTorch model on synthetic data: the smallest correct distributed training loop with Accelerate.
+
+Run it on one process:             python train.py
+Run it on every backend:           accelerate launch --config_file <config.yaml> train.py [flags]
+Rehearse a GPU backend on CPU:     accelkit launch --backend fsdp --cpu --num-processes 2 train.py [flags]
+
+Everything below is yours to change. The data and model sections are the places to plug in your own; the loop
+(accumulation, clipping, checkpoints, exact resume, evaluation, final save) is the same in every accelkit template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, is_tensorboard_available, set_seed
+from huggingface_hub import PyTorchModelHubMixin
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm.auto import tqdm
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="start from a saved model (an earlier <output-dir>/final)")
+    parser.add_argument("--hidden-size", type=int, default=64, help="width of the MLP when starting from scratch")
+    parser.add_argument("--num-samples", type=int, default=2048, help="size of the synthetic training set")
+    parser.add_argument("--output-dir", default="outputs", help="checkpoints, logs and the final model go here")
+    parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run (overrides --epochs)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--per-device-batch-size", type=int, default=32)
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=3e-3,
+        help="peak LR for your effective batch; scale it linearly when the effective batch changes",
+    )
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument(
+        "--lr-scheduler",
+        choices=["linear", "constant"],
+        default="linear",
+        help="after warmup: decay linearly to 0 at the last step, or stay constant",
+    )
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="save_state every N steps (0: only at the end)")
+    parser.add_argument("--resume-from-checkpoint", default=None, help="'latest' or a checkpoint directory")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--with-tracking", action="store_true", help="log metrics with TensorBoard (<output-dir>/runs)")
+    return parser.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model: any nn.Module works. PyTorchModelHubMixin gives it from_pretrained() for the saved config + safetensors.
+
+
+class MLPClassifier(nn.Module, PyTorchModelHubMixin):
+    def __init__(self, in_features: int = 16, hidden_size: int = 64, num_classes: int = 4, dropout: float = 0.1):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(in_features, hidden_size),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_size, hidden_size),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_size, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data: a fixed random "teacher" labels Gaussian points. DATA_SEED (not --seed) makes the set identical every run.
+
+DATA_SEED = 1234
+IN_FEATURES, NUM_CLASSES = 16, 4
+
+
+def make_synthetic(num_samples: int, generator: torch.Generator, teacher: torch.Tensor) -> TensorDataset:
+    x = torch.randn(num_samples, IN_FEATURES, generator=generator)
+    y = (x @ teacher).argmax(dim=-1)
+    return TensorDataset(x, y)
+
+
+def build_datasets(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset]:
+    generator = torch.Generator().manual_seed(DATA_SEED)
+    teacher = torch.randn(IN_FEATURES, NUM_CLASSES, generator=generator)
+    return make_synthetic(args.num_samples, generator, teacher), make_synthetic(512, generator, teacher)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints: <output-dir>/checkpoint-<step>, written by accelerator.save_state on every rank (model, optimizer,
+# scheduler, every RNG state; sharded for FSDP, DeepSpeed's own layout for DeepSpeed). The step is in the name; the
+# shuffle order is a function of (seed, epoch), so the data position follows from the step.
+
+
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+def find_checkpoint(output_dir: Path, resume_from: str) -> Path | None:
+    if resume_from != "latest":
+        path = Path(resume_from)
+        if not path.is_dir():
+            raise SystemExit(f"--resume-from-checkpoint: {path} is not a directory")
+        return path
+    found = [(int(m.group(1)), p) for p in output_dir.glob("checkpoint-*") if (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    return max(found)[1] if found else None
+
+
+def step_of(checkpoint: Path) -> int:
+    match = CHECKPOINT_NAME.fullmatch(checkpoint.resolve().name)
+    if match is None:
+        raise SystemExit(f"cannot read the step from {checkpoint}: expected a directory named checkpoint-<step>")
+    return int(match.group(1))
+
+
+def log(accelerator: Accelerator, message: str) -> None:
+    """Print once (main process), above the progress bar."""
+    if accelerator.is_main_process:
+        tqdm.write(message)
+
+
+def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> dict[str, float]:
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    for x, y in loader:
+        with torch.no_grad():
+            logits = model(x)
+        # gather_for_metrics drops the samples the sampler duplicated to even out the last batch across processes.
+        logits, y = accelerator.gather_for_metrics((logits, y))
+        loss_sum += nn.functional.cross_entropy(logits, y, reduction="sum").item()
+        correct += (logits.argmax(-1) == y).sum().item()
+        total += y.numel()
+    model.train()
+    return {"eval_loss": loss_sum / total, "eval_accuracy": correct / total}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    output_dir = Path(args.output_dir)
+    tracking = args.with_tracking and is_tensorboard_available()
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with="tensorboard" if tracking else None,
+        project_dir=str(output_dir),
+        # A seedable sampler makes the shuffle order a function of (seed, epoch): resumable and equal on all ranks.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    set_seed(args.seed)
+    if args.with_tracking and not tracking:
+        log(accelerator, "--with-tracking: TensorBoard is not installed (pip install tensorboard); not tracking")
+
+    # -- data and model --------------------------------------------------------------------------------------------
+    train_set, eval_set = build_datasets(args)
+    # The loader's own generator keeps iterator creation from drawing on the global RNG (dropout's): exact resume.
+    shuffle_generator = torch.Generator().manual_seed(args.seed)
+    train_loader = DataLoader(train_set, args.per_device_batch_size, shuffle=True, generator=shuffle_generator)
+    eval_loader = DataLoader(eval_set, batch_size=args.per_device_batch_size)
+    if args.model:
+        model = MLPClassifier.from_pretrained(args.model)
+    else:
+        model = MLPClassifier(IN_FEATURES, args.hidden_size, NUM_CLASSES)
+    model_config = {
+        "in_features": IN_FEATURES,
+        "num_classes": NUM_CLASSES,
+        "hidden_size": model.net[0].out_features,
+        "dropout": model.net[2].p,
+    }
+
+    # -- optimizer and schedule: linear warmup, then linear decay or constant ----------------------------------------
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    # Read accumulation back from the accelerator: a DeepSpeed config may set its own value.
+    accumulation = accelerator.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(len(train_loader) / accumulation)
+    max_steps = args.max_steps or args.epochs * steps_per_epoch
+    num_epochs = math.ceil(max_steps / steps_per_epoch)
+    warmup = min(args.warmup_steps, max_steps)
+
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if args.lr_scheduler == "constant":
+            return 1.0
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup))
+
+    # The loop steps the scheduler once per optimizer step on every backend (a prepared scheduler would step
+    # num_processes times per step, and not at all under DeepSpeed); save_state still stores it.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    accelerator.register_for_checkpointing(scheduler)
+
+    # -- resume ----------------------------------------------------------------------------------------------------
+    completed_steps = 0
+    if args.resume_from_checkpoint:
+        checkpoint = find_checkpoint(output_dir, args.resume_from_checkpoint)
+        if checkpoint is None:
+            log(accelerator, f"no checkpoint in {output_dir}; starting from scratch")
+        else:
+            accelerator.load_state(str(checkpoint))
+            completed_steps = step_of(checkpoint)
+            log(accelerator, f"resumed from {checkpoint} at step {completed_steps}")
+    starting_epoch = completed_steps // steps_per_epoch
+    batches_to_skip = (completed_steps % steps_per_epoch) * accumulation
+
+    # -- start-up summary ------------------------------------------------------------------------------------------
+    effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
+    log(
+        accelerator,
+        f"backend {accelerator.distributed_type.value} | world size {accelerator.num_processes} | "
+        f"device {accelerator.device} | mixed precision {accelerator.mixed_precision}\n"
+        f"effective batch {effective_batch} = {args.per_device_batch_size} per device x "
+        f"{accelerator.num_processes} processes x {accumulation} accumulation | "
+        f"learning rate {args.learning_rate:g} (warmup {warmup}) | steps {max_steps} ({steps_per_epoch} per epoch)",
+    )
+    if tracking:
+        accelerator.init_trackers("minimal", config={k: v for k, v in vars(args).items() if v is not None})
+
+    # -- train -----------------------------------------------------------------------------------------------------
+    model.train()
+    progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
+    window_loss, window_samples, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
+    for epoch in range(starting_epoch, num_epochs):
+        train_loader.set_epoch(epoch)
+        loader = train_loader
+        if epoch == starting_epoch and batches_to_skip:
+            loader = accelerator.skip_first_batches(train_loader, batches_to_skip)
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = nn.functional.cross_entropy(model(x), y)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad()
+            window_loss += loss.detach().float() / accumulation
+            window_samples += x.shape[0]
+            if not accelerator.sync_gradients:
+                continue
+            completed_steps += 1
+            progress.update(1)
+            last_step = completed_steps == max_steps
+
+            if completed_steps % args.log_every == 0 or last_step:
+                steps_in_window = (completed_steps - 1) % args.log_every + 1
+                mean_loss = accelerator.reduce(window_loss, "mean").item() / steps_in_window
+                samples_per_s = window_samples * accelerator.num_processes / (time.perf_counter() - window_start)
+                lr = scheduler.get_last_lr()[0]
+                log(
+                    accelerator,
+                    f"step {completed_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | {samples_per_s:.0f} samples/s",
+                )
+                accelerator.log(
+                    {"train_loss": mean_loss, "lr": lr, "samples_per_s": samples_per_s}, step=completed_steps
+                )
+                window_loss, window_samples, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
+
+            # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
+            if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
+                accelerator.save_state(str(output_dir / f"checkpoint-{completed_steps}"))
+            end_of_epoch = completed_steps % steps_per_epoch == 0
+            if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
+                metrics = evaluate(accelerator, model, eval_loader)
+                log(accelerator, f"step {completed_steps} | " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                accelerator.log(metrics, step=completed_steps)
+            if last_step:
+                break
+    progress.close()
+
+    # -- final model: safetensors + config, ready for MLPClassifier.from_pretrained ---------------------------------
+    save_final_model(accelerator, model, model_config, output_dir / "final")
+    accelerator.end_training()
+
+
+def save_final_model(accelerator: Accelerator, model: nn.Module, config: dict, final_dir: Path) -> None:
+    accelerator.wait_for_everyone()
+    try:
+        # Every rank takes part: FSDP and DeepSpeed ZeRO-3 gather the shards into one full state dict here.
+        state_dict = accelerator.get_state_dict(model)
+    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save
+        log(accelerator, f"final model not written ({exc}); merge the last checkpoint with `accelkit merge-ckpt`")
+        return
+    if accelerator.is_main_process:
+        final_dir.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, final_dir / "model.safetensors")
+        (final_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        print(f"final model: {final_dir} (load with MLPClassifier.from_pretrained)")
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Probe for `accelkit launch` tests: reports what each rank really runs, trains two steps, saves its state.
+
+Every line it prints starts with PROBE so tests can parse it out of the launcher's noise.
+"""
+
+import os
+import time
+
+print(f"PROBE first_line rank={os.environ.get('RANK')} t={time.time():.6f}", flush=True)
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--output", default=None, help="save_state here")
+parser.add_argument("--crash-rank", type=int, default=-1, help="this rank exits with --crash-code after prepare")
+parser.add_argument("--crash-code", type=int, default=3)
+parser.add_argument("--sleep", type=float, default=0.0, help="sleep this long after prepare (signal tests)")
+parser.add_argument("--first-line-only", action="store_true", help="exit right after the first line (benchmark)")
+args, unknown = parser.parse_known_args()
+if args.first_line_only:
+    sys.exit(0)
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+torch.manual_seed(0)
+accelerator = Accelerator()
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randn(32, 4)), batch_size=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+rank = accelerator.process_index
+print(f"PROBE ready rank={rank} pid={os.getpid()}", flush=True)
+
+if rank == args.crash_rank:
+    print(f"PROBE crashing rank={rank} code={args.crash_code}", flush=True)
+    sys.exit(args.crash_code)
+if args.sleep:
+    time.sleep(args.sleep)
+
+for step, (x, y) in enumerate(loader):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    if step == 1:
+        break
+
+param = next(model.parameters())
+print(f"PROBE rank={rank} world={accelerator.num_processes} type={accelerator.distributed_type.value} "
+      f"wrapper={type(model).__name__} param={type(param).__name__} backend={torch.distributed.get_backend()} "
+      f"argv={sys.argv[1:]!r}", flush=True)
+if args.output:
+    accelerator.save_state(args.output)
+accelerator.wait_for_everyone()
+print(f"PROBE done rank={rank}", flush=True)

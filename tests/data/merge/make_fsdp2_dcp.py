@@ -1,0 +1,53 @@
+"""Producer: a torch DCP checkpoint of the tiny model sharded with FSDP2 (`fully_shard`) on 2 gloo ranks.
+
+Run with `python -m torch.distributed.run --nproc_per_node 2 make_fsdp2_dcp.py OUT`. Writes OUT/dcp/ (the
+sharded model state dict saved with torch.distributed.checkpoint) and, from rank 0, OUT/dcp_expected.safetensors:
+the full state dict gathered after training, to compare against. Also writes the model's config.json beside the
+checkpoint so merge-ckpt can find it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import batch, tiny_model  # noqa: E402
+
+
+def main() -> None:
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = tiny_model(seed=7)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(2):
+        ids = batch(seed=step, rank=rank)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dcp.save(get_model_state_dict(model), checkpoint_id=str(out / "dcp"))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        full.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight
+        save_file({k: v.contiguous() for k, v in full.items()}, str(out / "dcp_expected.safetensors"))
+        model.config.save_pretrained(str(out))
+        (out / "DONE").write_text("ok\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

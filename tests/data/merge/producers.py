@@ -1,0 +1,50 @@
+"""Shared helpers for the merge-ckpt tests: run the real checkpoint producers (in parallel, once per session)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    handle = log.open("w")
+    return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=full_env), log
+
+
+def wait_all(jobs: list[tuple[subprocess.Popen, Path]], timeout: float = 600) -> None:
+    for proc, log in jobs:
+        rc = proc.wait(timeout=timeout)
+        if rc != 0:
+            raise AssertionError(f"producer failed (exit {rc}):\n{log.read_text()[-4000:]}")
+
+
+def produce_all(root: Path) -> Path:
+    """DeepSpeed ZeRO-1/2/3, FSDP2+DCP and save_pretrained/torch.save checkpoints of the tiny model, under root.
+
+    Made once: both merge test modules call this with the same root; the second call finds ALL_DONE.
+    """
+    if (root / "ALL_DONE").is_file():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        start([*TORCHRUN, str(DATA / "make_deepspeed.py"), str(root / "ds")], root / "ds.log",
+              {"DS_ACCELERATOR": "cpu"}),
+        start([*TORCHRUN, str(DATA / "make_fsdp2_dcp.py"), str(root / "fsdp")], root / "fsdp.log"),
+        start([sys.executable, str(DATA / "make_hf.py"), str(root / "hf")], root / "hf.log"),
+    ]
+    wait_all(jobs)
+    (root / "ALL_DONE").write_text("ok\n")
+    return root
+
+
+def tree_hash(path: Path) -> dict[str, str]:
+    """sha256 of every file under path (or of path itself), to prove the input was not modified."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}

@@ -1,0 +1,168 @@
+"""merge-ckpt on checkpoints written by the real tools: FSDP2 + DCP, DeepSpeed ZeRO-1/2/3, save_pretrained, torch.save.
+
+Every merged output is compared bit for bit with the full state dict the producer held.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_accelkit
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data" / "merge"))
+
+from producers import produce_all, tree_hash  # noqa: E402
+
+# input (relative to the producers' root) -> the producer's full state dict
+CASES = {
+    "fsdp2-dcp": ("fsdp/dcp", "fsdp/dcp_expected.safetensors"),
+    "zero1": ("ds/zero1", "ds/zero1_expected.safetensors"),
+    "zero2": ("ds/zero2", "ds/zero2_expected.safetensors"),
+    "zero3": ("ds/zero3/global_step2", "ds/zero3_expected.safetensors"),  # a tag folder given directly
+    "hf-sharded": ("hf/hf", "hf/hf_expected.safetensors"),
+    "torch-bin": ("hf/torch/pytorch_model.bin", "hf/hf_expected.safetensors"),
+}
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory) -> Path:
+    return produce_all(tmp_path_factory.getbasetemp() / "merge-producers")
+
+
+def load_output(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a merged output: one file, a folder with model.safetensors, or shards + index."""
+    if path.is_file():
+        return load_file(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        out: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            out.update(load_file(path / shard))
+        return out
+    return load_file(path / "model.safetensors")
+
+
+def assert_bit_identical(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(expected)
+    for name, want in expected.items():
+        assert got[name].dtype == want.dtype, name
+        assert torch.equal(got[name], want), name
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_merge_is_bit_identical_to_the_producers_state_dict(ckpts: Path, tmp_path: Path, case: str) -> None:
+    src, expected = (ckpts / p for p in CASES[case])
+    before = tree_hash(src)
+    out = tmp_path / "merged.safetensors"
+    proc = run_accelkit("merge-ckpt", str(src), "-o", str(out), "--verify", check=True)
+    assert_bit_identical(load_file(out), load_file(expected))
+    assert "Verified:" in proc.stdout and "Peak memory" in proc.stdout.title()
+    assert tree_hash(src) == before, "the input was modified"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged.safetensors"]  # no temp files left
+    with safe_open(str(out), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+
+
+def test_detection_is_explained(ckpts: Path) -> None:
+    proc = run_accelkit("merge-ckpt", str(ckpts / "ds" / "zero2"), "--inspect", check=True)
+    assert "DeepSpeed ZeRO-2, world size 2" in proc.stdout
+    assert "tag 'global_step2' (from latest)" in proc.stdout
+    assert "Parameters:  16,640" in proc.stdout  # 101*32 + 2 layers + norm: the tied lm_head counted once
+    assert "lm_head.weight -> model.embed_tokens.weight" in proc.stdout
+
+
+def test_inspect_writes_nothing(ckpts: Path, tmp_path: Path) -> None:
+    src = ckpts / "fsdp" / "dcp"
+    before = tree_hash(ckpts / "fsdp")
+    proc = run_accelkit("merge-ckpt", str(src), "--inspect", "-o", str(tmp_path / "out"), cwd=tmp_path, check=True)
+    assert "torch DCP" in proc.stdout and "world size 2" in proc.stdout and "Tensors:     21" in proc.stdout
+    assert "Nothing was written" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+    assert tree_hash(ckpts / "fsdp") == before
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_dtype_casts_floating_tensors(ckpts: Path, tmp_path: Path, dtype: str, torch_dtype: torch.dtype) -> None:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    out = tmp_path / "cast.safetensors"
+    report = merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero3", output=out, dtype=dtype, verify=True,
+                                           progress=False))
+    expected = {k: v.to(torch_dtype) for k, v in load_file(ckpts / "ds" / "zero3_expected.safetensors").items()}
+    assert_bit_identical(load_file(out), expected)
+    assert report.dtypes == {str(torch_dtype).removeprefix("torch."): 20}
+    assert report.bytes == 16_640 * 2
+
+
+def test_sharded_output_loads_with_from_pretrained_and_gives_same_logits(ckpts: Path, tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path / "merged"
+    proc = run_accelkit("merge-ckpt", str(ckpts / "fsdp" / "dcp"), "-o", str(out), "--max-shard-size", "20KB",
+                        check=True)
+    names = sorted(p.name for p in out.iterdir())
+    assert "config.json" in names and "model.safetensors.index.json" in names
+    shards = [n for n in names if n.startswith("model-")]
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    assert index["metadata"]["total_size"] == 16_640 * 4
+    assert "lm_head.weight" not in index["weight_map"]  # tied: stored once, the way transformers saves it
+    assert "copied config.json" in proc.stdout
+
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(ckpts / "fsdp"))).eval()
+    missing, unexpected = reference.load_state_dict(load_file(ckpts / "fsdp" / "dcp_expected.safetensors"),
+                                                    strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected
+    reference.tie_weights()
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(merged(ids).logits, reference(ids).logits)
+    assert merged.lm_head.weight.data_ptr() == merged.model.embed_tokens.weight.data_ptr()
+
+
+def test_deepspeed_folder_output_is_a_pretrained_folder(ckpts: Path, tmp_path: Path) -> None:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    out = tmp_path / "zero2-merged"
+    report = merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero2", output=out, progress=False))
+    assert report.copied == ["config.json"]  # found two folders above the tag folder
+    assert report.dropped_aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert_bit_identical(load_output(out), load_file(ckpts / "ds" / "zero2_expected.safetensors"))
+
+
+def test_force_replaces_an_existing_output_only_when_asked(ckpts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.safetensors"
+    out.write_bytes(b"precious")
+    proc = run_accelkit("merge-ckpt", str(ckpts / "hf" / "hf"), "-o", str(out))
+    assert proc.returncode == 1 and "already exists" in proc.stderr and "--force" in proc.stderr
+    assert out.read_bytes() == b"precious"
+    run_accelkit("merge-ckpt", str(ckpts / "hf" / "hf"), "-o", str(out), "--force", "-q", check=True)
+    assert_bit_identical(load_file(out), load_file(ckpts / "hf" / "hf_expected.safetensors"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_verify_catches_an_output_that_differs(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
+    from accelkit.errors import AccelkitError
+    from accelkit.merge import MergeOptions, merge_checkpoint, writer
+
+    real = writer.tensor_bytes
+
+    def flip_first_byte(tensor):
+        data = bytearray(real(tensor))
+        if data:
+            data[0] ^= 0xFF
+        return memoryview(bytes(data))
+
+    monkeypatch.setattr(writer, "tensor_bytes", flip_first_byte)
+    out = tmp_path / "bad.safetensors"
+    with pytest.raises(AccelkitError, match="verification failed"):
+        merge_checkpoint(MergeOptions(input=ckpts / "hf" / "hf", output=out, verify=True, progress=False))
+    assert list(tmp_path.iterdir()) == []
