@@ -183,6 +183,7 @@ def test_defaults_follow_the_gpus(monkeypatch):
     (ConfigOptions(backend="ddp", offload=True), "--offload needs --backend fsdp or deepspeed"),
     (ConfigOptions(backend="cpu", mixed_precision="fp16"), "fp16 mixed precision does not run on CPU"),
     (ConfigOptions(backend="single", num_processes=2), "--backend single runs one process"),
+    (ConfigOptions(backend="single", num_machines=2), "not 2 machines"),
     (ConfigOptions(backend="fsdp", wrap_policy="size", wrap_cls=("X",)), "--wrap-cls only applies"),
     (ConfigOptions(backend="fsdp", sharding="no"), "FSDP2 has no NO_SHARD"),
     (ConfigOptions(backend="fsdp", sharding="hybrid"), "only one machine"),
@@ -224,3 +225,29 @@ def test_write_config_leaves_no_partial_files(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_config(config, tmp_path / "c.yaml", "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("precision", [None, "bf16"])
+def test_every_auto_in_the_deepspeed_json_is_filled_by_accelerate(precision, tmp_path, monkeypatch):
+    """Replay what Accelerator does at prepare(): after it fills the JSON, no "auto" may be left for DeepSpeed."""
+    config = build_config(ConfigOptions(backend="deepspeed", zero_stage=3, mixed_precision=precision,
+                                        deepspeed_json=tmp_path / "ds.json"))
+    _, env = launcher_env(write(config, tmp_path))
+    plugin = build_plugin(env, monkeypatch)
+    plugin.set_mixed_precision(precision or "fp16")
+    plugin.fill_match("gradient_accumulation_steps", must_match=False, gradient_accumulation_steps=2)
+    # the values Accelerator._prepare_deepspeed passes for a DataLoader with batch size 4 on 2 processes
+    plugin.deepspeed_config_process(must_match=False, **{
+        "gradient_clipping": 1.0, "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
+        "train_micro_batch_size_per_gpu": 4, "train_batch_size": 4 * 2 * 2})
+
+    def autos(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from autos(value, f"{prefix}{key}.")
+            elif value == "auto":
+                yield prefix + key
+
+    assert list(autos(plugin.deepspeed_config)) == []
+    enabled = "bf16" if precision == "bf16" else "fp16"
+    assert plugin.deepspeed_config[enabled]["enabled"] is True

@@ -17,6 +17,12 @@ import click
 _BACKENDS = ("single", "cpu", "ddp", "fsdp", "deepspeed")
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
+
+
+def _to_int(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
 _OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--backend", type=click.Choice(_BACKENDS), default=None,
                  help="Distributed backend. Default: ddp with 2+ GPUs, else single (or the preset's)."),
@@ -35,8 +41,7 @@ _OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--gradient-accumulation-steps", type=int, default=None, metavar="N",
                  help="Gradient accumulation steps (stored in the config for DeepSpeed)."),
     # FSDP
-    click.option("--fsdp-version", type=click.Choice(("1", "2")), default=None,
-                 callback=lambda ctx, param, value: None if value is None else int(value),
+    click.option("--fsdp-version", type=click.Choice(("1", "2")), default=None, callback=_to_int,
                  help="FSDP version. Default 2 (fully_shard)."),
     click.option("--sharding", type=click.Choice(("full", "grad-op", "no", "hybrid")), default=None,
                  help="FSDP sharding. v1 writes fsdp_sharding_strategy; v2 maps to fsdp_reshard_after_forward."),
@@ -55,7 +60,7 @@ _OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--cpu-ram-efficient-loading/--no-cpu-ram-efficient-loading", default=None,
                  help="FSDP: only rank 0 loads pretrained weights (Transformers models)."),
     # DeepSpeed
-    click.option("--zero-stage", type=click.IntRange(0, 3), default=None, metavar="{0,1,2,3}",
+    click.option("--zero-stage", type=click.Choice(("0", "1", "2", "3")), default=None, callback=_to_int,
                  help="DeepSpeed ZeRO stage. Default 2."),
     click.option("--offload-optimizer", type=click.Choice(_OFFLOAD_DEVICES), default=None,
                  help="DeepSpeed optimizer state offload device."),

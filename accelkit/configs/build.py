@@ -14,8 +14,9 @@ from pathlib import Path
 from accelkit.configs import hardware
 from accelkit.configs.deepspeed_json import deepspeed_json_content
 from accelkit.configs.from_config import fsdp_section, options_from_config
-from accelkit.configs.options import DEEPSPEED_ONLY, FSDP_ONLY, ConfigOptions, flag_name
-from accelkit.configs.schema import BACKEND_TYPES, DEEPSPEED_JSON_CONFLICTS, backend_of
+from accelkit.configs.option_checks import check_options
+from accelkit.configs.options import ConfigOptions, flag_name
+from accelkit.configs.schema import BACKEND_TYPES, DEEPSPEED_JSON_CONFLICTS, backend_of, section
 from accelkit.errors import AccelkitError
 
 DEFAULT_PORT = 29500
@@ -60,7 +61,7 @@ def build_config(options: ConfigOptions, base: dict | None = None) -> BuiltConfi
 
     merged = _merge(options_from_config(base) if base else ConfigOptions(), options)
     _check_json_reference(base, options)
-    keeps_json = bool((base.get("deepspeed_config") or {}).get("deepspeed_config_file"))
+    keeps_json = bool(section(base, "deepspeed_config").get("deepspeed_config_file"))
     resolved = _resolve(merged, keeps_json=keeps_json and options.deepspeed_json is None)
     check_options(resolved)
     config = _generate(resolved, base)
@@ -107,16 +108,17 @@ def _merge(from_base: ConfigOptions, given: ConfigOptions) -> ConfigOptions:
 
 def _check_json_reference(base: dict, given: ConfigOptions) -> None:
     """A base that points at a DeepSpeed JSON keeps those settings in the JSON: inline options would conflict."""
-    if not (base.get("deepspeed_config") or {}).get("deepspeed_config_file") or given.deepspeed_json is not None:
+    if not section(base, "deepspeed_config").get("deepspeed_config_file") or given.deepspeed_json is not None:
         return
     inline = [flag_name(n) for n in ("zero_stage", "offload_optimizer", "offload_params", "offload", "nvme_path",
                                      "zero3_save_16bit_model", "gradient_accumulation_steps", "mixed_precision")
               if getattr(given, n) is not None]
     if inline:
-        raise AccelkitError(f"this config takes its DeepSpeed settings from "
-                            f"{base['deepspeed_config']['deepspeed_config_file']}, so {', '.join(inline)} cannot be "
-                            f"set in the YAML", hint="edit the DeepSpeed JSON, or pass --deepspeed-json PATH to write "
-                                                     "a new one with these settings")
+        json_file = section(base, "deepspeed_config")["deepspeed_config_file"]
+        raise AccelkitError(f"this config takes its DeepSpeed settings from {json_file}, so {', '.join(inline)} "
+                            "cannot be set in the YAML",
+                            hint="edit the DeepSpeed JSON, or pass --deepspeed-json PATH to write a new one with these "
+                                 "settings")
 
 
 def _resolve(m: ConfigOptions, keeps_json: bool = False) -> ConfigOptions:
@@ -154,94 +156,6 @@ def _resolve(m: ConfigOptions, keeps_json: bool = False) -> ConfigOptions:
     return r
 
 
-def check_options(r: ConfigOptions) -> None:
-    """Reject combinations that cannot work, naming the flag to change. `r` is resolved (defaults filled)."""
-    def fail(message: str, hint: str) -> None:
-        raise AccelkitError(message, hint=hint)
-
-    if r.num_processes < 1:
-        fail(f"--num-processes must be at least 1 (got {r.num_processes})", "pass --num-processes N with N >= 1")
-    if r.num_machines < 1:
-        fail(f"--num-machines must be at least 1 (got {r.num_machines})", "pass --num-machines 1 for one machine")
-    if not 0 <= r.machine_rank < r.num_machines:
-        fail(f"--machine-rank {r.machine_rank} is outside 0..{r.num_machines - 1} for {r.num_machines} machine(s)",
-             "machine ranks count from 0: the main machine is 0, the last is --num-machines minus 1")
-    if r.num_processes % r.num_machines:
-        fail(f"--num-processes {r.num_processes} is not divisible by --num-machines {r.num_machines}",
-             "--num-processes is the TOTAL across machines: use machines x processes per machine, e.g. "
-             f"{r.num_machines * -(-r.num_processes // r.num_machines)}")
-    if r.main_process_port is not None and not 1 <= r.main_process_port <= 65535:
-        fail(f"--main-process-port {r.main_process_port} is not a TCP port",
-             "use a free port in 1024..65535, e.g. 29500")
-    if r.gradient_accumulation_steps is not None and r.gradient_accumulation_steps < 1:
-        fail("--gradient-accumulation-steps must be at least 1", "pass --gradient-accumulation-steps 1 for none")
-    if r.backend == "single" and r.num_processes != 1:
-        fail(f"--backend single runs one process, not {r.num_processes}",
-             "use --backend ddp (or fsdp/deepspeed) for several processes")
-    if r.mixed_precision == "fp16" and r.backend == "cpu":
-        fail("fp16 mixed precision does not run on CPU", "use --mixed-precision bf16 (or no) with --backend cpu")
-    _check_backend_options(r, fail)
-    if r.backend == "fsdp":
-        _check_fsdp(r, fail)
-    if r.backend == "deepspeed":
-        _check_deepspeed(r, fail)
-
-
-def _check_backend_options(r: ConfigOptions, fail) -> None:
-    given = {k for k, v in r.given().items() if v is not False}
-    if r.backend != "fsdp":
-        misplaced = [n for n in FSDP_ONLY if n in given]
-        if misplaced:
-            fail(f"{flag_name(misplaced[0])} is an FSDP option, but the backend is {r.backend}",
-                 f"add --backend fsdp, or drop {flag_name(misplaced[0])}")
-    if r.backend != "deepspeed":
-        misplaced = [n for n in DEEPSPEED_ONLY if n in given]
-        if misplaced:
-            fail(f"{flag_name(misplaced[0])} is a DeepSpeed option, but the backend is {r.backend}",
-                 f"add --backend deepspeed, or drop {flag_name(misplaced[0])}")
-        if r.gradient_accumulation_steps is not None:
-            fail(f"Accelerate config files store gradient accumulation only for DeepSpeed, not {r.backend}",
-                 "pass gradient_accumulation_steps=N to Accelerator(...) in your script, or give "
-                 "--gradient-accumulation-steps to `accelkit launch` "
-                 "(it exports ACCELERATE_GRADIENT_ACCUMULATION_STEPS)")
-    if r.backend not in ("fsdp", "deepspeed") and r.offload:
-        fail(f"--offload needs --backend fsdp or deepspeed (the backend is {r.backend})",
-             "use --backend fsdp --offload or --backend deepspeed --zero-stage 3 --offload")
-
-
-def _check_fsdp(r: ConfigOptions, fail) -> None:
-    if r.wrap_cls and r.wrap_policy != "transformer":
-        fail(f"--wrap-cls only applies to --wrap-policy transformer (the policy is {r.wrap_policy})",
-             "drop --wrap-cls, or use --wrap-policy transformer")
-    if r.min_num_params is not None and r.wrap_policy != "size":
-        fail(f"--min-num-params only applies to --wrap-policy size (the policy is {r.wrap_policy})",
-             "drop --min-num-params, or use --wrap-policy size")
-    if r.min_num_params is not None and r.min_num_params < 1:
-        fail("--min-num-params must be at least 1", "pass a parameter count such as 100000000")
-    if r.fsdp_version == 2 and r.sharding == "no":
-        fail("FSDP2 has no NO_SHARD strategy", "use --backend ddp (same thing, faster), or --fsdp-version 1")
-    if r.fsdp_version == 2 and r.sharding == "hybrid" and r.num_machines < 2:
-        fail("--sharding hybrid with FSDP2 replicates across machines, but there is only one machine",
-             "use --sharding full on one machine, or set --num-machines; --fsdp-version 1 keeps HYBRID_SHARD")
-
-
-def _check_deepspeed(r: ConfigOptions, fail) -> None:
-    if r.offload_params != "none" and r.zero_stage < 3:
-        fail(f"DeepSpeed offloads parameters only at ZeRO stage 3 (the stage is {r.zero_stage})",
-             "use --zero-stage 3, or --offload-params none")
-    if r.offload_optimizer != "none" and r.zero_stage == 0:
-        fail("ZeRO stage 0 cannot offload the optimizer", "use --zero-stage 1 or higher, or --offload-optimizer none")
-    if r.zero3_save_16bit_model and r.zero_stage < 3:
-        fail(f"--zero3-save-16bit-model applies to ZeRO stage 3 only (the stage is {r.zero_stage})",
-             "use --zero-stage 3, or drop --zero3-save-16bit-model")
-    uses_nvme = "nvme" in (r.offload_optimizer, r.offload_params)
-    if uses_nvme and not r.nvme_path:
-        fail("NVMe offload needs a directory to swap to", "pass --nvme-path /local/nvme/dir")
-    if r.nvme_path and not uses_nvme:
-        fail("--nvme-path is set but nothing is offloaded to nvme",
-             "add --offload-optimizer nvme and/or --offload-params nvme, or drop --nvme-path")
-
-
 def _generate(r: ConfigOptions, base: dict) -> dict:
     same_backend = backend_of(base) == r.backend if base else False
     dtype = BACKEND_TYPES[r.backend]
@@ -253,7 +167,7 @@ def _generate(r: ConfigOptions, base: dict) -> dict:
         config["main_process_ip"] = r.main_process_ip
     if r.main_process_port is not None:
         config["main_process_port"] = r.main_process_port
-    base_json = same_backend and bool((base.get("deepspeed_config") or {}).get("deepspeed_config_file"))
+    base_json = same_backend and bool(section(base, "deepspeed_config").get("deepspeed_config_file"))
     json_mode = r.backend == "deepspeed" and (r.deepspeed_json is not None or base_json)
     if not json_mode:  # with a DeepSpeed JSON, precision lives in the JSON; Accelerate rejects it in the YAML
         config["mixed_precision"] = r.mixed_precision
@@ -266,7 +180,7 @@ def _generate(r: ConfigOptions, base: dict) -> dict:
                 "parallelism_config_dp_shard_size": r.num_processes // r.num_machines,
                 "parallelism_config_tp_size": 1, "parallelism_config_cp_size": 1}
     elif r.backend == "deepspeed":
-        config["deepspeed_config"] = _deepspeed_section(r, (base.get("deepspeed_config") or {}) if same_backend else {})
+        config["deepspeed_config"] = _deepspeed_section(r, section(base, "deepspeed_config") if same_backend else {})
     if same_backend:
         for key, value in base.items():
             if key not in OWNED_TOP:
@@ -275,62 +189,62 @@ def _generate(r: ConfigOptions, base: dict) -> dict:
 
 
 def _fsdp_section(r: ConfigOptions, old: dict) -> dict:
-    section: dict = {"fsdp_version": r.fsdp_version}
+    out: dict = {"fsdp_version": r.fsdp_version}
     if r.fsdp_version == 1:
         # FSDP1 reads fsdp_sharding_strategy, and the launcher fills FULL_SHARD when it is missing: write it.
-        section["fsdp_sharding_strategy"] = STRATEGY[r.sharding]
-        section["fsdp_reshard_after_forward"] = STRATEGY[r.sharding]
+        out["fsdp_sharding_strategy"] = STRATEGY[r.sharding]
+        out["fsdp_reshard_after_forward"] = STRATEGY[r.sharding]
     else:
         # FSDP2: full = reshard parameters after forward (ZeRO-3 like); grad-op = keep them (ZeRO-2 like).
-        section["fsdp_reshard_after_forward"] = r.sharding in ("full", "hybrid")
-    section["fsdp_auto_wrap_policy"] = WRAP[r.wrap_policy]
+        out["fsdp_reshard_after_forward"] = r.sharding in ("full", "hybrid")
+    out["fsdp_auto_wrap_policy"] = WRAP[r.wrap_policy]
     if r.wrap_policy == "transformer" and r.wrap_cls:
-        section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(r.wrap_cls)
+        out["fsdp_transformer_layer_cls_to_wrap"] = ",".join(r.wrap_cls)
     if r.wrap_policy == "size":
-        section["fsdp_min_num_params"] = r.min_num_params
-    section["fsdp_state_dict_type"] = STATE_DICT[r.state_dict]
-    section["fsdp_offload_params"] = r.offload
-    section["fsdp_activation_checkpointing"] = r.activation_checkpointing
-    section["fsdp_cpu_ram_efficient_loading"] = r.cpu_ram_efficient_loading
+        out["fsdp_min_num_params"] = r.min_num_params
+    out["fsdp_state_dict_type"] = STATE_DICT[r.state_dict]
+    out["fsdp_offload_params"] = r.offload
+    out["fsdp_activation_checkpointing"] = r.activation_checkpointing
+    out["fsdp_cpu_ram_efficient_loading"] = r.cpu_ram_efficient_loading
     if r.fsdp_version == 1:
         # cpu_ram_efficient_loading requires sync_module_states (the launcher refuses otherwise).
-        section["fsdp_sync_module_states"] = True if r.cpu_ram_efficient_loading else old.get(
+        out["fsdp_sync_module_states"] = True if r.cpu_ram_efficient_loading else old.get(
             "fsdp_sync_module_states", True)
         for key, default in FSDP1_ONLY_DEFAULTS.items():
-            section[key] = old.get(key, default)
-    owned = {*section, *FSDP1_ONLY_DEFAULTS, "fsdp_sync_module_states", "fsdp_sharding_strategy",
+            out[key] = old.get(key, default)
+    owned = {*out, *FSDP1_ONLY_DEFAULTS, "fsdp_sync_module_states", "fsdp_sharding_strategy",
              "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params"}
-    section.update({k: v for k, v in old.items() if k not in owned})
-    return section
+    out.update({k: v for k, v in old.items() if k not in owned})
+    return out
 
 
 def _deepspeed_section(r: ConfigOptions, old: dict) -> dict:
-    section: dict = {}
+    out: dict = {}
     if r.deepspeed_json is not None:
         # Absolute: the ranks resolve it from wherever `accelerate launch` runs, not from the YAML's folder.
-        section["deepspeed_config_file"] = str(Path(r.deepspeed_json).expanduser().resolve())
+        out["deepspeed_config_file"] = str(Path(r.deepspeed_json).expanduser().resolve())
     elif old.get("deepspeed_config_file"):
-        section["deepspeed_config_file"] = old["deepspeed_config_file"]  # kept as the base had it
+        out["deepspeed_config_file"] = old["deepspeed_config_file"]  # kept as the base had it
     else:
-        section["zero_stage"] = r.zero_stage
-        section["offload_optimizer_device"] = r.offload_optimizer
-        section["offload_param_device"] = r.offload_params
+        out["zero_stage"] = r.zero_stage
+        out["offload_optimizer_device"] = r.offload_optimizer
+        out["offload_param_device"] = r.offload_params
         if r.offload_optimizer == "nvme":
-            section["offload_optimizer_nvme_path"] = r.nvme_path
+            out["offload_optimizer_nvme_path"] = r.nvme_path
         if r.offload_params == "nvme":
-            section["offload_param_nvme_path"] = r.nvme_path
+            out["offload_param_nvme_path"] = r.nvme_path
         if r.zero_stage == 3:
-            section["zero3_save_16bit_model"] = r.zero3_save_16bit_model
-        section["gradient_accumulation_steps"] = r.gradient_accumulation_steps
+            out["zero3_save_16bit_model"] = r.zero3_save_16bit_model
+        out["gradient_accumulation_steps"] = r.gradient_accumulation_steps
         if old.get("gradient_clipping") is not None:
-            section["gradient_clipping"] = old["gradient_clipping"]
-    if r.zero_stage == 3 or (section.get("deepspeed_config_file") and "zero3_init_flag" in old):
-        section["zero3_init_flag"] = old.get("zero3_init_flag", True)
+            out["gradient_clipping"] = old["gradient_clipping"]
+    if r.zero_stage == 3 or (out.get("deepspeed_config_file") and "zero3_init_flag" in old):
+        out["zero3_init_flag"] = old.get("zero3_init_flag", True)
     if r.num_machines > 1 and "deepspeed_multinode_launcher" not in old:
         # "standard" runs torchrun on every machine (like DDP/FSDP); the default, pdsh, needs a hostfile and ssh.
-        section["deepspeed_multinode_launcher"] = "standard"
-    section.update({k: v for k, v in old.items() if k not in OWNED_DEEPSPEED and k not in section})
-    return section
+        out["deepspeed_multinode_launcher"] = "standard"
+    out.update({k: v for k, v in old.items() if k not in OWNED_DEEPSPEED and k not in out})
+    return out
 
 
 def _through_accelerate(config: dict) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from accelkit.configs.options import ConfigOptions
-from accelkit.configs.schema import backend_of
+from accelkit.configs.schema import backend_of, section
 from accelkit.errors import AccelkitError
 
 # Accelerate spelling -> accelkit spelling.
@@ -40,8 +40,7 @@ def _lookup(table: dict[str, str], value: object, key: str) -> str:
 
 def fsdp_section(config: dict) -> dict:
     """fsdp_config with every key spelled with its `fsdp_` prefix (the launcher accepts both)."""
-    section = config.get("fsdp_config") or {}
-    return {(k if k.startswith("fsdp_") else "fsdp_" + k): v for k, v in section.items()}
+    return {(k if str(k).startswith("fsdp_") else f"fsdp_{k}"): v for k, v in section(config, "fsdp_config").items()}
 
 
 def options_from_config(config: dict) -> ConfigOptions:
@@ -75,7 +74,7 @@ def _read_fsdp(config: dict, opts: ConfigOptions) -> None:
         opts.sharding = SHARDING_FROM_STRATEGY[str(reshard).upper()]
     elif reshard is not None:
         opts.sharding = "full" if as_bool(reshard, "fsdp_reshard_after_forward") else "grad-op"
-    parallel = config.get("parallelism_config") or {}
+    parallel = section(config, "parallelism_config")
     if as_int(parallel.get("parallelism_config_dp_replicate_size", 1), "parallelism_config_dp_replicate_size") > 1:
         opts.sharding = "hybrid"
     if fsdp.get("fsdp_auto_wrap_policy") is not None:
@@ -95,7 +94,7 @@ def _read_fsdp(config: dict, opts: ConfigOptions) -> None:
 
 
 def _read_deepspeed(config: dict, opts: ConfigOptions) -> None:
-    ds = config.get("deepspeed_config") or {}
+    ds = section(config, "deepspeed_config")
     if ds.get("zero_stage") is not None:
         opts.zero_stage = as_int(ds["zero_stage"], "zero_stage")
     if ds.get("offload_optimizer_device") is not None:

@@ -18,7 +18,7 @@ TOP_COMMENTS = {
     "parallelism_config": "FSDP2 hybrid sharding: shard within a machine, replicate across machines",
 }
 NESTED_COMMENTS = {
-    "fsdp_version": "2 = fully_shard (per-parameter DTensor sharding); the launcher assumes 1 when missing",
+    "fsdp_version": "1 = FullyShardedDataParallel wrapper, 2 = fully_shard (per-parameter); launcher default: 1",
     "fsdp_sharding_strategy": "FSDP1 reads this; written explicitly because the launcher's default is FULL_SHARD",
     "fsdp_auto_wrap_policy": "which modules become FSDP units",
     "fsdp_state_dict_type": "SHARDED_STATE_DICT saves one shard per rank (merge with `accelkit merge-ckpt`)",

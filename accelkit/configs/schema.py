@@ -22,6 +22,12 @@ DEEPSPEED_JSON_CONFLICTS = ("gradient_accumulation_steps", "gradient_clipping", 
                             "offload_optimizer_nvme_path", "zero3_save_16bit_model")
 
 
+def section(config: dict, name: str) -> dict:
+    """A nested section such as fsdp_config, or {} when it is missing or not a mapping (reported by the checks)."""
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def backend_of(config: dict) -> str | None:
     """The accelkit backend a config dict describes, or None for types accelkit does not model (XLA, NPU, ...)."""
     dtype = str(config.get("distributed_type", "")).upper()

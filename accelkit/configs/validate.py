@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelkit.configs.from_config import fsdp_section
-from accelkit.configs.schema import DEEPSPEED_JSON_CONFLICTS, IGNORED_BY_LAUNCHER, nearest, nested_keys, top_level_keys
+from accelkit.configs.schema import (
+    DEEPSPEED_JSON_CONFLICTS,
+    IGNORED_BY_LAUNCHER,
+    nearest,
+    nested_keys,
+    section,
+    top_level_keys,
+)
 
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 
@@ -48,8 +55,10 @@ def problems(config: dict, deepspeed_json: dict | None = None, relative_to: Path
     if mixed == "fp16" and (_true(config.get("use_cpu")) or dtype == "MULTI_CPU"):
         found.append(Finding("error", "fp16 mixed precision on CPU: CPUs do not run fp16 autocast",
                              "set `mixed_precision: bf16` (or no) for CPU runs"))
+    multi_node = (_int(config.get("num_machines"), 1) or 1) > 1
     for key, default in IGNORED_BY_LAUNCHER.items():
-        if key in config and config[key] != default:
+        # rendezvous settings only matter across machines; CPU affinity matters anywhere
+        if key in config and config[key] != default and (multi_node or key == "enable_cpu_affinity"):
             flag = "--" + key
             found.append(Finding("warning", f"`{key}: {config[key]}` has no effect: `accelerate launch` reads it only "
                                             f"from its {flag} flag", f"remove it and pass {flag} when launching"))
@@ -70,19 +79,19 @@ def _unknown_keys(config: dict) -> list[Finding]:
     if "distributed_type" not in config:
         found.append(Finding("error", "`distributed_type` is missing (it is the one required key)",
                              "add e.g. `distributed_type: MULTI_GPU` (or regenerate with `accelkit config`)"))
-    for section in ("fsdp_config", "deepspeed_config"):
-        body = config.get(section)
-        if not isinstance(body, dict):
-            continue
-        valid_nested = nested_keys(section) or frozenset()
-        for key in sorted(body):
-            spelled = key if section != "fsdp_config" or key.startswith("fsdp_") else "fsdp_" + key
+    for name in ("fsdp_config", "deepspeed_config", "parallelism_config", "mpirun_config", "dynamo_config"):
+        if config.get(name) is not None and not isinstance(config[name], dict):
+            found.append(Finding("error", f"`{name}` must be a mapping of keys, not {config[name]!r}",
+                                 f"write `{name}:` followed by indented `key: value` lines, or remove it"))
+    for name in ("fsdp_config", "deepspeed_config"):
+        valid_nested = nested_keys(name) or frozenset()
+        for key in sorted(section(config, name), key=str):
+            spelled = str(key) if name != "fsdp_config" or str(key).startswith("fsdp_") else f"fsdp_{key}"
             if spelled in valid_nested:
                 continue
             guess = nearest(spelled, valid_nested)
             fix = f"rename it to `{guess}`" if guess else "remove it"
-            found.append(Finding("error", f"unknown key `{section}.{key}`: `accelerate launch` silently ignores it",
-                                 fix))
+            found.append(Finding("error", f"unknown key `{name}.{key}`: `accelerate launch` silently ignores it", fix))
     return found
 
 
@@ -117,7 +126,7 @@ def _processes(config: dict) -> list[Finding]:
     if machines > 1 and not config.get("main_process_ip"):
         found.append(Finding("warning", f"{machines} machines but no main_process_ip: the others cannot find rank 0",
                              "add `main_process_ip: <address of machine 0>` (or pass --main_process_ip)"))
-    if dtype == "MULTI_CPU" and procs > 1 and not (config.get("mpirun_config") or {}).get("mpirun_hostfile"):
+    if dtype == "MULTI_CPU" and procs > 1 and not section(config, "mpirun_config").get("mpirun_hostfile"):
         found.append(Finding("warning", f"MULTI_CPU with {procs} processes and no mpirun hostfile: `accelerate "
                                         "launch` starts ONE process", "for N real CPU ranks use `accelkit launch "
                                                                       "--cpu --backend ddp --num-processes N`"))
@@ -159,7 +168,7 @@ def _fsdp(config: dict) -> list[Finding]:
 
 def _deepspeed(config: dict, content: dict | None, relative_to: Path | None) -> list[Finding]:
     found = []
-    ds = config.get("deepspeed_config") or {}
+    ds = section(config, "deepspeed_config")
     json_file = ds.get("deepspeed_config_file")
     if json_file:
         conflicts = [k for k in DEEPSPEED_JSON_CONFLICTS if k in ds]
@@ -170,7 +179,7 @@ def _deepspeed(config: dict, content: dict | None, relative_to: Path | None) -> 
                                           " in the YAML", "remove them from the YAML and set them in the DeepSpeed "
                                                           "JSON instead"))
         if content is None:
-            found += _read_json(Path(json_file), relative_to)
+            found += _read_json(Path(str(json_file)), relative_to)
         elif "zero_optimization" not in content:
             found.append(Finding("error", "the DeepSpeed JSON has no zero_optimization section",
                                  'add "zero_optimization": {"stage": 2}'))

@@ -221,6 +221,17 @@ def _last_assignment_before(ctx: Context, statement: cst.SimpleStatementLine, ke
 def _propagate_aliases(ctx: Context, facts: Facts) -> None:
     """`self.model = model` (or `self.model = model.to(gpu_id)`) gives `self.model` the kind of `model`."""
     assigns = [s for s in ctx.of_type(cst.Assign, cst.AnnAssign)]
+    # `loader = get_loader()` where get_loader() returns a DataLoader(...) it creates
+    factories: dict[str, str] = {}
+    for item in facts.created:
+        function = ctx.function(item.small) if item.returned and item.small is not None else None
+        if function is not None:
+            factories[function.name.value] = item.kind
+    for small in assigns:
+        key, value = _assign_parts(small)
+        if key is not None and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) \
+                and value.func.value in factories:
+            facts.kinds.setdefault(key, factories[value.func.value])
     for _ in range(2):
         for small in assigns:
             key, value = _assign_parts(small)

@@ -40,6 +40,11 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     if options.mixed_precision not in (None, *MIXED_PRECISION_CHOICES):
         raise AccelkitError(f"unknown mixed precision {options.mixed_precision!r}",
                             hint=f"use one of: {', '.join(MIXED_PRECISION_CHOICES)}")
+    try:  # Python's own parser names the line and column the user expects
+        compile(source, filename, "exec", dont_inherit=True, flags=0x400)  # PyCF_ONLY_AST: parse, no bytecode
+    except SyntaxError as exc:
+        raise AccelkitError(f"{filename}:{exc.lineno}:{exc.offset}: syntax error, cannot convert: {exc.msg}",
+                            hint="fix the script so that `python -m py_compile` accepts it") from None
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

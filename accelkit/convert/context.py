@@ -119,11 +119,15 @@ def accel_call(method: str, *args: cst.BaseExpression) -> cst.Call:
     return cst.Call(func=accel(method), args=[cst.Arg(a) for a in args])
 
 
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Every dotted name (`x`, `self.x`) referenced inside `node`."""
+def names_in(node: cst.CSTNode, skip: set[cst.CSTNode] | None = None) -> set[str]:
+    """Every dotted name (`x`, `self.x`) referenced inside `node` (ignoring the subtrees in `skip`)."""
     found: set[str] = set()
+    skipped = skip or set()
 
     class _Names(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            return n not in skipped and super().on_visit(n)
+
         def visit_Name(self, n: cst.Name) -> None:
             found.add(n.value)
 

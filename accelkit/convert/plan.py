@@ -49,11 +49,14 @@ class Plan:
         if uses_accelerator:
             self.accelerator_uses.append(statement)
 
-    def is_removed(self, statement: cst.BaseStatement) -> bool:
+    def is_removed(self, statement: cst.CSTNode) -> bool:
         if statement in self.removed:
             return True
         if isinstance(statement, cst.SimpleStatementLine):
             return all(s in self.removed for s in statement.body)
+        if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock):
+            # `if n_gpus > 1: model = nn.DataParallel(model)` loses its only statement: the `if` goes too
+            return all(self.is_removed(s) for s in statement.body.body)
         return False
 
     @property
@@ -78,7 +81,7 @@ class PlanApplier(cst.CSTTransformer):
                 return self._flatten(original_node, None)
             node = _fix_last_semicolon(node)
         if isinstance(original_node, cst.BaseStatement):
-            if original_node in plan.removed:
+            if plan.is_removed(original_node):
                 return self._flatten(original_node, None)
             if original_node in plan.before or original_node in plan.after:
                 return self._flatten(original_node, node)

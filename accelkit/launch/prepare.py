@@ -17,6 +17,8 @@ from accelkit.launch.request import LaunchRequest
 from accelkit.launch.summary import describe
 
 DEEPSPEED_INSTALL_HINT = "pip install 'accelkit[deepspeed]' (or: pip install deepspeed)"
+# Rehearsed backends whose ranks need no shim (accelkit.rehearsal.shim patches nothing for them).
+UNPATCHED_REHEARSALS = ("ddp", "single")
 
 
 @dataclass
@@ -137,8 +139,9 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
 
         rehearsal_plan = prepare_rehearsal(config)
         launch_config, env, rehearsal = rehearsal_plan.launch_config, dict(rehearsal_plan.env), rehearsal_plan.backend
-        # Every rank starts in the rehearsal bootstrap unless the rehearsal says nothing needs patching (DDP).
-        bootstrap = bool(getattr(rehearsal_plan, "bootstrap", True))
+        # Ranks start in the rehearsal bootstrap, which installs the shim, unless nothing needs patching: DDP and
+        # single-process runs are Accelerate's own CPU path, and the bootstrap would only import torch earlier.
+        bootstrap = bool(getattr(rehearsal_plan, "bootstrap", rehearsal not in UNPATCHED_REHEARSALS))
         notes = list(getattr(rehearsal_plan, "notes", ()))
     elif check_hardware:
         if needs_gpus(config):

@@ -41,7 +41,7 @@ def _read_metadata(path: Path):
 
 class DCPSource(CheckpointSource):
     def __init__(self, path: Path) -> None:
-        super().__init__(format_name="torch DCP (torch.distributed.checkpoint)", root=path)
+        super().__init__(format_name="torch DCP (torch.distributed.checkpoint)", root=path, ties_from_config=True)
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         self._metadata = _read_metadata(path)
@@ -98,6 +98,7 @@ class DCPSource(CheckpointSource):
 
     def read(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
         reader = _cached_reader(self.root, self._metadata)
         by_name = self.entry_by_name
@@ -109,7 +110,7 @@ class DCPSource(CheckpointSource):
                 with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
                     warnings.simplefilter("ignore", UserWarning)
                     dcp.load(target, storage_reader=reader, no_dist=True)
-            except Exception as exc:
+            except (Exception, CheckpointException) as exc:
                 raise AccelkitError(f"cannot read tensor {fqn!r} from {self.root}: a shard is corrupt "
                                     f"({_first_line(exc)})",
                                     hint="re-copy the checkpoint's .distcp files from the machine that wrote them") \

@@ -154,7 +154,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
     side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
     dropped = dict(source.aliases)
     config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
-    if config is not None:
+    if config is not None and source.ties_from_config:
         dropped.update(_untie(source, extras.tied_pairs_from_config(config), notes))
     if dropped:
         notes.append("tied weights stored once, as transformers does: "

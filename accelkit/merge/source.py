@@ -43,6 +43,8 @@ class CheckpointSource:
     notes: list[str] = field(default_factory=list)
     # the files making up the checkpoint (for `--inspect` and the input-unchanged guarantee)
     files: list[Path] = field(default_factory=list)
+    # True when the format cannot record tied weights (DCP saves both copies): ask the model's config instead
+    ties_from_config: bool = False
 
     def read(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) for `names`, in that order, one tensor in memory at a time."""

@@ -20,7 +20,7 @@ import torch
 from accelkit.errors import AccelkitError
 
 # Window of bytes read through one map before it is dropped and the file re-opened.
-MAP_WINDOW_BYTES = 128 * 1024 * 1024
+MAP_WINDOW_BYTES = 32 * 1024 * 1024
 
 
 class _StandIn:

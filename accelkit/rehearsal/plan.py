@@ -32,6 +32,8 @@ class RehearsalPlan:
     env: dict[str, str]
     backend: str
     notes: tuple[str, ...] = field(default=())
+    # Whether ranks must start in accelkit.rehearsal.bootstrap (False for one process: nothing to patch).
+    bootstrap: bool = True
 
 
 def _distributed_type(config: dict[str, Any]) -> str:
@@ -59,6 +61,11 @@ def _check_mixed_precision(mixed_precision: str, backend: str) -> None:
 
 def _plan_fsdp(launch: dict[str, Any], notes: list[str]) -> None:
     fsdp = launch.setdefault("fsdp_config", {})
+    if _truthy(fsdp.get("fsdp_offload_params", False)):
+        # On CPU the parameters already live in host memory, and FSDP's offload pins memory, which needs a GPU.
+        fsdp["fsdp_offload_params"] = False
+        notes.append("fsdp_offload_params turned off for the rehearsal: on CPU parameters are already in host memory "
+                     "(pinning them needs a GPU).")
     if int(fsdp.get("fsdp_version", 1)) != 1:
         return
     # FSDP1's sync_module_states looks up the current GPU to materialise modules and fails on CPU; with it off every
@@ -68,8 +75,8 @@ def _plan_fsdp(launch: dict[str, Any], notes: list[str]) -> None:
     for key in changed:
         fsdp[key] = False
     if changed:
-        notes.append(f"FSDP1 on CPU: {' and '.join(changed)} turned off (they need a GPU); seed your model init so "
-                     "every rank builds the same weights.")
+        notes.append(f"FSDP1 on CPU: {' and '.join(changed)} turned off for the rehearsal (FSDP1 needs a GPU for "
+                     "them); seed your model init so every rank builds the same weights.")
 
 
 def _load_deepspeed_json(path_value: str) -> dict[str, Any]:
@@ -84,12 +91,13 @@ def _load_deepspeed_json(path_value: str) -> dict[str, Any]:
                             hint="fix the JSON, or let `accelkit config --backend deepspeed` write it") from None
 
 
-def _plan_deepspeed(launch: dict[str, Any], mixed_precision: str) -> None:
+def _plan_deepspeed(launch: dict[str, Any], notes: list[str]) -> None:
     if installed_version("deepspeed") is None:
-        raise AccelkitError("The deepspeed backend needs DeepSpeed, which is not installed.", hint=DEEPSPEED_INSTALL_HINT)
+        raise AccelkitError("The deepspeed backend needs DeepSpeed, which is not installed.",
+                            hint=DEEPSPEED_INSTALL_HINT)
     ds = launch.get("deepspeed_config") or {}
-    offload = {"optimizer": ds.get("offload_optimizer_device", "none"), "parameters": ds.get("offload_param_device",
-                                                                                             "none")}
+    offload = {"optimizer": ds.get("offload_optimizer_device", "none"),
+               "parameters": ds.get("offload_param_device", "none")}
     optimizer_type = None
     json_file = ds.get("deepspeed_config_file")
     if json_file:
@@ -106,6 +114,9 @@ def _plan_deepspeed(launch: dict[str, Any], mixed_precision: str) -> None:
                 f"NVMe offload of {what} cannot be rehearsed on CPU (it needs DeepSpeed's async-io op and a GPU).",
                 hint="rehearse with offload to cpu or none; keep nvme for the GPU run",
             )
+    if str(offload["optimizer"]).lower() == "cpu":
+        notes.append("Optimizer offload uses DeepSpeed's CPU Adam, which DeepSpeed compiles on first use (a few "
+                     "minutes; cached in ~/.cache/torch_extensions).")
     if optimizer_type and str(optimizer_type).lower() not in _DS_CPU_OPTIMIZERS:
         raise AccelkitError(
             f"DeepSpeed optimizer {optimizer_type!r} from {json_file} has no CPU implementation.",
@@ -140,7 +151,7 @@ def prepare_rehearsal(config: dict[str, Any]) -> RehearsalPlan:
     elif backend == "fsdp":
         _plan_fsdp(launch, notes)
     elif backend == "deepspeed":
-        _plan_deepspeed(launch, mixed_precision)
+        _plan_deepspeed(launch, notes)
     check_versions(backend)
     launch["use_cpu"] = True  # lets the launcher size threads per rank for CPU
     launch.pop("gpu_ids", None)  # no CUDA_VISIBLE_DEVICES from the GPU config
@@ -154,4 +165,5 @@ def prepare_rehearsal(config: dict[str, Any]) -> RehearsalPlan:
     }
     if backend == "deepspeed":
         env["DS_ACCELERATOR"] = "cpu"
-    return RehearsalPlan(launch_config=launch, env=env, backend=backend, notes=tuple(notes))
+    return RehearsalPlan(launch_config=launch, env=env, backend=backend, notes=tuple(notes),
+                         bootstrap=backend != "single")

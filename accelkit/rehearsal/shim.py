@@ -1,17 +1,17 @@
-"""The two small patches that let Accelerate's real FSDP and DeepSpeed code run on CPU ranks over gloo.
+"""The two small patches that let Accelerate's real DDP, FSDP and DeepSpeed code run on CPU ranks over gloo.
 
-Accelerate decides the distributed type once, when the first `Accelerator()` builds its shared state, and it only
-ever upgrades to FSDP or DEEPSPEED from a GPU-like type. Everything after that decision (wrapping, sharding,
-checkpointing) works on CPU with gloo. So the shim changes only that decision, in the rank process:
+Accelerate decides the distributed type once, when the first `PartialState()` / `Accelerator()` builds its shared
+state, and it only ever upgrades to FSDP or DEEPSPEED from a GPU-like type. Everything after that decision
+(wrapping, sharding, checkpointing) works on CPU with gloo. So the shim changes only that decision, in the rank:
 
-- FSDP: `ACCELERATE_USE_CPU=true` makes Accelerate build its normal MULTI_CPU/gloo state; `AcceleratorState` is
-  then upgraded to FSDP with the plugin Accelerate built from the launcher's FSDP_* variables, exactly as its own
-  GPU branch does.
-- DeepSpeed: `cpu` must stay false (Accelerate ignores DeepSpeed on CPU), so backend selection under torchrun
-  without an accelerator, which would give "no backend", yields gloo/MULTI_CPU instead; Accelerate's own code then
-  initialises deepspeed.comm on gloo and switches to DEEPSPEED.
-- DDP: nothing is patched; `ACCELERATE_USE_CPU=true` under the torchrun launcher already gives MULTI_CPU + DDP.
+- Backend selection (ddp, fsdp, deepspeed): under torchrun with no accelerator and cpu=False, Accelerate picks "no
+  distributed backend" and each rank silently trains alone. That happens whenever a script touches `PartialState()`
+  before `Accelerator()` (which reads ACCELERATE_USE_CPU, PartialState does not), and always for DeepSpeed, which
+  Accelerate ignores when cpu=True. The patched selection yields gloo/MULTI_CPU instead, Accelerate's own CPU choice.
+- FSDP upgrade (fsdp): once `AcceleratorState` settles on MULTI_CPU it is upgraded to FSDP with the plugin Accelerate
+  built from the launcher's FSDP_* variables, exactly as Accelerate's own GPU branch does.
 
+DeepSpeed needs nothing more: with cpu=False Accelerate initialises deepspeed.comm on gloo and switches to DEEPSPEED.
 `install(backend)` refuses to patch when CUDA is usable or when Accelerate's hooks do not have the expected shape.
 """
 
@@ -100,6 +100,8 @@ def install(backend: str) -> None:
     """Install the patches rehearsal of `backend` needs in this (rank) process."""
     if backend not in BACKENDS:
         raise AccelkitError(f"Unknown rehearsal backend {backend!r} in ${REHEARSAL_ENV}.", hint=_HINT)
+    if backend == "single":
+        return  # one process: Accelerate's own CPU path is already right, nothing to patch
     import torch
 
     if torch.cuda.is_available():
@@ -110,7 +112,6 @@ def install(backend: str) -> None:
     from accelkit.rehearsal.versions import check_versions
 
     check_versions(backend)
+    _patch_backend_selection()
     if backend == "fsdp":
         _patch_fsdp_upgrade()
-    elif backend == "deepspeed":
-        _patch_backend_selection()

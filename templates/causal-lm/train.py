@@ -51,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--validation-file", default=None, help="default: 10%% of the training data")
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--block-size", type=int, default=64, help="tokens per training example")
-    parser.add_argument("--output-dir", default="outputs", help="checkpoints, logs and the final model go here")
+    parser.add_argument(
+        "--output-dir", default=None, help="checkpoints, logs and the final model (default: outputs/ beside train.py)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run (overrides --epochs)")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--per-device-batch-size", type=int, default=8)
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume-from-checkpoint", default=None, help="'latest' or a checkpoint directory")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--with-tracking", action="store_true", help="log metrics with TensorBoard (<output-dir>/runs)")
+    parser.add_argument("--with-tracking", action="store_true", help="also log to TensorBoard, if installed")
     return parser.parse_args(argv)
 
 
@@ -192,7 +194,8 @@ def evaluate(accelerator: Accelerator, model, loader: DataLoader) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    output_dir = Path(args.output_dir)
+    # Default beside this script, so `accelkit launch my-run/train.py` writes my-run/outputs from any directory.
+    output_dir = Path(args.output_dir) if args.output_dir else Path(__file__).resolve().parent / "outputs"
     tracking = args.with_tracking and is_tensorboard_available()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     train_set, eval_set = datasets["train"], datasets["validation"]
     if len(train_set) == 0 or len(eval_set) == 0:
         raise SystemExit(f"not enough text for one {args.block_size}-token block per split: lower --block-size")
-    # The loader's own generator keeps iterator creation from drawing on the global RNG (dropout's): exact resume.
+    # Each loader owns a generator, so starting an epoch or an evaluation never draws from the global RNG that
+    # dropout uses: a resumed run sees exactly the random numbers the uninterrupted run saw.
     shuffle_generator = torch.Generator().manual_seed(args.seed)
     train_loader = DataLoader(
         train_set,
@@ -221,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         generator=shuffle_generator,
         collate_fn=default_data_collator,
     )
-    eval_loader = DataLoader(eval_set, args.per_device_batch_size, collate_fn=default_data_collator)
+    eval_loader = DataLoader(
+        eval_set, args.per_device_batch_size, collate_fn=default_data_collator, generator=torch.Generator()
+    )
 
     # -- optimizer and schedule ------------------------------------------------------------------------------------
     no_decay = ("bias", "norm")  # biases and norm weights are not decayed

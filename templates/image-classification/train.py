@@ -53,9 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-column", default="image")
     parser.add_argument("--label-column", default="label")
     parser.add_argument("--image-size", type=int, default=16, help="side of the square input of the tiny ViT")
-    parser.add_argument("--output-dir", default="outputs", help="checkpoints, logs and the final model go here")
+    parser.add_argument(
+        "--output-dir", default=None, help="checkpoints, logs and the final model (default: outputs/ beside train.py)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run (overrides --epochs)")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--per-device-batch-size", type=int, default=8)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
     parser.add_argument(
@@ -73,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume-from-checkpoint", default=None, help="'latest' or a checkpoint directory")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--with-tracking", action="store_true", help="log metrics with TensorBoard (<output-dir>/runs)")
+    parser.add_argument("--with-tracking", action="store_true", help="also log to TensorBoard, if installed")
     return parser.parse_args(argv)
 
 
@@ -130,10 +132,10 @@ def build_processor_and_model(args: argparse.Namespace, labels: list[str]):
     config = ViTConfig(
         image_size=size,
         patch_size=4,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=2,
+        num_attention_heads=4,
         num_labels=len(labels),
         id2label=id2label,
         label2id=label2id,
@@ -188,7 +190,8 @@ def evaluate(accelerator: Accelerator, model, loader: DataLoader) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    output_dir = Path(args.output_dir)
+    # Default beside this script, so `accelkit launch my-run/train.py` writes my-run/outputs from any directory.
+    output_dir = Path(args.output_dir) if args.output_dir else Path(__file__).resolve().parent / "outputs"
     tracking = args.with_tracking and is_tensorboard_available()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -208,12 +211,13 @@ def main(argv: list[str] | None = None) -> None:
     processor, model = build_processor_and_model(args, labels)
     datasets = with_pixel_values(raw, processor, args)
     train_set, eval_set = datasets["train"], datasets["validation"]
-    # The loader's own generator keeps iterator creation from drawing on the global RNG (dropout's): exact resume.
+    # Each loader owns a generator, so starting an epoch or an evaluation never draws from the global RNG that
+    # dropout uses: a resumed run sees exactly the random numbers the uninterrupted run saw.
     shuffle_generator = torch.Generator().manual_seed(args.seed)
     train_loader = DataLoader(
         train_set, args.per_device_batch_size, shuffle=True, generator=shuffle_generator, collate_fn=collate
     )
-    eval_loader = DataLoader(eval_set, args.per_device_batch_size, collate_fn=collate)
+    eval_loader = DataLoader(eval_set, args.per_device_batch_size, collate_fn=collate, generator=torch.Generator())
 
     # -- optimizer and schedule ------------------------------------------------------------------------------------
     no_decay = ("bias", "norm")  # biases and norm weights are not decayed

@@ -32,7 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="start from a saved model (an earlier <output-dir>/final)")
     parser.add_argument("--hidden-size", type=int, default=64, help="width of the MLP when starting from scratch")
     parser.add_argument("--num-samples", type=int, default=2048, help="size of the synthetic training set")
-    parser.add_argument("--output-dir", default="outputs", help="checkpoints, logs and the final model go here")
+    parser.add_argument(
+        "--output-dir", default=None, help="checkpoints, logs and the final model (default: outputs/ beside train.py)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps to run (overrides --epochs)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--per-device-batch-size", type=int, default=32)
@@ -46,9 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument(
         "--lr-scheduler",
-        choices=["linear", "constant"],
+        choices=["linear", "cosine", "constant"],
         default="linear",
-        help="after warmup: decay linearly to 0 at the last step, or stay constant",
+        help="shape after warmup",
     )
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
@@ -57,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume-from-checkpoint", default=None, help="'latest' or a checkpoint directory")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--with-tracking", action="store_true", help="log metrics with TensorBoard (<output-dir>/runs)")
+    parser.add_argument("--with-tracking", action="store_true", help="also log to TensorBoard, if installed")
     return parser.parse_args(argv)
 
 
@@ -151,7 +153,8 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    output_dir = Path(args.output_dir)
+    # Default beside this script, so `accelkit launch my-run/train.py` writes my-run/outputs from any directory.
+    output_dir = Path(args.output_dir) if args.output_dir else Path(__file__).resolve().parent / "outputs"
     tracking = args.with_tracking and is_tensorboard_available()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -166,10 +169,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # -- data and model --------------------------------------------------------------------------------------------
     train_set, eval_set = build_datasets(args)
-    # The loader's own generator keeps iterator creation from drawing on the global RNG (dropout's): exact resume.
+    # Each loader owns a generator, so starting an epoch or an evaluation never draws from the global RNG that
+    # dropout uses: a resumed run sees exactly the random numbers the uninterrupted run saw.
     shuffle_generator = torch.Generator().manual_seed(args.seed)
     train_loader = DataLoader(train_set, args.per_device_batch_size, shuffle=True, generator=shuffle_generator)
-    eval_loader = DataLoader(eval_set, batch_size=args.per_device_batch_size)
+    eval_loader = DataLoader(eval_set, args.per_device_batch_size, generator=torch.Generator())
     if args.model:
         model = MLPClassifier.from_pretrained(args.model)
     else:
@@ -196,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
             return (step + 1) / warmup
         if args.lr_scheduler == "constant":
             return 1.0
+        if args.lr_scheduler == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, max_steps - warmup))))
         return max(0.0, (max_steps - step) / max(1, max_steps - warmup))
 
     # The loop steps the scheduler once per optimizer step on every backend (a prepared scheduler would step

@@ -121,6 +121,11 @@ def _self_move(ctx: Context, facts: Facts, small: cst.BaseSmallStatement | None)
     if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return False
     target, value = small.targets[0].target, small.value
+    if isinstance(value, cst.IfExp):  # `model = model.cuda() if cuda else model`
+        key = dotted(target)
+        return key is not None and all(
+            dotted(branch) == key or (_movable(ctx, facts, branch) and dotted(branch.func.value) == key)  # type: ignore
+            for branch in (value.body, value.orelse))
     pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]]
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements):
         pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelkit.convert.analysis import Facts, Tracked
-from accelkit.convert.context import Context, accel_call, names_in
+from accelkit.convert.context import Context, accel_call, contains_backward, names_in
 from accelkit.convert.plan import Plan
 
 PREPARED = {"model", "optimizer", "loader", "scheduler"}
@@ -37,13 +37,25 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         by_suite.setdefault(id(suite), (suite, []))[1].append(item)
     for suite, items in by_suite.values():
         _prepare_block(ctx, plan, suite, items)
+    if not any(item.kind == "loader" for item in facts.created):
+        _note_manual_batching(ctx, plan)
+
+
+def _note_manual_batching(ctx: Context, plan: Plan) -> None:
+    for loop in ctx.of_type(cst.For):
+        if contains_backward(loop.body):
+            plan.report.leave(ctx.line(loop), "the training loop batches its data by hand (no DataLoader): after "
+                                              "conversion every process trains on all of the data",
+                              "wrap the data in a torch.utils.data.DataLoader (TensorDataset for tensors) and add it "
+                              "to accelerator.prepare(...) so each process gets its own shard")
+            return
 
 
 def _prepare_block(ctx: Context, plan: Plan, suite: cst.CSTNode, items: list[Tracked]) -> None:
     body = list(suite.body)  # type: ignore[attr-defined]
     index = {id(line): i for i, line in enumerate(body)}
     creation_lines = {id(item.statement) for item in items}
-    refs = [names_in(line) for line in body]
+    refs = [names_in(line, plan.removed) for line in body]
 
     def first_use(item: Tracked, created_at: int) -> int:
         for j in range(created_at + 1, len(body)):

@@ -45,7 +45,8 @@ def _prints(ctx: Context, plan: Plan) -> None:
             lines.append(ctx.line(call))
     if lines:
         listed = ", ".join(map(str, lines[:12])) + (", ..." if len(lines) > 12 else "")
-        plan.report.change(lines[0], f"`print(...)` -> `accelerator.print(...)` (lines {listed})",
+        plural = "s" if len(lines) > 1 else ""
+        plan.report.change(lines[0], f"`print(...)` -> `accelerator.print(...)` (line{plural} {listed})",
                            "only the main process prints, so N processes do not print everything N times")
 
 

@@ -24,6 +24,25 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _clipping(ctx, plan)
     _scaler(ctx, facts, plan, scalers)
     _autocast(ctx, plan)
+    _closure_steps(ctx, facts, plan)
+
+
+def _closure_steps(ctx: Context, facts: Facts, plan: Plan) -> None:
+    """`loss = optimizer.step(closure)`: Accelerate's optimizer wrapper returns None, so step the inner optimizer."""
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "step" and call.args
+                and facts.kind(func.value) == "optimizer"):
+            continue
+        small = ctx.small_statement(call)
+        if isinstance(small, cst.Expr) and small.value is call:
+            continue  # the result is not used: the prepared optimizer passes the closure through
+        plan.edit(func, lambda u: u.with_changes(value=cst.Attribute(value=u.value, attr=cst.Name("optimizer"))),
+                  uses_accelerator=False)
+        name = ctx.code(func.value)
+        plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `{name}.optimizer.step(...)`",
+                           "the prepared optimizer's step(closure) returns None; the inner optimizer returns the "
+                           "closure's loss (LBFGS-style optimizers do not use fp16 loss scaling anyway)")
 
 
 def _is_scale_call(node: cst.BaseExpression, scalers: set[str]) -> bool:
@@ -44,6 +63,8 @@ def _backward(ctx: Context, plan: Plan, scalers: set[str]) -> None:
             loss = u.func.value  # type: ignore[attr-defined]
             if scaled:
                 loss = loss.args[0].value
+            if getattr(loss, "lpar", None):  # `(a + b).backward()` -> `accelerator.backward(a + b)`
+                loss = loss.with_changes(lpar=[], rpar=[])
             extra = [a if a.keyword is not None else a.with_changes(keyword=cst.Name("gradient"),
                                                                      equal=cst.AssignEqual(
                                                                          whitespace_before=cst.SimpleWhitespace(""),

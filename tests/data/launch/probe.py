@@ -35,7 +35,7 @@ rank = accelerator.process_index
 print(f"PROBE ready rank={rank} pid={os.getpid()}", flush=True)
 
 if rank == args.crash_rank:
-    print(f"PROBE crashing rank={rank} code={args.crash_code}", flush=True)
+    print(f"PROBE crashing rank={rank} code={args.crash_code} t={time.time():.6f}", flush=True)
     sys.exit(args.crash_code)
 if args.sleep:
     time.sleep(args.sleep)
@@ -49,8 +49,14 @@ for step, (x, y) in enumerate(loader):
         break
 
 param = next(model.parameters())
+if type(param).__name__ == "DTensor":  # FSDP2: this rank holds one shard of each parameter
+    shard = f"dtensor:{param.to_local().numel()}/{param.numel()}"
+elif hasattr(param, "ds_tensor"):  # DeepSpeed ZeRO-3: this rank holds one partition of each parameter
+    shard = f"zero3:{param.ds_tensor.numel()}/{param.ds_numel}"
+else:
+    shard = f"full:{param.numel()}/{param.numel()}"
 print(f"PROBE rank={rank} world={accelerator.num_processes} type={accelerator.distributed_type.value} "
-      f"wrapper={type(model).__name__} param={type(param).__name__} backend={torch.distributed.get_backend()} "
+      f"wrapper={type(model).__name__} shard={shard} backend={torch.distributed.get_backend()} "
       f"argv={sys.argv[1:]!r}", flush=True)
 if args.output:
     accelerator.save_state(args.output)

@@ -36,6 +36,7 @@ def test(model, device, test_loader):
     model.eval()
     test_loss = 0
     correct = 0
+    seen = 0
     with torch.no_grad():
         for data, target in test_loader:
             data, target = data.to(device), target.to(device)
@@ -43,8 +44,9 @@ def test(model, device, test_loader):
             test_loss += F.nll_loss(output, target, reduction="sum").item()
             pred = output.argmax(dim=1, keepdim=True)
             correct += pred.eq(target.view_as(pred)).sum().item()
+            seen += target.numel()
     test_loss /= len(test_loader.dataset)
-    print(f"EVAL test_loss={test_loss:.6f} correct={correct}")
+    print(f"EVAL test_loss={test_loss:.6f} correct={correct} seen={seen}")
 
 
 def main():

@@ -1,0 +1,172 @@
+"""List the training templates and copy one into a new project, with an Accelerate config and a README.
+
+A template is a directory templates/<name>/ holding a runnable train.py (plus README.md and any data it needs).
+Its one-line description is the first line of train.py's module docstring: the template is the only registry.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+from accelkit.resources import templates_dir
+
+CONFIG_FILE = "accelerate_config.yaml"
+PROJECT_README = "README.md"
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "outputs", ".ipynb_checkpoints")
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    path: Path
+    description: str
+
+
+@dataclass(frozen=True)
+class Project:
+    """What `init_project` wrote."""
+
+    directory: Path
+    template: Template
+    config_path: Path
+    backend: str
+    num_processes: int
+    commands: dict[str, str]  # purpose -> command, relative to the project directory
+
+
+def _description(train_py: Path) -> str:
+    try:
+        docstring = ast.get_docstring(ast.parse(train_py.read_text(encoding="utf-8")))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        docstring = None
+    return docstring.strip().splitlines()[0].strip() if docstring else "(no description: train.py has no docstring)"
+
+
+def list_templates() -> list[Template]:
+    """Every templates/<name>/ that holds a train.py, sorted by name."""
+    root = templates_dir()
+    if not root.is_dir():
+        return []
+    return [
+        Template(path.name, path, _description(path / "train.py"))
+        for path in sorted(root.iterdir())
+        if path.is_dir() and (path / "train.py").is_file()
+    ]
+
+
+def find_template(name: str) -> Template:
+    templates = list_templates()
+    for template in templates:
+        if template.name == name:
+            return template
+    available = ", ".join(t.name for t in templates) or "(none found)"
+    raise AccelkitError(f"unknown template `{name}`; available: {available}",
+                        hint="run `accelkit init --list` to see each template with its description")
+
+
+def _check_target(directory: Path, force: bool) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise AccelkitError(f"{directory} exists and is not a directory", hint="choose another project directory")
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        raise AccelkitError(f"{directory} is not empty",
+                            hint="choose a new directory, or pass --force to write the template files into it "
+                                 "(files with the same names are replaced; others are kept)")
+
+
+def _project_commands(backend: str, num_processes: int) -> dict[str, str]:
+    rehearsal_backend = backend if backend in ("ddp", "fsdp", "deepspeed") else "ddp"
+    return {
+        "try it on this machine (one process)": "python train.py --max-steps 20",
+        f"launch with {CONFIG_FILE} ({backend}, {num_processes} process(es))":
+            f"accelkit launch --config {CONFIG_FILE} train.py",
+        f"rehearse {rehearsal_backend} on 2 CPU processes (no GPU needed)":
+            f"accelkit launch --backend {rehearsal_backend} --cpu --num-processes 2 train.py --max-steps 20",
+        "continue an interrupted run from its last checkpoint":
+            f"accelkit launch --config {CONFIG_FILE} train.py --resume-from-checkpoint latest",
+        "merge a checkpoint (N = its step) into one safetensors directory":
+            "accelkit merge-ckpt outputs/checkpoint-N -o merged/",
+    }
+
+
+def _readme(name: str, template: Template, init_line: str, commands: dict[str, str]) -> str:
+    lines = [
+        f"# {name}",
+        "",
+        f"Made by `{init_line}` from the `{template.name}` template: {template.description}",
+        "",
+        "## Commands for this project",
+        "",
+        "Run them from this directory. Checkpoints go to `outputs/checkpoint-<step>`, the final model (safetensors,",
+        "loadable with `from_pretrained`) to `outputs/final`. `python train.py --help` lists every flag.",
+        "",
+        "```bash",
+    ]
+    for purpose, command in commands.items():
+        lines += [f"# {purpose}", command]
+    lines += [
+        "```",
+        "",
+        "Make configs for other setups with `accelkit config --help` (e.g. `accelkit config --backend fsdp "
+        "--num-processes 8 -o fsdp.yaml`).",
+        "",
+    ]
+    template_readme = template.path / "README.md"
+    if template_readme.is_file():
+        lines += ["---", "", template_readme.read_text(encoding="utf-8").rstrip(), ""]
+    return "\n".join(lines)
+
+
+def init_project(directory: Path, template_name: str, backend: str = "ddp", num_processes: int | None = None,
+                 force: bool = False) -> Project:
+    """Copy a template into `directory`, with an Accelerate config for `backend` and a README of commands.
+
+    Everything is written into a staging directory first: a failure leaves `directory` as it was.
+    """
+    from accelkit.configs import ConfigOptions, build_config, write_config
+
+    template = find_template(template_name)
+    directory = Path(directory)
+    _check_target(directory, force)
+    config = build_config(ConfigOptions(backend=backend, num_processes=num_processes))  # validates before any write
+    init_line = shlex.join(["accelkit", "init", str(directory), "--template", template.name, "--backend", backend]
+                           + (["--num-processes", str(num_processes)] if num_processes is not None else []))
+    commands = _project_commands(backend, int(config.get("num_processes", 1)))
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the project should get the usual permissions
+    try:
+        shutil.copytree(template.path, staging, ignore=IGNORED, dirs_exist_ok=True)
+        (staging / PROJECT_README).write_text(_readme(directory.name, template, init_line, commands), encoding="utf-8")
+        write_config(config, staging / CONFIG_FILE, init_line)
+        _move_into_place(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Project(directory, template, directory / CONFIG_FILE, backend, int(config.get("num_processes", 1)),
+                   commands)
+
+
+def _move_into_place(staging: Path, directory: Path) -> None:
+    if not directory.exists():
+        staging.rename(directory)
+        return
+    if not any(directory.iterdir()):
+        directory.rmdir()
+        staging.rename(directory)
+        return
+    # --force into a non-empty directory: replace the files the template brings, keep everything else.
+    for source in sorted(staging.rglob("*")):
+        target = directory / source.relative_to(staging)
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            shutil.copy2(source, target)
