@@ -113,7 +113,8 @@ def _readme(name: str, template: Template, init_line: str, commands: dict[str, s
     lines += [
         "```",
         "",
-        "Make configs for other setups with `accelkit config --help` (e.g. `accelkit config --backend fsdp "
+        f"`{CONFIG_FILE}` is a plain Accelerate config (`accelerate launch --config_file {CONFIG_FILE} train.py` "
+        "works too). Make configs for other setups with `accelkit config` (e.g. `accelkit config --backend fsdp "
         "--num-processes 8 -o fsdp.yaml`).",
         "",
     ]

@@ -69,9 +69,9 @@ def test_backend_really_runs_on_two_cpu_ranks(tmp_path, backend, extra, dtype, w
 
 
 def test_crashing_rank_ends_the_job_with_its_exit_code(tmp_path):
-    # Rank 1 exits with 7 right after prepare while rank 0 sleeps for 10 minutes: only the launcher can end this.
+    # Rank 1 exits with 7 at once while rank 0 is busy for 10 minutes: only the launcher can end this job.
     start = time.time()
-    proc = run_accelkit("launch", "--cpu", "--backend", "ddp", "--num-processes", "2", str(PROBE),
+    proc = run_accelkit("launch", "--cpu", "--backend", "ddp", "--num-processes", "2", str(PROBE), "--early",
                         "--crash-rank", "1", "--crash-code", "7", "--sleep", "600", cwd=tmp_path, timeout=240)
     end = time.time()
     assert proc.returncode == 7, proc.stdout + proc.stderr[-3000:]
@@ -128,3 +128,13 @@ def test_two_launches_form_one_job_over_loopback(tmp_path):
     assert machine0[0]["wrapper"] == "DistributedDataParallel"
     assert "machine_rank=1 (--machine-rank)" in outputs[1][1]
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (tmp_path / "ckpt").iterdir()}
+
+
+def test_dry_run_command_runs_when_pasted_into_a_shell(tmp_path):
+    dry = run_accelkit("launch", "--dry-run", "--cpu", "--backend", "ddp", "--num-processes", "2", str(PROBE),
+                       "--first-line-only", cwd=tmp_path, check=True)
+    script = tmp_path / "pasted.sh"
+    script.write_text(dry.stdout)  # comments and all, as a user would paste it
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(re.findall(r"PROBE first_line rank=(\d)", proc.stdout)) == ["0", "1"]

@@ -57,16 +57,31 @@ def assert_bit_identical(got: dict[str, torch.Tensor], expected: dict[str, torch
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_merge_is_bit_identical_to_the_producers_state_dict(ckpts: Path, tmp_path: Path, case: str) -> None:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
     src, expected = (ckpts / p for p in CASES[case])
     before = tree_hash(src)
     out = tmp_path / "merged.safetensors"
-    proc = run_accelkit("merge-ckpt", str(src), "-o", str(out), "--verify", check=True)
+    report = merge_checkpoint(MergeOptions(input=src, output=out, verify=True, progress=False))
     assert_bit_identical(load_file(out), load_file(expected))
-    assert "Verified:" in proc.stdout and "peak memory" in proc.stdout
+    assert report.verified and report.tensors == 20 and report.parameters == 16_640
     assert tree_hash(src) == before, "the input was modified"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged.safetensors"]  # no temp files left
     with safe_open(str(out), framework="pt") as f:
         assert f.metadata() == {"format": "pt"}
+
+
+def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path) -> None:
+    """`accelkit launch --backend fsdp --cpu` + Accelerate's save_state; merge the save_state folder itself."""
+    produced = ckpts / "accelerate"
+    assert (ckpts / "accelerate.rc").read_text() == "0", (ckpts / "accelerate.log").read_text()[-4000:]
+    out = tmp_path / "merged"
+    proc = run_accelkit("merge-ckpt", str(produced / "ckpt"), "-o", str(out), "--verify", check=True)
+    assert "Accelerate save_state folder: merging pytorch_model_fsdp_0/" in proc.stdout
+    assert 'nested under "model"' in proc.stdout
+    assert "Verified:" in proc.stdout and "peak memory" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert_bit_identical(load_output(out), load_file(produced / "expected.safetensors"))
 
 
 def test_detection_is_explained(ckpts: Path) -> None:

@@ -190,7 +190,7 @@ def test_keyboard_interrupt_leaves_nothing(ckpts: Path, tmp_path: Path, monkeypa
 
     monkeypatch.setattr(writer.SafetensorsWriter, "write", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "dcp", output=tmp_path / "sub" / "m.safetensors",
+        merge_checkpoint(MergeOptions(input=ckpts / "hf" / "hf", output=tmp_path / "sub" / "m.safetensors",
                                       progress=False))
     assert list(tmp_path.iterdir()) == []  # the folder created for the output is gone too
 

@@ -72,6 +72,14 @@ def test_deepspeed_plan_keeps_cpu_false_and_selects_cpu_accelerator():
     assert plan.env["ACCELERATE_USE_CPU"] == "false"
 
 
+def test_deepspeed_multinode_uses_torchrun_launcher():
+    plan = prepare_rehearsal({**DEEPSPEED, "num_machines": 2, "num_processes": 4, "main_process_ip": "127.0.0.1"})
+    assert plan.launch_config["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
+    assert plan.launch_config["deepspeed_config"]["zero_stage"] == 3
+    assert "deepspeed_multinode_launcher" not in DEEPSPEED["deepspeed_config"]
+    assert any("torchrun" in note for note in plan.notes)
+
+
 def test_fsdp1_turns_off_gpu_only_options_with_a_note():
     config = {"distributed_type": "FSDP", "num_processes": 2,
               "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": True}}
@@ -144,8 +152,8 @@ def test_missing_deepspeed_is_refused_with_install_hint(monkeypatch):
 
 
 @pytest.mark.parametrize("accelerate_version, ok", [
-    ("1.15.0", True), ("1.15.3", True), ("1.15.0.dev0", True), ("1.14.0", False), ("1.16.0", False),
-    ("2.0.0", False),
+    ("1.13.0", True), ("1.15.0", True), ("1.15.3", True), ("1.15.0.dev0", True), ("1.12.0", False),
+    ("1.16.0", False), ("2.0.0", False),
 ])
 def test_version_guard(monkeypatch, accelerate_version, ok):
     monkeypatch.delenv(versions.ALLOW_UNTESTED_ENV, raising=False)
@@ -156,7 +164,7 @@ def test_version_guard(monkeypatch, accelerate_version, ok):
         return
     with pytest.raises(AccelkitError) as error:
         prepare_rehearsal(FSDP2)
-    assert accelerate_version in error.value.message and "1.15.0" in error.value.message
+    assert accelerate_version in error.value.message and ">=1.13.0,<1.16.0" in error.value.message
     assert versions.ALLOW_UNTESTED_ENV in error.value.hint
     monkeypatch.setenv(versions.ALLOW_UNTESTED_ENV, "1")
     assert prepare_rehearsal(FSDP2).backend == "fsdp"

@@ -104,8 +104,9 @@ def format_dry_run(prepared) -> str:
     plan = prepared.plan
     lines = ["# accelkit launch --dry-run: nothing was started. The command below runs the job."]
     lines += [f"# {line.removeprefix('accelkit: ')}" for line in prepared.summary]
-    lines.append(f"# Accelerate config, written to {plan.config_path}:")
-    lines += [f"#   {text}" if text else "#" for text in plan.config_path.read_text().splitlines()]
+    lines.append(f"# Accelerate config, written to {plan.config_path} (shown without its comments):")
+    lines += [f"#   {text}" for text in plan.config_path.read_text().splitlines()
+              if text.strip() and not text.lstrip().startswith("#")]
     from accelkit.launch.plan import accelerate_cli_argv
 
     lines.append("# The same launch with Accelerate's CLI (which exits 1 instead of the failing rank's status):")

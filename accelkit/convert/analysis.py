@@ -201,8 +201,8 @@ def _models_from_optimizers(ctx: Context, facts: Facts) -> None:
             facts.kinds[key] = "model"
             creation = _last_assignment_before(ctx, item.statement, key)
             if creation is not None:
-                facts.created.append(Tracked(key, "model", strip_chain(_assign_parts(creation)[1]), ctx.parent(creation),
-                                             creation))
+                value = strip_chain(_assign_parts(creation)[1])
+                facts.created.append(Tracked(key, "model", value, ctx.parent(creation), creation))
 
 
 def _last_assignment_before(ctx: Context, statement: cst.SimpleStatementLine, key: str):

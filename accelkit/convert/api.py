@@ -50,7 +50,7 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     except cst.ParserSyntaxError as exc:
         raise AccelkitError(f"{filename}:{exc.raw_line}:{exc.raw_column + 1}: syntax error, cannot convert: "
                             f"{exc.message}", hint="fix the script so that `python -m py_compile` accepts it") from None
-    ctx = Context(MetadataWrapper(module))
+    ctx = Context(module)
     facts = analyze(ctx)
     if facts.refusals:
         line, reason = facts.refusals[0]

@@ -1,33 +1,34 @@
-"""Read-only view of the parsed script: parents, positions and qualified names of every node.
+"""Read-only view of the parsed script: parents, positions and qualified names of nodes.
 
-The metadata is resolved once; every transform asks this object instead of running its own metadata pass.
+One traversal records every node and its parent; qualified names come from the script's own import statements
+(`import torch.optim as optim` makes `optim.SGD` mean `torch.optim.SGD`). That is what libcst's
+QualifiedNameProvider computes too, but it resolves every name of every scope and costs several times the parse;
+scripts that shadow an imported name locally are rare enough to accept the difference.
 """
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
-
-
-def _resolved(value: object) -> object:
-    # MetadataWrapper.resolve hands back lazily computed values for some providers.
-    return value() if callable(value) else value
+from libcst._nodes.internal import CodegenState  # noqa: PLC2701 - the hook libcst's own PositionProvider uses
 
 
 class Context:
     """Parsed script plus the metadata the transforms need, keyed by node identity."""
 
-    def __init__(self, wrapper: MetadataWrapper) -> None:
-        self.wrapper = wrapper
-        self.module: cst.Module = wrapper.module
-        self._parents = wrapper.resolve(ParentNodeProvider)
-        self._positions = wrapper.resolve(PositionProvider)
-        self._qnames = wrapper.resolve(QualifiedNameProvider)
-        self.nodes: list[cst.CSTNode] = []
-        collector = _Collector(self.nodes)
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self._lines: dict[cst.CSTNode, int] | None = None
+        collector = _Indexer()
         self.module.visit(collector)
+        self.nodes: list[cst.CSTNode] = collector.nodes
+        self._parents = collector.parents
+        self._aliases = collector.aliases
+        self._bound = collector.bound
+        self._index = {id(node): i for i, node in enumerate(self.nodes)}
 
     # --- navigation -------------------------------------------------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -40,14 +41,36 @@ class Context:
             current = self.parent(current)
 
     def line(self, node: cst.CSTNode) -> int:
-        pos = self._positions.get(node)
-        return pos.start.line if pos is not None else 0
+        """1-based line where `node` starts (a statement: its first code line, not the comments above it)."""
+        if self._lines is None:
+            state = _LineState(default_indent=self.module.default_indent, default_newline=self.module.default_newline)
+            self.module._codegen(state)
+            self._lines = state.lines
+        found = self._lines.get(node)
+        if found is not None:
+            return found
+        start = self._index.get(id(node))
+        for later in self.nodes[start + 1:] if start is not None else ():  # first descendant with a position
+            if later in self._lines:
+                return self._lines[later]
+        return 0
 
     def qnames(self, node: cst.CSTNode) -> set[str]:
-        found = self._qnames.get(node)
-        if found is None:
+        """Fully qualified names a call or a dotted expression refers to (`{"torch.optim.SGD"}`), or empty."""
+        if isinstance(node, cst.Call):
+            node = node.func
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        if not isinstance(node, cst.Name):
             return set()
-        return {q.name for q in _resolved(found)}  # type: ignore[union-attr]
+        head = node.value
+        if head in self._aliases:
+            head = self._aliases[head]
+        elif head not in self._bound and hasattr(builtins, head):
+            head = f"builtins.{head}"
+        return {".".join([head, *reversed(parts)])}
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node).strip()
@@ -92,6 +115,62 @@ class Context:
         return None
 
 
+@dataclass
+class _LineState(CodegenState):
+    """Code generation that only counts lines and notes where small statements and expressions start.
+
+    libcst's PositionProvider records full start/end ranges of every node, which costs about as much as parsing;
+    the report needs only start lines of a few nodes."""
+
+    line: int = 1
+    lines: dict = field(default_factory=dict)
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        self.line += value.count("\n")
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.BaseSmallStatement, cst.BaseExpression, cst.Arg)):
+            self.lines[node] = self.line
+
+
+class _Indexer(cst.CSTVisitor):
+    """Every node in source order, each node's parent, the names imports bind, and names the script defines."""
+
+    def __init__(self) -> None:
+        self.nodes: list[cst.CSTNode] = []
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.aliases: dict[str, str] = {}
+        self.bound: set[str] = set()
+        self._stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.nodes.append(node)
+        if self._stack:
+            self.parents[node] = self._stack[-1]
+        self._stack.append(node)
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = _dotted_name(alias.name)
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.aliases[alias.asname.name.value] = full
+                else:
+                    self.aliases.setdefault(full.split(".")[0], full.split(".")[0])
+        elif isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative \
+                and not isinstance(node.names, cst.ImportStar):
+            module = _dotted_name(node.module)
+            for alias in node.names:
+                name = _dotted_name(alias.name)
+                local = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
+                self.aliases[local] = f"{module}.{name}"
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self.bound.add(node.name.value)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self._stack.pop()
+
+
 class _Collector(cst.CSTVisitor):
     def __init__(self, out: list[cst.CSTNode]) -> None:
         self.out = out
@@ -99,6 +178,14 @@ class _Collector(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.out.append(node)
         return True
+
+
+def _dotted_name(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted_name(node.value)}.{node.attr.value}"
+    return ""
 
 
 def dotted(expr: cst.BaseExpression) -> str | None:

@@ -88,7 +88,8 @@ class PlanApplier(cst.CSTTransformer):
         if isinstance(original_node, (cst.IndentedBlock, cst.Module)):
             leading = plan.body_start.get(original_node)
             if leading:
-                node = node.with_changes(body=[*_docstring(node.body), *leading, *node.body[len(_docstring(node.body)):]])
+                doc = _docstring(node.body)
+                node = node.with_changes(body=[*doc, *leading, *node.body[len(doc):]])
             if isinstance(node, cst.IndentedBlock) and not node.body:
                 node = node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
         return node

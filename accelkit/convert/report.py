@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+SNIPPET = re.compile(r"`([^`]{91,})`")
+
+
+def _shorten(text: str) -> str:
+    """Long code snippets in a report line are cut to their first 87 characters."""
+    return SNIPPET.sub(lambda m: f"`{m.group(1)[:87]}...`", text)
 
 
 @dataclass(frozen=True)
@@ -26,10 +34,10 @@ class Report:
     status: str = "converted"  # converted | unchanged | already-accelerate
 
     def change(self, line: int, what: str, why: str) -> None:
-        self.changes.append(Change(line, what, why))
+        self.changes.append(Change(line, _shorten(what), why))
 
     def leave(self, line: int, why: str, todo: str) -> None:
-        self.left_alone.append(LeftAlone(line, why, todo))
+        self.left_alone.append(LeftAlone(line, _shorten(why), todo))
 
     def sorted(self) -> Report:
         return Report(sorted(self.changes, key=lambda c: c.line), sorted(self.left_alone, key=lambda n: n.line),

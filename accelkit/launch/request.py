@@ -24,6 +24,8 @@ class LaunchRequest:
     command_line: str = "accelkit launch"
     # Set for SLURM: the job's shape replaces any machine-specific value (rank, address) given locally.
     for_cluster: bool = False
+    # Option field -> how the user actually gave it, when not by its own flag (e.g. "--nodes x --gpus-per-node").
+    source_labels: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         options = {f.name: getattr(self.options, f.name) for f in fields(self.options)}
@@ -37,6 +39,7 @@ class LaunchRequest:
             "flags": asdict(self.flags),
             "command_line": self.command_line,
             "for_cluster": self.for_cluster,
+            "source_labels": self.source_labels,
         })
 
     @classmethod
@@ -57,4 +60,5 @@ class LaunchRequest:
             flags=LauncherFlags(**data["flags"]),
             command_line=data["command_line"],
             for_cluster=data["for_cluster"],
+            source_labels=data.get("source_labels", {}),
         )

@@ -130,7 +130,10 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     if not per_node:
         raise AccelkitError("--slurm needs the number of GPUs per node", hint="pass --gpus-per-node G, e.g. 8")
     cluster_options = replace(options, num_machines=slurm.nodes, num_processes=per_node * slurm.nodes)
-    cluster_request = replace(request, options=cluster_options, for_cluster=True)
+    labels = {"num_machines": "--nodes"}
+    if options.num_processes is None:
+        labels["num_processes"] = "--nodes x --gpus-per-node"
+    cluster_request = replace(request, options=cluster_options, for_cluster=True, source_labels=labels)
     slurm = replace(slurm, gpus_per_node=0 if request.cpu else per_node, port=options.main_process_port or slurm.port)
 
     config_path = slurm_config_path(sbatch_path)

@@ -3,6 +3,7 @@ or a default), so nobody has to guess which of three places won."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from accelkit.launch.plan import LaunchPlan, backend_name
@@ -44,6 +45,8 @@ def _lookup(config: dict[str, Any] | None, path: tuple[str, ...]) -> Any:
 
 def _source(field: str, path: tuple[str, ...], request: Any, base: dict[str, Any] | None) -> str:
     options = request.options
+    if field in request.source_labels:
+        return request.source_labels[field]
     if getattr(options, field, None) not in (None, ()):
         return "--" + field.replace("_", "-")
     if field in ("offload_optimizer", "offload_params") and getattr(options, "offload", None) is not None:
@@ -62,7 +65,7 @@ def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, 
     backend_source = _source("backend", ("distributed_type",), request, base)
     items = [f"backend={name} ({backend_source})"]
     rows = list(_COMMON)
-    if int(config.get("num_machines", 1) or 1) > 1:
+    if int(config.get("num_machines", 1) or 1) > 1 and not request.for_cluster:
         rows += _MULTI_MACHINE
     if name == "fsdp":
         rows += _FSDP
@@ -82,13 +85,14 @@ def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, 
             items.append(f"{flag}={value} (--{flag.replace('_', '-')})")
 
     target = f"-m {request.target.script}" if request.target.module else request.target.script
-    lines = [f"accelkit: launching {target}: " + ", ".join(items)]
+    verb = "SLURM job for" if request.for_cluster else "launching"
+    lines = [f"accelkit: {verb} {target}: " + ", ".join(items)]
     if plan.rehearsal is not None:
         processes = int(plan.config.get("num_processes", 1) or 1) // max(int(plan.config.get("num_machines", 1)
                                                                                or 1), 1)
         how = "with the accelkit CPU shim" if "accelkit.rehearsal.bootstrap" in plan.argv else "unpatched"
         lines.append(f"accelkit: CPU rehearsal of {plan.rehearsal}: {processes} gloo rank(s) on this machine, {how} "
-                     f"({' '.join(f'{k}={v}' for k, v in sorted(plan.env.items()))})")
+                     f"({' '.join(f'{k}={shlex.quote(v)}' for k, v in sorted(plan.env.items()))})")
     lines += [f"accelkit: {note}" for note in plan.notes]
     return lines
 

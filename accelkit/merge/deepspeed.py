@@ -206,47 +206,47 @@ class DeepSpeedSource(CheckpointSource):
                                 f"{sum(part_sizes)}", hint="the model and optimizer files come from different runs")
 
     # -- reading ------------------------------------------------------------------------------------------------
-    def _rank_range(self, rank: int, start: int, length: int, concat_groups: bool,
-                    group: int = 0) -> list[torch.Tensor]:
-        """Copy `length` values from `start` of rank's flat group (or of all its groups concatenated, ZeRO-3)."""
-        pieces = []
+    def _copy_range(self, rank: int, start: int, into: torch.Tensor, concat_groups: bool, group: int = 0) -> None:
+        """Fill `into` with values from `start` of rank's flat group g (or of all its groups concatenated, ZeRO-3)."""
         groups = self._flat_groups(rank) if concat_groups else [self._flat_groups(rank)[group]]
-        base = 0
+        length, base = into.numel(), 0
         for flat in groups:
             n = flat.numel()
             lo, hi = max(start, base), min(start + length, base + n)
             if lo < hi:
-                pieces.append(self._optim[rank].copy_out(flat.narrow(0, lo - base, hi - lo)))
+                self._optim[rank].copy_out(flat.narrow(0, lo - base, hi - lo), into.narrow(0, lo - start, hi - lo))
             base += n
-        return pieces
+        del groups
 
     def _read_one(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         where = self._where[name]
         kind = where[0]
+        numel = math.prod(shape)
         if kind == "module":
-            ms = self._models[0]
-            return ms.copy_out(self._model_state(0)["module"][name])
+            return self._models[0].copy_out(self._model_state(0)["module"][name])
         if kind == "frozen":
             if self.stage < 3:
                 return self._models[0].copy_out(self._model_state(0)["frozen_param_fragments"][name])
-            numel = math.prod(shape)
             frags = [self._models[r].copy_out(self._model_state(r)["frozen_param_fragments"][name].reshape(-1))
                      for r in range(len(self._models))]
             return torch.cat(frags)[:numel].view(shape)
+        world = self.world_size or 1
         if kind == "flat12":
-            _, g, offset, numel = where
+            # The parameter is one range of the group's flat vector, which rank r holds [r*part, (r+1)*part) of.
+            _, g, offset, _ = where
             part = self._flat_groups(0)[g].numel()
-            pieces = []
-            for rank in range(self.world_size or 1):
+            out = torch.empty(numel, dtype=self._flat_groups(0)[g].dtype)
+            for rank in range(world):
                 lo, hi = max(offset, rank * part), min(offset + numel, (rank + 1) * part)
                 if lo < hi:
-                    pieces.extend(self._rank_range(rank, lo - rank * part, hi - lo, False, g))
-            return (torch.cat(pieces) if len(pieces) > 1 else pieces[0]).view(shape)
-        _, offset, per_rank, numel = where
-        pieces = []
-        for rank in range(self.world_size or 1):
-            pieces.extend(self._rank_range(rank, offset, per_rank, True))
-        return torch.cat(pieces)[:numel].view(shape)
+                    self._copy_range(rank, lo - rank * part, out.narrow(0, lo - offset, hi - lo), False, g)
+            return out.view(shape)
+        # ZeRO-3: rank r holds elements [r*per_rank, (r+1)*per_rank) of the (padded) parameter at `offset`.
+        _, offset, per_rank, _ = where
+        out = torch.empty(per_rank * world, dtype=self._flat_groups(0)[0].dtype)
+        for rank in range(world):
+            self._copy_range(rank, offset, out.narrow(0, rank * per_rank, per_rank), True)
+        return out[:numel].view(shape)
 
     def read(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         by_name = self.entry_by_name

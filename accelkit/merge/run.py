@@ -70,6 +70,24 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def release_large_frees_to_os() -> None:
+    """Make glibc serve (and free) every allocation above 1 MiB with its own mmap.
+
+    Tensors come and go one at a time; by default glibc raises its mmap threshold after the first large free and
+    then recycles tensor-sized blocks through its heap, which fragments and grows RSS by several tensors' worth.
+    With a fixed threshold each freed tensor goes straight back to the OS (costs ~1 s/GB in page faults).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass  # not glibc (e.g. musl): nothing to tune
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -135,14 +153,19 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
     dtype = DTYPES[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
+    if opts.output.suffix in (".bin", ".pt", ".pth"):
+        raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",
+                            hint=f"use -o {opts.output.with_suffix('.safetensors')} or a folder")
     if to_file and opts.max_shard_size:
         raise AccelkitError("--max-shard-size needs a folder output",
                             hint=f"use -o {opts.output.with_suffix('')}/ to get shards and an index")
     max_bytes = shards.parse_size(opts.max_shard_size) if opts.max_shard_size else None
     check_paths(opts.input, opts.output, opts.force)
+    release_large_frees_to_os()
     source = open_source(opts.input, opts.tag, opts.model_index)
     try:
-        return _merge(source, opts, dtype, to_file, max_bytes, start)
+        with torch.no_grad():  # tensors loaded with requires_grad must not build autograd graphs
+            return _merge(source, opts, dtype, to_file, max_bytes, start)
     finally:
         source.close()
 

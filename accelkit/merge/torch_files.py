@@ -91,9 +91,12 @@ class MappedTorchFile:
             self._read_since_open = 0
         return self._obj
 
-    def copy_out(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Copy a (mapped) tensor or view into ordinary memory, and count the bytes read."""
-        out = tensor.clone()
+    def copy_out(self, tensor: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy a (mapped) tensor or view into ordinary memory (`into`, or a new tensor); count the bytes read."""
+        # detach: DeepSpeed saves its fp32 partitions with requires_grad=True, and an autograd edge from the copy
+        # would keep the whole mapped file alive (and its touched pages in RSS).
+        tensor = tensor.detach()
+        out = tensor.clone() if into is None else into.copy_(tensor)
         self._read_since_open += out.numel() * out.element_size()
         if self._read_since_open >= self.window:
             self.close()

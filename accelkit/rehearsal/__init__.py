@@ -25,7 +25,7 @@ a small shim and then runs your script unmodified as `__main__` (same argv, trac
 Refused before anything starts: fp16 (and fp8) mixed precision (bf16 works), NVMe offload, DeepSpeed JSON
 optimizers with no CPU implementation, a missing DeepSpeed install (`pip install 'accelkit[deepspeed]'`),
 distributed types other than single/ddp/fsdp/deepspeed, and untested library versions (the shim is tested with
-accelerate 1.15.x and deepspeed 0.19.x; ACCELKIT_REHEARSAL_ALLOW_UNTESTED=1 overrides). The shim only ever runs in
+accelerate 1.13-1.15 and deepspeed 0.19.x; ACCELKIT_REHEARSAL_ALLOW_UNTESTED=1 overrides). The shim only ever runs in
 rehearsal ranks, where GPUs are hidden (CUDA_VISIBLE_DEVICES=''); it refuses to patch a process that sees CUDA.
 Speed on CPU says nothing about GPU speed: rehearsal checks wiring, sharding and checkpoints, not performance.
 """

@@ -114,6 +114,11 @@ def _plan_deepspeed(launch: dict[str, Any], notes: list[str]) -> None:
                 f"NVMe offload of {what} cannot be rehearsed on CPU (it needs DeepSpeed's async-io op and a GPU).",
                 hint="rehearse with offload to cpu or none; keep nvme for the GPU run",
             )
+    if int(launch.get("num_machines", 1) or 1) > 1 and ds.get("deepspeed_multinode_launcher", "pdsh") != "standard":
+        # pdsh/mpi launchers need a hostfile and ssh; torchrun ("standard") is what a rehearsal can start.
+        launch["deepspeed_config"] = {**ds, "deepspeed_multinode_launcher": "standard"}
+        notes.append("DeepSpeed multi-node rehearsal uses the torchrun launcher (deepspeed_multinode_launcher: "
+                     "standard): one `accelkit launch` per machine.")
     if str(offload["optimizer"]).lower() == "cpu":
         notes.append("Optimizer offload uses DeepSpeed's CPU Adam, which DeepSpeed compiles on first use (a few "
                      "minutes; cached in ~/.cache/torch_extensions).")

@@ -14,9 +14,12 @@ from packaging.version import InvalidVersion, Version
 
 from accelkit.errors import AccelkitError
 
-# Tested: accelerate 1.15.0 (torch 2.13 CPU). The two hooks used (PartialState._prepare_backend and
-# AcceleratorState.__init__'s FSDP upgrade) have this shape throughout 1.15.x.
-ACCELERATE_RANGE = ("1.15.0", "1.16.0")
+# Tested with torch 2.13 CPU: accelerate 1.13.0, 1.14.0 and 1.15.0 (FSDP2 and DeepSpeed ZeRO-3 probes: sharding,
+# save_state, load_state). 1.10.1 and 1.12.0 run DeepSpeed, but their FSDP2 load_state fails ("Missing key in
+# checkpoint state_dict: optimizer.state.0.step"; Accelerate saved the optimizer with optimizer.state_dict() before
+# 1.13, not a CPU issue), so rehearsal starts at 1.13. The two hooks used (PartialState._prepare_backend and
+# AcceleratorState.__init__) have the same shape across that range.
+ACCELERATE_RANGE = ("1.13.0", "1.16.0")
 # Tested: deepspeed 0.19.8 with DS_ACCELERATOR=cpu (ZeRO-1/2/3 over gloo).
 DEEPSPEED_RANGE = ("0.19.0", "0.20.0")
 

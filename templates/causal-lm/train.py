@@ -173,6 +173,15 @@ def step_of(checkpoint: Path) -> int:
     return int(match.group(1))
 
 
+def embeddings_in_their_own_fsdp_unit(model) -> None:
+    """FSDP2 in Accelerate shards the input embedding as a unit of its own. When a module around it is also listed
+    in `_no_split_modules` (BertEmbeddings, ViTEmbeddings, ...), both claim it and `fully_shard` fails, so that
+    module is left out of the wrap list; its other parameters join the root unit."""
+    embeddings = model.get_input_embeddings()
+    around = {type(m).__name__ for m in model.modules() if m is not embeddings and embeddings in list(m.modules())}
+    model._no_split_modules = [name for name in (model._no_split_modules or []) if name not in around]
+
+
 def log(accelerator: Accelerator, message: str) -> None:
     """Print once (main process), above the progress bar."""
     if accelerator.is_main_process:
@@ -239,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         },
     ]
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
+    if accelerator.is_fsdp2:
+        embeddings_in_their_own_fsdp_unit(model)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     # Read accumulation back from the accelerator: a DeepSpeed config may set its own value.
     accumulation = accelerator.gradient_accumulation_steps
@@ -284,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     model.train()
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
     window_loss, window_tokens, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
+    window_from = completed_steps  # loss and throughput are averaged over the steps since the last log
     for epoch in range(starting_epoch, num_epochs):
         train_loader.set_epoch(epoch)
         loader = train_loader
@@ -308,8 +320,7 @@ def main(argv: list[str] | None = None) -> None:
             last_step = completed_steps == max_steps
 
             if completed_steps % args.log_every == 0 or last_step:
-                steps_in_window = (completed_steps - 1) % args.log_every + 1
-                mean_loss = accelerator.reduce(window_loss, "mean").item() / steps_in_window
+                mean_loss = accelerator.reduce(window_loss, "mean").item() / (completed_steps - window_from)
                 tokens_per_s = window_tokens * accelerator.num_processes / (time.perf_counter() - window_start)
                 lr = scheduler.get_last_lr()[0]
                 log(
@@ -318,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 accelerator.log({"train_loss": mean_loss, "lr": lr, "tokens_per_s": tokens_per_s}, step=completed_steps)
                 window_loss, window_tokens, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
+                window_from = completed_steps
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:

@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     model.train()
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
     window_loss, window_samples, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
+    window_from = completed_steps  # loss and throughput are averaged over the steps since the last log
     for epoch in range(starting_epoch, num_epochs):
         train_loader.set_epoch(epoch)
         loader = train_loader
@@ -263,8 +264,7 @@ def main(argv: list[str] | None = None) -> None:
             last_step = completed_steps == max_steps
 
             if completed_steps % args.log_every == 0 or last_step:
-                steps_in_window = (completed_steps - 1) % args.log_every + 1
-                mean_loss = accelerator.reduce(window_loss, "mean").item() / steps_in_window
+                mean_loss = accelerator.reduce(window_loss, "mean").item() / (completed_steps - window_from)
                 samples_per_s = window_samples * accelerator.num_processes / (time.perf_counter() - window_start)
                 lr = scheduler.get_last_lr()[0]
                 log(
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
                     {"train_loss": mean_loss, "lr": lr, "samples_per_s": samples_per_s}, step=completed_steps
                 )
                 window_loss, window_samples, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
+                window_from = completed_steps
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:

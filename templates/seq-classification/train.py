@@ -193,6 +193,15 @@ def step_of(checkpoint: Path) -> int:
     return int(match.group(1))
 
 
+def embeddings_in_their_own_fsdp_unit(model) -> None:
+    """FSDP2 in Accelerate shards the input embedding as a unit of its own. When a module around it is also listed
+    in `_no_split_modules` (BertEmbeddings, ViTEmbeddings, ...), both claim it and `fully_shard` fails, so that
+    module is left out of the wrap list; its other parameters join the root unit."""
+    embeddings = model.get_input_embeddings()
+    around = {type(m).__name__ for m in model.modules() if m is not embeddings and embeddings in list(m.modules())}
+    model._no_split_modules = [name for name in (model._no_split_modules or []) if name not in around]
+
+
 def log(accelerator: Accelerator, message: str) -> None:
     """Print once (main process), above the progress bar."""
     if accelerator.is_main_process:
@@ -266,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         },
     ]
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
+    if accelerator.is_fsdp2:
+        embeddings_in_their_own_fsdp_unit(model)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     # Read accumulation back from the accelerator: a DeepSpeed config may set its own value.
     accumulation = accelerator.gradient_accumulation_steps
@@ -311,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     model.train()
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
     window_loss, window_samples, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
+    window_from = completed_steps  # loss and throughput are averaged over the steps since the last log
     for epoch in range(starting_epoch, num_epochs):
         train_loader.set_epoch(epoch)
         loader = train_loader
@@ -335,8 +347,7 @@ def main(argv: list[str] | None = None) -> None:
             last_step = completed_steps == max_steps
 
             if completed_steps % args.log_every == 0 or last_step:
-                steps_in_window = (completed_steps - 1) % args.log_every + 1
-                mean_loss = accelerator.reduce(window_loss, "mean").item() / steps_in_window
+                mean_loss = accelerator.reduce(window_loss, "mean").item() / (completed_steps - window_from)
                 samples_per_s = window_samples * accelerator.num_processes / (time.perf_counter() - window_start)
                 lr = scheduler.get_last_lr()[0]
                 log(
@@ -347,6 +358,7 @@ def main(argv: list[str] | None = None) -> None:
                     {"train_loss": mean_loss, "lr": lr, "samples_per_s": samples_per_s}, step=completed_steps
                 )
                 window_loss, window_samples, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
+                window_from = completed_steps
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:

@@ -22,7 +22,6 @@ IMPORT = "from accelerate import Accelerator\n"
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     if not plan.accelerator_uses:
         return
-    module = ctx.module
     parse = facts.parse_args
     function = ctx.function(parse) if parse is not None else None
     if function is not None and isinstance(function.body, cst.IndentedBlock):

@@ -128,7 +128,7 @@ def _self_move(ctx: Context, facts: Facts, small: cst.BaseSmallStatement | None)
             for branch in (value.body, value.orelse))
     pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]]
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements):
-        pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+        pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements, strict=True)]
     else:
         pairs = [(target, value)]
     return all(_movable(ctx, facts, v) and dotted(t) is not None and dotted(t) == dotted(v.func.value)  # type: ignore

@@ -15,7 +15,7 @@ CLIPS = {
     "torch.nn.utils.clip_grad_value_": "clip_grad_value_",
     "torch.nn.utils.clip_grad.clip_grad_value_": "clip_grad_value_",
 }
-WHY_SCALER = "Accelerate owns loss scaling under --mixed-precision fp16 (accelerator.backward and the prepared optimizer)"
+WHY_SCALER = "Accelerate owns loss scaling under fp16 mixed precision (accelerator.backward, the prepared optimizer)"
 
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:

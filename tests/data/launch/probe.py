@@ -17,9 +17,16 @@ parser.add_argument("--crash-rank", type=int, default=-1, help="this rank exits 
 parser.add_argument("--crash-code", type=int, default=3)
 parser.add_argument("--sleep", type=float, default=0.0, help="sleep this long after prepare (signal tests)")
 parser.add_argument("--first-line-only", action="store_true", help="exit right after the first line (benchmark)")
+parser.add_argument("--early", action="store_true",
+                    help="crash/sleep before importing torch (a rank busy elsewhere, cheap to start)")
 args, unknown = parser.parse_known_args()
 if args.first_line_only:
     sys.exit(0)
+if args.early:
+    if int(os.environ.get("RANK", "0")) == args.crash_rank:
+        print(f"PROBE crashing rank={args.crash_rank} code={args.crash_code} t={time.time():.6f}", flush=True)
+        sys.exit(args.crash_code)
+    time.sleep(args.sleep)
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402

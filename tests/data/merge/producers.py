@@ -39,7 +39,12 @@ def produce_all(root: Path) -> Path:
         start([*TORCHRUN, str(DATA / "make_fsdp2_dcp.py"), str(root / "fsdp")], root / "fsdp.log"),
         start([sys.executable, str(DATA / "make_hf.py"), str(root / "hf")], root / "hf.log"),
     ]
+    # Accelerate's own save_state under accelkit's CPU rehearsal; its failure only fails the test that uses it.
+    accelerate_job = start([sys.executable, "-m", "accelkit", "launch", "--backend", "fsdp", "--cpu",
+                            "--num-processes", "2", str(DATA / "accelerate_save_state.py"), str(root / "accelerate")],
+                           root / "accelerate.log")
     wait_all(jobs)
+    (root / "accelerate.rc").write_text(str(accelerate_job[0].wait(timeout=600)))
     (root / "ALL_DONE").write_text("ok\n")
     return root
 
