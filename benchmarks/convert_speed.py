@@ -111,13 +111,15 @@ def make_script(lines: int) -> str:
     return HEADER + "".join(blocks) + FOOTER.format(runs=", ".join(f"run{j}" for j in range(i)))
 
 
-def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    times = []
+def median_seconds(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Median wall-clock and median CPU time of this process (the CPU column is steadier on a busy machine)."""
+    wall, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
@@ -127,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     source = make_script(args.lines)
     result = convert_source(source)  # also warms up imports and libcst's parser
-    rows: list[tuple[str, float]] = [
+    rows: list[tuple[str, tuple[float, float]]] = [
         ("accelkit convert_source (full conversion)", median_seconds(lambda: convert_source(source), args.repeat)),
         ("libcst parse + codegen round trip (floor)",
          median_seconds(lambda: cst.parse_module(source).code, args.repeat)),
@@ -145,8 +147,11 @@ def main() -> None:
     print(f"input: {source.count(chr(10))} lines, {len(source):,} bytes; output: {result.code.count(chr(10))} lines, "
           f"{len(result.report.changes)} report entries; median of {args.repeat} runs")
     width = max(len(name) for name, _ in rows)
-    for name, seconds in rows:
-        print(f"  {name:<{width}}  {seconds * 1000:8.1f} ms")
+    floor = rows[1][1][0]
+    print(f"  {'':<{width}}  {'wall':>8}     {'cpu':>8}     wall/floor")
+    for name, (wall, cpu) in rows:
+        cpu_text = f"{cpu * 1000:8.1f} ms" if "subprocess" not in name else f"{'-':>8}   "
+        print(f"  {name:<{width}}  {wall * 1000:8.1f} ms  {cpu_text}  {wall / floor:5.2f}x")
 
 
 if __name__ == "__main__":

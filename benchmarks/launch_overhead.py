@@ -1,9 +1,14 @@
 """Launch overhead: time from command start to the script's first line, `accelkit launch` vs `accelerate launch`.
 
-Both start the same job: 2 DDP ranks on CPU over gloo, the same Accelerate config (the one accelkit generates for
+All start the same job: 2 DDP ranks on CPU over gloo, the same Accelerate config (the one accelkit generates for
 `--cpu --backend ddp --num-processes 2`, given to `accelerate launch --config_file` with the same environment),
-and the same probe script, which prints a timestamp on its first line and exits. Runs alternate between the two
-tools so machine load hits both alike; the medians are compared.
+and the same probe script. Measured per run, from the moment the command starts:
+- first line: the probe's first line runs (it prints a timestamp and exits);
+- job up: the probe has imported torch and Accelerate and `Accelerator()` has formed the process group (a second
+  set of runs, where the probe exits right there): what a training script waits for before its first step.
+Accelerate is timed both as its `accelerate launch` CLI and as `python -m accelerate.commands.launch` (its lean
+entry point, which skips the CLI's other subcommands). Runs alternate between the tools so machine load hits all
+alike; medians are compared.
 
     python benchmarks/launch_overhead.py [--runs 5]
 """
@@ -22,36 +27,46 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = REPO / "tests" / "data" / "launch" / "probe.py"
-FIRST_LINE = re.compile(r"PROBE first_line rank=(\d+) t=([\d.]+)")
+MARK = {"first line": re.compile(r"PROBE first_line rank=\d+ t=([\d.]+)"),
+        "job up": re.compile(r"PROBE accelerator rank=\d+ t=([\d.]+)")}
+PROBE_ARGS = {"first line": ["--first-line-only"], "job up": ["--exit-after-accelerator"]}
 
 
-def accelerate_command() -> tuple[list[str], dict[str, str], Path]:
-    """`accelerate launch` with the config and environment accelkit resolves for the same job."""
+def accelerate_config() -> tuple[Path, dict[str, str], Path]:
+    """The config file and environment accelkit resolves for the job, for Accelerate to run as they are."""
     from accelkit.configs import ConfigOptions
     from accelkit.launch.plan import LauncherFlags, LaunchTarget
     from accelkit.launch.prepare import prepare_launch
     from accelkit.launch.request import LaunchRequest
 
-    request = LaunchRequest(target=LaunchTarget(str(PROBE), ("--first-line-only",)),
-                            options=ConfigOptions(backend="ddp", num_processes=2), cpu=True, flags=LauncherFlags())
+    request = LaunchRequest(target=LaunchTarget(str(PROBE)), options=ConfigOptions(backend="ddp", num_processes=2),
+                            cpu=True, flags=LauncherFlags())
     prepared = prepare_launch(request, check_hardware=False)
-    plan = prepared.plan
+    return prepared.plan.config_path, prepared.plan.env, prepared.temp_dir
+
+
+def commands(config: Path) -> dict[str, list[str]]:
     accelerate = shutil.which("accelerate") or "accelerate"
-    argv = [accelerate, "launch", "--config_file", str(plan.config_path), str(PROBE), "--first-line-only"]
-    return argv, plan.env, prepared.temp_dir
+    return {
+        "accelerate launch": [accelerate, "launch", "--config_file", str(config), str(PROBE)],
+        "python -m accelerate.commands.launch": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                                                 str(config), str(PROBE)],
+        "accelkit launch": [sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", "ddp",
+                            "--num-processes", "2", str(PROBE)],
+    }
 
 
-def time_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(seconds to the first rank's first line, seconds to exit)."""
+def time_once(argv: list[str], env: dict[str, str], metric: str) -> float:
+    """Seconds from the command's start to the first rank reaching `metric`."""
     start = time.time()
-    proc = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
-    end = time.time()
+    proc = subprocess.run(argv + PROBE_ARGS[metric], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:3]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    stamps = [float(t) for _, t in FIRST_LINE.findall(proc.stdout)]
+    stamps = [float(t) for t in MARK[metric].findall(proc.stdout)]
     if len(stamps) != 2:
-        raise SystemExit(f"expected 2 first lines, got {len(stamps)}:\n{proc.stdout}")
-    return min(stamps) - start, end - start
+        raise SystemExit(f"expected 2 ranks to reach {metric}, got {len(stamps)}:\n{proc.stdout}")
+    return min(stamps) - start
 
 
 def main() -> int:
@@ -60,36 +75,33 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    accelerate_argv, env, temp_dir = accelerate_command()
-    accelkit_argv = [sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", "ddp", "--num-processes", "2",
-                     str(PROBE), "--first-line-only"]
-    tools = {"accelerate launch": (accelerate_argv, env), "accelkit launch": (accelkit_argv, {})}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in tools}
+    config, env, temp_dir = accelerate_config()
+    tools = commands(config)
+    extra_env = {name: ({} if name == "accelkit launch" else env) for name in tools}
+    results = {(name, metric): [] for name in tools for metric in MARK}
     try:
-        for argv, extra in tools.values():  # warm-up: page cache, .pyc files
-            time_once(argv, extra)
+        for name, argv in tools.items():  # warm-up: page cache, .pyc files
+            time_once(argv, extra_env[name], "first line")
         for run in range(args.runs):
-            for name, (argv, extra) in tools.items():
-                first, total = time_once(argv, extra)
-                results[name].append((first, total))
-                print(f"run {run + 1}/{args.runs}  {name:18s} first line {first:6.2f} s   exit {total:6.2f} s",
-                      flush=True)
+            for metric in MARK:
+                for name, argv in tools.items():
+                    seconds = time_once(argv, extra_env[name], metric)
+                    results[(name, metric)].append(seconds)
+                    print(f"run {run + 1}/{args.runs}  {metric:10s}  {name:38s} {seconds:6.2f} s", flush=True)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
-    print()
-    print(f"{'tool':18s} {'first line (median)':>20s} {'exit (median)':>14s}")
-    medians = {}
-    for name, values in results.items():
-        first = statistics.median(v[0] for v in values)
-        total = statistics.median(v[1] for v in values)
-        medians[name] = (first, total)
-        print(f"{name:18s} {first:18.2f} s {total:12.2f} s")
-    base_first, base_total = medians["accelerate launch"]
-    kit_first, kit_total = medians["accelkit launch"]
-    print(f"\naccelkit adds {100 * (kit_first / base_first - 1):+.1f}% to the time to the script's first line "
-          f"({kit_first - base_first:+.2f} s) and {100 * (kit_total / base_total - 1):+.1f}% to the time to exit "
-          f"({args.runs} runs each, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}).")
+    medians = {key: statistics.median(values) for key, values in results.items()}
+    print(f"\nmedian of {args.runs} runs ({os.cpu_count()} CPUs, load average now {os.getloadavg()[0]:.1f})")
+    print(f"{'':38s} {'first line':>12s} {'job up':>12s}")
+    for name in tools:
+        print(f"{name:38s} {medians[(name, 'first line')]:10.2f} s {medians[(name, 'job up')]:10.2f} s")
+    for base in ("accelerate launch", "python -m accelerate.commands.launch"):
+        parts = []
+        for metric in MARK:
+            ours, theirs = medians[("accelkit launch", metric)], medians[(base, metric)]
+            parts.append(f"{metric} {100 * (ours / theirs - 1):+.1f}% ({ours - theirs:+.2f} s)")
+        print(f"accelkit launch vs {base}: " + ", ".join(parts))
     return 0
 
 

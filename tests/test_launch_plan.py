@@ -269,3 +269,19 @@ def test_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "--cpu" in proc.stdout and "--slurm" in proc.stdout and "--max-restarts" in proc.stdout
+
+
+def test_gradient_accumulation_goes_to_the_config_or_the_environment():
+    argv, output = _dry_run("--backend", "ddp", "--num-processes", "2", "--gradient-accumulation-steps", "4",
+                            str(PROBE))
+    command = output.strip().splitlines()[-1]
+    # DDP configs have no key for it: Accelerator() reads it from the environment the ranks inherit.
+    assert command.startswith("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 ")
+    assert "gradient_accumulation_steps=4 (--gradient-accumulation-steps)" in output
+    argv, output = _dry_run("--backend", "deepspeed", "--num-processes", "2", "--gradient-accumulation-steps", "4",
+                            str(PROBE))
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in output.strip().splitlines()[-1]
+    from accelerate.commands.launch import _validate_launch_command
+
+    args, _, _ = _validate_launch_command(_parse(argv))
+    assert args.gradient_accumulation_steps == 4  # from the DeepSpeed section of the written config

@@ -131,6 +131,11 @@ def test_deepspeed_json_is_checked(tmp_path: Path):
     ds_json.write_text(json.dumps({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 1}}))
     with pytest.raises(AccelkitError, match="OneBitAdam"):
         prepare_rehearsal(config)
+    ds_json.write_text(json.dumps({"optimizer": {"type": "Lion"}, "zero_optimization": {"stage": 2}}))
+    with pytest.raises(AccelkitError, match="Lion"):  # FusedLion is CUDA-only; offloaded Lion is CPU Lion
+        prepare_rehearsal(config)
+    ds_json.write_text(json.dumps({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}))
+    assert any("FusedAdam" in note for note in prepare_rehearsal(config).notes)
     ds_json.write_text("{not json")
     with pytest.raises(AccelkitError, match="Cannot read"):
         prepare_rehearsal(config)
@@ -202,7 +207,7 @@ def test_shim_refuses_when_cuda_is_visible(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(AccelkitError, match="CUDA"):
-        shim.install("fsdp")
+        shim._apply("fsdp")  # what install() runs once the script has imported Accelerate
 
 
 def _bootstrap(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -239,6 +244,20 @@ def test_bootstrap_runs_module(tmp_path: Path):
     result = _bootstrap("-m", "mypkg.train", "--lr", "1", cwd=tmp_path, env={"ACCELKIT_REHEARSAL": "single"})
     assert result.returncode == 0, result.stderr
     assert "MOD __main__ ['--lr', '1']" in result.stdout
+
+
+def test_bootstrap_patches_only_once_the_script_imports_accelerate(tmp_path: Path):
+    (tmp_path / "user.py").write_text(
+        "import sys\n"
+        "print('BEFORE', 'accelerate' in sys.modules, 'torch' in sys.modules)\n"
+        "from accelerate.state import AcceleratorState, PartialState\n"
+        "print('AFTER', getattr(PartialState._prepare_backend, '_accelkit_patched', False),\n"
+        "      getattr(AcceleratorState.__init__, '_accelkit_patched', False))\n"
+    )
+    result = _bootstrap("user.py", cwd=tmp_path, env={"ACCELKIT_REHEARSAL": "fsdp", "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    assert "BEFORE False False" in result.stdout  # the bootstrap imported neither torch nor Accelerate
+    assert "AFTER True True" in result.stdout
 
 
 def test_bootstrap_outside_rehearsal_fails_clearly(tmp_path: Path):

@@ -60,7 +60,7 @@ class TemplateRuns:
     def __init__(self, root: Path, wanted: set[tuple]) -> None:
         self.root = root
         self.projects = {name: init_project(root / name, name, backend="ddp").directory for name in TEMPLATES}
-        self.pool = ThreadPoolExecutor(max_workers=3)
+        self.pool = ThreadPoolExecutor(max_workers=4)
         self.jobs: dict[tuple, Future] = {}
         # Longest first (DeepSpeed starts slowest), so the pool finishes evenly.
         for key in sorted(wanted, key=lambda k: (k[0] != "launch", k[-1] != "deepspeed")):
@@ -191,15 +191,15 @@ def test_launch_on_two_cpu_ranks(runs: TemplateRuns, template: str, backend: str
         tag = (checkpoint / "latest").read_text().strip()
         assert len(list((checkpoint / tag).glob("*optim_states.pt"))) == 2
 
-    # The final model holds exactly the weights of the last checkpoint, and reloads with the template's class.
+    # The final model reloads with the template's class and holds exactly the weights of the last checkpoint.
     reference = checkpoint_state(checkpoint, backend, tmp_path)
     final = out / "final"
     assert (final / "model.safetensors").is_file() and (final / "config.json").is_file()
-    saved = load_file(final / "model.safetensors")
-    assert set(saved) == set(reference)
-    for name, tensor in reference.items():
-        assert torch.equal(saved[name], tensor), name
     loaded, rebuilt = load_final(template, runs.projects[template], final)
+    loaded_state = loaded.state_dict()  # names as the model uses them (transformers may store older names on disk)
+    assert set(loaded_state) == set(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(loaded_state[name], tensor), name
     rebuilt.load_state_dict(reference)
     batch = example_input(template, loaded)
     assert torch.equal(outputs_of(loaded, batch), outputs_of(rebuilt, batch))

@@ -65,7 +65,8 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
         transform(ctx, facts, plan, options)
     if not plan.has_changes:
         return ConversionResult(source, Report(left_alone=plan.report.left_alone, status="unchanged"), False)
-    new_module = ctx.module.visit(PlanApplier(plan))
+    dirty = {id(a) for node in plan.touched() for a in (node, *ctx.ancestors(node))}
+    new_module = ctx.module.visit(PlanApplier(plan, dirty))
     new_module = _drop_unused_imports(new_module, source)
     code = new_module.code
     try:

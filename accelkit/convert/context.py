@@ -29,6 +29,9 @@ class Context:
         self._aliases = collector.aliases
         self._bound = collector.bound
         self._index = {id(node): i for i, node in enumerate(self.nodes)}
+        self._by_class: dict[type, list[cst.CSTNode]] = {}
+        for node in self.nodes:
+            self._by_class.setdefault(type(node), []).append(node)
 
     # --- navigation -------------------------------------------------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -76,7 +79,14 @@ class Context:
         return self.module.code_for_node(node).strip()
 
     def of_type(self, *types: type) -> Iterator[cst.CSTNode]:
-        return (n for n in self.nodes if isinstance(n, types))
+        """Nodes of the given (possibly abstract) types in source order, from a per-class index: isinstance on
+        libcst's ABC-based classes is slow enough to matter on every node."""
+        classes = [cls for cls in self._by_class if issubclass(cls, types)]
+        if len(classes) == 1:
+            return iter(self._by_class[classes[0]])
+        found = [node for cls in classes for node in self._by_class[cls]]
+        found.sort(key=lambda node: self._index[id(node)])
+        return iter(found)
 
     def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         """The statement line (simple line or compound statement) that contains `node`."""
@@ -130,8 +140,15 @@ class _LineState(CodegenState):
         self.line += value.count("\n")
 
     def before_codegen(self, node: cst.CSTNode) -> None:
-        if isinstance(node, (cst.BaseSmallStatement, cst.BaseExpression, cst.Arg)):
+        cls = type(node)
+        wanted = _LINE_CLASSES.get(cls)
+        if wanted is None:
+            wanted = _LINE_CLASSES[cls] = issubclass(cls, (cst.BaseSmallStatement, cst.BaseExpression, cst.Arg))
+        if wanted:
             self.lines[node] = self.line
+
+
+_LINE_CLASSES: dict[type, bool] = {}
 
 
 class _Indexer(cst.CSTVisitor):
@@ -149,6 +166,10 @@ class _Indexer(cst.CSTVisitor):
         if self._stack:
             self.parents[node] = self._stack[-1]
         self._stack.append(node)
+        kind = type(node)
+        if kind is not cst.Import and kind is not cst.ImportFrom and kind is not cst.FunctionDef \
+                and kind is not cst.ClassDef:
+            return True
         if isinstance(node, cst.Import):
             for alias in node.names:
                 full = _dotted_name(alias.name)

@@ -59,15 +59,22 @@ class Plan:
             return all(self.is_removed(s) for s in statement.body.body)
         return False
 
+    def touched(self) -> list[cst.CSTNode]:
+        return [*self.edits, *self.removed, *self.before, *self.after, *self.body_start]
+
     @property
     def has_changes(self) -> bool:
         return bool(self.edits or self.removed or self.before or self.after or self.body_start)
 
 
 class PlanApplier(cst.CSTTransformer):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, dirty: set[int] | None = None) -> None:
         super().__init__()
         self.plan = plan
+        self.dirty = dirty  # ids of the planned nodes and their ancestors: other subtrees are left as they are
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self.dirty is None or id(node) in self.dirty
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
         plan = self.plan

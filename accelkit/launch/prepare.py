@@ -17,8 +17,6 @@ from accelkit.launch.request import LaunchRequest
 from accelkit.launch.summary import describe
 
 DEEPSPEED_INSTALL_HINT = "pip install 'accelkit[deepspeed]' (or: pip install deepspeed)"
-# Rehearsed backends whose ranks need no shim (accelkit.rehearsal.shim patches nothing for them).
-UNPATCHED_REHEARSALS = ("ddp", "single")
 
 
 @dataclass
@@ -46,8 +44,9 @@ def check_target(target: LaunchTarget, cwd: Path | None = None) -> None:
         raise AccelkitError(f"not a file: {target.script}", hint="pass the training script itself, e.g. train.py")
 
 
-def resolve_config(request: LaunchRequest) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(config, base): the job's config built from the options on top of --config FILE (if any), and that base."""
+def resolve_config(request: LaunchRequest) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, str]]:
+    """(config, base, env): the job's config built from the options on top of --config FILE (if any), that base,
+    and environment variables for settings a config file cannot hold."""
     from accelkit.configs import build_config, load_config
 
     base = None
@@ -56,7 +55,18 @@ def resolve_config(request: LaunchRequest) -> tuple[dict[str, Any], dict[str, An
             raise AccelkitError(f"config file not found: {request.config_file}",
                                 hint="write one with `accelkit config ... -o FILE`, or use --backend")
         base = load_config(request.config_file)
-    return build_config(request.options, base=base), base
+    options = request.options
+    steps = options.gradient_accumulation_steps
+    if steps is None:
+        return build_config(options, base=base), base, {}
+    if steps < 1:
+        raise AccelkitError(f"--gradient-accumulation-steps must be at least 1 (got {steps})",
+                            hint="pass --gradient-accumulation-steps 1 for none")
+    # Only DeepSpeed configs store accumulation; for the other backends Accelerator() reads it from this variable.
+    config = build_config(replace(options, gradient_accumulation_steps=None), base=base)
+    if backend_name(config) == "deepspeed":
+        return build_config(options, base=base), base, {}
+    return config, base, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(steps)}
 
 
 def check_gpus(config: dict[str, Any]) -> None:
@@ -94,7 +104,10 @@ def launcher_flags(request: LaunchRequest, config: dict[str, Any], base: dict[st
         if not ip:
             raise AccelkitError(f"--num-machines {machines} needs the address of machine 0",
                                 hint="pass --main-process-ip ADDRESS (the same on every machine)")
-        source = "--main-process-port" if request.options.main_process_port is not None else "config"
+        if request.options.main_process_port is not None:
+            source = "--main-process-port"
+        else:
+            source = str(request.config_file) if base is not None and base.get("main_process_port") else "default"
         return replace(flags, machine_rank=int(config.get("machine_rank", 0) or 0), main_process_ip=str(ip),
                        main_process_port=int(port or 29500)), source
     if request.options.main_process_port is not None:
@@ -105,29 +118,21 @@ def launcher_flags(request: LaunchRequest, config: dict[str, Any], base: dict[st
     return replace(flags, main_process_port=free_port()), "free port"
 
 
-def _write(config: dict[str, Any], path: Path, command_line: str, source: dict[str, Any]) -> None:
-    from accelkit.configs import write_config
-
-    deepspeed_json = getattr(source, "deepspeed_json", None)
-    if deepspeed_json is not None and getattr(config, "deepspeed_json", None) is None:
-        from accelkit.configs.build import BuiltConfig
-
-        carried = BuiltConfig(config)
-        carried.deepspeed_json = deepspeed_json
-        config = carried
-    write_config(config, path, command_line)
-
-
 def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
                    check_hardware: bool = True) -> PreparedLaunch:
     """Resolve everything about a launch. The config goes to `config_path`, or to a new temporary directory
     (returned as `temp_dir`). `check_hardware=False` (dry-run, SLURM) plans for another machine: no GPU or
     DeepSpeed checks here."""
     check_target(request.target)
-    config, base = resolve_config(request)
+    config, base, config_env = resolve_config(request)
     name = backend_name(config)
-    cpu = request.cpu or name == "cpu"
+    cpu = request.cpu or name == "cpu" or bool(config.get("use_cpu"))
     flags, port_source = launcher_flags(request, config, base)
+
+    from accelkit.configs import write_config, write_deepspeed_json
+
+    # A DeepSpeed JSON asked for with --deepspeed-json must exist before the rehearsal reads it or a launcher runs.
+    write_deepspeed_json(config)
 
     env: dict[str, str] = {}
     rehearsal = None
@@ -139,21 +144,21 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
 
         rehearsal_plan = prepare_rehearsal(config)
         launch_config, env, rehearsal = rehearsal_plan.launch_config, dict(rehearsal_plan.env), rehearsal_plan.backend
-        # Ranks start in the rehearsal bootstrap, which installs the shim, unless nothing needs patching: DDP and
-        # single-process runs are Accelerate's own CPU path, and the bootstrap would only import torch earlier.
-        bootstrap = bool(getattr(rehearsal_plan, "bootstrap", rehearsal not in UNPATCHED_REHEARSALS))
-        notes = list(getattr(rehearsal_plan, "notes", ()))
+        # Ranks start in the rehearsal bootstrap (which installs the shim) unless the rehearsal needs no patch.
+        bootstrap = rehearsal_plan.bootstrap
+        notes = list(rehearsal_plan.notes)
     elif check_hardware:
         if needs_gpus(config):
             check_gpus(config)
         if config.get("distributed_type") == "DEEPSPEED":
             check_deepspeed()
 
+    env = {**config_env, **env}
     temp_dir = None
     if config_path is None:
         temp_dir = Path(tempfile.mkdtemp(prefix="accelkit-launch-"))
         config_path = temp_dir / "accelerate_config.yaml"
-    _write(launch_config, config_path, request.command_line, config)
+    write_config(dict(launch_config), config_path, request.command_line)
 
     plan = plan_launch(launch_config, config_path, request.target, flags, python=sys.executable, env=env,
                        rehearsal=rehearsal, bootstrap=bootstrap, notes=notes)

@@ -29,6 +29,7 @@ _DEEPSPEED = [
     ("zero_stage", "zero_stage", ("deepspeed_config", "zero_stage")),
     ("offload_optimizer", "offload_optimizer", ("deepspeed_config", "offload_optimizer_device")),
     ("offload_params", "offload_params", ("deepspeed_config", "offload_param_device")),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps", ("deepspeed_config", "gradient_accumulation_steps")),
     ("deepspeed_config_file", "deepspeed_json", ("deepspeed_config", "deepspeed_config_file")),
 ]
 
@@ -76,6 +77,9 @@ def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, 
         if value is None:
             continue
         items.append(f"{label}={value} ({_source(field, path, request, base)})")
+    steps = plan.env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    if steps is not None:
+        items.append(f"gradient_accumulation_steps={steps} (--gradient-accumulation-steps)")
     port = plan_port(plan)
     if port is not None:
         items.append(f"main_process_port={port} ({port_source})")
@@ -91,8 +95,10 @@ def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, 
         processes = int(plan.config.get("num_processes", 1) or 1) // max(int(plan.config.get("num_machines", 1)
                                                                                or 1), 1)
         how = "with the accelkit CPU shim" if "accelkit.rehearsal.bootstrap" in plan.argv else "unpatched"
-        lines.append(f"accelkit: CPU rehearsal of {plan.rehearsal}: {processes} gloo rank(s) on this machine, {how} "
-                     f"({' '.join(f'{k}={shlex.quote(v)}' for k, v in sorted(plan.env.items()))})")
+        lines.append(f"accelkit: CPU rehearsal of {plan.rehearsal}: {processes} gloo rank(s) on this machine, {how}")
+    if plan.env:
+        lines.append("accelkit: environment for the ranks: "
+                     + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())))
     lines += [f"accelkit: {note}" for note in plan.notes]
     return lines
 

@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         launcher_args = plan.argv[plan.argv.index(LAUNCHER_MODULE) + 1:]
         return accelerate_main.main(launcher_args)
     except AccelkitError as error:  # before any rank started: one message, like the CLI prints it
+        from accelkit.cli import debug_enabled
+
+        if debug_enabled():
+            raise
         error.show()
         return error.exit_code
     except KeyboardInterrupt:

@@ -111,11 +111,19 @@ class DCPSource(CheckpointSource):
                     warnings.simplefilter("ignore", UserWarning)
                     dcp.load(target, storage_reader=reader, no_dist=True)
             except (Exception, CheckpointException) as exc:
+                _reraise_interrupt(exc)
                 raise AccelkitError(f"cannot read tensor {fqn!r} from {self.root}: a shard is corrupt "
                                     f"({_first_line(exc)})",
                                     hint="re-copy the checkpoint's .distcp files from the machine that wrote them") \
                     from None
             yield name, target.pop(fqn)
+
+
+def _reraise_interrupt(exc: BaseException) -> None:
+    """DCP wraps every failure, Ctrl-C included, in a CheckpointException; let an interrupt stay one."""
+    for wrapped in getattr(exc, "failures", {}).values():
+        if isinstance(wrapped[0], KeyboardInterrupt):
+            raise KeyboardInterrupt from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,12 +16,9 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.torch_files import MAP_WINDOW_BYTES
+from accelkit.merge.writer import SAFETENSORS_DTYPES
 
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
+_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 
 
 def find_index(path: Path) -> Path | None:

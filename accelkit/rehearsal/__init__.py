@@ -3,31 +3,42 @@
 How CPU rehearsal works
 -----------------------
 `accelkit launch --cpu --backend {ddp,fsdp,deepspeed} --num-processes N script.py` starts N real ranks with
-Accelerate's torchrun-based launcher, talking over gloo, each running `accelkit.rehearsal.bootstrap`, which installs
-a small shim and then runs your script unmodified as `__main__` (same argv, tracebacks and exit code).
+Accelerate's torchrun-based launcher, talking over gloo (`accelerate launch --cpu --num_processes N` alone starts
+only ONE process). Each rank runs `accelkit.rehearsal.bootstrap`, which installs a small shim and then runs your
+script unmodified as `__main__` (same argv, tracebacks and exit code). The shim patches two decisions Accelerate
+makes when it builds its state, and only when your script imports Accelerate; everything after that (DDP wrapping,
+FSDP sharding, DeepSpeed ZeRO, checkpointing) is Accelerate's, PyTorch's and DeepSpeed's real code:
 
-- ddp: nothing is patched. `ACCELERATE_USE_CPU=true` under the torchrun launcher gives Accelerate's own MULTI_CPU
-  state; `prepare` wraps the model in DistributedDataParallel over gloo. (`accelerate launch --cpu --num_processes
-  N` alone starts only ONE process.)
-- fsdp: Accelerate never turns FSDP on for CPU processes, although torch's FSDP2 (`fully_shard`) and distributed
-  checkpointing work on CPU with gloo. The shim changes only that decision: after Accelerate builds its MULTI_CPU
-  state it is upgraded to FSDP with the plugin Accelerate built from your config, exactly as Accelerate does on
-  GPUs. `prepare` shards parameters (DTensor), training is sharded, `save_state` writes `pytorch_model_fsdp_0/`
-  DCP shards and `load_state` restores them. FSDP1 also works; `fsdp_sync_module_states` and
-  `fsdp_cpu_ram_efficient_loading` are turned off for it (they look up a GPU), so seed your model init.
-- deepspeed: with `DS_ACCELERATOR=cpu`, DeepSpeed runs ZeRO-1/2/3 on CPU. Accelerate ignores DeepSpeed when it
-  runs on CPU, so the shim makes its backend selection pick gloo (instead of "no backend") when no accelerator is
-  present; Accelerate then builds a real DeepSpeedEngine and `save_state` writes `<ckpt>/latest` and ZeRO shards
-  under `<ckpt>/pytorch_model/`. DeepSpeed compiles a small shared-memory op with the local C++ compiler the first
-  time (about a minute; cached in ~/.cache/torch_extensions). Use `torch.optim.AdamW` (or a DeepSpeed JSON
-  optimizer among Adam/AdamW/SGD/Adagrad/Lion).
+- Backend selection: under torchrun without a GPU, Accelerate picks "no distributed backend" unless it was told
+  cpu=True, so a script that touches `PartialState()` before `Accelerator()` would train N separate single-process
+  copies, and DeepSpeed (which Accelerate ignores when cpu=True) could not run at all. In rehearsal the selection
+  yields gloo / MULTI_CPU, Accelerate's own CPU choice.
+- FSDP: Accelerate only turns FSDP on for GPU-like process types, although FSDP2 (`fully_shard`) and distributed
+  checkpointing work on CPU with gloo. In rehearsal the MULTI_CPU state is upgraded to FSDP with the plugin
+  Accelerate built from your config, as Accelerate does on GPUs.
 
-Refused before anything starts: fp16 (and fp8) mixed precision (bf16 works), NVMe offload, DeepSpeed JSON
-optimizers with no CPU implementation, a missing DeepSpeed install (`pip install 'accelkit[deepspeed]'`),
-distributed types other than single/ddp/fsdp/deepspeed, and untested library versions (the shim is tested with
-accelerate 1.13-1.15 and deepspeed 0.19.x; ACCELKIT_REHEARSAL_ALLOW_UNTESTED=1 overrides). The shim only ever runs in
-rehearsal ranks, where GPUs are hidden (CUDA_VISIBLE_DEVICES=''); it refuses to patch a process that sees CUDA.
-Speed on CPU says nothing about GPU speed: rehearsal checks wiring, sharding and checkpoints, not performance.
+What you get:
+- ddp: the model is wrapped in DistributedDataParallel over gloo.
+- fsdp: `accelerator.distributed_type` is FSDP; `prepare` shards parameters (DTensor), `save_state` writes
+  `pytorch_model_fsdp_0/` and `optimizer_0/` DCP shards, `load_state` restores them. FSDP1 works too, with
+  `fsdp_sync_module_states` and `fsdp_cpu_ram_efficient_loading` turned off (they need a GPU), so seed your model
+  init; `fsdp_offload_params` is turned off (on CPU parameters already live in host memory).
+- deepspeed: with `DS_ACCELERATOR=cpu`, a real DeepSpeedEngine runs ZeRO-1/2/3 (CPU offload of optimizer and
+  parameters works); `save_state` writes `<ckpt>/latest` and ZeRO shards under `<ckpt>/pytorch_model/`. DeepSpeed
+  compiles small C++ ops with the local compiler on first use and caches them in ~/.cache/torch_extensions: its
+  shared-memory comm op (about a minute), and for optimizer offload its CPU Adam, for a JSON Adam/AdamW optimizer
+  its FusedAdam (a few minutes each on 2 cores). Creating `torch.optim.AdamW` in the script needs neither.
+  Multi-machine DeepSpeed rehearsals use the torchrun launcher (`deepspeed_multinode_launcher: standard`).
+- bf16 mixed precision works (DeepSpeed bf16 casts the model, so inputs must be cast as on GPUs).
+
+Refused before anything starts, with a hint: fp16 and fp8 mixed precision, NVMe offload, DeepSpeed JSON optimizers
+built from CUDA kernels only (Lamb, 1-bit Adam/Lamb, 0/1 Adam, Lion without optimizer offload), a missing DeepSpeed
+install (`pip install 'accelkit[deepspeed]'`), distributed types other than single/ddp/fsdp/deepspeed, and library
+versions the shim was not tested with: it supports accelerate >=1.13,<1.16 (tested 1.13.0, 1.14.0, 1.15.0;
+1.10.1 and 1.12.0 fail to load FSDP2 optimizer checkpoints) and deepspeed 0.19.x (tested 0.19.8);
+ACCELKIT_REHEARSAL_ALLOW_UNTESTED=1 lets you try another version. The shim only runs in rehearsal ranks, where GPUs
+are hidden (CUDA_VISIBLE_DEVICES=''), and refuses to patch a process that sees CUDA. Speed on CPU says nothing
+about speed on GPUs: a rehearsal checks wiring, sharding and checkpoints, not performance.
 """
 
 from accelkit.rehearsal.plan import RehearsalPlan, prepare_rehearsal

@@ -49,19 +49,22 @@ def main(argv: list[str] | None = None) -> int:
     except AccelkitError as error:
         return _fail(error)
 
-    if argv[0] == "-m":
-        module, args = argv[1], argv[2:]
-        sys.argv = [module, *args]  # runpy replaces argv[0] with the module's file, as `python -m` does
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        if argv[0] == "-m":
+            module, args = argv[1], argv[2:]
+            sys.argv = [module, *args]  # runpy replaces argv[0] with the module's file, as `python -m` does
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            return 0
+        script, args = argv[0], argv[1:]
+        if not os.path.exists(script):
+            print(f"python: can't open file {script!r}: [Errno 2] No such file or directory", file=sys.stderr)
+            return 2
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
         return 0
-    script, args = argv[0], argv[1:]
-    if not os.path.exists(script):
-        print(f"python: can't open file {script!r}: [Errno 2] No such file or directory", file=sys.stderr)
-        return 2
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
-    return 0
+    except AccelkitError as error:  # raised by the shim when the script imports Accelerate
+        return _fail(error)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from accelkit.rehearsal.versions import DEEPSPEED_INSTALL_HINT, check_versions, 
 # distributed_type -> rehearsal backend
 _BACKEND_OF = {"NO": "single", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
 
-# DeepSpeed optimizers whose CPU implementation is torch's own or a small JIT-built CPU op.
-_DS_CPU_OPTIMIZERS = {"adam", "adamw", "sgd", "adagrad", "lion"}
+# DeepSpeed JSON optimizers built only from CUDA kernels (1-bit compression, FusedLamb; FusedLion unless the
+# optimizer is offloaded, which gives DeepSpeed's CPU Lion). Adam/AdamW use a JIT-built CPU FusedAdam (verified),
+# Adagrad/SGD and other torch.optim names run as torch's own.
+_DS_GPU_ONLY_OPTIMIZERS = {"lamb", "onebitadam", "zerooneadam", "onebitlamb"}
 
 
 @dataclass(frozen=True)
@@ -119,15 +121,20 @@ def _plan_deepspeed(launch: dict[str, Any], notes: list[str]) -> None:
         launch["deepspeed_config"] = {**ds, "deepspeed_multinode_launcher": "standard"}
         notes.append("DeepSpeed multi-node rehearsal uses the torchrun launcher (deepspeed_multinode_launcher: "
                      "standard): one `accelkit launch` per machine.")
-    if str(offload["optimizer"]).lower() == "cpu":
+    offload_optimizer = str(offload["optimizer"]).lower() == "cpu"
+    name = str(optimizer_type or "").lower()
+    if name in _DS_GPU_ONLY_OPTIMIZERS or (name == "lion" and not offload_optimizer):
+        raise AccelkitError(
+            f"DeepSpeed optimizer {optimizer_type!r} from {json_file} has no CPU implementation (CUDA kernels only).",
+            hint="rehearse with AdamW (or Adam, SGD, Adagrad) in the JSON, or drop the optimizer section and create "
+            "torch.optim.AdamW in the script",
+        )
+    if offload_optimizer:
         notes.append("Optimizer offload uses DeepSpeed's CPU Adam, which DeepSpeed compiles on first use (a few "
                      "minutes; cached in ~/.cache/torch_extensions).")
-    if optimizer_type and str(optimizer_type).lower() not in _DS_CPU_OPTIMIZERS:
-        raise AccelkitError(
-            f"DeepSpeed optimizer {optimizer_type!r} from {json_file} has no CPU implementation.",
-            hint="use one of Adam, AdamW, SGD, Adagrad, Lion in the JSON, or create torch.optim.AdamW in the script "
-            "and drop the optimizer section",
-        )
+    elif name in ("adam", "adamw"):
+        notes.append(f"The JSON's {optimizer_type} optimizer is DeepSpeed's FusedAdam, which DeepSpeed compiles for "
+                     "CPU on first use (a few minutes; cached in ~/.cache/torch_extensions).")
 
 
 def prepare_rehearsal(config: dict[str, Any]) -> RehearsalPlan:

@@ -12,18 +12,22 @@ state, and it only ever upgrades to FSDP or DEEPSPEED from a GPU-like type. Ever
   built from the launcher's FSDP_* variables, exactly as Accelerate's own GPU branch does.
 
 DeepSpeed needs nothing more: with cpu=False Accelerate initialises deepspeed.comm on gloo and switches to DEEPSPEED.
-`install(backend)` refuses to patch when CUDA is usable or when Accelerate's hooks do not have the expected shape.
+`install(backend)` checks versions, then patches when the script imports Accelerate; it refuses to patch when CUDA is
+usable or when Accelerate's hooks do not have the expected shape.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import inspect
 import os
+import sys
 
 from accelkit.errors import AccelkitError
 
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
+STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 
 _HINT = "run it through `accelkit launch --cpu`, which sets up the rehearsal environment"
@@ -96,12 +100,8 @@ def _patch_fsdp_upgrade() -> None:
     AcceleratorState.__init__ = init
 
 
-def install(backend: str) -> None:
-    """Install the patches rehearsal of `backend` needs in this (rank) process."""
-    if backend not in BACKENDS:
-        raise AccelkitError(f"Unknown rehearsal backend {backend!r} in ${REHEARSAL_ENV}.", hint=_HINT)
-    if backend == "single":
-        return  # one process: Accelerate's own CPU path is already right, nothing to patch
+def _apply(backend: str) -> None:
+    """Patch Accelerate for `backend` (it is imported by now, and with it torch)."""
     import torch
 
     if torch.cuda.is_available():
@@ -109,9 +109,52 @@ def install(backend: str) -> None:
             "CPU rehearsal refuses to patch Accelerate in a process that can see a CUDA device.",
             hint="launch without --cpu to use the GPUs, or hide them with CUDA_VISIBLE_DEVICES=''",
         )
-    from accelkit.rehearsal.versions import check_versions
-
-    check_versions(backend)
     _patch_backend_selection()
     if backend == "fsdp":
         _patch_fsdp_upgrade()
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs `patch` right after `module` finishes executing, wherever the script first imports it."""
+
+    def __init__(self, module: str, patch) -> None:
+        self.module = module
+        self.patch = patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)  # one shot; also keeps the lookup below from finding this finder again
+        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
+                     for found in [finder.find_spec(fullname, path, target)] if found is not None), None)
+        if spec is None:
+            return None  # the import fails as it would have anyway
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            raise AccelkitError(f"CPU rehearsal cannot hook the import of {fullname} (unusual module loader).",
+                                hint="install Accelerate normally (pip install accelerate)")
+        exec_module, patch = spec.loader.exec_module, self.patch
+
+        def exec_then_patch(module) -> None:
+            exec_module(module)
+            patch()
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+def install(backend: str) -> None:
+    """Install the patches rehearsal of `backend` needs in this (rank) process.
+
+    Versions are checked now; the patches themselves are applied when the script imports Accelerate, so the
+    bootstrap adds no torch/Accelerate import time of its own before the script's first line."""
+    if backend not in BACKENDS:
+        raise AccelkitError(f"Unknown rehearsal backend {backend!r} in ${REHEARSAL_ENV}.", hint=_HINT)
+    if backend == "single":
+        return  # one process: Accelerate's own CPU path is already right, nothing to patch
+    from accelkit.rehearsal.versions import check_versions
+
+    check_versions(backend)
+    if STATE_MODULE in sys.modules:
+        _apply(backend)
+    elif not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport(STATE_MODULE, functools.partial(_apply, backend)))

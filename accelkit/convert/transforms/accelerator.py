@@ -38,6 +38,8 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         plan.body_start[suite].append(creation)
         where = ctx.line(body[0]) if body else 1
     else:
+        if _is_import(body[anchor_index]):  # a blank line between the imports and the first statement
+            creation = creation.with_changes(leading_lines=[cst.EmptyLine()])
         plan.after[body[anchor_index]].append(creation)
         where = ctx.line(body[anchor_index])
     if needs_global:

@@ -34,6 +34,10 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 torch.manual_seed(0)
 accelerator = Accelerator()
+if "--exit-after-accelerator" in unknown:  # benchmark: the job is up (torch imported, process group formed)
+    print(f"PROBE accelerator rank={accelerator.process_index} t={time.time():.6f} world={accelerator.num_processes} "
+          f"type={accelerator.distributed_type.value}", flush=True)
+    sys.exit(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randn(32, 4)), batch_size=4)

@@ -3,6 +3,7 @@ import torch
 from torch import nn, optim
 from torch.utils.data import DataLoader, TensorDataset
 from accelerate import Accelerator
+
 accelerator = Accelerator()
 
 

@@ -2,6 +2,7 @@
 import torch
 from torch import nn
 from accelerate import Accelerator
+
 accelerator = Accelerator()
 
 device = accelerator.device

@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 from accelerate import Accelerator
+
 accelerator = Accelerator()
 
 LR = 0.05

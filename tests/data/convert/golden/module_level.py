@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 from accelerate import Accelerator
+
 accelerator = Accelerator()
 
 torch.manual_seed(0)

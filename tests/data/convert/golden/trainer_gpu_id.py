@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from accelerate import Accelerator
+
 accelerator = Accelerator()
 
 
