@@ -225,3 +225,33 @@ def test_cli_reports_syntax_errors_and_refusals(tmp_path: Path) -> None:
     proc = run_accelkit("convert", str(ddp))
     assert proc.returncode == 1 and "already does distributed training" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py", "ddp.py"]
+
+
+def test_argument_helper_puts_the_accelerator_after_its_call() -> None:
+    source = ("import argparse\nimport torch\n"
+              "def get_args():\n    p = argparse.ArgumentParser()\n    return p.parse_args()\n"
+              "def main():\n    args = get_args()\n    model = torch.nn.Linear(2, 1).cuda()\n"
+              "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    model(torch.ones(1, 2)).sum().backward()\n")
+    out = convert(source)
+    assert "    args = get_args()\n    accelerator = Accelerator()\n    model = torch.nn.Linear(2, 1)\n" in out
+    assert "return p.parse_args()\n" in out and out.count("Accelerator()") == 1
+
+
+def test_objects_created_in_a_class_are_prepared_there() -> None:
+    source = ("import torch\nfrom torch.utils.data import DataLoader\n"
+              "class T:\n"
+              "    def __init__(self, device):\n"
+              "        self.model = torch.nn.Linear(4, 2).to(device)\n"
+              "        self.opt = torch.optim.AdamW(self.model.parameters())\n"
+              "        self.loader = DataLoader(list(range(10)), batch_size=2)\n"
+              "    def fit(self):\n"
+              "        for x in self.loader:\n"
+              "            self.model(x).sum().backward()\n"
+              "            self.opt.step()\n"
+              "        return self.model.custom()\n")
+    out = convert(source)
+    assert ("        self.loader = DataLoader(list(range(10)), batch_size=2)\n"
+            "        self.model, self.opt, self.loader = accelerator.prepare("
+            "self.model, self.opt, self.loader)\n") in out
+    assert "accelerator.backward(self.model(x).sum())" in out
+    assert "return accelerator.unwrap_model(self.model).custom()" in out

@@ -26,6 +26,14 @@ PROBE = Path(__file__).parent / "data" / "launch" / "probe.py"
 DDP = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "mixed_precision": "no"}
 
 
+@pytest.fixture(autouse=True)
+def _temp_dir_in_tmp_path(tmp_path, monkeypatch):
+    """Dry runs keep their config in a temporary directory (it is printed for reuse): keep it in this test's dir."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 def _launcher_args(argv: list[str]) -> list[str]:
     return argv[argv.index(LAUNCHER_MODULE) + 1:]
 
@@ -285,3 +293,9 @@ def test_gradient_accumulation_goes_to_the_config_or_the_environment():
 
     args, _, _ = _validate_launch_command(_parse(argv))
     assert args.gradient_accumulation_steps == 4  # from the DeepSpeed section of the written config
+
+
+def test_multi_machine_launch_needs_the_main_address():
+    result = _cli("launch", "--backend", "ddp", "--num-machines", "2", "--num-processes", "4", "--machine-rank", "1",
+                  "--dry-run", str(PROBE))
+    assert result.exit_code == 1 and "--main-process-ip" in result.stderr

@@ -18,7 +18,9 @@ from conftest import run_accelkit
 from accelkit.launch.ports import free_port
 
 PROBE = Path(__file__).parent / "data" / "launch" / "probe.py"
-RESULT = re.compile(r"PROBE rank=(\d+) world=(\d+) type=(\S+) wrapper=(\S+) shard=(\S+) backend=(\S+) argv=(.*)")
+# Ranks share one stdout, so a line may run into another rank's: match up to the end of each field.
+RESULT = re.compile(r"PROBE rank=(\d+) world=(\d+) type=(\w+) wrapper=(\w+) shard=(\w+:\d+/\d+) backend=(\w+) "
+                    r"argv=(\[.*?\])")
 
 
 def results(stdout: str) -> dict[int, dict[str, str]]:
@@ -132,9 +134,22 @@ def test_two_launches_form_one_job_over_loopback(tmp_path):
 
 def test_dry_run_command_runs_when_pasted_into_a_shell(tmp_path):
     dry = run_accelkit("launch", "--dry-run", "--cpu", "--backend", "ddp", "--num-processes", "2", str(PROBE),
-                       "--first-line-only", cwd=tmp_path, check=True)
+                       "--first-line-only", cwd=tmp_path, env={"TMPDIR": str(tmp_path)}, check=True)
     script = tmp_path / "pasted.sh"
     script.write_text(dry.stdout)  # comments and all, as a user would paste it
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(re.findall(r"PROBE first_line rank=(\d)", proc.stdout)) == ["0", "1"]
+
+
+def test_module_runs_on_every_rank_with_its_arguments(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "hello.py").write_text(
+        "import os, sys\nprint(f\"HELLO rank={os.environ['RANK']} name={__name__} argv={sys.argv[1:]}\", flush=True)\n")
+    proc = run_accelkit("launch", "--cpu", "--backend", "ddp", "--num-processes", "2", "-m", "pkg.hello", "--x",
+                        "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # (the two ranks share one stdout, so their lines may interleave)
+    found = sorted(re.findall(r"HELLO rank=(\d) name=(\S+) argv=(\[[^\]]*\])", proc.stdout))
+    assert found == [(r, "__main__", "['--x', '1']") for r in ("0", "1")], proc.stdout

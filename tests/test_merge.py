@@ -76,7 +76,8 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
     produced = ckpts / "accelerate"
     assert (ckpts / "accelerate.rc").read_text() == "0", (ckpts / "accelerate.log").read_text()[-4000:]
     out = tmp_path / "merged"
-    proc = run_accelkit("merge-ckpt", str(produced / "ckpt"), "-o", str(out), "--verify", check=True)
+    proc = cli_in_process("merge-ckpt", str(produced / "ckpt"), "-o", str(out), "--verify", "-q")
+    assert proc.exit_code == 0, proc.output
     assert "Accelerate save_state folder: merging pytorch_model_fsdp_0/" in proc.stdout
     assert 'nested under "model"' in proc.stdout
     assert "Verified:" in proc.stdout and "peak memory" in proc.stdout
@@ -84,8 +85,18 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
     assert_bit_identical(load_output(out), load_file(produced / "expected.safetensors"))
 
 
+def cli_in_process(*args: str):
+    """The CLI without a new interpreter (the subprocess path is covered by the tests using run_accelkit)."""
+    from click.testing import CliRunner
+
+    from accelkit.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
 def test_detection_is_explained(ckpts: Path) -> None:
-    proc = run_accelkit("merge-ckpt", str(ckpts / "ds" / "zero2"), "--inspect", check=True)
+    proc = cli_in_process("merge-ckpt", str(ckpts / "ds" / "zero2"), "--inspect")
+    assert proc.exit_code == 0, proc.output
     assert "DeepSpeed ZeRO-2, world size 2" in proc.stdout
     assert "tag 'global_step2' (from latest)" in proc.stdout
     assert "Parameters:  16,640" in proc.stdout  # 101*32 + 2 layers + norm: the tied lm_head counted once
@@ -156,10 +167,10 @@ def test_deepspeed_folder_output_is_a_pretrained_folder(ckpts: Path, tmp_path: P
 def test_force_replaces_an_existing_output_only_when_asked(ckpts: Path, tmp_path: Path) -> None:
     out = tmp_path / "m.safetensors"
     out.write_bytes(b"precious")
-    proc = run_accelkit("merge-ckpt", str(ckpts / "hf" / "hf"), "-o", str(out))
-    assert proc.returncode == 1 and "already exists" in proc.stderr and "--force" in proc.stderr
+    proc = cli_in_process("merge-ckpt", str(ckpts / "hf" / "hf"), "-o", str(out))
+    assert proc.exit_code == 1 and "already exists" in proc.stderr and "--force" in proc.stderr
     assert out.read_bytes() == b"precious"
-    run_accelkit("merge-ckpt", str(ckpts / "hf" / "hf"), "-o", str(out), "--force", "-q", check=True)
+    assert cli_in_process("merge-ckpt", str(ckpts / "hf" / "hf"), "-o", str(out), "--force", "-q").exit_code == 0
     assert_bit_identical(load_file(out), load_file(ckpts / "hf" / "hf_expected.safetensors"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 

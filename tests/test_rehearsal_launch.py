@@ -29,7 +29,7 @@ def rehearse(config: dict, tmp_path: Path, *probe_args: str) -> tuple[list[dict]
            "--main_process_port", "0", "-m", "accelkit.rehearsal.bootstrap", str(PROBE), str(tmp_path), *probe_args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=400)
     assert proc.returncode == 0, f"rehearsal failed ({proc.returncode})\n{proc.stdout}\n{proc.stderr[-6000:]}"
-    probes = [json.loads(line.split("PROBE ", 1)[1]) for line in proc.stdout.splitlines() if "PROBE " in line]
+    probes = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("probe_rank*.json"))]
     assert sorted(p["rank"] for p in probes) == [0, 1], proc.stdout
     for probe in probes:
         assert probe["world_size"] == 2 and probe["backend"] == "gloo" and probe["losses_finite"]

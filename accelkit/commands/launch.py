@@ -90,28 +90,12 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
         return 0
     if dry_run:
         from accelkit.launch.prepare import prepare_launch
+        from accelkit.launch.summary import dry_run_text
 
-        prepared = prepare_launch(request, check_hardware=False)
-        click.echo(format_dry_run(prepared))
+        click.echo(dry_run_text(prepare_launch(request, check_hardware=False)))
         return 0
 
     from accelkit.launch.run import run_request
 
     return run_request(request)
-
-
-def format_dry_run(prepared) -> str:
-    plan = prepared.plan
-    lines = ["# accelkit launch --dry-run: nothing was started. The command below runs the job."]
-    lines += [f"# {line.removeprefix('accelkit: ')}" for line in prepared.summary]
-    lines.append(f"# Accelerate config, written to {plan.config_path} (shown without its comments):")
-    lines += [f"#   {text}" for text in plan.config_path.read_text().splitlines()
-              if text.strip() and not text.lstrip().startswith("#")]
-    from accelkit.launch.plan import accelerate_cli_argv
-
-    lines.append("# The same launch with Accelerate's CLI (which exits 1 instead of the failing rank's status):")
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
-    lines.append("#   " + (prefix + " " if prefix else "") + shlex.join(accelerate_cli_argv(plan)))
-    lines.append(plan.shell_command())
-    return "\n".join(lines)
 

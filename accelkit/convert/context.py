@@ -29,6 +29,7 @@ class Context:
         self._aliases = collector.aliases
         self._bound = collector.bound
         self._index = {id(node): i for i, node in enumerate(self.nodes)}
+        self._ends = collector.ends
         self._by_class: dict[type, list[cst.CSTNode]] = {}
         for node in self.nodes:
             self._by_class.setdefault(type(node), []).append(node)
@@ -42,6 +43,16 @@ class Context:
         while current is not None:
             yield current
             current = self.parent(current)
+
+    def descendants(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """`node` and everything under it, in source order (a slice of the index, no traversal)."""
+        start = self._index[id(node)]
+        return self.nodes[start:self._ends[start]]
+
+    def following(self, node: cst.CSTNode, within: cst.CSTNode) -> list[cst.CSTNode]:
+        """Nodes of `within` that come after `node`'s subtree."""
+        end = self._ends[self._index[id(node)]]
+        return self.nodes[end:self._ends[self._index[id(within)]]]
 
     def line(self, node: cst.CSTNode) -> int:
         """1-based line where `node` starts (a statement: its first code line, not the comments above it)."""
@@ -160,12 +171,16 @@ class _Indexer(cst.CSTVisitor):
         self.aliases: dict[str, str] = {}
         self.bound: set[str] = set()
         self._stack: list[cst.CSTNode] = []
+        self.ends: list[int] = []  # ends[i]: index just past the last descendant of nodes[i]
+        self._starts: list[int] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        self.ends.append(0)
         self.nodes.append(node)
         if self._stack:
             self.parents[node] = self._stack[-1]
         self._stack.append(node)
+        self._starts.append(len(self.nodes) - 1)
         kind = type(node)
         if kind is not cst.Import and kind is not cst.ImportFrom and kind is not cst.FunctionDef \
                 and kind is not cst.ClassDef:
@@ -190,6 +205,7 @@ class _Indexer(cst.CSTVisitor):
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self._stack.pop()
+        self.ends[self._starts.pop()] = len(self.nodes)
 
 
 class _Collector(cst.CSTVisitor):
@@ -247,6 +263,21 @@ def names_in(node: cst.CSTNode, skip: set[cst.CSTNode] | None = None) -> set[str
             return False
 
     node.visit(_Names())
+    return found
+
+
+def names_of(nodes: list[cst.CSTNode], parents: Context) -> set[str]:
+    """Dotted names among already-listed nodes (see `names_in`), without a traversal."""
+    found: set[str] = set()
+    for node in nodes:
+        if type(node) is cst.Name:
+            parent = parents.parent(node)
+            if not (type(parent) is cst.Attribute and parent.attr is node):  # type: ignore[union-attr]
+                found.add(node.value)
+        elif type(node) is cst.Attribute:
+            name = dotted(node)
+            if name:
+                found.add(name)
     return found
 
 

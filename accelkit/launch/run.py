@@ -1,4 +1,4 @@
-"""Run a launch plan and supervise it until every process it started is gone.
+"""Run a launch in a launcher process (accelkit.launch.worker) and supervise it until every process is gone.
 
 torchrun (under `accelerate launch`) already stops all ranks when one fails and when it receives SIGINT/SIGTERM.
 What it cannot do is clean up after itself when it is killed hard, and its ranks run in sessions of their own,
@@ -16,16 +16,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
-from accelkit.launch.plan import LaunchPlan
 from accelkit.launch.request import LaunchRequest
 
 WORKER_MODULE = "accelkit.launch.worker"
@@ -81,11 +78,10 @@ class Supervisor:
 
     # -- process tree ----------------------------------------------------------------------------------------
     def _track(self) -> None:
-        roots = [psutil.Process()]
-        for root in roots:
-            with contextlib.suppress(psutil.Error):
-                for child in root.children(recursive=True):
-                    self.known.setdefault(child.pid, child)
+        """Remember every current descendant, so it can be stopped even after its parent is gone."""
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                self.known.setdefault(child.pid, child)
 
     def _alive_descendants(self) -> list[psutil.Process]:
         self._track()
@@ -146,17 +142,6 @@ class Supervisor:
         if self.signals and status == 0:
             status = 128 + self.signals[0]
         return status
-
-
-def run_plan(plan: LaunchPlan, *, cleanup: Path | None = None, grace: float = 15.0) -> int:
-    """Run an already resolved `plan` to completion; return its exit status. `cleanup` (the plan's temporary
-    directory) is removed afterwards, whatever happens."""
-    try:
-        env = {**os.environ, **plan.env}
-        return Supervisor(plan.argv, env, grace=grace).run()
-    finally:
-        if cleanup is not None:
-            shutil.rmtree(cleanup, ignore_errors=True)
 
 
 def run_request(request: LaunchRequest, *, grace: float = 15.0) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from accelkit.launch.plan import LaunchPlan, backend_name
+from accelkit.launch.plan import LaunchPlan, accelerate_cli_argv, backend_name
 
 # (label, option field, path of the key in an Accelerate config)
 _COMMON = [
@@ -95,7 +95,8 @@ def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, 
         processes = int(plan.config.get("num_processes", 1) or 1) // max(int(plan.config.get("num_machines", 1)
                                                                                or 1), 1)
         how = "with the accelkit CPU shim" if "accelkit.rehearsal.bootstrap" in plan.argv else "unpatched"
-        lines.append(f"accelkit: CPU rehearsal of {plan.rehearsal}: {processes} gloo rank(s) on this machine, {how}")
+        what = "CPU job (DDP)" if name == "cpu" else f"CPU rehearsal of {plan.rehearsal}"
+        lines.append(f"accelkit: {what}: {processes} gloo rank(s) on this machine, {how}")
     if plan.env:
         lines.append("accelkit: environment for the ranks: "
                      + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())))
@@ -107,3 +108,19 @@ def plan_port(plan: LaunchPlan) -> str | None:
     if "--main_process_port" in plan.argv:
         return plan.argv[plan.argv.index("--main_process_port") + 1]
     return None
+
+
+def dry_run_text(prepared: Any) -> str:
+    """What --dry-run prints: comments (summary, config, the `accelerate launch` spelling) and, last, the command.
+    The whole text can be pasted into a shell."""
+    plan = prepared.plan
+    lines = ["# accelkit launch --dry-run: nothing was started. The command below runs the job."]
+    lines += [f"# {line.removeprefix('accelkit: ')}" for line in prepared.summary]
+    lines.append(f"# Accelerate config, written to {plan.config_path} (shown without its comments):")
+    lines += [f"#   {text}" for text in plan.config_path.read_text().splitlines()
+              if text.strip() and not text.lstrip().startswith("#")]
+    lines.append("# The same launch with Accelerate's CLI (which exits 1 instead of the failing rank's status):")
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    lines.append("#   " + (prefix + " " if prefix else "") + shlex.join(accelerate_cli_argv(plan)))
+    lines.append(plan.shell_command())
+    return "\n".join(lines)

@@ -85,6 +85,9 @@ class DeepSpeedSource(CheckpointSource):
         optim_paths = _ranked(tag_dir, _OPTIM, "*_optim_states.pt")
         self._optim = [MappedTorchFile(p) for p in optim_paths]
         head = self._optim_state(0)
+        if head.get("zero_stage") is None or head.get("partition_count") is None:
+            raise AccelkitError(f"{optim_paths[0]} has no zero_stage/partition_count: not a ZeRO optimizer state",
+                                hint="merge-ckpt reads checkpoints written by engine.save_checkpoint with ZeRO 1-3")
         self.stage = int(_enum_value(head.get("zero_stage")))
         count = head.get("partition_count")
         world = max(count) if isinstance(count, list) else int(count)

@@ -1,7 +1,8 @@
 """The merge itself: detect the input, plan the output, stream tensors from reader to writer, verify, rename.
 
-Memory: a reader yields one tensor, it is cast and appended to the open output file, then dropped; every output
-file's header is written before its first tensor, so neither the model nor a whole shard is ever held.
+Memory: a reader yields one tensor, it is cast and appended to the open output file (on a helper thread, while the
+next one is read), then dropped; every output file's header is written before its first tensor, so neither the
+model nor a whole shard is ever held.
 """
 
 from __future__ import annotations

@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # -- start-up summary ------------------------------------------------------------------------------------------
     effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
-    num_params = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    # ZeRO-3 partitions parameters (numel 0 here); ds_numel keeps the full size.
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in accelerator.unwrap_model(model).parameters())
     log(
         accelerator,
         f"backend {accelerator.distributed_type.value} | world size {accelerator.num_processes} | "

@@ -252,8 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     # -- data and model --------------------------------------------------------------------------------------------
     with accelerator.main_process_first():  # rank 0 fills the datasets cache, the others read it
         raw = load_raw_datasets(args)
-        labels = label_names(raw, args.label_column)
-        tokenizer, model = build_tokenizer_and_model(args, raw, labels)
+    # All ranks build the model together: under DeepSpeed ZeRO-3 building it is a collective (zero.Init).
+    tokenizer, model = build_tokenizer_and_model(args, raw, label_names(raw, args.label_column))
+    labels = list(model.config.label2id)
+    with accelerator.main_process_first():
         datasets = tokenize(raw, tokenizer, args, model.config.label2id)
     train_set, eval_set = datasets["train"], datasets["validation"]
     collator = DataCollatorWithPadding(tokenizer)  # pads each batch to its longest text
@@ -304,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # -- start-up summary ------------------------------------------------------------------------------------------
     effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
-    num_params = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    # ZeRO-3 partitions parameters (numel 0 here); ds_numel keeps the full size.
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in accelerator.unwrap_model(model).parameters())
     log(
         accelerator,
         f"backend {accelerator.distributed_type.value} | world size {accelerator.num_processes} | "

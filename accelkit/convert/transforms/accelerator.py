@@ -24,6 +24,10 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         return
     parse = facts.parse_args
     function = ctx.function(parse) if parse is not None else None
+    if function is not None and _returns_value(ctx, function):
+        # `def get_args(): ... return parser.parse_args()`: the Accelerator goes after the call of the helper
+        parse = _first_call_of(ctx, function.name.value)
+        function = ctx.function(parse) if parse is not None else None
     if function is not None and isinstance(function.body, cst.IndentedBlock):
         suite, anchor_index, first_use, needs_global = _in_function(ctx, plan, function, parse)
     else:
@@ -51,6 +55,17 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
                        "the launcher (accelkit launch / accelerate launch) tells it how many processes there are")
     if note:
         plan.report.leave(where, *note)
+
+
+def _returns_value(ctx: Context, function: cst.FunctionDef) -> bool:
+    return any(r.value is not None and ctx.function(r) is function for r in ctx.of_type(cst.Return))
+
+
+def _first_call_of(ctx: Context, name: str) -> cst.BaseStatement | None:
+    for call in ctx.of_type(cst.Call):
+        if isinstance(call.func, cst.Name) and call.func.value == name:
+            return ctx.statement(call)
+    return None
 
 
 def _uses_in(ctx: Context, plan: Plan, suite: cst.CSTNode) -> list[int]:

@@ -6,21 +6,22 @@ from __future__ import annotations
 import libcst as cst
 
 from accelkit.convert.analysis import Facts
-from accelkit.convert.context import Context, contains_backward, dotted, names_in
+from accelkit.convert.context import Context, dotted, names_of
 from accelkit.convert.plan import Plan
 
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     models = facts.of_kind("model")
     for loop, batch_names in facts.loader_loops:
-        if contains_backward(loop.body) or _calls_step(loop.body):
+        inside = ctx.descendants(loop.body)
+        if any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"} for n in inside):
             continue  # a training loop: per-process losses are what the step needs
         found = _model_call(loop.body, models)
         if found is None:
             continue
         line, output, call = found
-        inputs = names_in(call)
-        later = _names_after(loop.body, line)
+        inputs = names_of(ctx.descendants(call), ctx)
+        later = names_of(ctx.following(line, loop.body), ctx)
         labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
         if not labels:
             plan.report.leave(ctx.line(line), "an evaluation loop whose labels could not be identified: metrics are "
@@ -32,10 +33,6 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         plan.insert_after(line, cst.parse_statement(f"{names} = accelerator.gather_for_metrics(({names}))\n"))
         plan.report.change(ctx.line(line), f"added `{names} = accelerator.gather_for_metrics(({names}))` after it",
                            "each process evaluates a shard; gathering makes the metric cover the whole dataset")
-
-
-def _calls_step(node: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Attribute) and n.attr.value == "step" for n in _walk(node))
 
 
 def _model_call(block: cst.BaseSuite, models: set[str]):
@@ -56,31 +53,3 @@ def _model_call(block: cst.BaseSuite, models: set[str]):
                 if output is not None and "." not in output:
                     return line, output, small.value
     return None
-
-
-def _names_after(block: cst.CSTNode, line: cst.CSTNode) -> set[str]:
-    seen = False
-    found: set[str] = set()
-    for node in _walk(block):
-        if node is line:
-            seen = True
-            continue
-        if seen and isinstance(node, cst.BaseStatement) and not _inside(node, line):
-            found |= names_in(node)
-    return found
-
-
-def _inside(node: cst.CSTNode, container: cst.CSTNode) -> bool:
-    return any(n is node for n in _walk(container))
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    out: list[cst.CSTNode] = []
-
-    class _All(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            out.append(n)
-            return True
-
-    node.visit(_All())
-    return out

@@ -60,6 +60,7 @@ for step, (x, y) in enumerate(loader):
         break
 
 param = next(model.parameters())
+backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
 if type(param).__name__ == "DTensor":  # FSDP2: this rank holds one shard of each parameter
     shard = f"dtensor:{param.to_local().numel()}/{param.numel()}"
 elif hasattr(param, "ds_tensor"):  # DeepSpeed ZeRO-3: this rank holds one partition of each parameter
@@ -67,7 +68,7 @@ elif hasattr(param, "ds_tensor"):  # DeepSpeed ZeRO-3: this rank holds one parti
 else:
     shard = f"full:{param.numel()}/{param.numel()}"
 print(f"PROBE rank={rank} world={accelerator.num_processes} type={accelerator.distributed_type.value} "
-      f"wrapper={type(model).__name__} shard={shard} backend={torch.distributed.get_backend()} "
+      f"wrapper={type(model).__name__} shard={shard} backend={backend} "
       f"argv={sys.argv[1:]!r}", flush=True)
 if args.output:
     accelerator.save_state(args.output)

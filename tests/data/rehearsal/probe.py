@@ -1,7 +1,7 @@
 """Tiny Accelerate training script used by the rehearsal tests: it knows nothing about accelkit.
 
-Trains a 2-layer MLP for a few steps, saves state, takes one more step, loads the state back, and prints one
-PROBE line per rank (JSON) describing what Accelerate really ran.
+Trains a 2-layer MLP for a few steps, saves state, takes one more step, loads the state back, and writes one
+probe_rank<N>.json file per rank describing what Accelerate really ran.
 """
 
 import json
@@ -74,4 +74,6 @@ info = {
     "moved_loss": moved_loss,
     "restored_loss": restored_loss,
 }
-print("PROBE " + json.dumps(info), flush=True)
+# One file per rank: ranks share stdout, where their lines can interleave.
+with open(os.path.join(out_dir, f"probe_rank{accelerator.process_index}.json"), "w") as handle:
+    json.dump(info, handle)
