@@ -10,11 +10,11 @@ from pathlib import Path
 
 import click
 import pytest
+from conftest import REPO_ROOT, run_accelkit
 
 from accelkit import resources
 from accelkit.cli import COMMANDS, main
 from accelkit.errors import AccelkitError
-from conftest import REPO_ROOT, run_accelkit
 
 HEAVY_MODULES = ("torch", "accelerate", "transformers", "datasets", "deepspeed", "libcst", "safetensors", "yaml")
 
@@ -47,8 +47,8 @@ def test_wheel_ships_templates_and_presets(wheel: Path) -> None:
 
 def test_installed_wheel_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True)
+    pip_install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
+    subprocess.run([*pip_install, str(wheel)], check=True, capture_output=True)
     code = ("import json, accelkit.resources as r; "
             "print(json.dumps([str(r.templates_dir()), str(r.configs_dir())]))")
     proc = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(target)}, cwd=tmp_path,
@@ -57,7 +57,8 @@ def test_installed_wheel_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     assert templates.is_relative_to(target) and configs.is_relative_to(target)
     assert {p.name for p in templates.iterdir()} >= {p.name for p in (REPO_ROOT / "templates").iterdir()
                                                      if p.is_dir() and p.name != "__pycache__"}
-    assert {p.name for p in configs.glob("*.yaml")} == {p.name for p in (REPO_ROOT / "accelerate_configs").glob("*.yaml")}
+    presets = {p.name for p in (REPO_ROOT / "accelerate_configs").glob("*.yaml")}
+    assert {p.name for p in configs.glob("*.yaml")} == presets
 
 
 def test_checkout_reads_data_live() -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from safetensors import safe_open
-
 from conftest import REPO_ROOT, run_accelkit
+from safetensors import safe_open
 
 
 def setup_blocks() -> list[str]:
