@@ -37,6 +37,8 @@ FAKE_SCONTROL = """#!/bin/bash
 # Fake scontrol: `scontrol show hostnames LIST` prints one host per line; node 0 is this machine.
 [[ "$1 $2" == "show hostnames" ]] || exit 1
 printf '127.0.0.1\\nnode-b\\n'
+sleep 0.2  # a long node list keeps writing after `head -n1` has exited: SIGPIPE, which the script must survive
+printf 'node-c\\n'
 """
 # Stands in for the cluster's python: records argv and the SLURM variables of each node instead of launching.
 FAKE_PYTHON = """#!/bin/bash
@@ -123,7 +125,7 @@ def test_sbatch_cpu_job_runs_for_real_on_two_simulated_nodes(tmp_path, monkeypat
                        {"MAIN_PROCESS_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     # Each simulated node started one rank; together they formed one gloo process group of size 2.
-    found = re.findall(r"PROBE accelerator rank=(\d) t=\S+ world=(\d) type=(\S+)", proc.stdout)
+    found = re.findall(r"PROBE accelerator rank=(\d) t=[\d.]+ world=(\d) type=([A-Z_]+)", proc.stdout)
     assert sorted(found) == [("0", "2", "MULTI_CPU"), ("1", "2", "MULTI_CPU")], proc.stdout
 
 

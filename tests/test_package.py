@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -21,8 +22,14 @@ HEAVY_MODULES = ("torch", "accelerate", "transformers", "datasets", "deepspeed",
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
+    # Build from a clean copy of the sources: setuptools reuses a build/ folder, which could hide a missing file.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    for name in ("accelkit", "templates", "accelerate_configs"):
+        shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO_ROOT)],
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)],
                    check=True, capture_output=True, text=True)
     (whl,) = out.glob("accelkit-*.whl")
     return whl

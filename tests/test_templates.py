@@ -184,6 +184,7 @@ def test_launch_on_two_cpu_ranks(runs: TemplateRuns, template: str, backend: str
     out = runs.out("launch", template, backend)
     checkpoint = out / "checkpoint-2"
     assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
+    assert (checkpoint / "config.json").is_file()  # so a merged checkpoint is from_pretrained-ready
     if backend == "fsdp":
         assert (checkpoint / "pytorch_model_fsdp_0" / ".metadata").is_file()
         assert len(list((checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))) == 2  # one shard per rank

@@ -334,7 +334,11 @@ def main(argv: list[str] | None = None) -> None:
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
-                accelerator.save_state(str(output_dir / f"checkpoint-{completed_steps}"))
+                checkpoint_dir = output_dir / f"checkpoint-{completed_steps}"
+                accelerator.save_state(str(checkpoint_dir))
+                if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
+                    accelerator.unwrap_model(model).config.save_pretrained(checkpoint_dir)
+                    tokenizer.save_pretrained(checkpoint_dir)
             end_of_epoch = completed_steps % steps_per_epoch == 0
             if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
                 metrics = evaluate(accelerator, model, eval_loader)

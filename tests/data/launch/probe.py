@@ -4,12 +4,20 @@ Every line it prints starts with PROBE so tests can parse it out of the launcher
 """
 
 import os
+import sys
 import time
 
-print(f"PROBE first_line rank={os.environ.get('RANK')} t={time.time():.6f}", flush=True)
+sys.stdout.write(f"PROBE first_line rank={os.environ.get('RANK')} t={time.time():.6f}\n")
+sys.stdout.flush()
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
+
+
+def say(text: str) -> None:
+    """One write per line: ranks share stdout, and print() writes the text and its newline separately."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--output", default=None, help="save_state here")
@@ -24,7 +32,7 @@ if args.first_line_only:
     sys.exit(0)
 if args.early:
     if int(os.environ.get("RANK", "0")) == args.crash_rank:
-        print(f"PROBE crashing rank={args.crash_rank} code={args.crash_code} t={time.time():.6f}", flush=True)
+        say(f"PROBE crashing rank={args.crash_rank} code={args.crash_code} t={time.time():.6f}")
         sys.exit(args.crash_code)
     time.sleep(args.sleep)
 
@@ -35,18 +43,18 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 torch.manual_seed(0)
 accelerator = Accelerator()
 if "--exit-after-accelerator" in unknown:  # benchmark: the job is up (torch imported, process group formed)
-    print(f"PROBE accelerator rank={accelerator.process_index} t={time.time():.6f} world={accelerator.num_processes} "
-          f"type={accelerator.distributed_type.value}", flush=True)
+    say(f"PROBE accelerator rank={accelerator.process_index} t={time.time():.6f} world={accelerator.num_processes} "
+        f"type={accelerator.distributed_type.value}")
     sys.exit(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randn(32, 4)), batch_size=4)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 rank = accelerator.process_index
-print(f"PROBE ready rank={rank} pid={os.getpid()}", flush=True)
+say(f"PROBE ready rank={rank} pid={os.getpid()}")
 
 if rank == args.crash_rank:
-    print(f"PROBE crashing rank={rank} code={args.crash_code} t={time.time():.6f}", flush=True)
+    say(f"PROBE crashing rank={rank} code={args.crash_code} t={time.time():.6f}")
     sys.exit(args.crash_code)
 if args.sleep:
     time.sleep(args.sleep)
@@ -67,10 +75,9 @@ elif hasattr(param, "ds_tensor"):  # DeepSpeed ZeRO-3: this rank holds one parti
     shard = f"zero3:{param.ds_tensor.numel()}/{param.ds_numel}"
 else:
     shard = f"full:{param.numel()}/{param.numel()}"
-print(f"PROBE rank={rank} world={accelerator.num_processes} type={accelerator.distributed_type.value} "
-      f"wrapper={type(model).__name__} shard={shard} backend={backend} "
-      f"argv={sys.argv[1:]!r}", flush=True)
+say(f"PROBE rank={rank} world={accelerator.num_processes} type={accelerator.distributed_type.value} "
+    f"wrapper={type(model).__name__} shard={shard} backend={backend} argv={sys.argv[1:]!r}")
 if args.output:
     accelerator.save_state(args.output)
 accelerator.wait_for_everyone()
-print(f"PROBE done rank={rank}", flush=True)
+say(f"PROBE done rank={rank}")
