@@ -208,6 +208,18 @@ def test_launch_on_two_cpu_ranks(runs: TemplateRuns, template: str, backend: str
         processor_file = "preprocessor_config.json" if template == "image-classification" else "tokenizer.json"
         assert (final / processor_file).is_file()
 
+    if backend != "ddp":
+        # The sharded save_state folder merges into a from_pretrained-ready folder holding the same weights.
+        from accelkit.merge.run import MergeOptions, merge_checkpoint
+
+        merged = tmp_path / "merged"
+        merge_checkpoint(MergeOptions(input=checkpoint, output=merged, verify=True, progress=False))
+        from_merged, _ = load_final(template, runs.projects[template], merged)
+        merged_state = from_merged.state_dict()
+        assert set(merged_state) == set(reference)
+        for name, tensor in reference.items():
+            assert torch.equal(merged_state[name], tensor), name
+
 
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_loss_goes_down_on_bundled_data(runs: TemplateRuns, template: str) -> None:

@@ -6,7 +6,8 @@ frozen parameters, shared (tied) parameters) and one `*_optim_states.pt` per ran
 flat fp32 master weights:
 
 - ZeRO-1/2: per parameter group, the flat vector of all parameters (each followed by its alignment padding) is cut
-  into `world_size` equal partitions; rank r holds partition r.
+  into `world_size` consecutive partitions; rank r holds partition r. Partitions are usually equal, but not always
+  (a small group of 1602 values splits 802/800 on 2 ranks), so each rank's start is the sum of the sizes before it.
 - ZeRO-3: every parameter is cut on its own into `world_size` slices of ceil(numel / world_size) elements (the last
   padded); rank r's flat group concatenates its slice of every parameter.
 
@@ -143,14 +144,15 @@ class DeepSpeedSource(CheckpointSource):
         shapes: dict[str, tuple[int, ...]] = {}
         dtypes: dict[str, torch.dtype] = {}
         group_sizes = [[t.numel() for t in self._flat_groups(r)] for r in range(self.world_size or 1)]
-        if any(sizes != group_sizes[0] for sizes in group_sizes):
+        if any(len(sizes) != len(group_sizes[0]) for sizes in group_sizes) or (
+                self.stage == 3 and any(sizes != group_sizes[0] for sizes in group_sizes)):
             raise AccelkitError(f"the optimizer shards in {self.root} have different partition sizes: they come "
                                 "from different runs", hint="copy the complete checkpoint of one run")
         fp32 = self._flat_groups(0)[0].dtype if group_sizes[0] else torch.float32
         if self.stage == 3:
             self._plan_zero3(ms, group_sizes[0], shapes)
         else:
-            self._plan_zero12(ms, group_sizes[0], shapes)
+            self._plan_zero12(ms, group_sizes, shapes)
         for name in shapes:
             dtypes[name] = fp32
         frozen = ms.get("frozen_param_shapes") or {}
@@ -176,9 +178,15 @@ class DeepSpeedSource(CheckpointSource):
         order = [k for k in module if k in shapes] + [k for k in shapes if k not in module]
         self.entries = [TensorEntry(k, shapes[k], dtypes[k]) for k in order]
 
-    def _plan_zero12(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
+    def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
         paddings = self._optim_state(0).get("param_alignment_paddings")
         groups = ms["param_shapes"]
+        part_sizes = rank_sizes[0]
+        # Where each rank's partition starts in each group's flat vector: [group][rank] -> (start, size).
+        self._partitions = []
+        for g in range(len(part_sizes)):
+            starts = [sum(sizes[g] for sizes in rank_sizes[:r]) for r in range(len(rank_sizes))]
+            self._partitions.append([(start, sizes[g]) for start, sizes in zip(starts, rank_sizes, strict=True)])
         if len(groups) != len(part_sizes):
             raise AccelkitError(f"{self.root}: model states list {len(groups)} parameter groups, optimizer shards "
                                 f"{len(part_sizes)}", hint="the model and optimizer files come from different runs")
@@ -189,9 +197,10 @@ class DeepSpeedSource(CheckpointSource):
                 shapes[name] = tuple(shape)
                 self._where[name] = ("flat12", g, offset, numel)
                 offset += numel + (paddings[g][i] if paddings else 0)
-            if offset > part_sizes[g] * (self.world_size or 1):
+            held = sum(size for _, size in self._partitions[g])
+            if offset > held:
                 raise AccelkitError(f"{self.root}: parameter group {g} needs {offset} values but the shards hold "
-                                    f"{part_sizes[g] * (self.world_size or 1)}",
+                                    f"{held}",
                                     hint="the model and optimizer files come from different runs")
 
     def _plan_zero3(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
@@ -235,14 +244,13 @@ class DeepSpeedSource(CheckpointSource):
             return torch.cat(frags)[:numel].view(shape)
         world = self.world_size or 1
         if kind == "flat12":
-            # The parameter is one range of the group's flat vector, which rank r holds [r*part, (r+1)*part) of.
+            # The parameter is one range of the group's flat vector; rank r holds [start_r, start_r + size_r) of it.
             _, g, offset, _ = where
-            part = self._flat_groups(0)[g].numel()
             out = torch.empty(numel, dtype=self._flat_groups(0)[g].dtype)
-            for rank in range(world):
-                lo, hi = max(offset, rank * part), min(offset + numel, (rank + 1) * part)
+            for rank, (start, size) in enumerate(self._partitions[g]):
+                lo, hi = max(offset, start), min(offset + numel, start + size)
                 if lo < hi:
-                    self._copy_range(rank, lo - rank * part, out.narrow(0, lo - offset, hi - lo), False, g)
+                    self._copy_range(rank, lo - start, out.narrow(0, lo - offset, hi - lo), False, g)
             return out.view(shape)
         # ZeRO-3: rank r holds elements [r*per_rank, (r+1)*per_rank) of the (padded) parameter at `offset`.
         _, offset, per_rank, _ = where
