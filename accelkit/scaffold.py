@@ -138,7 +138,8 @@ def init_project(directory: Path, template_name: str, backend: str = "ddp", num_
     config = build_config(ConfigOptions(backend=backend, num_processes=num_processes))  # validates before any write
     init_line = shlex.join(["accelkit", "init", str(directory), "--template", template.name, "--backend", backend]
                            + (["--num-processes", str(num_processes)] if num_processes is not None else []))
-    commands = _project_commands(backend, int(config.get("num_processes", 1)))
+    processes = int(config.get("num_processes", 1))
+    commands = _project_commands(backend, processes)
 
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -152,8 +153,7 @@ def init_project(directory: Path, template_name: str, backend: str = "ddp", num_
         _move_into_place(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Project(directory, template, directory / CONFIG_FILE, backend, int(config.get("num_processes", 1)),
-                   commands)
+    return Project(directory, template, directory / CONFIG_FILE, backend, processes, commands)
 
 
 def _move_into_place(staging: Path, directory: Path) -> None:

@@ -95,10 +95,9 @@ def command(output: Path | None, force: bool, list_: bool, check_path: Path | No
     """
     options = options_from_kwargs(kwargs)
     if list_ or check_path is not None:
-        given = [name for name in options.given()]
         if list_ and check_path is not None:
             raise click.UsageError("use --list or --check, not both")
-        if given or output is not None:
+        if options.given() or output is not None:
             raise click.UsageError("--list and --check take no other options")
         code = _list_presets() if list_ else _check(check_path)
         if code:

@@ -18,7 +18,6 @@ _BACKENDS = ("single", "cpu", "ddp", "fsdp", "deepspeed")
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
-
 def _to_int(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     return None if value is None else int(value)
 

@@ -36,12 +36,11 @@ def _accelerate_loader(path: Path) -> Exception | None:
     return None
 
 
-def check_config(path: Path) -> list[Finding]:
-    """Findings for the config file at `path` (empty: Accelerate loads it and accelkit sees no problem)."""
-    path = Path(path)
+def _check(path: Path) -> tuple[dict | None, list[Finding]]:
+    """The parsed file (None when it is not a YAML mapping) and its findings."""
     raw, found = _read(path)
     if raw is None:
-        return found
+        return None, found
     found = problems(raw)
     failure = _accelerate_loader(path)
     explained = any(f.severity == "error" and ("unknown key `" in f.message and "." not in f.message.split("`")[1]
@@ -49,17 +48,21 @@ def check_config(path: Path) -> list[Finding]:
     if failure is not None and not explained:
         found.insert(0, Finding("error", f"Accelerate's loader refuses the file: {failure}",
                                 "fix the value it names (or regenerate with `accelkit config`)"))
-    return found
+    return raw, found
+
+
+def check_config(path: Path) -> list[Finding]:
+    """Findings for the config file at `path` (empty: Accelerate loads it and accelkit sees no problem)."""
+    return _check(Path(path))[1]
 
 
 def load_config(path: Path) -> dict:
     """The config dict in `path`, after Accelerate's loader and accelkit's checks accept it (AccelkitError if not).
     Warnings do not stop loading; call check_config to see them."""
     path = Path(path)
-    found = check_config(path)
+    raw, found = _check(path)
     errors = [f for f in found if f.severity == "error"]
     if errors:
         more = f" (and {len(errors) - 1} more: `accelkit config --check {path}`)" if len(errors) > 1 else ""
         raise AccelkitError(f"{path}: {errors[0].message}{more}", hint=errors[0].fix)
-    raw, _ = _read(path)
     return raw or {}

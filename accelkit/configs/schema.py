@@ -58,6 +58,7 @@ def fsdp_keys() -> frozenset[str]:
     return frozenset(d for d in _launch_dests() if d.startswith("fsdp_"))
 
 
+@cache
 def deepspeed_keys() -> frozenset[str]:
     # The launcher's "DeepSpeed Arguments" group, plus the JSON reference key.
     from accelerate.commands.launch import launch_command_parser

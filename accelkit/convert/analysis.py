@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelkit.convert.context import Context, dotted
+from accelkit.convert.context import Context, dotted, walk
 
 SCALERS = {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
            "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
@@ -59,11 +59,7 @@ class Facts:
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)
-        if key is None:
-            return None
-        if key in self.kinds:
-            return self.kinds[key]
-        return None
+        return None if key is None else self.kinds.get(key)
 
     def of_kind(self, kind: str) -> set[str]:
         return {k for k, v in self.kinds.items() if v == kind}
@@ -147,7 +143,8 @@ def _find_refusals(ctx: Context, facts: Facts) -> None:
                 facts.uses_accelerate = True
 
 
-def _assign_parts(small: cst.BaseSmallStatement) -> tuple[str | None, cst.BaseExpression | None]:
+def assign_parts(small: cst.BaseSmallStatement) -> tuple[str | None, cst.BaseExpression | None]:
+    """(dotted target or None, value) of `key = value` or `key: T = value`; (None, None) for anything else."""
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
         return dotted(small.targets[0].target), small.value
     if isinstance(small, cst.AnnAssign) and small.value is not None:
@@ -163,7 +160,7 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
         if isinstance(small, cst.Return):
             key, value = None, small.value
         else:
-            key, value = _assign_parts(small)
+            key, value = assign_parts(small)
             if key is None:
                 continue
         if value is None:
@@ -189,7 +186,7 @@ def _models_from_optimizers(ctx: Context, facts: Facts) -> None:
     for item in list(facts.created):
         if item.kind != "optimizer" or item.statement is None:
             continue
-        for node in _walk(item.value):
+        for node in ctx.descendants(item.value):
             if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
                     and node.func.attr.value in {"parameters", "named_parameters"}):
                 continue
@@ -201,7 +198,7 @@ def _models_from_optimizers(ctx: Context, facts: Facts) -> None:
             facts.kinds[key] = "model"
             creation = _last_assignment_before(ctx, item.statement, key)
             if creation is not None:
-                value = strip_chain(_assign_parts(creation)[1])
+                value = strip_chain(assign_parts(creation)[1])
                 facts.created.append(Tracked(key, "model", value, ctx.parent(creation), creation))
 
 
@@ -213,28 +210,26 @@ def _last_assignment_before(ctx: Context, statement: cst.SimpleStatementLine, ke
     for line in reversed(body[: body.index(statement)]):
         if isinstance(line, cst.SimpleStatementLine):
             for small in line.body:
-                if _assign_parts(small)[0] == key:
+                if assign_parts(small)[0] == key:
                     return small
     return None
 
 
 def _propagate_aliases(ctx: Context, facts: Facts) -> None:
     """`self.model = model` (or `self.model = model.to(gpu_id)`) gives `self.model` the kind of `model`."""
-    assigns = [s for s in ctx.of_type(cst.Assign, cst.AnnAssign)]
+    assigns = [assign_parts(s) for s in ctx.of_type(cst.Assign, cst.AnnAssign)]
     # `loader = get_loader()` where get_loader() returns a DataLoader(...) it creates
     factories: dict[str, str] = {}
     for item in facts.created:
         function = ctx.function(item.small) if item.returned and item.small is not None else None
         if function is not None:
             factories[function.name.value] = item.kind
-    for small in assigns:
-        key, value = _assign_parts(small)
+    for key, value in assigns:
         if key is not None and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) \
                 and value.func.value in factories:
             facts.kinds.setdefault(key, factories[value.func.value])
     for _ in range(2):
-        for small in assigns:
-            key, value = _assign_parts(small)
+        for key, value in assigns:
             if key is None or value is None or key in facts.kinds:
                 continue
             source = strip_chain(value)
@@ -262,7 +257,7 @@ def _find_devices_and_loops(ctx: Context, facts: Facts) -> None:
             else:
                 target = node.target
             if facts.kind(source) == "loader":
-                facts.loader_loops.append((node, {n.value for n in _walk(target) if isinstance(n, cst.Name)}))
+                facts.loader_loops.append((node, {n.value for n in walk(target) if isinstance(n, cst.Name)}))
             continue
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in {"to", "cuda"} and node.args \
@@ -293,15 +288,3 @@ def _find_amp(ctx: Context, facts: Facts) -> None:
                 facts.amp_enabled = arg.value
             if arg.keyword.value == "dtype" and "bfloat16" in ctx.code(arg.value):
                 facts.amp_dtype = "bf16"
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    out: list[cst.CSTNode] = []
-
-    class _All(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            out.append(n)
-            return True
-
-    node.visit(_All())
-    return out

@@ -281,11 +281,8 @@ def names_of(nodes: list[cst.CSTNode], parents: Context) -> set[str]:
     return found
 
 
-def contains_backward(node: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Name) and n.value == "backward" for n in _walk(node))
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node` and everything under it, by traversal (for nodes built after parsing; see `Context.descendants`)."""
     out: list[cst.CSTNode] = []
     node.visit(_Collector(out))
     return out

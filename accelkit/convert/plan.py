@@ -26,15 +26,11 @@ class Plan:
         self.body_start: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)  # suite -> leading stmts
         self.accelerator_uses: list[cst.CSTNode] = []  # original nodes whose new code names `accelerator`
         self.report = Report()
-        self.mixed_precision_hint: str | None = None  # fp16/bf16 when the script used AMP
 
     def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:
         self.edits[node].append(fn)
         if uses_accelerator:
             self.accelerator_uses.append(node)
-
-    def replace(self, node: cst.CSTNode, new: cst.CSTNode, uses_accelerator: bool = True) -> None:
-        self.edit(node, lambda _updated: new, uses_accelerator)
 
     def remove(self, statement: cst.CSTNode) -> None:
         self.removed.add(statement)
@@ -64,7 +60,7 @@ class Plan:
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.edits or self.removed or self.before or self.after or self.body_start)
+        return bool(self.touched())
 
 
 class PlanApplier(cst.CSTTransformer):
@@ -129,7 +125,3 @@ def _fix_last_semicolon(line: cst.SimpleStatementLine) -> cst.SimpleStatementLin
     if getattr(last, "semicolon", cst.MaybeSentinel.DEFAULT) is not cst.MaybeSentinel.DEFAULT:
         return line.with_changes(body=[*line.body[:-1], last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
     return line
-
-
-def parse_statement(code: str) -> cst.BaseStatement:
-    return cst.parse_statement(code)

@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 
-def _status_from_exitcode(code: int) -> int:
-    return 128 - code if code < 0 else code
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         launch_command(args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        status = _status_from_exitcode(failure.exitcode) or 1
+        status = exit_status(failure.exitcode) or 1
         print(f"accelkit: rank {rank} (pid {failure.pid}) failed first, exit code {failure.exitcode}; "
               "the launcher stopped the other ranks.", file=sys.stderr, flush=True)
         return status
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accelkit: launcher received signal {int(exc.sigval)}; ranks stopped.", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     except subprocess.CalledProcessError as exc:  # single-process and pdsh-style launchers
-        return _status_from_exitcode(exc.returncode) or 1
+        return exit_status(exc.returncode) or 1
     except KeyboardInterrupt:
         return 130
     return 0

@@ -7,7 +7,7 @@ Nothing here touches the file system, the network or the environment, so the com
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +98,7 @@ def launcher_flags_argv(config: dict[str, Any], flags: LauncherFlags) -> list[st
         merged["deepspeed_multinode_launcher"] = "standard"
 
     argv: list[str] = []
-    order = [
-        "machine_rank", "main_process_ip", "main_process_port", "max_restarts", "monitor_interval",
-        "rdzv_backend", "rdzv_conf", "same_network", "enable_cpu_affinity", "deepspeed_multinode_launcher",
-    ]
-    for key in order:
+    for key in (f.name for f in fields(LauncherFlags)):  # argv follows the field order
         if key not in merged:
             continue
         value = merged[key]

@@ -23,6 +23,7 @@ import time
 
 import psutil
 
+from accelkit.launch.accelerate_main import exit_status
 from accelkit.launch.request import LaunchRequest
 
 WORKER_MODULE = "accelkit.launch.worker"
@@ -44,11 +45,6 @@ def _prctl(option: int, value: int) -> bool:
 
 def _launcher_preexec() -> None:  # runs in the child between fork and exec
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def exit_status(returncode: int) -> int:
-    """A shell-style exit status: 128 + N for a process killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class Supervisor:

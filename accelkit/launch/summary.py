@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from accelkit.launch.plan import LaunchPlan, accelerate_cli_argv, backend_name
+from accelkit.launch.plan import BOOTSTRAP_MODULE, LaunchPlan, accelerate_cli_argv, backend_name
 
 # (label, option field, path of the key in an Accelerate config)
 _COMMON = [
@@ -94,7 +94,7 @@ def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, 
     if plan.rehearsal is not None:
         processes = int(plan.config.get("num_processes", 1) or 1) // max(int(plan.config.get("num_machines", 1)
                                                                                or 1), 1)
-        how = "with the accelkit CPU shim" if "accelkit.rehearsal.bootstrap" in plan.argv else "unpatched"
+        how = "with the accelkit CPU shim" if BOOTSTRAP_MODULE in plan.argv else "unpatched"
         what = "CPU job (DDP)" if name == "cpu" else f"CPU rehearsal of {plan.rehearsal}"
         lines.append(f"accelkit: {what}: {processes} gloo rank(s) on this machine, {how}")
     if plan.env:

@@ -47,7 +47,7 @@ class DCPSource(CheckpointSource):
         self._metadata = _read_metadata(path)
         md = self._metadata
         tensor_fqns = [fqn for fqn, item in md.state_dict_metadata.items() if isinstance(item, TensorStorageMetadata)]
-        skipped = [fqn for fqn in md.state_dict_metadata if fqn not in set(tensor_fqns)]
+        skipped = [fqn for fqn, item in md.state_dict_metadata.items() if not isinstance(item, TensorStorageMetadata)]
         self._out_to_fqn = self._output_names(tensor_fqns)
         for out_name, fqn in self._out_to_fqn.items():
             item = md.state_dict_metadata[fqn]

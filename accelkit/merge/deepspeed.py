@@ -90,8 +90,7 @@ class DeepSpeedSource(CheckpointSource):
             raise AccelkitError(f"{optim_paths[0]} has no zero_stage/partition_count: not a ZeRO optimizer state",
                                 hint="merge-ckpt reads checkpoints written by engine.save_checkpoint with ZeRO 1-3")
         self.stage = int(_enum_value(head.get("zero_stage")))
-        count = head.get("partition_count")
-        world = max(count) if isinstance(count, list) else int(count)
+        world = _world_size(head)
         if world != len(optim_paths):
             raise AccelkitError(f"{tag_dir} holds {len(optim_paths)} optimizer shards but they were written by a "
                                 f"{world}-rank run: shards from different world sizes are mixed",
@@ -108,8 +107,7 @@ class DeepSpeedSource(CheckpointSource):
         self._models = [MappedTorchFile(p) for p in model_paths]
         for rank, f in enumerate(self._optim[1:], start=1):
             other = self._optim_state(rank)
-            other_count = other.get("partition_count")
-            other_world = max(other_count) if isinstance(other_count, list) else int(other_count)
+            other_world = _world_size(other)
             if other_world != world or int(_enum_value(other.get("zero_stage"))) != self.stage:
                 raise AccelkitError(f"{f.path.name} comes from a different run (world size {other_world}) than "
                                     f"{optim_paths[0].name} (world size {world})",
@@ -279,3 +277,9 @@ class DeepSpeedSource(CheckpointSource):
 def _enum_value(value: Any) -> Any:
     """ZeroStageEnum arrives as an inert stand-in (see torch_files) or, in old files, as a plain int."""
     return getattr(value, "value", value)
+
+
+def _world_size(optim_state: dict[str, Any]) -> int:
+    """The world size a rank's optimizer state was written by (partition_count: one int, or one per group)."""
+    count = optim_state.get("partition_count")
+    return max(count) if isinstance(count, list) else int(count)

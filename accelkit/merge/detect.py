@@ -76,8 +76,8 @@ def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]
                                               or deepspeed.is_deepspeed_tag_dir(path / "pytorch_model")):
         why.append(f"{path.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
         return deepspeed.DeepSpeedSource(path / "pytorch_model", tag)
-    if hf_sharded.find_index(path) is not None:
-        why.append(f"{path.name}/ holds {hf_sharded.find_index(path).name}: HF sharded safetensors")
+    if (index := hf_sharded.find_index(path)) is not None:
+        why.append(f"{path.name}/ holds {index.name}: HF sharded safetensors")
         return hf_sharded.SafetensorsSource(path)
     singles = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".safetensors")
     if len(singles) == 1:

@@ -1,7 +1,7 @@
 """Reader for HuggingFace safetensors checkpoints: `*.safetensors.index.json` + shards, or one `.safetensors` file.
 
 Headers are read with safetensors' `safe_open` when the checkpoint is opened (which also rejects truncated files);
-tensors are read one at a time with `get_slice`, re-opening a file after MAP_WINDOW_BYTES so the memory-mapped
+tensors are read one at a time with `get_tensor`, re-opening a file after MAP_WINDOW_BYTES so the memory-mapped
 pages do not pile up in RSS.
 """
 

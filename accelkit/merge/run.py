@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import extras, shards
+from accelkit.merge import extras, shards, single_file
 from accelkit.merge.detect import open_source
 from accelkit.merge.output import DISK_FULL_ERRNOS, StagedOutput, check_free_space, check_paths, disk_full_error
 from accelkit.merge.source import CheckpointSource, TensorEntry
@@ -155,7 +155,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
     dtype = DTYPES[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
-    if opts.output.suffix in (".bin", ".pt", ".pth"):
+    if opts.output.suffix in single_file.SUFFIXES:
         raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",
                             hint=f"use -o {opts.output.with_suffix('.safetensors')} or a folder")
     if to_file and opts.max_shard_size:

@@ -56,11 +56,3 @@ class CheckpointSource:
     @property
     def entry_by_name(self) -> dict[str, TensorEntry]:
         return {e.name: e for e in self.entries}
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(e.nbytes for e in self.entries)
-
-    @property
-    def total_params(self) -> int:
-        return sum(e.numel for e in self.entries)

@@ -160,9 +160,9 @@ def _mixed_precision(ctx: Context, facts: Facts, options: object, suite: cst.CST
     position = anchor_index
     module_names = _bound_names(list(ctx.module.body))
     params = {p.name.value for p in function.params.params} if function is not None else set()
+    bound = [_bound_names([line]) for line in body]
     for name in sorted(n for n in names_in(enabled) if "." not in n):
-        bound_at = [i for i, line in enumerate(body) if name in _bound_names([line])]
-        earlier = [i for i in bound_at if i < first_use]
+        earlier = [i for i, names in enumerate(bound) if name in names and i < first_use]
         if earlier:
             position = max(position, max(earlier))
         elif name in params or hasattr(builtins, name) or (suite is not ctx.module and name in module_names):

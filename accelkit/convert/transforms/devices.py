@@ -7,8 +7,8 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, classify, dotted, inside_class, strip_chain
-from accelkit.convert.context import Context, accel
+from accelkit.convert.analysis import Facts, assign_parts, classify, inside_class, strip_chain
+from accelkit.convert.context import Context, accel, dotted
 from accelkit.convert.plan import Plan
 
 ACCEL_DEVICE_RE = re.compile(r"^(cuda|mps|xpu|npu|hpu)(:\d+)?$")
@@ -60,13 +60,7 @@ def _is_gpu_id(expr: cst.BaseExpression) -> bool:
 
 def _device_definitions(ctx: Context, facts: Facts, plan: Plan) -> None:
     for small in ctx.of_type(cst.Assign, cst.AnnAssign):
-        if isinstance(small, cst.Assign):
-            if len(small.targets) != 1:
-                continue
-            target, value = small.targets[0].target, small.value
-        else:
-            target, value = small.target, small.value
-        key = dotted(target)
+        key, value = assign_parts(small)
         if key is None or value is None or inside_class(ctx, small, facts.model_classes):
             continue
         if is_device_expr(ctx, value) or (key in facts.device_names and _is_gpu_id(value)):

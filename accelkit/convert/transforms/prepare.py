@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelkit.convert.analysis import Facts, Tracked
-from accelkit.convert.context import Context, accel_call, contains_backward, names_in
+from accelkit.convert.context import Context, accel_call, names_in
 from accelkit.convert.plan import Plan
 
 PREPARED = {"model", "optimizer", "loader", "scheduler"}
@@ -43,7 +43,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
 
 def _note_manual_batching(ctx: Context, plan: Plan) -> None:
     for loop in ctx.of_type(cst.For):
-        if contains_backward(loop.body):
+        if any(type(n) is cst.Name and n.value == "backward" for n in ctx.descendants(loop.body)):
             plan.report.leave(ctx.line(loop), "the training loop batches its data by hand (no DataLoader): after "
                                               "conversion every process trains on all of the data",
                               "wrap the data in a torch.utils.data.DataLoader (TensorDataset for tensors) and add it "
