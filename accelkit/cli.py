@@ -8,13 +8,12 @@ is listed); heavy libraries (torch, accelerate, ...) are imported inside the fun
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import click
 
 from accelkit import __version__
-from accelkit.errors import AccelkitError
+from accelkit.errors import DEBUG_ENV, AccelkitError, Terminated, debug_enabled, raise_on_termination, report
 
 # command name -> module under accelkit.commands; listed in the order `accelkit --help` shows them.
 COMMANDS: dict[str, str] = {
@@ -26,11 +25,17 @@ COMMANDS: dict[str, str] = {
     "env": "env",
 }
 
-DEBUG_ENV = "ACCELKIT_DEBUG"
-
-
 class LazyGroup(click.Group):
-    """A click group that imports a command's module only when the command is needed."""
+    """A click group that imports a command's module only when the command is needed, and prints an
+    AccelkitError as one message (under main() and click's CliRunner alike)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AccelkitError as error:
+            if debug_enabled():
+                raise
+            ctx.exit(report(error))
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -58,25 +63,23 @@ def cli() -> None:
     """
 
 
-def debug_enabled() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user mistakes become one message and a non-zero exit, never a traceback."""
+    raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed on the way out
     try:
         rv = cli.main(args=argv, prog_name="accelkit", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
-    except click.ClickException as exc:  # AccelkitError and click's usage errors (exit code 2)
-        if debug_enabled() and isinstance(exc, AccelkitError):
-            raise
+    except click.ClickException as exc:  # click's usage errors (exit code 2)
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except Terminated as exc:
+        click.echo(f"Terminated (signal {exc.signum}).", err=True)
+        sys.exit(exc.exit_code)
     except Exception as exc:  # a bug or an environment problem we did not anticipate
         if debug_enabled():
             raise

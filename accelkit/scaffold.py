@@ -10,8 +10,7 @@ import ast
 import os
 import shlex
 import shutil
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
@@ -39,6 +38,7 @@ class Project:
     backend: str
     num_processes: int
     commands: dict[str, str]  # purpose -> command, relative to the project directory
+    replaced: list[tuple[Path, Path]] = field(default_factory=list)  # --force: (file replaced, its .bak backup)
 
 
 def _description(train_py: Path) -> str:
@@ -128,9 +128,11 @@ def init_project(directory: Path, template_name: str, backend: str = "ddp", num_
                  force: bool = False) -> Project:
     """Copy a template into `directory`, with an Accelerate config for `backend` and a README of commands.
 
-    Everything is written into a staging directory first: a failure leaves `directory` as it was.
+    Everything is written into a staging directory first: a failure leaves `directory` as it was. With --force into
+    a non-empty directory, each file the template replaces is kept beside it as NAME.bak (listed in `replaced`).
     """
     from accelkit.configs import ConfigOptions, build_config, write_config
+    from accelkit.fsio import StagedOutput, write_error
 
     template = find_template(template_name)
     directory = Path(directory)
@@ -141,33 +143,59 @@ def init_project(directory: Path, template_name: str, backend: str = "ddp", num_
     processes = int(config.get("num_processes", 1))
     commands = _project_commands(backend, processes)
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the project should get the usual permissions
+    staged = StagedOutput(directory, is_dir=True)
+    replaced: list[tuple[Path, Path]] = []
     try:
-        shutil.copytree(template.path, staging, ignore=IGNORED, dirs_exist_ok=True)
-        (staging / PROJECT_README).write_text(_readme(directory.name, template, init_line, commands), encoding="utf-8")
-        write_config(config, staging / CONFIG_FILE, init_line)
-        _move_into_place(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return Project(directory, template, directory / CONFIG_FILE, backend, processes, commands)
+        with staged as staging:
+            _copy_tree(template.path, staging)
+            (staging / PROJECT_README).write_text(_readme(directory.name, template, init_line, commands),
+                                                  encoding="utf-8")
+            write_config(config, staging / CONFIG_FILE, init_line)
+            if directory.is_dir() and any(directory.iterdir()):
+                replaced = _merge_into(staging, directory)
+            else:
+                if directory.is_dir():
+                    directory.rmdir()
+                staged.commit()
+    except OSError as exc:
+        raise write_error(exc, directory) from None
+    return Project(directory, template, directory / CONFIG_FILE, backend, processes, commands, replaced)
 
 
-def _move_into_place(staging: Path, directory: Path) -> None:
-    if not directory.exists():
-        staging.rename(directory)
-        return
-    if not any(directory.iterdir()):
-        directory.rmdir()
-        staging.rename(directory)
-        return
-    # --force into a non-empty directory: replace the files the template brings, keep everything else.
+def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a template folder (without caches and outputs); an OSError stops at once with its errno intact."""
+    ignored = IGNORED(str(source), [p.name for p in source.iterdir()])
+    for entry in sorted(source.iterdir()):
+        if entry.name in ignored:
+            continue
+        if entry.is_dir():
+            (target / entry.name).mkdir()
+            _copy_tree(entry, target / entry.name)
+        else:
+            shutil.copy2(entry, target / entry.name)
+
+
+def _backup_name(path: Path) -> Path:
+    backup = path.with_name(path.name + ".bak")
+    n = 1
+    while backup.exists():
+        backup = path.with_name(f"{path.name}.bak.{n}")
+        n += 1
+    return backup
+
+
+def _merge_into(staging: Path, directory: Path) -> list[tuple[Path, Path]]:
+    """--force into a non-empty directory: put the template's files in place, keep every other file, and keep each
+    file that is replaced by a different one as NAME.bak beside it. Returns (replaced file, its backup) pairs."""
+    replaced: list[tuple[Path, Path]] = []
     for source in sorted(staging.rglob("*")):
         target = directory / source.relative_to(staging)
         if source.is_dir():
             target.mkdir(parents=True, exist_ok=True)
-        else:
-            shutil.copy2(source, target)
+            continue
+        if target.is_file() and target.read_bytes() != source.read_bytes():
+            backup = _backup_name(target)
+            os.replace(target, backup)
+            replaced.append((target, backup))
+        shutil.copy2(source, target)
+    return replaced

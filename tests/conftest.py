@@ -1,15 +1,18 @@
-"""Shared test set-up: every subprocess runs offline, single-threaded per rank, with the CLI of this checkout."""
+"""Shared test set-up: every subprocess runs offline, single-threaded per rank, with the CLI of this checkout.
+
+Layout: tests/unit/<package>/ (fast, in-process or short subprocesses), tests/integration/ (real multi-process
+launches and training runs), tests/faults/ (bad inputs, signals and crashes). `slow` marks the real multi-process
+and training runs: everything under tests/integration/, every test using the `merge_ckpts` checkpoints, and tests
+marked by hand. Fast loop: `pytest -m "not slow"`.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from helpers import DATA, run_accelkit
 
 # Ranks share two cores in CI: one intra-op thread each keeps distributed tests from oversubscribing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -20,21 +23,30 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("ACCELKIT_DEBUG", None)
 
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
-def run_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
-                 timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run `python -m accelkit ARGS` in a real subprocess and capture its output."""
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    proc = subprocess.run([sys.executable, "-m", "accelkit", *args], cwd=cwd, env=full_env, text=True,
-                          capture_output=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"accelkit {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        # Real multi-process work: the integration tests, and every test on checkpoints made by the real tools.
+        in_integration = INTEGRATION in Path(str(item.fspath)).resolve().parents
+        if in_integration or "merge_ckpts" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
 def accelkit_cli():
     """The `run_accelkit` helper as a fixture."""
     return run_accelkit
+
+
+@pytest.fixture(scope="session")
+def merge_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoints written once per session by the real tools (DeepSpeed ZeRO-1/2/3, FSDP2 + DCP, Accelerate's
+    save_state under rehearsal, save_pretrained, torch.save): see tests/data/merge/producers.py."""
+    import sys
+
+    sys.path.insert(0, str(DATA / "merge"))
+    from producers import produce_all
+
+    return produce_all(tmp_path_factory.getbasetemp() / "merge-producers")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -78,14 +76,8 @@ def command(script: Path, output: Path | None, in_place: bool, show_diff: bool, 
     return 0
 
 
+
 def _write(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from accelkit.fsio import atomic_write
+
+    atomic_write(path, text)

@@ -60,6 +60,8 @@ def command(directory: Path | None, template: str | None, backend: str, num_proc
     where = shlex.quote(str(directory))
     click.echo(f"Created {directory}/ from template `{project.template.name}` with {project.config_path.name} "
                f"({project.backend}, {project.num_processes} process(es)).")
+    for replaced, backup in project.replaced:
+        click.echo(f"Replaced {replaced} (your version is kept as {backup.name}).")
     click.echo(f"\nNext (see {directory}/README.md):\n  cd {where}")
     for purpose, line in project.commands.items():
         click.echo(f"  {line:<90}  # {purpose}")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from accelkit.fsio import atomic_write, atomic_write_many
 
 # One short line per key a user is likely to edit; the YAML explains itself.
 TOP_COMMENTS = {
@@ -71,32 +71,15 @@ def render_json(content: dict) -> str:
     return json.dumps(content, indent=2) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> Path:
-    """Write to a temporary file beside `path`; the caller renames it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; a config is an ordinary file
-    return Path(tmp)
-
-
 def write_config(config: dict, path: Path, command_line: str) -> None:
     """Write the YAML (and the DeepSpeed JSON it references, if build_config made one). Both files appear together
     or not at all."""
-    pending: list[tuple[Path, Path]] = []
-    try:
-        content = getattr(config, "deepspeed_json", None)
-        if content is not None:
-            json_path = Path(config["deepspeed_config"]["deepspeed_config_file"])
-            pending.append((_write_atomic(json_path, render_json(content)), json_path))
-        pending.append((_write_atomic(Path(path), render_yaml(dict(config), command_line)), Path(path)))
-        for tmp, final in pending:
-            os.replace(tmp, final)
-    finally:
-        for tmp, _ in pending:
-            if tmp.exists():
-                tmp.unlink()
+    files: list[tuple[Path, str]] = []
+    content = getattr(config, "deepspeed_json", None)
+    if content is not None:
+        files.append((Path(config["deepspeed_config"]["deepspeed_config_file"]), render_json(content)))
+    files.append((Path(path), render_yaml(dict(config), command_line)))
+    atomic_write_many(files)
 
 
 def write_deepspeed_json(config: dict) -> Path | None:
@@ -105,5 +88,5 @@ def write_deepspeed_json(config: dict) -> Path | None:
     if content is None:
         return None
     path = Path(config["deepspeed_config"]["deepspeed_config_file"])
-    os.replace(_write_atomic(path, render_json(content)), path)
+    atomic_write(path, render_json(content))
     return path

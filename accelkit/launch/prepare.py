@@ -154,6 +154,11 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
             check_deepspeed()
 
     env = {**config_env, **env}
+    if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
+        from accelkit.rehearsal.bootstrap import PROBES_ENV
+
+        env[PROBES_ENV] = ",".join(request.probes)
+        bootstrap = True
     temp_dir = None
     if config_path is None:
         temp_dir = Path(tempfile.mkdtemp(prefix="accelkit-launch-"))

@@ -26,6 +26,8 @@ class LaunchRequest:
     for_cluster: bool = False
     # Option field -> how the user actually gave it, when not by its own flag (e.g. "--nodes x --gpus-per-node").
     source_labels: dict[str, str] = field(default_factory=dict)
+    # Modules whose install() each rank runs before the script (accelkit.rehearsal.bootstrap, $ACCELKIT_PROBES).
+    probes: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         options = {f.name: getattr(self.options, f.name) for f in fields(self.options)}
@@ -40,6 +42,7 @@ class LaunchRequest:
             "command_line": self.command_line,
             "for_cluster": self.for_cluster,
             "source_labels": self.source_labels,
+            "probes": list(self.probes),
         })
 
     @classmethod
@@ -61,4 +64,5 @@ class LaunchRequest:
             command_line=data["command_line"],
             for_cluster=data["for_cluster"],
             source_labels=data.get("source_labels", {}),
+            probes=tuple(data.get("probes", ())),
         )

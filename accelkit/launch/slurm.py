@@ -101,10 +101,9 @@ def render_sbatch(plan: LaunchPlan, options: SlurmOptions, command_line: str) ->
 
 def write_sbatch(path: Path, text: str) -> None:
     """Write the script atomically and make it executable."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o755)
-    tmp.replace(path)
+    from accelkit.fsio import atomic_write
+
+    atomic_write(path, text, mode=0o755)
 
 
 def slurm_config_path(sbatch_path: Path) -> Path:

@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, debug_enabled, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,12 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         launcher_args = plan.argv[plan.argv.index(LAUNCHER_MODULE) + 1:]
         return accelerate_main.main(launcher_args)
     except AccelkitError as error:  # before any rank started: one message, like the CLI prints it
-        from accelkit.cli import debug_enabled
-
         if debug_enabled():
             raise
-        error.show()
-        return error.exit_code
+        return report(error)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -7,14 +7,10 @@ read-only and may not contain, or be contained in, the output.
 
 from __future__ import annotations
 
-import errno
-import os
 import shutil
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-
-DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def _inside(child: Path, parent: Path) -> bool:
@@ -43,61 +39,3 @@ def check_free_space(folder: Path, needed: int) -> None:
                             f"{free / 1e9:.2f} GB are free", hint="free some space or write the output elsewhere")
 
 
-def disk_full_error(exc: OSError, where: Path) -> AccelkitError:
-    return AccelkitError(f"disk full while writing {where} ({os.strerror(exc.errno or 0)}); nothing was written",
-                         hint="free some space (or raise the file-size limit) or write the output elsewhere")
-
-
-class StagedOutput:
-    """Context manager: yields a temporary path (file or folder) next to `final`; `commit()` renames it into place.
-
-    Leaving the block without commit (an exception, KeyboardInterrupt) removes the temporary path and any
-    folders created for it.
-    """
-
-    def __init__(self, final: Path, is_dir: bool) -> None:
-        self.final = final
-        self.is_dir = is_dir
-        self.temp = final.parent / f".{final.name}.accelkit-tmp-{os.getpid()}"
-        self._created: list[Path] = []
-        self._committed = False
-
-    def __enter__(self) -> Path:
-        missing = []
-        folder = self.final.parent
-        while not folder.exists():
-            missing.append(folder)
-            folder = folder.parent
-        for folder in reversed(missing):
-            folder.mkdir()
-            self._created.append(folder)
-        _remove(self.temp)
-        if self.is_dir:
-            self.temp.mkdir()
-        return self.temp
-
-    def commit(self) -> None:
-        old = None
-        if self.final.exists() or self.final.is_symlink():
-            old = self.final.parent / f".{self.final.name}.accelkit-old-{os.getpid()}"
-            os.replace(self.final, old)
-        os.replace(self.temp, self.final)
-        self._committed = True
-        if old is not None:
-            _remove(old)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._committed:
-            _remove(self.temp)
-            for folder in reversed(self._created):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()

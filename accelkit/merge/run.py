@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.fsio import DISK_FULL_ERRNOS, StagedOutput, write_error
 from accelkit.merge import extras, shards, single_file
 from accelkit.merge.detect import open_source
-from accelkit.merge.output import DISK_FULL_ERRNOS, StagedOutput, check_free_space, check_paths, disk_full_error
+from accelkit.merge.output import check_free_space, check_paths
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.torch_files import MAP_WINDOW_BYTES
 from accelkit.merge.writer import SAFETENSORS_DTYPES, SafetensorsWriter
@@ -226,7 +227,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
             staged.commit()
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
-            raise disk_full_error(exc, opts.output) from None
+            raise write_error(exc, opts.output) from None
         raise
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()

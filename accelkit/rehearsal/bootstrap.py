@@ -1,42 +1,52 @@
-"""Rank entry point for CPU rehearsal: install the shim, then run the user's script unmodified as __main__.
+"""Rank entry point: install the CPU rehearsal shim and any probes, then run the user's script unmodified.
 
     accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...]
     accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap -m MODULE [ARGS...]
 
-The backend comes from $ACCELKIT_REHEARSAL (set by `prepare_rehearsal`). The script sees the same sys.argv and
-sys.path[0] as under `python SCRIPT ARGS`; its exceptions and exit codes pass through untouched.
+The rehearsed backend comes from $ACCELKIT_REHEARSAL (set by `prepare_rehearsal`; absent on GPUs). Probes are
+per-rank instruments (bench's step timer, plan's byte counter) named in $ACCELKIT_PROBES as a comma-separated
+list of modules; each module's `install()` runs before the script, on CPU rehearsals and on GPUs alike. The
+script sees the same sys.argv and sys.path[0] as under `python SCRIPT ARGS`; its exceptions and exit codes pass
+through untouched.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, report
 from accelkit.rehearsal.shim import REHEARSAL_ENV, install
 
+PROBES_ENV = "ACCELKIT_PROBES"
 USAGE = "usage: python -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
 
 def _fail(error: AccelkitError) -> int:
     # Every rank fails the same way; one message is enough.
     if os.environ.get("RANK", "0") == "0":
-        print(f"Error: {error.format_message()}", file=sys.stderr, flush=True)
-    return 1
+        report(error)
+    return error.exit_code
 
 
 def _install_from_env() -> None:
     backend = os.environ.get(REHEARSAL_ENV)
-    if not backend:
+    probes = [name.strip() for name in os.environ.get(PROBES_ENV, "").split(",") if name.strip()]
+    if not backend and not probes:
         raise AccelkitError(
-            f"accelkit.rehearsal.bootstrap runs only inside a CPU rehearsal (${REHEARSAL_ENV} is not set).",
-            hint="start the script with `accelkit launch --cpu ...`",
+            f"accelkit.rehearsal.bootstrap runs only inside an accelkit launch (${REHEARSAL_ENV} and "
+            f"${PROBES_ENV} are not set).",
+            hint="start the script with `accelkit launch --cpu ...` (a rehearsal) or `accelkit launch ...`",
         )
     if backend == "deepspeed":
         # Accelerate never enables DeepSpeed when cpu=True; the shim makes cpu=False pick gloo instead.
         os.environ.pop("ACCELERATE_USE_CPU", None)
-    install(backend)
+    if backend:
+        install(backend)
+    for name in probes:
+        importlib.import_module(name).install()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,18 +6,13 @@ Every merged output is compared bit for bit with the full state dict the produce
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_accelkit
+from helpers import run_accelkit, tree_hash
 from safetensors import safe_open
 from safetensors.torch import load_file
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data" / "merge"))
-
-from producers import produce_all, tree_hash  # noqa: E402
 
 # input (relative to the producers' root) -> the producer's full state dict
 CASES = {
@@ -30,9 +25,9 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory) -> Path:
-    return produce_all(tmp_path_factory.getbasetemp() / "merge-producers")
+@pytest.fixture
+def ckpts(merge_ckpts: Path) -> Path:
+    return merge_ckpts
 
 
 def load_output(path: Path) -> dict[str, torch.Tensor]:

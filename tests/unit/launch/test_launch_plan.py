@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_accelkit
+from helpers import DATA, run_accelkit
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.plan import (
@@ -22,7 +22,7 @@ from accelkit.launch.plan import (
 )
 from accelkit.launch.request import LaunchRequest
 
-PROBE = Path(__file__).parent / "data" / "launch" / "probe.py"
+PROBE = DATA / "launch" / "probe.py"
 DDP = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "mixed_precision": "no"}
 
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
+from helpers import DATA
 
 from accelkit.cli import cli
 from accelkit.launch.plan import LAUNCHER_MODULE
 from accelkit.launch.ports import free_port
 
-PROBE = Path(__file__).parent / "data" / "launch" / "probe.py"
+PROBE = DATA / "launch" / "probe.py"
 
 FAKE_SRUN = """#!/bin/bash
 # Fake srun: skip srun's own options, then run the command once per simulated node, in parallel.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from conftest import REPO_ROOT, run_accelkit
+from helpers import REPO_ROOT, run_accelkit
 from safetensors import safe_open
 
 

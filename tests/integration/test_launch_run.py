@@ -9,15 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
-from conftest import run_accelkit
+from helpers import DATA, run_accelkit
 
 from accelkit.launch.ports import free_port
 
-PROBE = Path(__file__).parent / "data" / "launch" / "probe.py"
+PROBE = DATA / "launch" / "probe.py"
 # Ranks share one stdout, so a line may run into another rank's: match up to the end of each field.
 RESULT = re.compile(r"PROBE rank=(\d+) world=(\d+) type=(\w+) wrapper=(\w+) shard=(\w+:\d+/\d+) backend=(\w+) "
                     r"argv=(\[.*?\])")

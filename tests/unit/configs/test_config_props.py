@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from config_helpers import accelerate_roundtrip, launcher_env
+from helpers.config import accelerate_roundtrip, launcher_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

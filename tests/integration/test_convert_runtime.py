@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import DATA
 
 from accelkit.convert import convert_source
 
-DATA = Path(__file__).parent / "data" / "convert"
-CORPUS = sorted((DATA / "corpus").glob("*.py"))
+CONVERT_DATA = DATA / "convert"
+CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py"))
 RESULT_LINE = re.compile(r"^[A-Z][A-Z-]+ ")  # LOSS ..., EVAL ..., SAMPLE ..., SAVED ... (not library warnings)
 
 
@@ -36,7 +37,7 @@ def test_converted_scripts_print_the_same_losses_on_one_process(converted: Path,
     runs = {}
     for label, scripts in {"original": CORPUS, "converted": [converted / p.name for p in CORPUS]}.items():
         out = tmp_path / f"{label}.json"
-        cmd = [sys.executable, str(DATA / "runner.py"), str(out), *map(str, scripts)]
+        cmd = [sys.executable, str(CONVERT_DATA / "runner.py"), str(out), *map(str, scripts)]
         runs[label] = (out, subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True))
     results = {}
     for label, (out, proc) in runs.items():

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import yaml
-from conftest import REPO_ROOT, run_accelkit
+from helpers import REPO_ROOT, run_accelkit
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 TEMPLATES = ("causal-lm", "image-classification", "minimal", "seq-classification")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 import pytest
-from conftest import REPO_ROOT, run_accelkit
+from helpers import REPO_ROOT, run_accelkit
 
 from accelkit import resources
 from accelkit.cli import COMMANDS, main

@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 from click.testing import CliRunner
-from config_helpers import accelerate_roundtrip
-from conftest import run_accelkit
+from helpers import run_accelkit
+from helpers.config import accelerate_roundtrip
 
 from accelkit.cli import cli
 from accelkit.configs import hardware, list_presets

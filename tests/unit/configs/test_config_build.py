@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from config_helpers import accelerate_roundtrip, build_plugin, launcher_env
+from helpers.config import accelerate_roundtrip, build_plugin, launcher_env
 
 from accelkit.configs import ConfigOptions, build_config, hardware, list_presets, load_config, problems, write_config
 from accelkit.errors import AccelkitError

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import yaml
+from helpers import DATA
 
 from accelkit.rehearsal import prepare_rehearsal
 
-PROBE = Path(__file__).parent / "data" / "rehearsal" / "probe.py"
+PROBE = DATA / "rehearsal" / "probe.py"
 
 
 def rehearse(config: dict, tmp_path: Path, *probe_args: str) -> tuple[list[dict], Path]:

@@ -6,14 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import run_accelkit
+from helpers import DATA, run_accelkit
 
 from accelkit.convert import ConvertOptions, convert_source
 from accelkit.errors import AccelkitError
 
-DATA = Path(__file__).parent / "data" / "convert"
-CORPUS = sorted((DATA / "corpus").glob("*.py"))
-GOLDEN = DATA / "golden"
+CONVERT_DATA = DATA / "convert"
+CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py"))
+GOLDEN = CONVERT_DATA / "golden"
 UPDATE = os.environ.get("ACCELKIT_UPDATE_GOLDEN") == "1"  # regenerate tests/data/convert/golden/
 
 
@@ -183,7 +183,7 @@ def test_script_without_anything_to_convert_is_unchanged() -> None:
 @pytest.fixture
 def script(tmp_path: Path) -> Path:
     path = tmp_path / "train.py"
-    path.write_text((DATA / "corpus" / "lbfgs.py").read_text())
+    path.write_text((CONVERT_DATA / "corpus" / "lbfgs.py").read_text())
     return path
 
 

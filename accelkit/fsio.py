@@ -1,0 +1,173 @@
+"""Writing outputs without ever leaving half of one: the one home of "write under a temporary name, then rename".
+
+Every command that writes (config, init, convert, merge-ckpt, launch --slurm) goes through here:
+- `StagedOutput(final)` yields a temporary path `.NAME.accelkit-tmp-PID` beside `final` (a file or a folder);
+  `commit()` renames it into place; leaving without commit removes it and any folder created for it. Because
+  the CLI turns SIGTERM/SIGHUP into an exception (accelkit.errors.raise_on_termination), that covers signals too;
+  after SIGKILL, `remove_stale_temps` clears what a dead process left the next time the same output is written.
+- `atomic_write(path, data)` is the one-call version for a small text or bytes file.
+- `write_error(exc, path)` turns the OSError of a failed write into one message naming the real cause
+  (read-only file system, permission denied, disk full, file-size limit) and the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+
+TEMP_MARK = ".accelkit-tmp-"
+DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def temp_path(final: Path, pid: int | None = None) -> Path:
+    """The temporary name of `final` while process `pid` (default: this one) writes it."""
+    return final.parent / f".{final.name}{TEMP_MARK}{os.getpid() if pid is None else pid}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(final: Path) -> list[Path]:
+    """Remove temporary outputs of `final` left by accelkit processes that no longer exist (killed with SIGKILL,
+    power loss). Returns what was removed, so the caller can say so."""
+    pattern = re.compile(re.escape(f".{final.name}{TEMP_MARK}") + r"(\d+)$")
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for entry in final.parent.iterdir():
+            match = pattern.match(entry.name)
+            if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+                remove_path(entry)
+                removed.append(entry)
+    return removed
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file, link or folder tree; missing is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def write_error(exc: OSError, path: Path | str) -> AccelkitError:
+    """One message for a failed write, naming the cause and the path the user gave (never a temporary name)."""
+    code = exc.errno
+    if code == errno.EROFS:
+        return AccelkitError(f"cannot write {path}: the file system is read-only",
+                             hint="write to a writable location (choose another output path)")
+    if code in (errno.EACCES, errno.EPERM):
+        return AccelkitError(f"cannot write {path}: permission denied",
+                             hint="choose a folder you can write to, or fix its permissions")
+    if code == errno.EFBIG:
+        return AccelkitError(f"cannot write {path}: the file exceeds the file-size limit; nothing was written",
+                             hint="raise the limit (ulimit -f) or write smaller files (e.g. --max-shard-size)")
+    if code in DISK_FULL_ERRNOS:
+        return AccelkitError(f"disk full while writing {path} ({os.strerror(code or 0)}); nothing was written",
+                             hint="free some space or write the output elsewhere")
+    if code == errno.ENOTDIR:
+        return AccelkitError(f"cannot write {path}: a part of the path is a file, not a folder",
+                             hint="choose an output path whose parent folders are folders")
+    if code == errno.ENAMETOOLONG:
+        return AccelkitError(f"cannot write {path}: the name is too long", hint="choose a shorter output path")
+    reason = exc.strerror or type(exc).__name__
+    return AccelkitError(f"cannot write {path}: {reason}", hint="check the output path and its folder")
+
+
+class StagedOutput:
+    """Context manager: yields a temporary path (file or folder) next to `final`; `commit()` renames it into place.
+
+    Leaving the block without commit (an exception, KeyboardInterrupt, Terminated) removes the temporary path
+    and any folders created for it. OSErrors while setting up become `write_error` messages naming `final`.
+    """
+
+    def __init__(self, final: Path, is_dir: bool = False) -> None:
+        self.final = Path(final)
+        self.is_dir = is_dir
+        self.temp = temp_path(self.final)
+        self.stale_removed: list[Path] = []
+        self._created: list[Path] = []
+        self._committed = False
+
+    def __enter__(self) -> Path:
+        try:
+            missing = []
+            folder = self.final.parent
+            while not folder.exists():
+                missing.append(folder)
+                folder = folder.parent
+            for folder in reversed(missing):
+                folder.mkdir()
+                self._created.append(folder)
+            self.stale_removed = remove_stale_temps(self.final)
+            remove_path(self.temp)
+            if self.is_dir:
+                self.temp.mkdir()
+        except OSError as exc:
+            self._discard()
+            raise write_error(exc, self.final) from None
+        return self.temp
+
+    def commit(self) -> None:
+        old = None
+        if self.final.exists() or self.final.is_symlink():
+            old = temp_path(self.final).with_name(f".{self.final.name}.accelkit-old-{os.getpid()}")
+            os.replace(self.final, old)
+        os.replace(self.temp, self.final)
+        self._committed = True
+        if old is not None:
+            remove_path(old)
+
+    def _discard(self) -> None:
+        remove_path(self.temp)
+        for folder in reversed(self._created):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._committed:
+            self._discard()
+
+
+def atomic_write(path: Path | str, data: str | bytes, mode: int = 0o644) -> None:
+    """Write a small file completely or not at all; failures become one `write_error` message."""
+    atomic_write_many([(Path(path), data)], mode)
+
+
+def atomic_write_many(files: list[tuple[Path, str | bytes]], mode: int = 0o644) -> None:
+    """Write several small files that belong together (a YAML and the JSON it names): every one is staged first,
+    then all are renamed; a failure before the renames leaves none of them."""
+    with contextlib.ExitStack() as stack:
+        staged: list[StagedOutput] = []
+        for path, data in files:
+            output = StagedOutput(Path(path))
+            temp = stack.enter_context(output)
+            try:
+                if isinstance(data, str):
+                    temp.write_text(data, encoding="utf-8")
+                else:
+                    temp.write_bytes(data)
+                temp.chmod(mode)
+            except OSError as exc:
+                raise write_error(exc, path) from None
+            staged.append(output)
+        for output in staged:
+            try:
+                output.commit()
+            except OSError as exc:
+                raise write_error(exc, output.final) from None

@@ -1,0 +1,235 @@
+"""The fault-test harness: run one accelkit command on a bad input (or with a signal, or a crash) and observe
+everything a careful user would check afterwards.
+
+    result = run_fault(["merge-ckpt", str(src), "-o", str(out)], watch=[tmp_path])
+    result.assert_refused("shards come from different runs")
+
+`run_fault` snapshots the watched trees (every file's sha256, every folder) before and after, looks for temporary
+files accelkit left in the watched trees and in the system temp folder, and for processes the command started that
+outlived it. `assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly
+one `Error:` line that matches, a `Hint:`, no traceback, nothing created, changed or deleted outside `owned`
+paths, no leftovers, no orphans.
+
+When $ACCELKIT_FAULT_RECORD names a file, every observation is appended to it as one JSON line; that is how
+benchmarks/faults.py turns the fault suite into its table (inputs tried, refused with a clear message, tracebacks,
+silent wrong outputs, leftovers, orphans).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+RECORD_ENV = "ACCELKIT_FAULT_RECORD"
+TEMP_PATTERNS = (re.compile(r"\.accelkit-tmp-\d+$"), re.compile(r"\.accelkit-old-\d+$"),
+                 re.compile(r"^accelkit-launch-"))
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under root: files map to their sha256, folders and links to a marker."""
+    import hashlib
+
+    root = Path(root)
+    if not root.exists():
+        return {}
+    entries = [root, *sorted(root.rglob("*"))] if root.is_dir() else [root]
+    out: dict[str, str] = {}
+    for path in entries:
+        key = str(path)
+        if path.is_symlink():
+            out[key] = "link:" + os.readlink(path)
+        elif path.is_dir():
+            out[key] = "dir"
+        elif path.is_file():
+            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _temp_leftovers(roots: list[Path], since: float) -> list[str]:
+    found = []
+    for root in roots:
+        if not root.exists():
+            continue
+        for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
+            if any(p.search(path.name) for p in TEMP_PATTERNS):
+                found.append(str(path))
+    system_tmp = Path(tempfile.gettempdir())
+    for path in system_tmp.iterdir():
+        if any(p.search(path.name) for p in TEMP_PATTERNS):
+            try:
+                if path.stat().st_mtime >= since:
+                    found.append(str(path))
+            except FileNotFoundError:
+                pass
+    return found
+
+
+def _orphans(marker: str) -> list[str]:
+    """Processes still alive whose environment carries this run's marker (set on the command we started)."""
+    alive = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid == os.getpid():
+                continue
+            if proc.environ().get("ACCELKIT_FAULT_MARKER") == marker:
+                alive.append(f"{proc.pid}: {' '.join(proc.info['cmdline'] or [])[:200]}")
+        except (psutil.Error, OSError):
+            continue
+    return alive
+
+
+@dataclass
+class FaultResult:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    created: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def traceback(self) -> bool:
+        return "Traceback (most recent call last)" in self.stderr + self.stdout
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("Error:")]
+
+    def touched_outside(self, owned: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+        owned_strs = [str(Path(p)) for p in owned]
+
+        def is_owned(path: str) -> bool:
+            return any(path == o or path.startswith(o + os.sep) for o in owned_strs)
+
+        return [p for p in self.created + self.changed + self.deleted if not is_owned(p)]
+
+    def assert_refused(self, match: str | None = None, *, exit_code: int = 1,
+                       owned: list[Path] | tuple[Path, ...] = ()) -> str:
+        """The failure contract: exit code, one matching `Error:` line and a `Hint:`, no traceback, nothing
+        touched outside `owned`, no leftovers, no orphans. Returns the error line."""
+        text = f"\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
+        assert self.returncode == exit_code, f"exit {self.returncode}, expected {exit_code}{text}"
+        assert not self.traceback, f"traceback shown{text}"
+        assert len(self.error_lines) == 1, f"expected one Error: line, got {self.error_lines}{text}"
+        if match is not None:
+            assert re.search(match, self.error_lines[0]), f"{match!r} not in {self.error_lines[0]!r}"
+        assert "Hint:" in self.stderr, f"no Hint: line{text}"
+        self.assert_clean(owned=owned)
+        return self.error_lines[0]
+
+    def assert_clean(self, owned: list[Path] | tuple[Path, ...] = ()) -> None:
+        """Nothing touched outside `owned`, no temporary leftovers, no orphan processes."""
+        touched = self.touched_outside(owned)
+        assert not touched, f"created/changed/deleted outside what the command owns: {touched}"
+        assert not self.leftovers, f"temporary files left behind: {self.leftovers}"
+        assert not self.orphans, f"processes outlived the command: {self.orphans}"
+
+
+def _record(result: FaultResult, kind: str, expect: str) -> None:
+    path = os.environ.get(RECORD_ENV)
+    if not path:
+        return
+    row = {"kind": kind, "expect": expect, "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+           **asdict(result), "traceback": result.traceback, "error_lines": result.error_lines}
+    row["stdout"], row["stderr"] = row["stdout"][-2000:], row["stderr"][-2000:]
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
+              timeout: float = 300, send_signal: tuple[float | str, int] | None = None, kind: str = "bad input",
+              expect: str = "refused", preexec_fn=None, stdin: str | None = None,
+              readonly: Path | None = None) -> FaultResult:
+    """Run `python -m accelkit ARGS` and observe it (see the module docstring).
+
+    `send_signal=(when, signum)`: send signum to the command after `when` seconds, or once a line containing
+    `when` (a string) appears on its stderr. `expect` says what a correct tool does ("refused": a clean error;
+    "signal": a clean stop; "ok": success) and is recorded for benchmarks/faults.py. `readonly`: an existing
+    folder the command sees as a read-only file system (a private mount namespace: `unshare -rm`, then a
+    read-only tmpfs over the folder), for every user, root included.
+    """
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"
+    full_env = {**os.environ, **(env or {}), "ACCELKIT_FAULT_MARKER": marker}
+    before = {str(root): snapshot(root) for root in watch}
+    start = time.time()
+    command = [sys.executable, "-m", "accelkit", *args]
+    if readonly is not None:
+        import shlex
+
+        mount = f"mount -t tmpfs -o ro,size=1m tmpfs {shlex.quote(str(readonly))}"
+        command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                   f"{mount} && exec {shlex.join(command)}"]
+    proc = subprocess.Popen(command, cwd=cwd, env=full_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
+                            stdin=subprocess.PIPE if stdin is not None else None)
+    if send_signal is None:
+        stdout, stderr = proc.communicate(stdin, timeout=timeout)
+    else:
+        stdout, stderr = _communicate_with_signal(proc, send_signal, timeout)
+    time.sleep(0.2)  # let killed children finish dying before looking for orphans
+    result = FaultResult(args=list(args), returncode=proc.returncode, stdout=stdout, stderr=stderr,
+                         seconds=time.time() - start)
+    for root in watch:
+        old, new = before[str(root)], snapshot(root)
+        result.created += sorted(set(new) - set(old))
+        result.deleted += sorted(set(old) - set(new))
+        result.changed += sorted(p for p in set(old) & set(new) if old[p] != new[p])
+    result.leftovers = _temp_leftovers([Path(r) for r in watch], since=start)
+    result.orphans = _orphans(marker)
+    for line in result.orphans:  # never let a test leak processes into the next one
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    _record(result, kind, expect)
+    return result
+
+
+def _communicate_with_signal(proc: subprocess.Popen, send_signal: tuple[float | str, int],
+                             timeout: float) -> tuple[str, str]:
+    import threading
+
+    when, signum = send_signal
+    err_lines: list[str] = []
+    out_chunks: list[str] = []
+    seen = threading.Event()
+
+    def read_err() -> None:
+        for line in proc.stderr:
+            err_lines.append(line)
+            if isinstance(when, str) and when in line:
+                seen.set()
+
+    def read_out() -> None:
+        out_chunks.append(proc.stdout.read())
+
+    threads = [threading.Thread(target=read_err, daemon=True), threading.Thread(target=read_out, daemon=True)]
+    for t in threads:
+        t.start()
+    if isinstance(when, str):
+        seen.wait(timeout)
+    else:
+        time.sleep(when)
+    if proc.poll() is None:
+        proc.send_signal(signum)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for t in threads:
+        t.join(timeout=10)
+    return "".join(out_chunks), "".join(err_lines)
