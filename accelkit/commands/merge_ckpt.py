@@ -11,15 +11,9 @@ from accelkit.errors import AccelkitError  # noqa: F401 - raised by the library;
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n} B"
-
-
 def _print_report(report, inspect_only: bool) -> None:
+    from accelkit.merge.output import format_bytes as _size
+
     click.echo(f"Format:      {report.format_name}" + (f", world size {report.world_size}"
                                                         if report.world_size else ""))
     for note in report.notes:

@@ -18,6 +18,7 @@ from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, file_s
 from accelkit.merge.writer import SAFETENSORS_DTYPES
 
 _DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 
 
 def find_index(path: Path) -> Path | None:
@@ -49,6 +50,8 @@ def read_header(file: Path) -> tuple[dict, int]:
     try:
         with open(file, "rb") as handle:
             (size,) = struct.unpack("<Q", handle.read(8))
+            if size > MAX_HEADER_BYTES:
+                raise ValueError("header size out of range")
             header = json.loads(handle.read(size))
     except OSError as exc:
         raise read_error(exc, file) from None

@@ -83,8 +83,19 @@ def merged_files(folder: Path) -> list[str]:
     return []
 
 
-def check_free_space(folder: Path, needed: int) -> None:
-    free = shutil.disk_usage(folder).free
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def check_free_space(measured_at: Path, needed: int, output: Path) -> None:
+    """Refuse before writing when the file system holding `measured_at` (the staged output) lacks `needed` bytes;
+    the message names the folder the user chose."""
+    free = shutil.disk_usage(measured_at).free
     if free < needed:
-        raise AccelkitError(f"not enough disk space in {folder}: the output needs {needed / 1e9:.2f} GB, "
-                            f"{free / 1e9:.2f} GB are free", hint="free some space or write the output elsewhere")
+        raise AccelkitError(f"not enough disk space for {output}: the output needs {format_bytes(needed)}, "
+                            f"{format_bytes(free)} are free in {output.parent}",
+                            hint="free some space or write the output elsewhere")

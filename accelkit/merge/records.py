@@ -7,12 +7,12 @@ flipped data byte loads silently. So merge-ckpt reads the records itself:
 
 - `TorchArchive` loads the structure with `torch.load(map_location="meta", weights_only=True)`, which reads only the
   pickle (torch then records each storage's byte offset in the file), and the record table (names, sizes, CRC-32)
-  with `zipfile`. The small records (the pickle, version files) are checked at once; `locate(tensor)` gives the
-  record and byte range holding a meta tensor's bytes.
-- `RecordReader` copies byte ranges of records into caller-owned buffers with `os.preadv` (no memory map, no page
-  faults on fresh memory) and keeps a running CRC-32 of each record as its bytes go by in order; a record is
-  checked the moment its last byte has been read, and `finish()` reads what was skipped (alignment padding) to
-  check the rest.
+  with `zipfile`. The records that are not tensor data (the pickle, version files) are checked at once;
+  `locate(tensor)` gives the record and byte range holding a meta tensor's bytes.
+- `RecordReader` copies byte ranges of records into caller-owned buffers with `os.preadv` and keeps a running CRC-32
+  of each record as its bytes go by in order; a record is checked the moment its last byte has been read, and
+  `finish()` reads what was skipped (alignment padding) to check the rest. Records a merge never reads (Adam
+  moments beside DeepSpeed's fp32 partitions) are not read, and so not checked.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import struct
 import zipfile
 import zlib
@@ -32,8 +33,7 @@ import torch
 
 from accelkit.errors import AccelkitError
 
-# Records at most this large are checked when the archive is opened (pickles, version strings, tiny tensors).
-SMALL_RECORD_BYTES = 64 * 1024
+_DATA_RECORD = re.compile(r"(^|/)data/\d+$")  # tensor storages; every other record is the pickle or a version
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -183,7 +183,7 @@ class TorchArchive:
                 offset = _local_data_offset(fd, start + info.header_offset, path)
                 record = Record(path, info.filename, offset, info.file_size, info.CRC)
                 records[offset - start] = record
-                if info.file_size <= SMALL_RECORD_BYTES:
+                if not _DATA_RECORD.search(info.filename):
                     small.append(record)
         for record in small:  # the pickle and version records: checked before anything trusts them
             data = bytearray(record.size)
@@ -194,6 +194,10 @@ class TorchArchive:
             obj = torch.load(io.BufferedReader(_Window(fd, start, length, path)), map_location="meta",
                              weights_only=True)
         return cls(path, obj, records)
+
+    @property
+    def records(self) -> list[Record]:
+        return list(self._by_offset.values())
 
     def locate(self, tensor: torch.Tensor) -> tuple[Record, int]:
         """The record holding a meta tensor's storage, and the byte offset of the tensor's first element in it."""

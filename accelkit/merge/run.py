@@ -26,7 +26,7 @@ from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import extras, manifest, savestate, shards, single_file
 from accelkit.merge.detect import open_source
-from accelkit.merge.output import FILES_KEY, check_free_space, check_paths
+from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
 from accelkit.merge.writer import SAFETENSORS_DTYPES, build_header
@@ -99,17 +99,17 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
     source = open_source(opts.input, opts.tag, opts.model_index)
     try:
         checks = []
-        folder = savestate.find_save_state_dir(source.root)
-        if folder is not None:
-            checks += savestate.check(folder, source.world_size, source.reader)
-        found = manifest.find(source.root)
+        found = manifest.find(source.root)  # first: when there is one, it says best what is wrong
         if found is not None:
             if hash_manifest:
-                side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
+                _, side_files = extras.find_side_files(opts.input, opts.config_from)
                 checks += manifest.verify(found, [*source.files, *side_files], source.world_size)
             else:
                 checks.append(f"manifest {found.path} (run {found.run_id[:12]}, step {found.step}): verified when "
                               "merging")
+        folder = savestate.find_save_state_dir(source.root)
+        if folder is not None:
+            checks += savestate.check(folder, source.world_size, source.reader)
         return source, checks
     except BaseException:
         source.close()
@@ -241,7 +241,9 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
                 temp.touch(exist_ok=False)
             except OSError as exc:
                 raise write_error(exc, opts.output) from None
-        check_free_space(temp if not to_file else temp.parent, report.bytes + 1024 * 1024)
+        needed = report.bytes + sum(len(build_header(shard, metadata)) for shard in plan) + sum(
+            f.stat().st_size for f in side_files)
+        check_free_space(temp if not to_file else temp.parent, needed, opts.output)
         notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {opts.output}")
         with _progress(report.bytes, "merge", opts.progress) as bar:
             stream.on_bytes = bar.update
@@ -266,7 +268,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
     if report.nonfinite:
         notes.append(f"{len(report.nonfinite)} tensors hold non-finite values, written as they are "
                      f"(--allow-nonfinite): {', '.join(list(report.nonfinite)[:4])}")
-    report.checks.append(f"CRC-32 of {source.reader.checksum_bytes / 1e6:,.1f} MB of zip records read"
+    report.checks.append(f"CRC-32 of {format_bytes(source.reader.checksum_bytes)} of zip records read"
                          if source.reader.checksum_bytes else "no zip records to checksum in this format")
     report.checks.append("no NaN or inf in any floating-point tensor" if not report.nonfinite
                          else "non-finite values found and accepted (--allow-nonfinite)")

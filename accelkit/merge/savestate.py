@@ -124,7 +124,7 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
             value = materialise(archive, reader, value).item()
         if isinstance(value, (int, float)):
             by_file[info.relative_path].add(float(value))
-    uniform = {rel: next(iter(values)) for rel, values in by_file.items() if len(values) == 1}
+    uniform = {rel: next(iter(values)) for rel, values in sorted(by_file.items()) if len(values) == 1}
     if len(uniform) < 2 or len(uniform) != len(by_file):
         return None  # one file, or parameters that legitimately stepped differently: nothing to compare
     values = list(uniform.values())
