@@ -22,6 +22,7 @@ import torch
 from helpers.faults import run_fault
 
 MANIFEST = "accelkit-manifest.json"
+pytestmark = pytest.mark.slow  # every case starts the real CLI (torch import included) in a subprocess
 
 
 @pytest.fixture

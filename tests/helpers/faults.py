@@ -6,9 +6,10 @@ everything a careful user would check afterwards.
 
 `run_fault` snapshots the watched trees (every file's sha256, every folder) before and after, looks for temporary
 files accelkit left in the watched trees and in the temp folder the command is given (a fresh $TMPDIR per run, so
-other processes on a shared machine are never counted), and for processes the command started that outlived it. `assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly
-one `Error:` line that matches, a `Hint:`, no traceback, nothing created, changed or deleted outside `owned`
-paths, no leftovers, no orphans.
+other processes on a shared machine are never counted), and for processes the command started that outlived it.
+`assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly one `Error:`
+line that matches, a `Hint:`, no traceback, nothing created, changed or deleted outside `owned` paths, no
+leftovers, no orphans.
 
 When $ACCELKIT_FAULT_RECORD names a file, every observation is appended to it as one JSON line; that is how
 benchmarks/faults.py turns the fault suite into its table (inputs tried, refused with a clear message, tracebacks,

@@ -76,8 +76,22 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
     assert "Accelerate save_state folder: merging pytorch_model_fsdp_0/" in proc.stdout
     assert 'nested under "model"' in proc.stdout
     assert "Verified:" in proc.stdout and "peak memory" in proc.stdout
+    # Every signal around the weights was checked: the manifest, Accelerate's RNG files, the optimizer's steps.
+    assert "manifest accelkit-manifest.json (run " in proc.stdout and ", step 2)" in proc.stdout
+    assert "the RNG files of all 2 processes were saved at step 2" in proc.stdout
+    assert "optimizer_0/ agrees with itself (optimizer step 2 in all 2 rank files)" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert_bit_identical(load_output(out), load_file(produced / "expected.safetensors"))
+    # The save after the first step merges too, and holds other weights: the two saves are really two steps.
+    first = load_output(merge_to(produced / "ckpt-step1", out.parent / "step1"))
+    assert not torch.equal(first["model.embed_tokens.weight"], load_output(out)["model.embed_tokens.weight"])
+
+
+def merge_to(src: Path, out: Path) -> Path:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
+    return out
 
 
 def cli_in_process(*args: str):
