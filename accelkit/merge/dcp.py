@@ -23,7 +23,6 @@ from accelkit.merge import dcp_layout
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, lazy_segment, record_segment
 
 METADATA_FILE = dcp_layout.METADATA_FILE
-_DISTCP = dcp_layout.DISTCP
 # Top-level keys under which Accelerate and training frameworks nest the model in a DCP state dict.
 _MODEL_KEYS = ("model", "module", "state_dict")
 
@@ -110,12 +109,6 @@ class DCPSource(CheckpointSource):
                                 hint="re-copy the checkpoint's .distcp files from the machine that wrote them") \
                 from None
         return target[fqn]
-
-
-def world_size_of(path: Path) -> int | None:
-    """The number of ranks that wrote a DCP folder (from its file names), without opening the items."""
-    ranks = {int(m.group(1)) for p in path.iterdir() if (m := _DISTCP.match(p.name))}
-    return max(ranks) + 1 if ranks else None
 
 
 def _reraise_interrupt(exc: BaseException) -> None:
