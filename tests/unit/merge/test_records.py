@@ -110,3 +110,20 @@ def test_an_item_inside_a_larger_file(tmp_path: Path) -> None:
     archive = TorchArchive.open(joined, [], start=first.stat().st_size, length=second.stat().st_size)
     reader = RecordReader()
     assert read_all(archive, reader, archive.obj, piece=8) == torch.full((7,), 2.5).numpy().tobytes()
+
+
+def test_an_input_that_fails_to_read_is_a_read_error_of_that_file(tmp_path: Path, monkeypatch) -> None:
+    """EIO from the disk holding a shard names the shard and says read; it is never taken for an output problem."""
+    import errno
+    import os
+
+    path = saved(tmp_path, weight=torch.arange(10, dtype=torch.float32))
+    archive = TorchArchive.open(path, [])
+    record, offset = archive.locate(archive.obj["weight"])
+
+    def failing(fd, buffers, position):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", failing)
+    with pytest.raises(AccelkitError, match=rf"cannot read {path}: input/output error \(the disk"):
+        RecordReader().read(record, offset, memoryview(bytearray(8)))
