@@ -25,6 +25,24 @@ TEMP_MARK = ".accelkit-tmp-"
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT/SIGTERM/SIGHUP until the block is done (they are delivered right after it). Main thread only:
+    that is where Python runs signal handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def temp_path(final: Path, pid: int | None = None) -> Path:
     """The temporary name of `final` while process `pid` (default: this one) writes it."""
     return final.parent / f".{final.name}{TEMP_MARK}{os.getpid() if pid is None else pid}"
@@ -122,22 +140,24 @@ class StagedOutput:
         return self.temp
 
     def commit(self) -> None:
-        old = None
-        if self.final.exists() or self.final.is_symlink():
-            old = temp_path(self.final).with_name(f".{self.final.name}.accelkit-old-{os.getpid()}")
-            os.replace(self.final, old)
-        os.replace(self.temp, self.final)
-        self._committed = True
-        if old is not None:
-            remove_path(old)
+        with signals_deferred():  # a signal between the two renames would leave neither the old nor the new output
+            old = None
+            if self.final.exists() or self.final.is_symlink():
+                old = temp_path(self.final).with_name(f".{self.final.name}.accelkit-old-{os.getpid()}")
+                os.replace(self.final, old)
+            os.replace(self.temp, self.final)
+            self._committed = True
+            if old is not None:
+                remove_path(old)
 
     def _discard(self) -> None:
-        remove_path(self.temp)
-        for folder in reversed(self._created):
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        with signals_deferred():  # a second Ctrl-C while cleaning up must not leave half of the temporary output
+            remove_path(self.temp)
+            for folder in reversed(self._created):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._committed:

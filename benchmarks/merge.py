@@ -1,17 +1,26 @@
-"""Benchmark: merging a ~1 GB checkpoint with accelkit vs the peer tools, wall time and peak RSS side by side.
+"""Benchmark: merging sharded checkpoints with accelkit vs the peer tools, wall time and peak RSS side by side.
 
-    python benchmarks/merge.py [--cache DIR] [--size-gb 1.0]
+    python benchmarks/merge.py [--cache DIR] [--models linear-1gb,llama-217m] [--runs 3]
 
-Builds (once, cached under DIR) a model of plain Linear layers, about SIZE GB of fp32 weights, and saves it with
-the real tools on 2 CPU ranks: FSDP2 + torch DCP, and DeepSpeed ZeRO-2 and ZeRO-3 after one AdamW step. Then every
-tool runs in a fresh process, measured by a small wrapper process (wall time, and the peak RSS of its child from
-getrusage(RUSAGE_CHILDREN)):
+Two models, each saved once (cached under DIR) with the real tools on 2 CPU ranks: FSDP2 + torch DCP, and
+DeepSpeed ZeRO-2 and ZeRO-3 after one AdamW step (so the ZeRO folders also hold Adam state):
 
-- DCP:     accelkit merge-ckpt  vs  `accelerate merge-weights`
+- linear-1gb: 32 Linear layers of 2816x2816, about 1 GB of fp32 weights (the figures this benchmark always had);
+- llama-217m: a 217M-parameter Llama (hidden 1024, 12 layers, vocabulary 32000, untied head): a transformer's mix of
+  large embeddings, matrices and small norms.
+
+Every tool runs in a fresh process, measured by a small wrapper (wall time, and the peak RSS and CPU time of its
+child from getrusage(RUSAGE_CHILDREN)); runs of the tools alternate and the median of `--runs` is printed:
+
+- DCP:      accelkit merge-ckpt  vs  `accelerate merge-weights`
 - ZeRO-2/3: accelkit merge-ckpt  vs  DeepSpeed's zero_to_fp32.py (the script it writes into the checkpoint)
-- copy:    `cp` of the merged output (the same bytes): what the disk allows.
+- copy:     `cp` of the merged output (the same bytes): what the disk allows.
 
-Caches are warm (every tool reads the same files just read by the one before). Nothing here is asserted.
+Then the cost of accelkit's integrity checks: the same merges with the CRC-32 and non-finite checks switched off
+(a switch only this benchmark uses), the time the checks themselves took (accelkit reports it), and the verification
+of a manifest (sha256 of every file, as for a checkpoint accelkit's templates save). Caches are warm: every tool
+reads files just read by the one before. Nothing here is asserted. On a shared machine, read the medians together
+with the load average printed at the end.
 """
 
 from __future__ import annotations
@@ -21,37 +30,56 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HIDDEN = 2816  # a 2816x2816 fp32 Linear weight is 31.7 MB
+MODELS = ("linear-1gb", "llama-217m")
+NO_CHECKS = ("import sys, accelkit.merge.records as r, accelkit.merge.stream as s; r.CHECK_CRC = False; "
+             "s.SCAN_NONFINITE = False; from accelkit.cli import main; sys.argv[0] = 'accelkit'; main()")
 
 
-def build_model(size_gb: float):
+def build_model(name: str):
     import torch
 
-    layers = max(1, round(size_gb * 1e9 / (HIDDEN * HIDDEN * 4)))
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(layers)])
+    if name == "linear-1gb":
+        layers = round(1e9 / (HIDDEN * HIDDEN * 4))
+        return torch.nn.Sequential(*[torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(layers)])
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2752, num_hidden_layers=12,
+                         num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
 
 
-def produce(kind: str, out: Path, size_gb: float) -> None:
+def _loss(model, name: str):
+    import torch
+
+    if name == "linear-1gb":
+        return model(torch.randn(2, HIDDEN)).float().pow(2).mean()
+    ids = torch.randint(0, 32000, (1, 16))
+    return model(input_ids=ids, labels=ids).loss
+
+
+def produce(model_name: str, kind: str, out: Path) -> None:
     """Runs inside each of 2 torchrun ranks."""
     import torch
     import torch.distributed as dist
 
-    x = torch.randn(2, HIDDEN)
     if kind == "dcp":
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
         from torch.distributed.fsdp import fully_shard
 
         dist.init_process_group("gloo")
-        model = build_model(size_gb)
-        for layer in model:
-            fully_shard(layer)
+        model = build_model(model_name)
+        units = list(model) if model_name == "linear-1gb" else list(model.model.layers)
+        for unit in units:
+            fully_shard(unit)
         fully_shard(model)
         dcp.save(get_model_state_dict(model), checkpoint_id=str(out))
         dist.destroy_process_group()
@@ -59,34 +87,61 @@ def produce(kind: str, out: Path, size_gb: float) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    model = build_model(size_gb)
+    model = build_model(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": int(kind[-1])},
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": int(kind[-1])},
               "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    loss = engine(x).float().pow(2).mean()
-    engine.backward(loss)
+    engine.backward(_loss(engine, model_name))
     engine.step()
     engine.save_checkpoint(str(out), tag="step1")
 
 
-def ensure_checkpoints(cache: Path, size_gb: float) -> dict[str, Path]:
-    paths = {"dcp": cache / "dcp", "zero2": cache / "zero2", "zero3": cache / "zero3"}
+def ensure_checkpoints(cache: Path, model_name: str) -> dict[str, Path]:
+    root = cache if model_name == "linear-1gb" else cache / model_name  # linear-1gb keeps its old cache path
+    paths = {kind: root / kind for kind in ("dcp", "zero2", "zero3")}
     for kind, path in paths.items():
         if (path / "BENCH_DONE").is_file():
             continue
         shutil.rmtree(path, ignore_errors=True)
-        print(f"building the {kind} checkpoint under {path} ...", file=sys.stderr)
+        print(f"building the {model_name} {kind} checkpoint under {path} ...", file=sys.stderr)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        __file__, "--produce", kind, str(path), "--size-gb", str(size_gb)], check=True, env=env,
+                        __file__, "--produce", model_name, kind, str(path)], check=True, env=env,
                        stdout=subprocess.DEVNULL)
         (path / "BENCH_DONE").write_text("ok\n")
     return paths
 
 
-def measure(cmd: list[str]) -> dict:
-    """Run cmd in a fresh wrapper process; return its wall time and the peak RSS of the command."""
+def with_manifest(dcp_dir: Path, where: Path) -> Path:
+    """A hard-linked copy of a DCP checkpoint with the manifest accelkit's templates write (their own code)."""
+    if (where / "accelkit-manifest.json").is_file():
+        return where / "dcp"
+    shutil.rmtree(where, ignore_errors=True)
+    (where / "dcp").mkdir(parents=True)
+    for file in dcp_dir.iterdir():
+        if file.name != "BENCH_DONE":
+            os.link(file, where / "dcp" / file.name)
+    source = (Path(__file__).resolve().parent.parent / "templates" / "minimal" / "train.py").read_text()
+    block = source[source.index('# >>> shared block "manifest"'):source.index('# <<< shared block "manifest"')]
+    namespace: dict = {}
+    exec("from __future__ import annotations\nimport hashlib, json\nfrom pathlib import Path\n" + block, namespace)
+
+    class MainProcess:
+        is_main_process, num_processes = True, 2
+
+        def wait_for_everyone(self) -> None:
+            pass
+
+    namespace["write_manifest"](MainProcess(), where, 1, "benchmark")
+    return where / "dcp"
+
+
+def measure(cmd: list[str], output: Path | None = None) -> dict:
+    """Run cmd in a fresh wrapper process (after removing its `output`); its wall time, and the peak RSS and CPU
+    time of the command."""
+    if output is not None:
+        _clear(output)
     out = subprocess.run([sys.executable, __file__, "--measure", "--", *cmd], capture_output=True, text=True,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -94,24 +149,88 @@ def measure(cmd: list[str]) -> dict:
 
 def _measure_child(cmd: list[str]) -> None:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
         sys.exit(proc.returncode)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(json.dumps({"seconds": seconds, "peak_rss": peak}))
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"seconds": seconds, "peak_rss": usage.ru_maxrss * 1024, "cpu": usage.ru_utime + usage.ru_stime,
+                      "stdout": proc.stdout[-4000:]}))
 
 
 def dir_bytes(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _clear(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def _timed(line: str, stdout: str) -> float:
+    """The seconds accelkit reports for one of its checks, e.g. 'CRC-32 of 1.02 GB of zip records read (0.21 s)'."""
+    for text in stdout.splitlines():
+        if line in text and text.rstrip().endswith(" s)"):
+            return float(text.rsplit("(", 1)[1].split()[0])
+    return 0.0
+
+
+def run_model(model_name: str, cache: Path, work: Path, runs: int) -> tuple[list[tuple], list[tuple]]:
+    ckpts = ensure_checkpoints(cache, model_name)
+    py = sys.executable
+    accelkit = [py, "-m", "accelkit", "merge-ckpt"]
+    cases = [("DCP (FSDP2)", ckpts["dcp"], "accelerate merge-weights",
+              lambda out: [py, "-m", "accelerate.commands.accelerate_cli", "merge-weights", str(ckpts["dcp"]),
+                           str(out)])]
+    for stage in ("zero2", "zero3"):
+        cases.append((f"DeepSpeed ZeRO-{stage[-1]}", ckpts[stage], "DeepSpeed zero_to_fp32.py",
+                      lambda out, s=stage: [py, str(ckpts[s] / "zero_to_fp32.py"), str(ckpts[s]), str(out),
+                                            "--safe_serialization"]))
+    rows, checks = [], []
+    for label, src, peer, peer_cmd in cases:
+        ours_out, peer_out = work / "ours.safetensors", work / "peer"
+        results: dict[str, list[dict]] = {"ours": [], "peer": [], "nochecks": []}
+        for _ in range(runs):
+            for key, cmd, out in (
+                    ("ours", [*accelkit, str(src), "-o", str(ours_out), "-q"], ours_out),
+                    ("peer", peer_cmd(peer_out), peer_out),
+                    ("nochecks", [py, "-c", NO_CHECKS, "merge-ckpt", str(src), "-o", str(ours_out), "-q"], ours_out)):
+                print(f"  {model_name} {label}: {key} ...", file=sys.stderr)
+                results[key].append(measure(cmd, out))
+        size = dir_bytes(ours_out) / 1e9
+        ours, theirs = _median(results["ours"]), _median(results["peer"])
+        rows.append((f"{model_name} {label}", "accelkit merge-ckpt", ours, size, theirs))
+        rows.append((f"{model_name} {label}", peer, theirs, dir_bytes(peer_out) / 1e9, None))
+        crc = statistics.median(_timed("CRC-32 of", r["stdout"]) for r in results["ours"])
+        scan = statistics.median(_timed("no NaN or inf", r["stdout"]) for r in results["ours"])
+        checks.append((f"{model_name} {label}", ours["seconds"], _median(results["nochecks"])["seconds"], crc, scan))
+        if label.startswith("DCP"):
+            copy_out = work / "copy.safetensors"
+            cp = _median([measure(["cp", str(ours_out), str(copy_out)], copy_out) for _ in range(runs)])
+            rows.append((f"{model_name} output", "cp (plain copy, disk limit)", cp, dir_bytes(copy_out) / 1e9, None))
+            _clear(copy_out)
+            signed = with_manifest(src, cache / f"{model_name}-with-manifest")
+            hashed = _median([measure([*accelkit, str(signed), "-o", str(ours_out), "-q"], ours_out)
+                              for _ in range(runs)])
+            checks.append((f"{model_name} {label} + manifest", hashed["seconds"], ours["seconds"], None, None))
+        _clear(ours_out)
+        _clear(peer_out)
+    return rows, checks
+
+
+def _median(results: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in results) for key in ("seconds", "peak_rss", "cpu")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "accelkit-bench-merge")
-    parser.add_argument("--size-gb", type=float, default=1.0)
-    parser.add_argument("--produce", nargs=2, metavar=("KIND", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--produce", nargs=3, metavar=("MODEL", "KIND", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -119,48 +238,34 @@ def main() -> None:
         _measure_child(args.rest)
         return
     if args.produce:
-        produce(args.produce[0], Path(args.produce[1]), args.size_gb)
+        produce(args.produce[0], args.produce[1], Path(args.produce[2]))
         return
 
-    ckpts = ensure_checkpoints(args.cache, args.size_gb)
     work = args.cache / "outputs"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    py = sys.executable
-    ds_script = "zero_to_fp32.py"
-    runs = [
-        ("DCP (FSDP2)", "accelkit merge-ckpt",
-         [py, "-m", "accelkit", "merge-ckpt", str(ckpts["dcp"]), "-o", str(work / "a.safetensors"), "-q"],
-         work / "a.safetensors"),
-        ("DCP (FSDP2)", "accelerate merge-weights",
-         [py, "-m", "accelerate.commands.accelerate_cli", "merge-weights", str(ckpts["dcp"]), str(work / "b")],
-         work / "b"),
-    ]
-    for stage in ("zero2", "zero3"):
-        label = f"DeepSpeed ZeRO-{stage[-1]}"
-        runs += [
-            (label, "accelkit merge-ckpt",
-             [py, "-m", "accelkit", "merge-ckpt", str(ckpts[stage]), "-o", str(work / f"{stage}-a.safetensors"),
-              "-q"], work / f"{stage}-a.safetensors"),
-            (label, "DeepSpeed zero_to_fp32.py",
-             [py, str(ckpts[stage] / ds_script), str(ckpts[stage]), str(work / f"{stage}-b"),
-              "--safe_serialization"], work / f"{stage}-b"),
-        ]
-    runs.append(("~1 GB output", "cp (plain copy, disk limit)",
-                 ["cp", str(work / "a.safetensors"), str(work / "copy.safetensors")], work / "copy.safetensors"))
-
-    rows = []
-    for label, tool, cmd, out in runs:
-        print(f"running {tool} on {label} ...", file=sys.stderr)
-        result = measure(cmd)
-        rows.append((label, tool, result["seconds"], result["peak_rss"] / 2**20, dir_bytes(out) / 1e9))
-    in_sizes = {k: dir_bytes(v) / 1e9 for k, v in ckpts.items()}
-    print(f"\ncheckpoint on disk: DCP {in_sizes['dcp']:.2f} GB, ZeRO-2 {in_sizes['zero2']:.2f} GB, "
-          f"ZeRO-3 {in_sizes['zero3']:.2f} GB (with Adam state); {os.cpu_count()} CPUs\n")
-    print("| input | tool | wall time (s) | peak RSS (MB) | output (GB) |")
-    print("|---|---|---:|---:|---:|")
-    for label, tool, seconds, rss, size in rows:
-        print(f"| {label} | {tool} | {seconds:.1f} | {rss:.0f} | {size:.2f} |")
+    work.mkdir(parents=True)
+    rows, checks = [], []
+    for model_name in args.models.split(","):
+        model_rows, model_checks = run_model(model_name, args.cache, work, args.runs)
+        rows += model_rows
+        checks += model_checks
+    print(f"\nmedian of {args.runs} runs per tool, runs alternating; {os.cpu_count()} CPUs, load average "
+          f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min) at the end\n")
+    print("| input | tool | wall (s) | CPU (s) | peak RSS (MB) | output (GB) | accelkit / peer: wall, RSS |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for label, tool, result, size, peer in rows:
+        ratio = f"{result['seconds'] / peer['seconds']:.2f}x, {result['peak_rss'] / peer['peak_rss']:.2f}x" \
+            if peer else ""
+        print(f"| {label} | {tool} | {result['seconds']:.1f} | {result['cpu']:.1f} | "
+              f"{result['peak_rss'] / 2**20:.0f} | {size:.2f} | {ratio} |")
+    print("\nIntegrity checks (CRC-32 of every record read, non-finite scan; a manifest's sha256 when there is one):\n")
+    print("| input | merge (s) | without checks (s) | cost | CRC-32 (s) | non-finite scan (s) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, with_checks, without, crc, scan in checks:
+        cost = (with_checks - without) / with_checks
+        crc_text = f"{crc:.2f}" if crc is not None else "-"
+        scan_text = f"{scan:.2f}" if scan is not None else "-"
+        print(f"| {label} | {with_checks:.2f} | {without:.2f} | {cost:+.0%} | {crc_text} | {scan_text} |")
 
 
 if __name__ == "__main__":

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.merge.source import CheckpointSource, TensorEntry
-from accelkit.merge.torch_files import MappedTorchFile
+from accelkit.merge import deepspeed_checks
+from accelkit.merge.source import CheckpointSource, Segment, TensorEntry
+from accelkit.merge.torch_files import open_archive, tensor_segments
 
 _OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -82,10 +82,11 @@ class DeepSpeedSource(CheckpointSource):
     def __init__(self, path: Path, tag: str | None = None) -> None:
         tag_dir, how = resolve_tag_dir(path, tag)
         super().__init__(format_name="DeepSpeed ZeRO", root=tag_dir)
+        self.tag = tag_dir.name
         self.notes.append(f"DeepSpeed checkpoint folder {tag_dir} ({how})")
         optim_paths = _ranked(tag_dir, _OPTIM, "*_optim_states.pt")
-        self._optim = [MappedTorchFile(p) for p in optim_paths]
-        head = self._optim_state(0)
+        self._optim = [open_archive(p) for p in optim_paths]
+        head = self.optim_state(0)
         if head.get("zero_stage") is None or head.get("partition_count") is None:
             raise AccelkitError(f"{optim_paths[0]} has no zero_stage/partition_count: not a ZeRO optimizer state",
                                 hint="merge-ckpt reads checkpoints written by engine.save_checkpoint with ZeRO 1-3")
@@ -104,49 +105,66 @@ class DeepSpeedSource(CheckpointSource):
         if self.stage == 3 and len(model_paths) != world:
             raise AccelkitError(f"{tag_dir} holds {len(model_paths)} model-state shards for a {world}-rank run",
                                 hint="copy the complete checkpoint of one run into a clean folder")
-        self._models = [MappedTorchFile(p) for p in model_paths]
-        for rank, f in enumerate(self._optim[1:], start=1):
-            other = self._optim_state(rank)
+        self.model_files = model_paths
+        self._models = [open_archive(p) for p in model_paths]
+        for rank, archive in enumerate(self._optim[1:], start=1):
+            other = self.optim_state(rank)
             other_world = _world_size(other)
             if other_world != world or int(_enum_value(other.get("zero_stage"))) != self.stage:
-                raise AccelkitError(f"{f.path.name} comes from a different run (world size {other_world}) than "
-                                    f"{optim_paths[0].name} (world size {world})",
+                raise AccelkitError(f"{archive.path.name} comes from a different run (world size {other_world}, "
+                                    f"ZeRO-{int(_enum_value(other.get('zero_stage')))}) than {optim_paths[0].name} "
+                                    f"(world size {world}, ZeRO-{self.stage}): shards from different world sizes "
+                                    "or runs are mixed",
                                     hint="copy the complete checkpoint of one run into a clean folder")
         self.files = [*model_paths, *optim_paths]
         self._plan()
+        deepspeed_checks.check_all(self)
 
     # -- file access -------------------------------------------------------------------------------------------
-    def _optim_state(self, rank: int) -> dict[str, Any]:
-        sd = self._optim[rank].get()
+    def optim_state(self, rank: int) -> dict[str, Any]:
+        sd = self._optim[rank].obj
         if not isinstance(sd, dict) or "optimizer_state_dict" not in sd:
             raise AccelkitError(f"{self._optim[rank].path} is not a DeepSpeed ZeRO optimizer state file",
                                 hint="point at a checkpoint written by engine.save_checkpoint")
         return sd["optimizer_state_dict"]
 
-    def _flat_groups(self, rank: int) -> list[torch.Tensor]:
+    def flat_groups(self, rank: int) -> list[torch.Tensor]:
         key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
-        return self._optim_state(rank)[key]
+        groups = self.optim_state(rank).get(key)
+        if not isinstance(groups, list) or not all(isinstance(g, torch.Tensor) and g.dim() == 1 for g in groups):
+            raise AccelkitError(f"{self._optim[rank].path} holds no flat fp32 partitions ({key})",
+                                hint="point at a checkpoint written by engine.save_checkpoint")
+        return groups
 
-    def _model_state(self, rank: int = 0) -> dict[str, Any]:
-        sd = self._models[rank].get()
+    def model_state(self, rank: int = 0) -> dict[str, Any]:
+        sd = self._models[rank].obj
         if not isinstance(sd, dict) or "param_shapes" not in sd or "buffer_names" not in sd:
             raise AccelkitError(f"{self._models[rank].path} is not a DeepSpeed model state file",
                                 hint="point at a checkpoint written by engine.save_checkpoint")
         return sd
 
+    def optim_archive(self, rank: int):
+        return self._optim[rank]
+
+    def model_archive(self, rank: int = 0):
+        return self._models[rank]
+
     # -- planning: where every tensor comes from ---------------------------------------------------------------
     def _plan(self) -> None:
-        ms = self._model_state(0)
+        ms = self.model_state(0)
         module: dict[str, torch.Tensor] = ms.get("module") or {}
-        self._where: dict[str, tuple] = {}
+        self.where: dict[str, tuple] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         dtypes: dict[str, torch.dtype] = {}
-        group_sizes = [[t.numel() for t in self._flat_groups(r)] for r in range(self.world_size or 1)]
+        self.group_sizes = [[t.numel() for t in self.flat_groups(r)] for r in range(self.world_size or 1)]
+        group_sizes = self.group_sizes
         if any(len(sizes) != len(group_sizes[0]) for sizes in group_sizes) or (
                 self.stage == 3 and any(sizes != group_sizes[0] for sizes in group_sizes)):
-            raise AccelkitError(f"the optimizer shards in {self.root} have different partition sizes: they come "
-                                "from different runs", hint="copy the complete checkpoint of one run")
-        fp32 = self._flat_groups(0)[0].dtype if group_sizes[0] else torch.float32
+            odd = next(r for r, sizes in enumerate(group_sizes) if sizes != group_sizes[0])
+            raise AccelkitError(f"{self._optim[odd].path.name} holds partitions of other sizes than "
+                                f"{self._optim[0].path.name}: they come from different runs",
+                                hint="copy the complete checkpoint of one run")
+        fp32 = self.flat_groups(0)[0].dtype if group_sizes[0] else torch.float32
         if self.stage == 3:
             self._plan_zero3(ms, group_sizes[0], shapes)
         else:
@@ -156,12 +174,12 @@ class DeepSpeedSource(CheckpointSource):
         frozen = ms.get("frozen_param_shapes") or {}
         for name, shape in frozen.items():
             shapes[name] = tuple(shape)
-            self._where[name] = ("frozen",)
+            self.where[name] = ("frozen",)
             dtypes[name] = ms["frozen_param_fragments"][name].dtype
         for name in ms.get("buffer_names") or []:
             if name in module:
                 shapes[name], dtypes[name] = tuple(module[name].shape), module[name].dtype
-                self._where[name] = ("module",)
+                self.where[name] = ("module",)
         self.aliases = {k: v for k, v in (ms.get("shared_params") or {}).items() if v in shapes and k not in shapes}
         if self.stage < 3:
             # ZeRO-1 does not list frozen parameters separately; the module state dict has them in full.
@@ -169,7 +187,7 @@ class DeepSpeedSource(CheckpointSource):
                      if k not in shapes and k not in self.aliases and isinstance(v, torch.Tensor)]
             for name in extra:
                 shapes[name], dtypes[name] = tuple(module[name].shape), module[name].dtype
-                self._where[name] = ("module",)
+                self.where[name] = ("module",)
             if extra:
                 self.notes.append(f"{len(extra)} tensors outside the optimizer (frozen) taken from the module "
                                   f"state dict (e.g. {extra[0]})")
@@ -177,14 +195,14 @@ class DeepSpeedSource(CheckpointSource):
         self.entries = [TensorEntry(k, shapes[k], dtypes[k]) for k in order]
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
-        paddings = self._optim_state(0).get("param_alignment_paddings")
+        paddings = self.optim_state(0).get("param_alignment_paddings")
         groups = ms["param_shapes"]
         part_sizes = rank_sizes[0]
         # Where each rank's partition starts in each group's flat vector: [group][rank] -> (start, size).
-        self._partitions = []
+        self.partitions = []
         for g in range(len(part_sizes)):
             starts = [sum(sizes[g] for sizes in rank_sizes[:r]) for r in range(len(rank_sizes))]
-            self._partitions.append([(start, sizes[g]) for start, sizes in zip(starts, rank_sizes, strict=True)])
+            self.partitions.append([(start, sizes[g]) for start, sizes in zip(starts, rank_sizes, strict=True)])
         if len(groups) != len(part_sizes):
             raise AccelkitError(f"{self.root}: model states list {len(groups)} parameter groups, optimizer shards "
                                 f"{len(part_sizes)}", hint="the model and optimizer files come from different runs")
@@ -193,12 +211,12 @@ class DeepSpeedSource(CheckpointSource):
             for i, (name, shape) in enumerate(group.items()):
                 numel = math.prod(shape)
                 shapes[name] = tuple(shape)
-                self._where[name] = ("flat12", g, offset, numel)
+                self.where[name] = ("flat12", g, offset, numel)
                 offset += numel + (paddings[g][i] if paddings else 0)
-            held = sum(size for _, size in self._partitions[g])
-            if offset > held:
-                raise AccelkitError(f"{self.root}: parameter group {g} needs {offset} values but the shards hold "
-                                    f"{held}",
+            held = sum(size for _, size in self.partitions[g])
+            if offset > held:  # the exact layout is checked against every rank's param_slice_mappings
+                raise AccelkitError(f"{self.root}: parameter group {g} of the model states needs {offset} values but "
+                                    f"the optimizer shards hold {held}",
                                     hint="the model and optimizer files come from different runs")
 
     def _plan_zero3(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
@@ -209,69 +227,60 @@ class DeepSpeedSource(CheckpointSource):
                 numel = math.prod(shape)
                 per_rank = math.ceil(numel / world)
                 shapes[name] = tuple(shape)
-                self._where[name] = ("flat3", offset, per_rank, numel)
+                self.where[name] = ("flat3", offset, per_rank, numel)
                 offset += per_rank
         if offset != sum(part_sizes):
             raise AccelkitError(f"{self.root}: parameters need {offset} values per rank but the shards hold "
                                 f"{sum(part_sizes)}", hint="the model and optimizer files come from different runs")
 
     # -- reading ------------------------------------------------------------------------------------------------
-    def _copy_range(self, rank: int, start: int, into: torch.Tensor, concat_groups: bool, group: int = 0) -> None:
-        """Fill `into` with values from `start` of rank's flat group g (or of all its groups concatenated, ZeRO-3)."""
-        groups = self._flat_groups(rank) if concat_groups else [self._flat_groups(rank)[group]]
-        length, base = into.numel(), 0
-        for flat in groups:
+    def _rank_range(self, rank: int, start: int, length: int, group: int | None) -> list[Segment]:
+        """Elements [start, start + length) of rank's flat group `group` (or of all its groups back to back)."""
+        groups = self.flat_groups(rank)
+        chosen = [(g, groups[g]) for g in range(len(groups))] if group is None else [(group, groups[group])]
+        out, base = [], 0
+        for _, flat in chosen:
             n = flat.numel()
             lo, hi = max(start, base), min(start + length, base + n)
             if lo < hi:
-                self._optim[rank].copy_out(flat.narrow(0, lo - base, hi - lo), into.narrow(0, lo - start, hi - lo))
+                out += tensor_segments(self._optim[rank], self.reader, flat, lo - base, hi - base)
             base += n
-        del groups
+        return out
 
-    def _read_one(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        where = self._where[name]
+    def segments(self, name: str) -> list[Segment]:
+        where = self.where[name]
         kind = where[0]
-        numel = math.prod(shape)
         if kind == "module":
-            return self._models[0].copy_out(self._model_state(0)["module"][name])
+            return tensor_segments(self._models[0], self.reader, self.model_state(0)["module"][name])
         if kind == "frozen":
+            numel = math.prod(self.entry_by_name[name].shape)
             if self.stage < 3:
-                return self._models[0].copy_out(self._model_state(0)["frozen_param_fragments"][name])
-            frags = [self._models[r].copy_out(self._model_state(r)["frozen_param_fragments"][name].reshape(-1))
-                     for r in range(len(self._models))]
-            return torch.cat(frags)[:numel].view(shape)
-        world = self.world_size or 1
+                return tensor_segments(self._models[0], self.reader,
+                                       self.model_state(0)["frozen_param_fragments"][name])
+            out, left = [], numel
+            for rank in range(len(self._models)):  # ZeRO-3: each rank holds a slice, the last one padded
+                fragment = self.model_state(rank)["frozen_param_fragments"][name]
+                take = min(left, fragment.numel())
+                out += tensor_segments(self._models[rank], self.reader, fragment, 0, take)
+                left -= take
+            return out
         if kind == "flat12":
             # The parameter is one range of the group's flat vector; rank r holds [start_r, start_r + size_r) of it.
-            _, g, offset, _ = where
-            out = torch.empty(numel, dtype=self._flat_groups(0)[g].dtype)
-            for rank, (start, size) in enumerate(self._partitions[g]):
+            _, g, offset, numel = where
+            out = []
+            for rank, (start, size) in enumerate(self.partitions[g]):
                 lo, hi = max(offset, start), min(offset + numel, start + size)
                 if lo < hi:
-                    self._copy_range(rank, lo - start, out.narrow(0, lo - offset, hi - lo), False, g)
-            return out.view(shape)
+                    out += self._rank_range(rank, lo - start, hi - lo, g)
+            return out
         # ZeRO-3: rank r holds elements [r*per_rank, (r+1)*per_rank) of the (padded) parameter at `offset`.
-        _, offset, per_rank, _ = where
-        out = torch.empty(per_rank * world, dtype=self._flat_groups(0)[0].dtype)
-        for rank in range(world):
-            self._copy_range(rank, offset, out.narrow(0, rank * per_rank, per_rank), True)
-        return out[:numel].view(shape)
-
-    def read(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        by_name = self.entry_by_name
-        for name in names:
-            try:
-                tensor = self._read_one(name, by_name[name].shape)
-            except AccelkitError:
-                raise
-            except Exception as exc:
-                raise AccelkitError(f"cannot rebuild {name!r} from {self.root}: {str(exc)[:200]}",
-                                    hint="the rank files are corrupt or come from different runs") from None
-            yield name, tensor
-
-    def close(self) -> None:
-        for f in [*self._optim, *self._models]:
-            f.close()
+        _, offset, per_rank, numel = where
+        out = []
+        for rank in range(self.world_size or 1):
+            take = min(per_rank, numel - rank * per_rank)
+            if take > 0:
+                out += self._rank_range(rank, offset, take, None)
+        return out
 
 
 def _enum_value(value: Any) -> Any:

@@ -52,8 +52,8 @@ def tied_pairs_from_config(config_file: Path) -> dict[str, str]:
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(raw, dict) or "model_type" not in raw:
-        return {}
+    if not isinstance(raw, dict) or "model_type" not in raw or raw.get("tie_word_embeddings") is False:
+        return {}  # nothing is tied (or transformers would not know the model): no need to import it
     import torch
     import transformers
 

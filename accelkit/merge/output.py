@@ -1,16 +1,23 @@
-"""Never lose data: the output is built under a temporary name in its own folder and renamed into place at the end.
+"""Never lose data: where the output may go, and what `--force` may replace.
 
-On any failure (a bad shard, a full disk, Ctrl-C) the temporary output is removed and nothing is left behind. An
-existing output is only replaced with --force, and only after the new one is complete. The input is opened
-read-only and may not contain, or be contained in, the output.
+The output is built under a temporary name beside it (fsio.StagedOutput) and renamed into place at the end, so a
+failure leaves nothing. The input is only read and may not contain, or be contained in, the output. `--force`
+replaces a file, or a folder holding only what an earlier merge wrote there: every safetensors file and index that
+merge-ckpt writes names, in its metadata, all the files of its output folder. Anything else in an existing folder
+is refused, with the list of what is there: merge-ckpt never deletes a file it did not write.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.merge import shards
+
+# safetensors metadata / index metadata key listing every file of a folder output (relative names)
+FILES_KEY = "accelkit_merge_files"
 
 
 def _inside(child: Path, parent: Path) -> bool:
@@ -25,17 +32,70 @@ def check_paths(input_path: Path, output: Path, force: bool) -> None:
     if _inside(src, dst):
         raise AccelkitError(f"the input {input_path} is inside the output {output}",
                             hint="choose an output path that does not contain the checkpoint")
-    if output.exists() and not force:
+    if not (output.exists() or output.is_symlink()):
+        return
+    if not force:
         raise AccelkitError(f"output {output} already exists", hint="pass --force to replace it, or pick a new path")
-    if output.exists() and output.is_dir() != (output.suffix != ".safetensors"):
+    if output.is_dir() != (output.suffix != ".safetensors"):
         raise AccelkitError(f"output {output} exists and is a {'folder' if output.is_dir() else 'file'}",
                             hint="remove it or pick another output path")
+    if output.is_dir():
+        foreign = foreign_files(output)
+        if foreign:
+            listing = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
+            raise AccelkitError(f"--force replaces a folder only when it holds nothing but an earlier merge's output, "
+                                f"and {output} also holds: {listing}",
+                                hint="move those files away, or pick another output folder")
 
 
-def check_free_space(folder: Path, needed: int) -> None:
-    free = shutil.disk_usage(folder).free
+def foreign_files(folder: Path) -> list[str]:
+    """What in `folder` an earlier merge did not write (relative paths, folders marked with a trailing /)."""
+    ours = set(merged_files(folder))
+    found = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            if not any(o.startswith(rel + "/") for o in ours):
+                found.append(rel + "/")
+        elif rel not in ours:
+            found.append(rel)
+    return [f for f in found if not any(f.startswith(d) and f != d for d in found if d.endswith("/"))]
+
+
+def merged_files(folder: Path) -> list[str]:
+    """The files an earlier merge wrote in `folder`, from its index or its single safetensors file."""
+    index = folder / shards.INDEX_FILE
+    if index.is_file():
+        try:
+            listed = json.loads(index.read_text()).get("metadata", {}).get(FILES_KEY)
+        except (OSError, ValueError, AttributeError):
+            listed = None
+        return [str(f) for f in listed] if isinstance(listed, list) else []
+    single = folder / shards.SINGLE_FILE
+    if single.is_file():
+        from accelkit.merge.hf_sharded import read_header
+
+        try:
+            listed = json.loads(read_header(single)[0].get("__metadata__", {}).get(FILES_KEY, "null"))
+        except (AccelkitError, ValueError, AttributeError):
+            listed = None
+        return [str(f) for f in listed] if isinstance(listed, list) else []
+    return []
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def check_free_space(measured_at: Path, needed: int, output: Path) -> None:
+    """Refuse before writing when the file system holding `measured_at` (the staged output) lacks `needed` bytes;
+    the message names the folder the user chose."""
+    free = shutil.disk_usage(measured_at).free
     if free < needed:
-        raise AccelkitError(f"not enough disk space in {folder}: the output needs {needed / 1e9:.2f} GB, "
-                            f"{free / 1e9:.2f} GB are free", hint="free some space or write the output elsewhere")
-
-
+        raise AccelkitError(f"not enough disk space for {output}: the output needs {format_bytes(needed)}, "
+                            f"{format_bytes(free)} are free in {output.parent}",
+                            hint="free some space or write the output elsewhere")

@@ -1,32 +1,35 @@
-"""The merge itself: detect the input, plan the output, stream tensors from reader to writer, verify, rename.
+"""The merge itself: detect and check the input, plan the output, stream tensors into it, verify, rename.
 
-Memory: a reader yields one tensor, it is cast and appended to the open output file (on a helper thread, while the
-next one is read), then dropped; every output file's header is written before its first tensor, so neither the
-model nor a whole shard is ever held.
+Order matters for trust: everything that can be checked before writing is (layout, consistency of the rank files
+and of the save_state files, the manifest's hashes); then the output is staged under a temporary name, written
+piece by piece with every record's CRC-32 and a non-finite scan on the way (see stream), the records read only in
+part are checked to their end, and only then is the output renamed into place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import resource
 import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.fsio import DISK_FULL_ERRNOS, StagedOutput, write_error
-from accelkit.merge import extras, shards, single_file
+from accelkit.fsio import StagedOutput, write_error
+from accelkit.merge import extras, manifest, savestate, shards, single_file
 from accelkit.merge.detect import open_source
-from accelkit.merge.output import check_free_space, check_paths
+from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
 from accelkit.merge.source import CheckpointSource, TensorEntry
-from accelkit.merge.torch_files import MAP_WINDOW_BYTES
-from accelkit.merge.writer import SAFETENSORS_DTYPES, SafetensorsWriter
+from accelkit.merge.stream import TensorStream
+from accelkit.merge.writer import SAFETENSORS_DTYPES, build_header
 
 DTYPES: dict[str, torch.dtype | None] = {"keep": None, "fp32": torch.float32, "bf16": torch.bfloat16,
                                          "fp16": torch.float16}
@@ -44,7 +47,9 @@ class MergeOptions:
     tag: str | None = None
     model_index: int | None = None
     config_from: Path | None = None
+    allow_nonfinite: bool = False
     progress: bool = True
+    notify: Callable[[str], None] | None = None  # one-line notices while merging (the CLI prints them on stderr)
 
 
 @dataclass
@@ -58,12 +63,17 @@ class MergeReport:
     dtypes: dict[str, int]
     input_files: int
     input_bytes: int
+    checks: list[str] = field(default_factory=list)
     output: Path | None = None
     output_files: list[str] = field(default_factory=list)
     copied: list[str] = field(default_factory=list)
     dropped_aliases: dict[str, str] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=dict)  # accepted with --allow-nonfinite
     verified: bool = False
     seconds: float = 0.0
+    open_seconds: float = 0.0  # opening and checking the input before any byte is written
+    checksum_seconds: float = 0.0  # CRC-32 of the records read
+    scan_seconds: float = 0.0  # the non-finite scan (on the writer thread, beside the reads)
     peak_rss_bytes: int = 0
 
 
@@ -71,24 +81,6 @@ def peak_rss_bytes() -> int:
     """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
-
-
-def release_large_frees_to_os() -> None:
-    """Make glibc serve (and free) every allocation above 1 MiB with its own mmap.
-
-    Tensors come and go one at a time; by default glibc raises its mmap threshold after the first large free and
-    then recycles tensor-sized blocks through its heap, which fragments and grows RSS by several tensors' worth.
-    With a fixed threshold each freed tensor goes straight back to the OS (costs ~1 s/GB in page faults).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass  # not glibc (e.g. musl): nothing to tune
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -101,15 +93,39 @@ def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport
         format_name=source.format_name, world_size=source.world_size, notes=list(source.notes),
         tensors=len(entries), parameters=sum(e.numel for e in entries), bytes=sum(e.nbytes for e in entries),
         dtypes=dict(Counter(_dtype_name(e.dtype) for e in entries)), input_files=len(files),
-        input_bytes=sum(f.stat().st_size for f in files))
+        input_bytes=sum(f.stat().st_size for f in files), checks=list(source.checks))
+
+
+def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[CheckpointSource, list[str]]:
+    """Open the input with every check its format and surroundings allow; the extra check lines."""
+    source = open_source(opts.input, opts.tag, opts.model_index)
+    try:
+        checks = []
+        found = manifest.find(source.root)  # first: when there is one, it says best what is wrong
+        if found is not None:
+            if hash_manifest:
+                _, side_files = extras.find_side_files(opts.input, opts.config_from)
+                checks += manifest.verify(found, [*source.files, *side_files], source.world_size)
+            else:
+                checks.append(f"manifest {found.path} (run {found.run_id[:12]}, step {found.step}): verified when "
+                              "merging")
+        folder = savestate.find_save_state_dir(source.root)
+        if folder is not None:
+            checks += savestate.check(folder, source.world_size, source.reader)
+        return source, checks
+    except BaseException:
+        source.close()
+        raise
 
 
 def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
-    """Describe a checkpoint without writing anything."""
+    """Describe a checkpoint (and check what can be checked without reading every byte); write nothing."""
     start = time.perf_counter()
-    source = open_source(input_path, tag, model_index)
+    source, checks = _open_and_check(MergeOptions(input=input_path, tag=tag, model_index=model_index),
+                                     hash_manifest=False)
     try:
         report = _report(source, source.entries)
+        report.checks += checks
         report.dropped_aliases = dict(source.aliases)
     finally:
         source.close()
@@ -122,25 +138,6 @@ def _cast(entry: TensorEntry, dtype: torch.dtype | None) -> TensorEntry:
     if dtype is None or not entry.dtype.is_floating_point or entry.dtype == dtype:
         return entry
     return TensorEntry(entry.name, entry.shape, dtype)
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-
-
-def _untie(source: CheckpointSource, pairs: dict[str, str], notes: list[str]) -> dict[str, str]:
-    """Which config-tied pairs present in the checkpoint hold identical values (so one copy can go)."""
-    present = source.entry_by_name
-    dropped = {}
-    for alias, target in pairs.items():
-        if alias in present and target in present:
-            values = dict(source.read([target, alias]))
-            if _same_bits(values[target], values[alias]):
-                dropped[alias] = target
-            else:
-                notes.append(f"config ties {alias} to {target} but their values differ: both are kept")
-    return dropped
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -164,24 +161,47 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
                             hint=f"use -o {opts.output.with_suffix('')}/ to get shards and an index")
     max_bytes = shards.parse_size(opts.max_shard_size) if opts.max_shard_size else None
     check_paths(opts.input, opts.output, opts.force)
-    release_large_frees_to_os()
-    source = open_source(opts.input, opts.tag, opts.model_index)
+    with lean_process():
+        source, checks = _open_and_check(opts, hash_manifest=True)
+        try:
+            report = _merge(source, opts, dtype, to_file, max_bytes, start)
+        finally:
+            source.close()
+    report.checks[len(source.checks):len(source.checks)] = checks
+    return report
+
+
+@contextlib.contextmanager
+def lean_process():
+    """What a streaming copy needs from the process, restored afterwards (for in-process callers).
+
+    One torch thread: every operation here (a sum, a cast) runs at memory speed, and idle OpenMP workers spin on the
+    second core the writer thread needs. No cyclic garbage collection: the merge makes no cycles, and collections
+    triggered by unpickling thousands of small metadata objects cost more than the merge of a small model."""
+    threads, collecting = torch.get_num_threads(), gc.isenabled()
+    torch.set_num_threads(1)
+    gc.disable()
     try:
-        with torch.no_grad():  # tensors loaded with requires_grad must not build autograd graphs
-            return _merge(source, opts, dtype, to_file, max_bytes, start)
+        with torch.no_grad():
+            yield
     finally:
-        source.close()
+        torch.set_num_threads(threads)
+        if collecting:
+            gc.enable()
 
 
-def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | None, to_file: bool,
-           max_bytes: int | None, start: float) -> MergeReport:
-    assert opts.output is not None
-    notes = list(source.notes)
+def _plan(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | None, to_file: bool,
+          max_bytes: int | None, stream: TensorStream, notes: list[str]):
     side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
     dropped = dict(source.aliases)
     config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
     if config is not None and source.ties_from_config:
-        dropped.update(_untie(source, extras.tied_pairs_from_config(config), notes))
+        for alias, target in extras.tied_pairs_from_config(config).items():
+            if alias in source.entry_by_name and target in source.entry_by_name:
+                if stream.same_values(target, alias):
+                    dropped[alias] = target
+                else:
+                    notes.append(f"config ties {alias} to {target} but their values differ: both are kept")
     if dropped:
         notes.append("tied weights stored once, as transformers does: "
                      + ", ".join(f"{a} -> {t}" for a, t in dropped.items()))
@@ -191,98 +211,87 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
         raise AccelkitError(f"tensor {unsupported[0].name!r} has dtype {unsupported[0].dtype}, which safetensors "
                             "cannot store", hint="convert that tensor to a real dtype before merging")
     if to_file:
-        plan, names = [entries], [opts.output.name]
-    else:
-        plan = shards.plan_shards(entries, max_bytes) if max_bytes else [entries]
-        names = shards.shard_file_names(len(plan))
+        return [entries], [opts.output.name], dropped, side_folder, side_files
+    plan = shards.plan_shards(entries, max_bytes) if max_bytes else [entries]
+    return plan, shards.shard_file_names(len(plan)), dropped, side_folder, side_files
+
+
+def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | None, to_file: bool,
+           max_bytes: int | None, start: float) -> MergeReport:
+    assert opts.output is not None
+    notes = list(source.notes)
+    notify = opts.notify or (lambda message: None)
+    stream = TensorStream(source, opts.allow_nonfinite, on_bytes=lambda n: None)
+    plan, names, dropped, side_folder, side_files = _plan(source, opts, dtype, to_file, max_bytes, stream, notes)
+    entries = [e for shard in plan for e in shard]
     report = _report(source, entries)
     report.notes, report.dropped_aliases, report.output = notes, dropped, opts.output
-    report.output_files = names
-    parent = opts.output.parent
-    existing = parent
-    while not existing.exists():
-        existing = existing.parent
-    check_free_space(existing, report.bytes + 1024 * 1024)
+    report.output_files = list(names)
+    report.open_seconds = time.perf_counter() - start
+    folder_files = [*names, *([shards.INDEX_FILE] if len(plan) > 1 else []), *(f.name for f in side_files)]
+    metadata = dict(SAFETENSORS_METADATA)
+    if not to_file:
+        metadata[FILES_KEY] = json.dumps(folder_files)
 
     staged = StagedOutput(opts.output, is_dir=not to_file)
-    try:
-        with staged as temp:
-            files = [temp] if to_file else [temp / n for n in names]
-            with _progress(report.bytes, "merge", opts.progress) as bar:
+    with staged as temp:
+        for stale in staged.stale_removed:
+            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
+        files = [temp] if to_file else [temp / n for n in names]
+        if to_file:  # prove the target is writable before judging its free space
+            try:
+                temp.touch(exist_ok=False)
+            except OSError as exc:
+                raise write_error(exc, opts.output) from None
+        needed = report.bytes + sum(len(build_header(shard, metadata)) for shard in plan) + sum(
+            f.stat().st_size for f in side_files)
+        check_free_space(temp if not to_file else temp.parent, needed, opts.output)
+        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {opts.output}")
+        with _progress(report.bytes, "merge", opts.progress) as bar:
+            stream.on_bytes = bar.update
+            for shard_entries, file in zip(plan, files, strict=True):
+                stream.write_file(shard_entries, file, metadata, label=opts.output)
+        source.finish()
+        if not to_file:
+            _write_folder_extras(temp, plan, names, side_files, opts.output, folder_files)
+            report.copied = [f.name for f in side_files]
+            if side_files:
+                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
+            if len(plan) > 1:
+                report.output_files.append(shards.INDEX_FILE)
+        if opts.verify:
+            with _progress(report.bytes, "verify", opts.progress) as bar:
+                stream.on_bytes = bar.update
                 for shard_entries, file in zip(plan, files, strict=True):
-                    _write_file(source, shard_entries, file, bar)
-            if not to_file:
-                if len(plan) > 1:
-                    index = shards.build_index(plan, names)
-                    (temp / shards.INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-                    report.output_files.append(shards.INDEX_FILE)
-                for f in side_files:
-                    shutil.copyfile(f, temp / f.name)
-                report.copied = [f.name for f in side_files]
-                if side_files:
-                    notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
-            if opts.verify:
-                _verify(source, plan, files, dtype, opts.progress)
-                report.verified = True
-            staged.commit()
-    except OSError as exc:
-        if exc.errno in DISK_FULL_ERRNOS:
-            raise write_error(exc, opts.output) from None
-        raise
+                    stream.verify_file(shard_entries, file, len(build_header(shard_entries, metadata)))
+            report.verified = True
+        staged.commit()
+    report.nonfinite = dict(stream.scan.tensors)
+    if report.nonfinite:
+        notes.append(f"{len(report.nonfinite)} tensors hold non-finite values, written as they are "
+                     f"(--allow-nonfinite): {', '.join(list(report.nonfinite)[:4])}")
+    report.checksum_seconds, report.scan_seconds = source.reader.checksum_seconds, stream.scan.seconds
+    report.checks.append(f"CRC-32 of {format_bytes(source.reader.checksum_bytes)} of zip records read "
+                         f"({report.checksum_seconds:.2f} s)" if source.reader.checksum_bytes
+                         else "no zip records to checksum in this format")
+    report.checks.append(f"no NaN or inf in any floating-point tensor ({report.scan_seconds:.2f} s)"
+                         if not report.nonfinite else "non-finite values found and accepted (--allow-nonfinite)")
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
     return report
 
 
-def _write_file(source: CheckpointSource, entries: list[TensorEntry], file: Path, bar) -> None:
-    """Stream `entries` into `file`: tensor i is written on a helper thread while tensor i+1 is read.
-
-    Reading and writing are both mostly I/O (and release the GIL), so overlapping them saves up to half the time;
-    at most two tensors are alive at once.
-    """
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    writer = SafetensorsWriter(file, entries, SAFETENSORS_METADATA)
-    by_name = {e.name: e for e in entries}
-    pending: Future | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-write") as pool:
-        try:
-            for name, tensor in source.read([e.name for e in entries]):
-                tensor = tensor.to(by_name[name].dtype)
-                if pending is not None:
-                    bar.update(pending.result())
-                pending = pool.submit(writer.write, name, tensor)
-                del tensor
-            if pending is not None:
-                bar.update(pending.result())
-                pending = None
-            writer.close()
-        except BaseException:
-            if pending is not None:
-                with contextlib.suppress(BaseException):  # the first error is the one being raised already
-                    pending.result()  # never close the file under a write in flight
-            writer.abort()
-            raise
-
-
-def _verify(source: CheckpointSource, plan: list[list[TensorEntry]], files: list[Path], dtype: torch.dtype | None,
-            progress: bool) -> None:
-    """Re-read every output tensor and compare its bits with the source tensor (cast the same way)."""
-    from safetensors import safe_open
-
-    total = sum(e.nbytes for shard in plan for e in shard)
-    with _progress(total, "verify", progress) as bar:
-        for entries, file in zip(plan, files, strict=True):
-            out, read_since_open = safe_open(str(file), framework="pt"), 0
-            if set(out.keys()) != {e.name for e in entries}:
-                raise AccelkitError(f"verification failed: {file.name} does not hold the planned tensors",
-                                    hint="report this as a bug; no output was written")
-            for entry, (name, tensor) in zip(entries, source.read([e.name for e in entries]), strict=True):
-                if not _same_bits(out.get_tensor(name), tensor.to(entry.dtype)):
-                    raise AccelkitError(f"verification failed: {name} in the output differs from the source",
-                                        hint="report this as a bug; no output was written")
-                bar.update(entry.nbytes)
-                read_since_open += entry.nbytes
-                if read_since_open >= MAP_WINDOW_BYTES:  # drop the map's pages from RSS
-                    out, read_since_open = safe_open(str(file), framework="pt"), 0
-            del out
+def _write_folder_extras(temp: Path, plan: list[list[TensorEntry]], names: list[str], side_files: list[Path],
+                         output: Path, folder_files: list[str]) -> None:
+    try:
+        if len(plan) > 1:
+            index = shards.build_index(plan, names)
+            index["metadata"][FILES_KEY] = folder_files
+            (temp / shards.INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        for f in side_files:
+            shutil.copyfile(f, temp / f.name)
+    except OSError as exc:
+        if exc.filename and Path(exc.filename) in side_files:
+            raise AccelkitError(f"cannot read {exc.filename}: {exc.strerror}",
+                                hint="make the config/tokenizer files readable, or pass --config-from") from None
+        raise write_error(exc, output) from None

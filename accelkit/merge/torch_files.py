@@ -1,26 +1,20 @@
-"""Loading torch pickles safely and in bounded memory.
+"""Opening torch pickles safely, and turning the tensors inside them into byte segments.
 
-Every `.pt`/`.bin` is loaded with `weights_only=True`: torch's restricted unpickler, never arbitrary code. DeepSpeed
-pickles name three of its own small classes; they are allowlisted under their dotted names and rebuilt as inert
+Every `.pt`/`.bin` is loaded with `weights_only=True` (torch's restricted unpickler, never arbitrary code) on the meta
+device (see records: no tensor byte is read until the merge needs it, and then through its CRC-32). DeepSpeed
+pickles name a few of its own small classes; they are allowlisted under their dotted names and rebuilt as inert
 stand-ins, so no DeepSpeed code runs (and DeepSpeed need not even be installed to merge its checkpoints).
-
-Files are memory-mapped (`mmap=True`): a tensor's bytes are read only when touched. Pages touched through a map
-stay in the process's RSS until the map goes away, so `MappedTorchFile` re-opens the file after a byte budget has
-been read through it; the old map is dropped and memory stays bounded however large the file is.
 """
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accelkit.errors import AccelkitError
-
-# Window of bytes read through one map before it is dropped and the file re-opened.
-MAP_WINDOW_BYTES = 32 * 1024 * 1024
+from accelkit.merge.records import RecordReader, TorchArchive
+from accelkit.merge.source import Segment, lazy_segment, record_segment, tensor_segment
 
 
 class _StandIn:
@@ -49,58 +43,47 @@ ALLOWED_FOREIGN_CLASSES = (
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
     "deepspeed.utils.tensor_fragment.fragment_address",
 )
-_SAFE_GLOBALS = [(_stand_in(name), name) for name in ALLOWED_FOREIGN_CLASSES]
+SAFE_GLOBALS = [(_stand_in(name), name) for name in ALLOWED_FOREIGN_CLASSES]
 
 
-def load_pickle(path: Path, *, mmap: bool = True) -> Any:
-    """torch.load with weights_only=True, the allowlist above, and a one-line AccelkitError for any bad file."""
-    try:
-        with torch.serialization.safe_globals(_SAFE_GLOBALS):
-            try:
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-            except RuntimeError as exc:
-                # Legacy (pre-zipfile) pickles cannot be memory-mapped; load them whole.
-                if mmap and "mmap" in str(exc) and not zipfile.is_zipfile(path):
-                    return torch.load(path, map_location="cpu", weights_only=True)
-                raise
-    except FileNotFoundError:
-        raise AccelkitError(f"checkpoint file is missing: {path}",
-                            hint="copy the complete checkpoint (every rank's files) and try again") from None
-    except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "Unsupported global" in str(exc) or "weights_only" in str(exc):
-            raise AccelkitError(f"{path} contains objects outside the safe allowlist ({first_line[:160]})",
-                                hint="merge-ckpt loads pickles with weights_only=True and never runs pickled "
-                                     "code; re-save the state dict with plain tensors") from None
-        raise AccelkitError(f"cannot read {path}: it is truncated or corrupt ({first_line[:160]})",
-                            hint="re-copy this file from the machine that wrote the checkpoint") from None
+def open_archive(path: Path) -> TorchArchive:
+    """The structure of a torch pickle (tensors on the meta device) and its record table."""
+    return TorchArchive.open(path, SAFE_GLOBALS)
 
 
-class MappedTorchFile:
-    """A memory-mapped torch pickle whose map is renewed every MAP_WINDOW_BYTES bytes read through it."""
+def tensor_segments(archive: TorchArchive, reader: RecordReader, tensor: torch.Tensor, begin: int = 0,
+                    end: int | None = None) -> list[Segment]:
+    """Elements [begin, end) of a tensor from `archive` (flattened, C order), as byte segments."""
+    end = tensor.numel() if end is None else end
+    if end <= begin:
+        return []
+    if archive.legacy:
+        return [tensor_segment(tensor.detach().reshape(-1)[begin:end])]
+    size = tensor.element_size()
+    if tensor.is_contiguous():
+        record, offset = archive.locate(tensor)
+        return [record_segment(reader, record, offset + begin * size, (end - begin) * size)]
+    return [lazy_segment((end - begin) * size, lambda: materialise(archive, reader, tensor).reshape(-1)[begin:end])]
 
-    def __init__(self, path: Path, window: int = MAP_WINDOW_BYTES) -> None:
-        self.path = path
-        self.window = window
-        self._obj: Any = None
-        self._read_since_open = 0
 
-    def get(self) -> Any:
-        if self._obj is None:
-            self._obj = load_pickle(self.path)
-            self._read_since_open = 0
-        return self._obj
+def materialise(archive: TorchArchive, reader: RecordReader, tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor of `archive` read into memory (checksummed), with its saved shape and strides."""
+    if archive.legacy:
+        return tensor.detach()
+    if tensor.numel() == 0:
+        return torch.empty(tensor.shape, dtype=tensor.dtype)
+    record, offset = archive.locate(tensor)
+    span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    raw = torch.empty(span * tensor.element_size(), dtype=torch.uint8)
+    reader.read(record, offset, memoryview(raw.numpy()))
+    return torch.as_strided(raw.view(tensor.dtype), tensor.shape, tensor.stride())
 
-    def copy_out(self, tensor: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy a (mapped) tensor or view into ordinary memory (`into`, or a new tensor); count the bytes read."""
-        # detach: DeepSpeed saves its fp32 partitions with requires_grad=True, and an autograd edge from the copy
-        # would keep the whole mapped file alive (and its touched pages in RSS).
-        tensor = tensor.detach()
-        out = tensor.clone() if into is None else into.copy_(tensor)
-        self._read_since_open += out.numel() * out.element_size()
-        if self._read_since_open >= self.window:
-            self.close()
-        return out
 
-    def close(self) -> None:
-        self._obj = None
+def peek_flat(archive: TorchArchive, reader: RecordReader, tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """One element of a contiguous tensor, read without reading (or checksumming) the rest of its record."""
+    if archive.legacy:
+        return tensor.detach().reshape(-1)[index]
+    record, offset = archive.locate(tensor)
+    out = torch.empty(tensor.element_size(), dtype=torch.uint8)
+    reader.peek(record, offset + index * tensor.element_size(), memoryview(out.numpy()))
+    return out.view(tensor.dtype)[0]

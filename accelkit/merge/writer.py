@@ -1,10 +1,10 @@
-"""A streaming safetensors writer: header first, then each tensor's bytes, never the whole file in memory.
+"""A streaming safetensors writer: header first, then the tensors' bytes in order, never a whole file in memory.
 
 The safetensors layout (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian unsigned
 header size N, then N bytes of UTF-8 JSON mapping each tensor name to {"dtype", "shape", "data_offsets": [begin,
 end]} (offsets relative to the end of the header, tensors packed back to back) plus an optional "__metadata__"
 string map; the header is padded with spaces to a multiple of 8 bytes. Since every tensor's name, shape and dtype
-are known before any byte is read, the header can be written first and tensors appended one at a time in order.
+are known before any byte is read, the header can be written first and the data appended piece by piece.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from accelkit.errors import AccelkitError
+from accelkit.fsio import write_error
 from accelkit.merge.source import TensorEntry
 
 SAFETENSORS_DTYPES = {
@@ -39,42 +41,60 @@ def build_header(entries: list[TensorEntry], metadata: dict[str, str] | None = N
     return struct.pack("<Q", len(raw)) + raw
 
 
-def tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's raw little-endian bytes, without a copy when it is already contiguous."""
-    flat = tensor.detach().contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
 class SafetensorsWriter:
-    """Write `entries` to `path` in this order; `write` must be called once per entry with a matching tensor."""
+    """Write the data of `entries` to `path` in order, as consecutive `write` calls of any size.
 
-    def __init__(self, path: Path, entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> None:
+    `label` is the path the user asked for: a failed write names it (and the real cause), never the temporary name.
+    """
+
+    def __init__(self, path: Path, entries: list[TensorEntry], metadata: dict[str, str] | None = None,
+                 label: Path | None = None) -> None:
         self.path = path
-        self._entries = entries
-        self._next = 0
-        self._file = open(path, "xb")  # noqa: SIM115 - closed in close(); the writer streams across calls
-        self._file.write(build_header(entries, metadata))
+        self.label = label or path
+        self.header = build_header(entries, metadata)
+        self.data_bytes = sum(e.nbytes for e in entries)
+        self._written = 0
+        try:
+            # Never truncate an existing (empty, probed) file: ext4 then writes the whole file back on close.
+            mode = "r+b" if path.exists() else "xb"
+            self._file = open(path, mode, buffering=0)  # noqa: SIM115 - closed in close(); streams across calls
+            self.write(memoryview(self.header))
+            self._written = 0
+        except OSError as exc:
+            raise write_error(exc, self.label) from None
 
-    def write(self, name: str, tensor: torch.Tensor) -> int:
-        expected = self._entries[self._next]
-        if name != expected.name or tuple(tensor.shape) != expected.shape or tensor.dtype != expected.dtype:
-            raise RuntimeError(f"writer expected {expected.name} {expected.shape} {expected.dtype}, got "
-                               f"{name} {tuple(tensor.shape)} {tensor.dtype}")
-        self._file.write(tensor_bytes(tensor))
-        self._next += 1
-        return expected.nbytes
+    def write(self, data: memoryview) -> int:
+        done = 0
+        try:
+            while done < len(data):  # an unbuffered write may take only part of a large buffer
+                done += self._file.write(data[done:])
+        except OSError as exc:
+            raise self.error(exc) from None
+        self._written += done
+        return done
+
+    def fileno(self) -> int:
+        """For bytes appended by someone else (a file-to-file copy): call `count` with how many."""
+        return self._file.fileno()
+
+    def count(self, nbytes: int) -> None:
+        self._written += nbytes
+
+    def error(self, exc: OSError) -> AccelkitError:
+        return write_error(exc, self.label)
 
     def close(self) -> None:
         if self._file.closed:
             return
         try:
-            if self._next != len(self._entries):
-                raise RuntimeError(f"{self.path}: {len(self._entries) - self._next} tensors were never written")
-            self._file.flush()
+            if self._written != self.data_bytes:
+                raise RuntimeError(f"{self.path}: {self.data_bytes - self._written} bytes of tensor data were never "
+                                   "written")
         finally:
-            self._file.close()
+            self.abort()
 
     def abort(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as exc:
+            raise write_error(exc, self.label) from None

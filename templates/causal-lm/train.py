@@ -13,9 +13,12 @@ data/tiny_corpus.txt, offline, in seconds on a CPU. A real model and data set ar
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import re
 import time
+import uuid
 from itertools import chain
 from pathlib import Path
 
@@ -153,17 +156,22 @@ def tokenize_and_pack(raw: DatasetDict, tokenizer, text_column: str, block_size:
 # scheduler, every RNG state; sharded for FSDP, DeepSpeed's own layout for DeepSpeed). The step is in the name; the
 # shuffle order is a function of (seed, epoch), so the data position follows from the step.
 
+# >>> shared block "checkpoint-discovery": the same in every template (source: templates/minimal/train.py; tested)
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
 def find_checkpoint(output_dir: Path, resume_from: str) -> Path | None:
+    """The checkpoint to resume from: the path given, or for "latest" the newest complete one. The manifest is
+    written last, so a save that was interrupted has none and is skipped (checkpoints of runs without manifests all
+    count as complete)."""
     if resume_from != "latest":
         path = Path(resume_from)
         if not path.is_dir():
             raise SystemExit(f"--resume-from-checkpoint: {path} is not a directory")
         return path
     found = [(int(m.group(1)), p) for p in output_dir.glob("checkpoint-*") if (m := CHECKPOINT_NAME.fullmatch(p.name))]
-    return max(found)[1] if found else None
+    complete = [(step, p) for step, p in found if (p / MANIFEST_NAME).is_file()]
+    return max(complete or found)[1] if found else None
 
 
 def step_of(checkpoint: Path) -> int:
@@ -173,19 +181,97 @@ def step_of(checkpoint: Path) -> int:
     return int(match.group(1))
 
 
-def embeddings_in_their_own_fsdp_unit(model) -> None:
-    """FSDP2 in Accelerate shards the input embedding as a unit of its own. When a module around it is also listed
-    in `_no_split_modules` (BertEmbeddings, ViTEmbeddings, ...), both claim it and `fully_shard` fails, so that
-    module is left out of the wrap list; its other parameters join the root unit."""
-    embeddings = model.get_input_embeddings()
-    around = {type(m).__name__ for m in model.modules() if m is not embeddings and embeddings in list(m.modules())}
-    model._no_split_modules = [name for name in (model._no_split_modules or []) if name not in around]
+# <<< shared block "checkpoint-discovery"
 
 
+# >>> shared block "manifest": the same in every template (source: templates/minimal/train.py; tested)
+MANIFEST_NAME = "accelkit-manifest.json"
+
+
+def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str) -> None:
+    """Once every process has finished saving, the main process records what the checkpoint is: run id, step, world
+    size, and the size and sha256 of every file. `accelkit merge-ckpt` checks it, so a file from another run or step,
+    a damaged copy or bit rot is caught. Written last and atomically: a checkpoint without one is incomplete."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        files = {}
+        for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+            digest = hashlib.sha256()
+            with path.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+            files[path.relative_to(checkpoint_dir).as_posix()] = {
+                "size": path.stat().st_size,
+                "sha256": digest.hexdigest(),
+            }
+        manifest = {
+            "format": "accelkit-checkpoint-manifest",
+            "run_id": run_id,
+            "step": step,
+            "world_size": accelerator.num_processes,
+            "files": files,
+        }
+        partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
+        partial.write_text(json.dumps(manifest, indent=1) + "\n")
+        partial.replace(checkpoint_dir / MANIFEST_NAME)
+    accelerator.wait_for_everyone()
+
+
+# <<< shared block "manifest"
+
+
+# >>> shared block "logging-window": the same in every template (source: templates/minimal/train.py; tested)
 def log(accelerator: Accelerator, message: str) -> None:
     """Print once (main process), above the progress bar."""
     if accelerator.is_main_process:
         tqdm.write(message)
+
+
+class LogWindow:
+    """Loss and throughput averaged over the optimizer steps since the last log line (every process calls `log`:
+    the loss is averaged across processes)."""
+
+    def __init__(self, accelerator: Accelerator, step: int, unit: str) -> None:
+        self.accelerator, self.unit = accelerator, unit
+        self.reset(step)
+
+    def reset(self, step: int) -> None:
+        self.loss = torch.zeros((), device=self.accelerator.device)
+        self.items, self.start, self.from_step = 0, time.perf_counter(), step
+
+    def add(self, loss: torch.Tensor, items: int, accumulation: int) -> None:
+        self.loss += loss.detach().float() / accumulation
+        self.items += items
+
+    def log(self, step: int, lr: float) -> None:
+        mean_loss = self.accelerator.reduce(self.loss, "mean").item() / (step - self.from_step)
+        rate = self.items * self.accelerator.num_processes / (time.perf_counter() - self.start)
+        log(self.accelerator, f"step {step} | loss {mean_loss:.4f} | lr {lr:.2e} | {rate:.0f} {self.unit}/s")
+        self.accelerator.log({"train_loss": mean_loss, "lr": lr, f"{self.unit}_per_s": rate}, step=step)
+        self.reset(step)
+
+
+# <<< shared block "logging-window"
+
+
+# >>> shared block "final-save": the same in every template (source: templates/minimal/train.py; tested)
+def save_final_model(accelerator: Accelerator, model, final_dir: Path, write_files, load_with: str) -> None:
+    """Every process takes part in gathering the full weights (FSDP and DeepSpeed ZeRO-3 shards meet here); the main
+    process then writes them with `write_files(final_dir, state_dict)`."""
+    accelerator.wait_for_everyone()
+    try:
+        state_dict = accelerator.get_state_dict(model)
+    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save
+        log(accelerator, f"final model not written ({exc}); merge the last checkpoint with `accelkit merge-ckpt`")
+        return
+    if accelerator.is_main_process:
+        final_dir.mkdir(parents=True, exist_ok=True)
+        write_files(final_dir, state_dict)
+        log(accelerator, f"final model: {final_dir} (load with {load_with})")
+    accelerator.wait_for_everyone()
+
+
+# <<< shared block "final-save"
 
 
 def evaluate(accelerator: Accelerator, model, loader: DataLoader) -> dict[str, float]:
@@ -203,6 +289,7 @@ def evaluate(accelerator: Accelerator, model, loader: DataLoader) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run_id = uuid.uuid4().hex  # names this run in every checkpoint manifest (the main process's)
     # Default beside this script, so `accelkit launch my-run/train.py` writes my-run/outputs from any directory.
     output_dir = Path(args.output_dir) if args.output_dir else Path(__file__).resolve().parent / "outputs"
     tracking = args.with_tracking and is_tensorboard_available()
@@ -248,8 +335,6 @@ def main(argv: list[str] | None = None) -> None:
         },
     ]
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
-    if accelerator.is_fsdp2:
-        embeddings_in_their_own_fsdp_unit(model)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     # Read accumulation back from the accelerator: a DeepSpeed config may set its own value.
     accumulation = accelerator.gradient_accumulation_steps
@@ -295,8 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     # -- train -----------------------------------------------------------------------------------------------------
     model.train()
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
-    window_loss, window_tokens, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
-    window_from = completed_steps  # loss and throughput are averaged over the steps since the last log
+    window = LogWindow(accelerator, completed_steps, "tokens")
     for epoch in range(starting_epoch, num_epochs):
         train_loader.set_epoch(epoch)
         loader = train_loader
@@ -312,8 +396,7 @@ def main(argv: list[str] | None = None) -> None:
                 if accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
-            window_loss += loss.detach().float() / accumulation
-            window_tokens += batch["input_ids"].numel()
+            window.add(loss, batch["input_ids"].numel(), accumulation)
             if not accelerator.sync_gradients:
                 continue
             completed_steps += 1
@@ -321,16 +404,7 @@ def main(argv: list[str] | None = None) -> None:
             last_step = completed_steps == max_steps
 
             if completed_steps % args.log_every == 0 or last_step:
-                mean_loss = accelerator.reduce(window_loss, "mean").item() / (completed_steps - window_from)
-                tokens_per_s = window_tokens * accelerator.num_processes / (time.perf_counter() - window_start)
-                lr = scheduler.get_last_lr()[0]
-                log(
-                    accelerator,
-                    f"step {completed_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | {tokens_per_s:.0f} tokens/s",
-                )
-                accelerator.log({"train_loss": mean_loss, "lr": lr, "tokens_per_s": tokens_per_s}, step=completed_steps)
-                window_loss, window_tokens, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
-                window_from = completed_steps
+                window.log(completed_steps, scheduler.get_last_lr()[0])
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
@@ -339,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
                 if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
                     accelerator.unwrap_model(model).config.save_pretrained(checkpoint_dir)
                     tokenizer.save_pretrained(checkpoint_dir)
+                write_manifest(accelerator, checkpoint_dir, completed_steps, run_id)
             end_of_epoch = completed_steps % steps_per_epoch == 0
             if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
                 metrics = evaluate(accelerator, model, eval_loader)
@@ -349,25 +424,13 @@ def main(argv: list[str] | None = None) -> None:
     progress.close()
 
     # -- final model: config + safetensors + tokenizer, ready for AutoModelForCausalLM.from_pretrained --------------
-    save_final_model(accelerator, model, tokenizer, output_dir / "final")
-    accelerator.end_training()
-
-
-def save_final_model(accelerator: Accelerator, model, tokenizer, final_dir: Path) -> None:
-    accelerator.wait_for_everyone()
-    try:
-        # Every rank takes part: FSDP and DeepSpeed ZeRO-3 gather the shards into one full state dict here.
-        state_dict = accelerator.get_state_dict(model)
-    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save
-        log(accelerator, f"final model not written ({exc}); merge the last checkpoint with `accelkit merge-ckpt`")
-        return
-    accelerator.unwrap_model(model).save_pretrained(
-        final_dir, is_main_process=accelerator.is_main_process, state_dict=state_dict
-    )
-    if accelerator.is_main_process:
+    def write_final_files(final_dir: Path, state_dict: dict) -> None:
+        accelerator.unwrap_model(model).save_pretrained(final_dir, state_dict=state_dict)
         tokenizer.save_pretrained(final_dir)
-        log(accelerator, f"final model: {final_dir} (load with AutoModelForCausalLM.from_pretrained)")
-    accelerator.wait_for_everyone()
+
+    load_with = "AutoModelForCausalLM.from_pretrained"
+    save_final_model(accelerator, model, output_dir / "final", write_final_files, load_with)
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ Everything below is yours to change. The data and model sections are the places 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import re
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -109,17 +111,22 @@ def build_datasets(args: argparse.Namespace) -> tuple[TensorDataset, TensorDatas
 # shuffle order is a function of (seed, epoch), so the data position follows from the step.
 
 
+# >>> shared block "checkpoint-discovery": the same in every template (source: templates/minimal/train.py; tested)
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
 def find_checkpoint(output_dir: Path, resume_from: str) -> Path | None:
+    """The checkpoint to resume from: the path given, or for "latest" the newest complete one. The manifest is
+    written last, so a save that was interrupted has none and is skipped (checkpoints of runs without manifests all
+    count as complete)."""
     if resume_from != "latest":
         path = Path(resume_from)
         if not path.is_dir():
             raise SystemExit(f"--resume-from-checkpoint: {path} is not a directory")
         return path
     found = [(int(m.group(1)), p) for p in output_dir.glob("checkpoint-*") if (m := CHECKPOINT_NAME.fullmatch(p.name))]
-    return max(found)[1] if found else None
+    complete = [(step, p) for step, p in found if (p / MANIFEST_NAME).is_file()]
+    return max(complete or found)[1] if found else None
 
 
 def step_of(checkpoint: Path) -> int:
@@ -129,10 +136,97 @@ def step_of(checkpoint: Path) -> int:
     return int(match.group(1))
 
 
+# <<< shared block "checkpoint-discovery"
+
+
+# >>> shared block "manifest": the same in every template (source: templates/minimal/train.py; tested)
+MANIFEST_NAME = "accelkit-manifest.json"
+
+
+def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str) -> None:
+    """Once every process has finished saving, the main process records what the checkpoint is: run id, step, world
+    size, and the size and sha256 of every file. `accelkit merge-ckpt` checks it, so a file from another run or step,
+    a damaged copy or bit rot is caught. Written last and atomically: a checkpoint without one is incomplete."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        files = {}
+        for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+            digest = hashlib.sha256()
+            with path.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+            files[path.relative_to(checkpoint_dir).as_posix()] = {
+                "size": path.stat().st_size,
+                "sha256": digest.hexdigest(),
+            }
+        manifest = {
+            "format": "accelkit-checkpoint-manifest",
+            "run_id": run_id,
+            "step": step,
+            "world_size": accelerator.num_processes,
+            "files": files,
+        }
+        partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
+        partial.write_text(json.dumps(manifest, indent=1) + "\n")
+        partial.replace(checkpoint_dir / MANIFEST_NAME)
+    accelerator.wait_for_everyone()
+
+
+# <<< shared block "manifest"
+
+
+# >>> shared block "logging-window": the same in every template (source: templates/minimal/train.py; tested)
 def log(accelerator: Accelerator, message: str) -> None:
     """Print once (main process), above the progress bar."""
     if accelerator.is_main_process:
         tqdm.write(message)
+
+
+class LogWindow:
+    """Loss and throughput averaged over the optimizer steps since the last log line (every process calls `log`:
+    the loss is averaged across processes)."""
+
+    def __init__(self, accelerator: Accelerator, step: int, unit: str) -> None:
+        self.accelerator, self.unit = accelerator, unit
+        self.reset(step)
+
+    def reset(self, step: int) -> None:
+        self.loss = torch.zeros((), device=self.accelerator.device)
+        self.items, self.start, self.from_step = 0, time.perf_counter(), step
+
+    def add(self, loss: torch.Tensor, items: int, accumulation: int) -> None:
+        self.loss += loss.detach().float() / accumulation
+        self.items += items
+
+    def log(self, step: int, lr: float) -> None:
+        mean_loss = self.accelerator.reduce(self.loss, "mean").item() / (step - self.from_step)
+        rate = self.items * self.accelerator.num_processes / (time.perf_counter() - self.start)
+        log(self.accelerator, f"step {step} | loss {mean_loss:.4f} | lr {lr:.2e} | {rate:.0f} {self.unit}/s")
+        self.accelerator.log({"train_loss": mean_loss, "lr": lr, f"{self.unit}_per_s": rate}, step=step)
+        self.reset(step)
+
+
+# <<< shared block "logging-window"
+
+
+# >>> shared block "final-save": the same in every template (source: templates/minimal/train.py; tested)
+def save_final_model(accelerator: Accelerator, model, final_dir: Path, write_files, load_with: str) -> None:
+    """Every process takes part in gathering the full weights (FSDP and DeepSpeed ZeRO-3 shards meet here); the main
+    process then writes them with `write_files(final_dir, state_dict)`."""
+    accelerator.wait_for_everyone()
+    try:
+        state_dict = accelerator.get_state_dict(model)
+    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save
+        log(accelerator, f"final model not written ({exc}); merge the last checkpoint with `accelkit merge-ckpt`")
+        return
+    if accelerator.is_main_process:
+        final_dir.mkdir(parents=True, exist_ok=True)
+        write_files(final_dir, state_dict)
+        log(accelerator, f"final model: {final_dir} (load with {load_with})")
+    accelerator.wait_for_everyone()
+
+
+# <<< shared block "final-save"
 
 
 def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> dict[str, float]:
@@ -153,6 +247,7 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    run_id = uuid.uuid4().hex  # names this run in every checkpoint manifest (the main process's)
     # Default beside this script, so `accelkit launch my-run/train.py` writes my-run/outputs from any directory.
     output_dir = Path(args.output_dir) if args.output_dir else Path(__file__).resolve().parent / "outputs"
     tracking = args.with_tracking and is_tensorboard_available()
@@ -238,8 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     # -- train -----------------------------------------------------------------------------------------------------
     model.train()
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
-    window_loss, window_samples, window_start = torch.zeros((), device=accelerator.device), 0, time.perf_counter()
-    window_from = completed_steps  # loss and throughput are averaged over the steps since the last log
+    window = LogWindow(accelerator, completed_steps, "samples")
     for epoch in range(starting_epoch, num_epochs):
         train_loader.set_epoch(epoch)
         loader = train_loader
@@ -255,8 +349,7 @@ def main(argv: list[str] | None = None) -> None:
                 if accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
-            window_loss += loss.detach().float() / accumulation
-            window_samples += x.shape[0]
+            window.add(loss, x.shape[0], accumulation)
             if not accelerator.sync_gradients:
                 continue
             completed_steps += 1
@@ -264,18 +357,7 @@ def main(argv: list[str] | None = None) -> None:
             last_step = completed_steps == max_steps
 
             if completed_steps % args.log_every == 0 or last_step:
-                mean_loss = accelerator.reduce(window_loss, "mean").item() / (completed_steps - window_from)
-                samples_per_s = window_samples * accelerator.num_processes / (time.perf_counter() - window_start)
-                lr = scheduler.get_last_lr()[0]
-                log(
-                    accelerator,
-                    f"step {completed_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | {samples_per_s:.0f} samples/s",
-                )
-                accelerator.log(
-                    {"train_loss": mean_loss, "lr": lr, "samples_per_s": samples_per_s}, step=completed_steps
-                )
-                window_loss, window_samples, window_start = torch.zeros_like(window_loss), 0, time.perf_counter()
-                window_from = completed_steps
+                window.log(completed_steps, scheduler.get_last_lr()[0])
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
@@ -283,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
                 accelerator.save_state(str(checkpoint_dir))
                 if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
                     (checkpoint_dir / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
+                write_manifest(accelerator, checkpoint_dir, completed_steps, run_id)
             end_of_epoch = completed_steps % steps_per_epoch == 0
             if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
                 metrics = evaluate(accelerator, model, eval_loader)
@@ -293,24 +376,12 @@ def main(argv: list[str] | None = None) -> None:
     progress.close()
 
     # -- final model: safetensors + config, ready for MLPClassifier.from_pretrained ---------------------------------
-    save_final_model(accelerator, model, model_config, output_dir / "final")
-    accelerator.end_training()
-
-
-def save_final_model(accelerator: Accelerator, model: nn.Module, config: dict, final_dir: Path) -> None:
-    accelerator.wait_for_everyone()
-    try:
-        # Every rank takes part: FSDP and DeepSpeed ZeRO-3 gather the shards into one full state dict here.
-        state_dict = accelerator.get_state_dict(model)
-    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save
-        log(accelerator, f"final model not written ({exc}); merge the last checkpoint with `accelkit merge-ckpt`")
-        return
-    if accelerator.is_main_process:
-        final_dir.mkdir(parents=True, exist_ok=True)
+    def write_final_files(final_dir: Path, state_dict: dict) -> None:
         save_file({k: v.contiguous() for k, v in state_dict.items()}, final_dir / "model.safetensors")
-        (final_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        print(f"final model: {final_dir} (load with MLPClassifier.from_pretrained)")
-    accelerator.wait_for_everyone()
+        (final_dir / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
+
+    save_final_model(accelerator, model, output_dir / "final", write_final_files, "MLPClassifier.from_pretrained")
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -76,8 +76,22 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
     assert "Accelerate save_state folder: merging pytorch_model_fsdp_0/" in proc.stdout
     assert 'nested under "model"' in proc.stdout
     assert "Verified:" in proc.stdout and "peak memory" in proc.stdout
+    # Every signal around the weights was checked: the manifest, Accelerate's RNG files, the optimizer's steps.
+    assert "manifest accelkit-manifest.json (run " in proc.stdout and ", step 2)" in proc.stdout
+    assert "the RNG files of all 2 processes were saved at step 2" in proc.stdout
+    assert "optimizer_0/ agrees with itself (optimizer step 2 in all 2 rank files)" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert_bit_identical(load_output(out), load_file(produced / "expected.safetensors"))
+    # The save after the first step merges too, and holds other weights: the two saves are really two steps.
+    first = load_output(merge_to(produced / "ckpt-step1", out.parent / "step1"))
+    assert not torch.equal(first["model.embed_tokens.weight"], load_output(out)["model.embed_tokens.weight"])
+
+
+def merge_to(src: Path, out: Path) -> Path:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
+    return out
 
 
 def cli_in_process(*args: str):
@@ -172,17 +186,15 @@ def test_force_replaces_an_existing_output_only_when_asked(ckpts: Path, tmp_path
 
 def test_verify_catches_an_output_that_differs(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
     from accelkit.errors import AccelkitError
-    from accelkit.merge import MergeOptions, merge_checkpoint, writer
+    from accelkit.merge import MergeOptions, merge_checkpoint, stream
 
-    real = writer.tensor_bytes
-
-    def flip_first_byte(tensor):
-        data = bytearray(real(tensor))
+    def flip_first_byte(self, data, origin):
+        data = bytearray(data)
         if data:
             data[0] ^= 0xFF
-        return memoryview(bytes(data))
+        self.writer.write(memoryview(bytes(data)))
 
-    monkeypatch.setattr(writer, "tensor_bytes", flip_first_byte)
+    monkeypatch.setattr(stream._Appender, "append", flip_first_byte)
     out = tmp_path / "bad.safetensors"
     with pytest.raises(AccelkitError, match="verification failed"):
         merge_checkpoint(MergeOptions(input=ckpts / "hf" / "hf", output=out, verify=True, progress=False))

@@ -9,6 +9,7 @@ wait on each other); each test then checks its own run.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -185,6 +186,10 @@ def test_launch_on_two_cpu_ranks(runs: TemplateRuns, template: str, backend: str
     checkpoint = out / "checkpoint-2"
     assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
     assert (checkpoint / "config.json").is_file()  # so a merged checkpoint is from_pretrained-ready
+    manifest = json.loads((checkpoint / "accelkit-manifest.json").read_text())  # written last, by the main process
+    assert manifest["step"] == 2 and manifest["world_size"] == 2
+    listed = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()} - {"accelkit-manifest.json"}
+    assert set(manifest["files"]) == listed
     if backend == "fsdp":
         assert (checkpoint / "pytorch_model_fsdp_0" / ".metadata").is_file()
         assert len(list((checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))) == 2  # one shard per rank
@@ -213,7 +218,8 @@ def test_launch_on_two_cpu_ranks(runs: TemplateRuns, template: str, backend: str
         from accelkit.merge.run import MergeOptions, merge_checkpoint
 
         merged = tmp_path / "merged"
-        merge_checkpoint(MergeOptions(input=checkpoint, output=merged, verify=True, progress=False))
+        report = merge_checkpoint(MergeOptions(input=checkpoint, output=merged, verify=True, progress=False))
+        assert any(line.startswith("manifest accelkit-manifest.json") for line in report.checks), report.checks
         from_merged, _ = load_final(template, runs.projects[template], merged)
         merged_state = from_merged.state_dict()
         assert set(merged_state) == set(reference)

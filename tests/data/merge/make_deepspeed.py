@@ -1,9 +1,11 @@
 """Producer: DeepSpeed ZeRO-1/2/3 checkpoints of the tiny model, trained for two steps on 2 CPU ranks.
 
 Run with `DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 make_deepspeed.py OUT [STAGES]`.
-For each stage it writes OUT/zero{stage}/ (engine.save_checkpoint: `latest` + tag folder) and, from rank 0, the
-full fp32 state dict the engine holds after training, OUT/zero{stage}_expected.safetensors, to compare against;
-and the model's OUT/config.json.
+For each stage it writes OUT/zero{stage}/ (engine.save_checkpoint after each step: tag folders global_step1 and
+global_step2, `latest` naming the second) and, from rank 0, the full fp32 state dict the engine holds after
+training, OUT/zero{stage}_expected.safetensors, to compare against; and the model's OUT/config.json. A second
+ZeRO-2 run of the same model with another seed, OUT/zero2_other/global_step2, gives the fault tests rank files of
+"another run" with every shape equal.
 One process group serves all stages so the JIT-built comm op and imports are paid once.
 """
 
@@ -20,11 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_model import batch, tiny_model  # noqa: E402
 
 
-def train_and_save(stage: int, out: Path) -> None:
+def train_and_save(stage: int, out: Path, name: str | None = None, seed: int | None = None) -> None:
     import deepspeed
     from safetensors.torch import save_file
 
-    model = tiny_model(seed=stage)
+    name = name or f"zero{stage}"
+    model = tiny_model(seed=stage if seed is None else seed)
     model.model.norm.weight.requires_grad_(False)  # a frozen parameter: stored outside the optimizer partitions
     config = {
         "train_micro_batch_size_per_gpu": 2,
@@ -37,11 +40,14 @@ def train_and_save(stage: int, out: Path) -> None:
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     rank = torch.distributed.get_rank()
     for step in range(2):
-        ids = batch(seed=step, rank=rank)
+        ids = batch(seed=step if seed is None else seed + step, rank=rank)
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-    engine.save_checkpoint(str(out / f"zero{stage}"), tag="global_step2")
+        engine.save_checkpoint(str(out / name), tag=f"global_step{step + 1}")
+    if seed is not None:
+        torch.distributed.barrier()
+        return
     if stage == 3:
         with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
             full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
@@ -62,6 +68,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for stage in stages:
         train_and_save(stage, out)
+    if 2 in stages:
+        train_and_save(2, out, name="zero2_other", seed=99)
     if int(os.environ.get("RANK", "0")) == 0:
         from tiny_model import tiny_config
 

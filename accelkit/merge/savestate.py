@@ -1,0 +1,138 @@
+"""The files Accelerate's `save_state` writes beside the model must come from the same save as the model.
+
+An Accelerate checkpoint folder holds, beside the weights (`pytorch_model_fsdp_0/`, DeepSpeed's `pytorch_model/`,
+or `model.safetensors`), one `random_states_<rank>.pkl` per process, the optimizer (`optimizer_0/` DCP shards for
+FSDP, `optimizer.bin` otherwise), and the scheduler and other registered objects (`scheduler.bin`,
+`custom_checkpoint_<i>.pkl`). What must agree, and is checked:
+
+- one RNG file per rank of the model checkpoint (a 3-rank folder with a 2-rank model is a mix of runs);
+- the `step` every RNG file records (Accelerate's own step counter, the same on every process);
+- the optimizer's step counters (torch's Adam/AdamW `step` per parameter): in a DCP optimizer they are spread over
+  the rank files, and a rank file from another step disagrees; its rank count must be the model's.
+
+Counters of different kinds are not compared with each other (Accelerate counts micro-batches, the optimizer counts
+updates, a scheduler whatever its owner steps it by): they are reported, not judged. All files are loaded with
+`weights_only=True` (RNG states need numpy's array type, which is allowlisted for them alone).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from accelkit.errors import AccelkitError
+from accelkit.merge import dcp_layout
+from accelkit.merge.records import RecordReader, TorchArchive
+from accelkit.merge.torch_files import materialise
+
+_RNG = re.compile(r"^random_states_(\d+)\.pkl$")
+_OPTIMIZER_DCP = re.compile(r"^optimizer_(\d+)$")
+_ONE_SAVE = "copy the complete checkpoint folder of one save_state call (every rank's files) into a clean folder"
+
+
+def find_save_state_dir(weights_dir: Path) -> Path | None:
+    """The Accelerate checkpoint folder around the weights: it, or up to two folders above, with RNG files."""
+    folder = weights_dir if weights_dir.is_dir() else weights_dir.parent
+    for candidate in (folder, folder.parent, folder.parent.parent):
+        if any(_RNG.match(p.name) for p in _listing(candidate)):
+            return candidate
+    return None
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _numpy_globals() -> list:
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    found = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    found += [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", object())) if n.endswith("DType")]
+    return found
+
+
+def check(folder: Path, world_size: int | None, reader: RecordReader) -> list[str]:
+    """Check the save_state files in `folder` against each other and the model's world size; return what held."""
+    checks = []
+    rng = {int(m.group(1)): p for p in _listing(folder) if (m := _RNG.match(p.name))}
+    if rng:
+        checks.append(_check_rng(folder, rng, world_size, reader))
+    optimizers = [p for p in _listing(folder)
+                  if _OPTIMIZER_DCP.match(p.name) and (p / dcp_layout.METADATA_FILE).is_file()]
+    for path in sorted(optimizers):
+        line = _check_optimizer_dcp(path, world_size, reader)
+        if line:
+            checks.append(line)
+    return checks
+
+
+def _check_rng(folder: Path, rng: dict[int, Path], world_size: int | None, reader: RecordReader) -> str:
+    missing = [r for r in range(max(rng) + 1) if r not in rng]
+    if missing:
+        raise AccelkitError(f"{folder} has no random_states_{missing[0]}.pkl but has random_states_{max(rng)}.pkl",
+                            hint=_ONE_SAVE)
+    if world_size is not None and len(rng) != world_size:
+        raise AccelkitError(f"{folder} holds RNG states of {len(rng)} processes (random_states_*.pkl) but the model "
+                            f"was saved by {world_size}: files of runs with different world sizes are mixed",
+                            hint=_ONE_SAVE)
+    steps = {}
+    for rank, path in sorted(rng.items()):
+        archive = TorchArchive.open(path, _numpy_globals())
+        state = archive.obj
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor):
+            step = materialise(archive, reader, step).item()
+        steps[rank] = step
+    values = list(steps.values())
+    if any(v != values[0] for v in values):
+        odd = next(r for r, v in steps.items() if v != _majority(values))
+        ref = next(r for r, v in steps.items() if v == _majority(values) and r != odd)
+        raise AccelkitError(f"{rng[odd]} was saved at step {steps[odd]}, random_states_{ref}.pkl at step {steps[ref]}: "
+                            "the rank files come from different saves", hint=_ONE_SAVE)
+    return f"Accelerate save_state: the RNG files of all {len(rng)} processes were saved at step {values[0]}"
+
+
+def _majority(values: list) -> object:
+    counts = {v: values.count(v) for v in values}
+    best = max(counts.values())
+    return next(v for v in values if counts[v] == best)  # a tie: the first file wins
+
+
+def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReader) -> str | None:
+    """The optimizer's step counters agree across its rank files, and it was saved by as many ranks as the model."""
+    metadata = dcp_layout.read_metadata(path)
+    ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := dcp_layout.DISTCP.match(
+        info.relative_path))}
+    if world_size is not None and ranks and max(ranks) + 1 != world_size:
+        raise AccelkitError(f"{path} was saved by {max(ranks) + 1} processes but the model by {world_size}: files of "
+                            "runs with different world sizes are mixed", hint=_ONE_SAVE)
+    by_file: dict[str, set] = defaultdict(set)
+    for index, info in metadata.storage_data.items():
+        if not index.fqn.endswith(".step"):
+            continue
+        archive = TorchArchive.open(path / info.relative_path, [], start=info.offset, length=info.length,
+                                    what=f"the item of {index.fqn} in {path / info.relative_path}")
+        value = archive.obj
+        if isinstance(value, torch.Tensor):
+            value = materialise(archive, reader, value).item()
+        if isinstance(value, (int, float)):
+            by_file[info.relative_path].add(float(value))
+    uniform = {rel: next(iter(values)) for rel, values in sorted(by_file.items()) if len(values) == 1}
+    if len(uniform) < 2 or len(uniform) != len(by_file):
+        return None  # one file, or parameters that legitimately stepped differently: nothing to compare
+    values = list(uniform.values())
+    if any(v != values[0] for v in values):
+        common = _majority(values)
+        odd = next(rel for rel, v in uniform.items() if v != common)
+        ref = next(rel for rel, v in uniform.items() if v == common and rel != odd)
+        raise AccelkitError(f"{path / odd} holds optimizer step {uniform[odd]:g}, {ref} step {uniform[ref]:g}: the "
+                            "rank files come from different saves", hint=_ONE_SAVE)
+    return (f"Accelerate save_state: {path.name}/ agrees with itself (optimizer step {values[0]:g} in all "
+            f"{len(uniform)} rank files) and with the model's world size")

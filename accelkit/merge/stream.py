@@ -1,0 +1,293 @@
+"""Copying tensors from a checkpoint into safetensors files, piece by piece, in two reused buffers.
+
+Each tensor's bytes (its source segments, see source) go in pieces of at most PIECE_BYTES. This thread reads a piece
+into a buffer (the record's CRC-32 advances as it is read); a helper thread scans it for non-finite values and
+appends it to the output, while this thread reads the next piece into the other buffer. Two buffers take turns, so
+memory stays at two pieces whatever the size of the model or of its largest tensor.
+
+Appending: bytes that are stored in a file exactly as they go out (no `--dtype` cast) are copied file to file by
+the kernel (`os.copy_file_range`), which costs a fifth of writing them from user memory; they were read and
+checked first. Cast pieces, in-memory tensors, and file systems that cannot copy file to file are written from the
+buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from accelkit.errors import AccelkitError
+from accelkit.merge.records import pread_into, read_error
+from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
+from accelkit.merge.writer import SafetensorsWriter
+
+PIECE_BYTES = 16 * 1024 * 1024  # a multiple of every element size
+SCAN_NONFINITE = True  # benchmarks/merge.py turns the checks off to measure what they cost; nothing else does
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
+
+
+@dataclass
+class ScanResult:
+    """What the non-finite scan found (only reported when --allow-nonfinite accepted it)."""
+
+    tensors: dict[str, int] = field(default_factory=dict)  # name -> number of non-finite values
+    seconds: float = 0.0
+
+
+class NonFiniteError(AccelkitError):
+    pass
+
+
+def count_nonfinite(values: torch.Tensor) -> int:
+    """Non-finite values in a piece. A sum is finite exactly when no NaN or inf went in, unless large finite values
+    overflow it, which the exact count then rules out; the sum runs at memory speed, the count only when needed."""
+    total = values.sum(dtype=torch.float64 if values.dtype == torch.float64 else torch.float32)
+    if bool(torch.isfinite(total)):
+        return 0
+    return int((~torch.isfinite(values)).sum())
+
+
+class Buffers:
+    """Two byte buffers (and two for casts) that pieces take turns in; each remembers the write it feeds."""
+
+    def __init__(self, piece_bytes: int = PIECE_BYTES) -> None:
+        self.piece_bytes = piece_bytes
+        self._raw: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8) for _ in range(2)]
+        self._cast: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8) for _ in range(2)]
+        self.pending: list[Future | None] = [None, None]
+        self._turn = 0
+
+    def take(self) -> int:
+        """The next buffer, once the write it fed has finished."""
+        slot, self._turn = self._turn, 1 - self._turn
+        self.wait(slot)
+        return slot
+
+    def wait(self, slot: int) -> None:
+        future, self.pending[slot] = self.pending[slot], None
+        if future is not None:
+            future.result()
+
+    def drain(self) -> None:
+        """Wait for every write in flight; the first error wins, later ones are dropped."""
+        errors = []
+        for slot in (0, 1):
+            try:
+                self.wait(slot)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def raw(self, slot: int, nbytes: int) -> torch.Tensor:
+        if self._raw[slot].numel() < nbytes:
+            self._raw[slot] = torch.empty(max(nbytes, self.piece_bytes), dtype=torch.uint8)
+        return self._raw[slot][:nbytes]
+
+    def cast(self, slot: int, nbytes: int) -> torch.Tensor:
+        if self._cast[slot].numel() < nbytes:
+            self._cast[slot] = torch.empty(max(nbytes, self.piece_bytes), dtype=torch.uint8)
+        return self._cast[slot][:nbytes]
+
+
+def _as_memoryview(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.numpy()) if tensor.numel() else memoryview(b"")
+
+
+class _Appender:
+    """Appends pieces to an output file: file to file in the kernel when a piece is stored as it goes out, else from
+    the buffer. Runs on the writer thread."""
+
+    def __init__(self, writer: SafetensorsWriter) -> None:
+        self.writer = writer
+        self.kernel_copy = hasattr(os, "copy_file_range")
+        self._fds: dict[Path, int] = {}
+
+    def append(self, data: memoryview, origin: tuple[Path, int] | None) -> None:
+        if origin is not None and self.kernel_copy:
+            try:
+                self._copy(origin, len(data))
+                return
+            except _KernelCopyUnavailable:
+                self.kernel_copy = False  # e.g. across file systems: write every piece from the buffer
+        self.writer.write(data)
+
+    def _copy(self, origin: tuple[Path, int], length: int) -> None:
+        path, offset = origin
+        if path not in self._fds:
+            try:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise read_error(exc, path) from None
+        done = 0
+        while done < length:
+            try:
+                n = os.copy_file_range(self._fds[path], self.writer.fileno(), length - done, offset + done)
+            except OSError as exc:
+                if exc.errno in _NO_KERNEL_COPY and done == 0:
+                    raise _KernelCopyUnavailable from None
+                raise self.writer.error(exc) from None
+            if n == 0:
+                raise AccelkitError(f"{path} became shorter while it was being merged",
+                                    hint="do not modify a checkpoint while merging it")
+            done += n
+        self.writer.count(length)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _KernelCopyUnavailable(Exception):
+    pass
+
+
+class TensorStream:
+    """Copies source tensors into output files (see the module docstring)."""
+
+    def __init__(self, source: CheckpointSource, allow_nonfinite: bool, on_bytes: Callable[[int], None],
+                 piece_bytes: int = PIECE_BYTES) -> None:
+        self.source = source
+        self.allow_nonfinite = allow_nonfinite
+        self.on_bytes = on_bytes
+        self.scan = ScanResult()
+        self.buffers = Buffers(piece_bytes)
+        self._sources = source.entry_by_name
+
+    def _read_piece(self, slot: int, name: str, out_dtype: torch.dtype, segment: Segment, start: int,
+                    length: int) -> tuple[torch.Tensor, bool]:
+        """Piece [start, start + length) of a segment of tensor `name` in buffer `slot`, as `out_dtype` values
+        (cast into the slot's cast buffer if needed); and whether it was cast."""
+        src_dtype = self._sources[name].dtype
+        raw = self.buffers.raw(slot, length)
+        segment.fill(start, _as_memoryview(raw))
+        values = raw.view(src_dtype)
+        if out_dtype == src_dtype:
+            return values, False
+        cast = self.buffers.cast(slot, values.numel() * out_dtype.itemsize).view(out_dtype)
+        cast.copy_(values)
+        return cast, True
+
+    def _scan(self, name: str, values: torch.Tensor, source_values: torch.Tensor, cast: bool) -> None:
+        if not (SCAN_NONFINITE and values.is_floating_point()):
+            return
+        began = time.perf_counter()
+        bad = count_nonfinite(values)
+        self.scan.seconds += time.perf_counter() - began
+        if not bad:
+            return
+        self.scan.tensors[name] = self.scan.tensors.get(name, 0) + bad
+        if self.allow_nonfinite:
+            return
+        if cast and source_values.is_floating_point() and count_nonfinite(source_values) == 0:
+            raise NonFiniteError(f"tensor {name!r} overflows the --dtype you asked for: {bad} values become inf",
+                                 hint="merge with --dtype keep, or bf16 (which has the range of fp32)")
+        raise NonFiniteError(f"tensor {name!r} holds {bad} non-finite values (NaN or inf): the checkpoint is corrupt "
+                             "(a flipped bit) or the run diverged",
+                             hint="merge an earlier checkpoint, or pass --allow-nonfinite to write it anyway")
+
+    def _segments(self, name: str) -> list[Segment]:
+        segments = self.source.segments(name)
+        expected = self._sources[name].nbytes
+        if sum(s.nbytes for s in segments) != expected:
+            raise RuntimeError(f"reader bug: {name} has {sum(s.nbytes for s in segments)} bytes, expected {expected}")
+        return segments
+
+    def write_file(self, entries: list[TensorEntry], path: Path, metadata: dict[str, str], label: Path) -> None:
+        """Write `entries` (output dtypes) to a new safetensors file at `path`."""
+        writer = SafetensorsWriter(path, entries, metadata, label=label)
+        appender = _Appender(writer)
+
+        def scan_and_append(name: str, values: torch.Tensor, source_values: torch.Tensor, cast: bool,
+                            origin: tuple[Path, int] | None) -> None:
+            self._scan(name, values, source_values, cast)
+            appender.append(_as_memoryview(values.view(torch.uint8)), origin)
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-write") as pool:
+            try:
+                for entry in entries:
+                    for segment, start, length in pieces(self._segments(entry.name), self.buffers.piece_bytes):
+                        slot = self.buffers.take()
+                        values, cast = self._read_piece(slot, entry.name, entry.dtype, segment, start, length)
+                        origin = None
+                        if segment.origin is not None and not cast:
+                            origin = (segment.origin[0], segment.origin[1] + start)
+                        source_values = self.buffers.raw(slot, length).view(self._sources[entry.name].dtype)
+                        self.buffers.pending[slot] = pool.submit(scan_and_append, entry.name, values, source_values,
+                                                                 cast, origin)
+                        self.on_bytes(values.numel() * entry.dtype.itemsize)
+                self.buffers.drain()
+                writer.close()
+            except BaseException:
+                with contextlib.suppress(BaseException):  # the first error is the one being raised already
+                    self.buffers.drain()  # never close the file under a write in flight
+                with contextlib.suppress(AccelkitError):
+                    writer.abort()
+                raise
+            finally:
+                appender.close()
+
+    def verify_file(self, entries: list[TensorEntry], path: Path, data_start: int) -> None:
+        """Re-read `path` and compare every byte with the source read again (cast the same way)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise read_error(exc, path) from None
+        try:
+            offset = data_start
+            for entry in entries:
+                for segment, start, length in pieces(self._segments(entry.name), self.buffers.piece_bytes):
+                    values, _ = self._read_piece(0, entry.name, entry.dtype, segment, start, length)
+                    expected = values.view(torch.uint8)
+                    written = self.buffers.raw(1, expected.numel())
+                    try:
+                        pread_into(fd, _as_memoryview(written), offset, path)
+                    except AccelkitError:
+                        raise AccelkitError(f"verification failed: {path.name} is shorter than planned",
+                                            hint="report this as a bug; no output was written") from None
+                    if not torch.equal(written, expected):
+                        raise AccelkitError(f"verification failed: {entry.name} in the output differs from the "
+                                            "source", hint="report this as a bug; no output was written")
+                    offset += expected.numel()
+                    self.on_bytes(expected.numel())
+        finally:
+            os.close(fd)
+
+    def same_values(self, a: str, b: str) -> bool:
+        """Whether two source tensors hold the same bytes (compared piece by piece)."""
+        first, second = self._sources[a], self._sources[b]
+        if first.shape != second.shape or first.dtype != second.dtype:
+            return False
+        segments_a, segments_b = self.source.segments(a), self.source.segments(b)
+        for offset in range(0, first.nbytes, self.buffers.piece_bytes):
+            n = min(self.buffers.piece_bytes, first.nbytes - offset)
+            left, right = self.buffers.raw(0, n), self.buffers.raw(1, n)
+            read_range(segments_a, offset, _as_memoryview(left))
+            read_range(segments_b, offset, _as_memoryview(right))
+            if not torch.equal(left, right):
+                return False
+        return True
+
+
+def read_range(segments: list[Segment], offset: int, dest: memoryview) -> None:
+    """Fill `dest` with bytes [offset, offset + len(dest)) of the segments laid back to back."""
+    done = 0
+    for segment in segments:
+        if offset >= segment.nbytes:
+            offset -= segment.nbytes
+            continue
+        take = min(segment.nbytes - offset, len(dest) - done)
+        segment.fill(offset, dest[done:done + take])
+        done += take
+        offset = 0
+        if done == len(dest):
+            return

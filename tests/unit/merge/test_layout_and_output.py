@@ -1,0 +1,113 @@
+"""DCP metadata checked against its shards, the non-finite scan, what --force may replace, save_state counters."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelkit.errors import AccelkitError
+
+
+@pytest.fixture
+def dcp_dir(tmp_path: Path) -> Path:
+    """A real DCP save (one process, torch.distributed.checkpoint's own writer)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4), "model.bias": torch.ones(3)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    return tmp_path / "ckpt"
+
+
+def test_a_dcp_save_reads_back_through_its_records(dcp_dir: Path) -> None:
+    from accelkit.merge.dcp import DCPSource
+
+    source = DCPSource(dcp_dir)
+    tensors = dict(source.read([e.name for e in source.entries]))
+    assert torch.equal(tensors["model.weight"], torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    assert source.reader.checksum_bytes == 12 * 4 + 3 * 4
+    assert "tile 1 files exactly" in source.checks[0]
+
+
+def test_a_shard_longer_than_its_metadata_says(dcp_dir: Path) -> None:
+    from accelkit.merge.dcp import DCPSource
+
+    shard = next(dcp_dir.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes() + b"\0" * 16)
+    with pytest.raises(AccelkitError, match="has 16 bytes more than .metadata describes"):
+        DCPSource(dcp_dir)
+
+
+def test_metadata_never_runs_pickled_code(dcp_dir: Path) -> None:
+    from accelkit.merge.dcp_layout import read_metadata
+
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(print))
+    with pytest.raises(AccelkitError, match="refers to builtins.print, which is not DCP metadata"):
+        read_metadata(dcp_dir)
+
+
+def test_nonfinite_count_is_exact_and_large_finite_values_are_not_flagged() -> None:
+    from accelkit.merge.stream import count_nonfinite
+
+    big = torch.full((10,), 3e38)  # finite, but their float32 sum overflows
+    assert count_nonfinite(big) == 0
+    values = torch.zeros(100)
+    values[[3, 50]] = torch.tensor([float("nan"), float("-inf")])
+    assert count_nonfinite(values) == 2
+    assert count_nonfinite(values.to(torch.bfloat16)) == 2
+
+
+def test_force_only_replaces_what_a_merge_wrote(tmp_path: Path) -> None:
+    from accelkit.merge.output import FILES_KEY, check_paths, foreign_files
+
+    out = tmp_path / "merged"
+    out.mkdir()
+    index = {"metadata": {"total_size": 8, FILES_KEY: ["model-00001-of-00002.safetensors",
+                                                       "model-00002-of-00002.safetensors",
+                                                       "model.safetensors.index.json", "config.json"]},
+             "weight_map": {}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json"):
+        (out / name).write_bytes(b"x")
+    assert foreign_files(out) == []
+    check_paths(tmp_path / "input.safetensors", out, force=True)
+    (out / "README.md").write_text("mine")
+    (out / "runs" / "a").mkdir(parents=True)
+    (out / "runs" / "a" / "events").write_text("x")
+    assert foreign_files(out) == ["README.md", "runs/"]
+    with pytest.raises(AccelkitError, match="also holds: README.md, runs/"):
+        check_paths(tmp_path / "input.safetensors", out, force=True)
+    with pytest.raises(AccelkitError, match="already exists"):
+        check_paths(tmp_path / "input.safetensors", out, force=False)
+
+
+def test_sizes_are_readable() -> None:
+    from accelkit.merge.output import format_bytes
+
+    assert [format_bytes(n) for n in (12, 69_490, 1_015_400_000)] == ["12 B", "69.49 KB", "1.02 GB"]
+
+
+def _rng_file(path: Path, step: int) -> None:
+    torch.save({"step": step, "random_state": (3, tuple(range(5)), None), "torch_manual_seed": torch.zeros(4)}, path)
+
+
+def test_save_state_rng_files_must_agree(tmp_path: Path) -> None:
+    from accelkit.merge.records import RecordReader
+    from accelkit.merge.savestate import check
+
+    for rank, step in enumerate((8, 8, 6)):
+        _rng_file(tmp_path / f"random_states_{rank}.pkl", step)
+    with pytest.raises(AccelkitError, match=r"random_states_2.pkl was saved at step 6, random_states_0.pkl at step 8"):
+        check(tmp_path, 3, RecordReader())
+    _rng_file(tmp_path / "random_states_2.pkl", 8)
+    assert check(tmp_path, 3, RecordReader()) == [
+        "Accelerate save_state: the RNG files of all 3 processes were saved at step 8"]
+    with pytest.raises(AccelkitError, match="RNG states of 3 processes .* saved by 2"):
+        check(tmp_path, 2, RecordReader())
