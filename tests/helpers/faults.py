@@ -5,10 +5,11 @@ everything a careful user would check afterwards.
     result.assert_refused("shards come from different runs")
 
 `run_fault` snapshots the watched trees (every file's sha256, every folder) before and after, looks for temporary
-files accelkit left in the watched trees and in the system temp folder, and for processes the command started that
-outlived it. `assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly
-one `Error:` line that matches, a `Hint:`, no traceback, nothing created, changed or deleted outside `owned`
-paths, no leftovers, no orphans.
+files accelkit left in the watched trees and in the temp folder (each command gets a TMPDIR of its own, so other
+jobs on the machine cannot be mistaken for its leftovers), and for processes the command started that outlived it.
+`assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly one `Error:`
+line that matches, a `Hint:` (or, for click's usage errors, `hint=False`: click prints its usage line instead), no
+traceback, nothing created, changed or deleted outside `owned` paths, no leftovers, no orphans.
 
 When $ACCELKIT_FAULT_RECORD names a file, every observation is appended to it as one JSON line; that is how
 benchmarks/faults.py turns the fault suite into its table (inputs tried, refused with a clear message, tracebacks,
@@ -21,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,7 +58,8 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def _temp_leftovers(roots: list[Path], since: float) -> list[str]:
+def _temp_leftovers(roots: list[Path], private_tmp: Path) -> list[str]:
+    """accelkit temporaries left in the watched trees and in the command's own temp folder."""
     found = []
     for root in roots:
         if not root.exists():
@@ -64,15 +67,8 @@ def _temp_leftovers(roots: list[Path], since: float) -> list[str]:
         for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
             if any(p.search(path.name) for p in TEMP_PATTERNS):
                 found.append(str(path))
-    system_tmp = Path(tempfile.gettempdir())
-    for path in system_tmp.iterdir():
-        if any(p.search(path.name) for p in TEMP_PATTERNS):
-            try:
-                if path.stat().st_mtime >= since:
-                    found.append(str(path))
-            except FileNotFoundError:
-                pass
-    return found
+    return found + [str(path) for path in sorted(private_tmp.iterdir())
+                    if any(p.search(path.name) for p in TEMP_PATTERNS)]
 
 
 def _orphans(marker: str) -> list[str]:
@@ -119,7 +115,7 @@ class FaultResult:
         return [p for p in self.created + self.changed + self.deleted if not is_owned(p)]
 
     def assert_refused(self, match: str | None = None, *, exit_code: int = 1,
-                       owned: list[Path] | tuple[Path, ...] = ()) -> str:
+                       owned: list[Path] | tuple[Path, ...] = (), hint: bool = True) -> str:
         """The failure contract: exit code, one matching `Error:` line and a `Hint:`, no traceback, nothing
         touched outside `owned`, no leftovers, no orphans. Returns the error line."""
         text = f"\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
@@ -128,7 +124,10 @@ class FaultResult:
         assert len(self.error_lines) == 1, f"expected one Error: line, got {self.error_lines}{text}"
         if match is not None:
             assert re.search(match, self.error_lines[0]), f"{match!r} not in {self.error_lines[0]!r}"
-        assert "Hint:" in self.stderr, f"no Hint: line{text}"
+        if hint:
+            assert "Hint:" in self.stderr, f"no Hint: line{text}"
+        else:  # a click usage error: the usage line and `Try 'accelkit COMMAND -h' for help.` say what to do
+            assert "Usage:" in self.stderr and "for help" in self.stderr, f"no usage line{text}"
         self.assert_clean(owned=owned)
         return self.error_lines[0]
 
@@ -164,7 +163,9 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
     read-only tmpfs over the folder), for every user, root included.
     """
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
-    full_env = {**os.environ, **(env or {}), "ACCELKIT_FAULT_MARKER": marker}
+    # A temp folder of its own (TMPDIR): what the command leaves there is its own, whatever else runs on the machine.
+    private_tmp = Path(tempfile.mkdtemp(prefix="accelkit-fault-tmpdir-"))
+    full_env = {**os.environ, "TMPDIR": str(private_tmp), **(env or {}), "ACCELKIT_FAULT_MARKER": marker}
     before = {str(root): snapshot(root) for root in watch}
     start = time.time()
     command = [sys.executable, "-m", "accelkit", *args]
@@ -189,7 +190,8 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
         result.created += sorted(set(new) - set(old))
         result.deleted += sorted(set(old) - set(new))
         result.changed += sorted(p for p in set(old) & set(new) if old[p] != new[p])
-    result.leftovers = _temp_leftovers([Path(r) for r in watch], since=start)
+    result.leftovers = _temp_leftovers([Path(r) for r in watch], private_tmp)
+    shutil.rmtree(private_tmp, ignore_errors=True)
     result.orphans = _orphans(marker)
     for line in result.orphans:  # never let a test leak processes into the next one
         with contextlib.suppress(ProcessLookupError, ValueError):
