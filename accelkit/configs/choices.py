@@ -17,6 +17,11 @@ class Choice(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def accelerate(self) -> str:
+        """The spelling in an Accelerate config file (`SHARD_GRAD_OP` for grad-op), where it differs."""
+        return _ACCELERATE_SPELLING.get((type(self), self.value), self.value)
+
     @classmethod
     def values(cls) -> tuple[str, ...]:
         return tuple(member.value for member in cls)
@@ -32,7 +37,7 @@ class Backend(Choice):
     @property
     def distributed_type(self) -> str:
         """Accelerate's `distributed_type` for this backend (a one-process cpu config is written as NO)."""
-        return _DISTRIBUTED_TYPES[self]
+        return self.accelerate
 
     @property
     def needs_gpus(self) -> bool:
@@ -50,7 +55,7 @@ class Backend(Choice):
         name = str(getattr(distributed_type, "value", distributed_type)).upper()
         if name == "NO":
             return cls.CPU if use_cpu else cls.SINGLE
-        return next((backend for backend, dtype in _DISTRIBUTED_TYPES.items() if dtype == name), None)
+        return next((backend for backend in cls if backend.distributed_type == name), None)
 
 
 _DISTRIBUTED_TYPES = {Backend.SINGLE: "NO", Backend.CPU: "MULTI_CPU", Backend.DDP: "MULTI_GPU",
@@ -69,29 +74,16 @@ class Sharding(Choice):
     NO = "no"
     HYBRID = "hybrid"
 
-    @property
-    def accelerate(self) -> str:
-        """FSDP1's fsdp_sharding_strategy."""
-        return {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "no": "NO_SHARD", "hybrid": "HYBRID_SHARD"}[self]
-
 
 class WrapPolicy(Choice):
     TRANSFORMER = "transformer"
     SIZE = "size"
     NONE = "none"
 
-    @property
-    def accelerate(self) -> str:
-        return {"transformer": "TRANSFORMER_BASED_WRAP", "size": "SIZE_BASED_WRAP", "none": "NO_WRAP"}[self]
-
 
 class StateDict(Choice):
     SHARDED = "sharded"
     FULL = "full"
-
-    @property
-    def accelerate(self) -> str:
-        return {"sharded": "SHARDED_STATE_DICT", "full": "FULL_STATE_DICT"}[self]
 
 
 class OffloadDevice(Choice):
@@ -99,11 +91,19 @@ class OffloadDevice(Choice):
     CPU = "cpu"
     NVME = "nvme"
 
-    @property
-    def accelerate(self) -> str:
-        return self.value
 
-
+# (choice class, value) -> spelling: members of different classes share values ("full", "none"), and a str-valued
+# member hashes and compares as its text.
+_ACCELERATE_SPELLING: dict[tuple[type, str], str] = {
+    **{(Backend, backend.value): dtype for backend, dtype in _DISTRIBUTED_TYPES.items()},
+    # FSDP1's fsdp_sharding_strategy
+    **{(Sharding, value): spelled for value, spelled in (("full", "FULL_SHARD"), ("grad-op", "SHARD_GRAD_OP"),
+                                                         ("no", "NO_SHARD"), ("hybrid", "HYBRID_SHARD"))},
+    **{(WrapPolicy, value): spelled for value, spelled in (("transformer", "TRANSFORMER_BASED_WRAP"),
+                                                           ("size", "SIZE_BASED_WRAP"), ("none", "NO_WRAP"))},
+    **{(StateDict, value): spelled for value, spelled in (("sharded", "SHARDED_STATE_DICT"),
+                                                          ("full", "FULL_STATE_DICT"))},
+}
 FSDP_VERSIONS = (1, 2)
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -112,7 +112,6 @@ def from_accelerate(kind: type[Choice], text: object) -> Choice | None:
     """The choice a config file's spelling stands for (`SHARD_GRAD_OP` -> Sharding.GRAD_OP), or None."""
     wanted = str(text).strip()
     for member in kind:
-        spelled = getattr(member, "accelerate", member.value)
-        if wanted.upper() == spelled.upper() or wanted.lower() == member.value:
+        if wanted.upper() == member.accelerate.upper() or wanted.lower() == member.value:
             return member
     return None

@@ -116,7 +116,7 @@ class _Reader:
             return None
         found = choice_from(kind, value)
         if found is None:
-            self.unmodeled(path, value, ", ".join(getattr(m, "accelerate", m.value) for m in kind))
+            self.unmodeled(path, value, ", ".join(m.accelerate for m in kind))
         return found
 
 

@@ -71,7 +71,7 @@ def resolve_config(options: ConfigOptions, *, base: Mapping[str, Any] | None = N
     sources.update({name: Source(LABEL, label) for name, label in (labels or {}).items()})
     if layer is not None and layer.backend is Backend.FSDP and merged.fsdp_version is None:
         merged.fsdp_version = 1  # what the launcher runs for a file without fsdp_version
-        sources["fsdp_version"] = Source(DEFAULT, f"not set in {layer.origin}, the launcher's FSDP1")
+        sources["fsdp_version"] = Source(DEFAULT, f"the launcher's default: not set in {layer.origin}")
     filled = _fill(merged, sources, keeps_json=bool(json_file) and options.deepspeed_json is None)
     resolved = _assemble(filled, layer, sources, per_machine=per_machine)
 
@@ -150,7 +150,8 @@ def _fill(m: ConfigOptions, sources: dict[str, Source], keeps_json: bool) -> Con
             setattr(r, name, value)
             sources.setdefault(name, Source(DEFAULT, why))
 
-    default("backend", hardware.default_backend(r.num_processes, r.num_machines))
+    if r.backend is None:
+        default("backend", hardware.default_backend(r.num_processes, r.num_machines), _backend_default_reason(r))
     backend = Backend(r.backend)
     default("num_machines", 1)
     default("machine_rank", 0)
@@ -181,6 +182,15 @@ def _fill(m: ConfigOptions, sources: dict[str, Source], keeps_json: bool) -> Con
         if r.deepspeed_json is None and not keeps_json:
             default("gradient_accumulation_steps", 1)
     return r
+
+
+def _backend_default_reason(r: ConfigOptions) -> str:
+    if (r.num_processes or 0) > 1:
+        return f"default for {r.num_processes} processes"
+    if (r.num_machines or 0) > 1:
+        return f"default for {r.num_machines} machines"
+    gpus = hardware.gpu_count()
+    return f"default with {gpus} GPU(s) here"
 
 
 def _assemble(r: ConfigOptions, layer: ConfigLayer | None, sources: dict[str, Source], *,

@@ -32,7 +32,7 @@ class Source:
         if self.kind == PRESET:
             return f"preset {self.label}"
         if self.kind == DEFAULT:
-            return f"default{f': {self.label}' if self.label else ''}"
+            return self.label or "default"  # a label says which default: "default for 2 processes"
         if self.kind == ABSENT:
             return f"not set in {self.label}" if self.label else "not set"
         return self.label

@@ -133,7 +133,8 @@ def misplaced_options(cfg: ResolvedConfig, given: ConfigOptions, *, writes_file:
 
 
 def _backend_said(cfg: ResolvedConfig) -> str:
-    return cfg.backend.value if cfg.source("backend").kind == "flag" else cfg.said_backend()
+    source = cfg.source("backend")
+    return cfg.backend.value if source.kind == "flag" else f"{cfg.backend.value} ({source})"
 
 
 # -- FSDP and DeepSpeed ---------------------------------------------------------------------------------------------

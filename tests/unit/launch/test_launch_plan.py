@@ -294,7 +294,14 @@ def test_gradient_accumulation_goes_to_the_config_or_the_environment():
     assert args.gradient_accumulation_steps == 4  # from the DeepSpeed section of the written config
 
 
-def test_multi_machine_launch_needs_the_main_address():
+def test_multi_machine_launch_needs_the_main_address(tmp_path):
     result = _cli("launch", "--backend", "ddp", "--num-machines", "2", "--num-processes", "4", "--machine-rank", "1",
                   "--dry-run", str(PROBE))
     assert result.exit_code == 1 and "--main-process-ip" in result.stderr
+    # A file without the address launches once the command line gives it (the rules judge the merged config).
+    config = tmp_path / "two_nodes.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 2\nmachine_rank: 1\n")
+    argv, output = _dry_run("--config", str(config), "--main-process-ip", "10.0.0.1", str(PROBE))
+    args = _parse(argv)
+    assert (args.machine_rank, args.main_process_ip, args.main_process_port) == (1, "10.0.0.1", 29500)
+    assert f"machine_rank=1 ({config})" in output and "main_process_ip=10.0.0.1 (--main-process-ip)" in output
