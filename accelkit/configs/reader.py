@@ -65,10 +65,9 @@ class ConfigLayer:
 
     def refuse_if_broken(self) -> None:
         """AccelkitError when accelkit cannot build on this file: an error in it, or a value it does not model."""
-        for finding in [*self.findings, *self.unmodeled]:
-            if finding.is_error or finding in self.unmodeled:
-                label = self.origin.label if self.origin.kind == "file" else str(self.origin)
-                raise AccelkitError(f"{label}: {finding.message}", hint=finding.hint)
+        refused = [f for f in self.findings if f.is_error] + self.unmodeled
+        if refused:
+            raise AccelkitError(f"{self.origin}: {refused[0].message}", hint=refused[0].hint)
 
 
 class _Reader:

@@ -9,7 +9,7 @@ the one place that spells it as Accelerate's config keys, for the YAML renderer 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +150,6 @@ class ResolvedConfig:
         if source.kind == DEFAULT:
             return f"{key} {spelled} ({source})"
         return f"{key} {spelled}"
-
-    def with_changes(self, **changes: Any) -> ResolvedConfig:
-        return replace(self, **changes)
 
     # -- spelling as Accelerate's keys ---------------------------------------------------------------------------
     def _written(self, name: str) -> bool:
