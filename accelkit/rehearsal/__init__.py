@@ -40,6 +40,19 @@ are hidden (CUDA_VISIBLE_DEVICES=''), and refuses to patch a process that sees C
 about speed on GPUs: a rehearsal checks wiring, sharding and checkpoints, not performance.
 """
 
-from accelkit.rehearsal.plan import RehearsalPlan, prepare_rehearsal, rehearse
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["RehearsalPlan", "prepare_rehearsal", "rehearse"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
+    # (the config machinery), so a rank starts as fast as the script would alone.
+    if name in __all__:
+        from accelkit.rehearsal import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'accelkit.rehearsal' has no attribute {name!r}")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
-
 from accelkit.envinfo import installed_version
 from accelkit.errors import AccelkitError
 
@@ -34,6 +32,8 @@ class Supported:
         return f"{self.dist} >={self.low},<{self.high}"
 
     def admits(self, version: str) -> bool:
+        from packaging.version import InvalidVersion, Version
+
         try:
             # Compare the release only, so 1.15.0.dev0 or 0.19.8+cpu count as their release.
             release = Version(Version(version).base_version)
