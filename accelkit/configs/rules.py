@@ -9,15 +9,13 @@ and a default is called a default: a message never names a value the user did no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, WrapPolicy
 from accelkit.configs.findings import ERROR, WARNING, Finding
 from accelkit.configs.options import ConfigOptions, backend_group, config_key, flag_name
 from accelkit.configs.resolved import ResolvedConfig
-
-Rule = Callable[[ResolvedConfig], Iterator[Finding]]
 
 
 def _finding(code: str, severity: str, message: str, hint: str, option: str = "", **kwargs: Any) -> Finding:
@@ -194,9 +192,6 @@ def _deepspeed(cfg: ResolvedConfig) -> Iterator[Finding]:
                        "nvme_path")
 
 
-RULES: tuple[Rule, ...] = (_topology, _cpu_limits, _fsdp, _deepspeed, _multi_machine)
-
-
 def check(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True) -> list[Finding]:
     """Every finding for `cfg`, errors in the order a user should fix them. `given`: the options the user typed
     (to name flags given for another backend); `writes_file`: the config goes to a file (`accelkit config`), where
@@ -204,9 +199,7 @@ def check(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_fil
     found = [*_topology(cfg), *_cpu_limits(cfg)]
     if given is not None:
         found += misplaced_options(cfg, given, writes_file=writes_file)
-    for rule in RULES[2:]:
-        found += rule(cfg)
-    return found
+    return [*found, *_fsdp(cfg), *_deepspeed(cfg), *_multi_machine(cfg)]
 
 
 def problems(config: dict, deepspeed_json: dict | None = None, relative_to: Any = None) -> list[Finding]:
