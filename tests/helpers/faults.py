@@ -5,8 +5,8 @@ everything a careful user would check afterwards.
     result.assert_refused("shards come from different runs")
 
 `run_fault` snapshots the watched trees (every file's sha256, every folder) before and after, looks for temporary
-files accelkit left in the watched trees and in the temp folder (each command gets a TMPDIR of its own, so other
-jobs on the machine cannot be mistaken for its leftovers), and for processes the command started that outlived it.
+files accelkit left in the watched trees and in the temp folder the command is given (a fresh $TMPDIR per run, so
+other processes on a shared machine are never counted), and for processes the command started that outlived it.
 `assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly one `Error:`
 line that matches, a `Hint:` (or, for click's usage errors, `hint=False`: click prints its usage line instead), no
 traceback, nothing created, changed or deleted outside `owned` paths, no leftovers, no orphans.
@@ -59,7 +59,8 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 def _temp_leftovers(roots: list[Path], private_tmp: Path) -> list[str]:
-    """accelkit temporaries left in the watched trees and in the command's own temp folder."""
+    """Temporary files accelkit left in the watched trees, and in the temp folder the command was given (a private
+    one, so that other processes on the machine are never mistaken for this command)."""
     found = []
     for root in roots:
         if not root.exists():
@@ -67,8 +68,10 @@ def _temp_leftovers(roots: list[Path], private_tmp: Path) -> list[str]:
         for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
             if any(p.search(path.name) for p in TEMP_PATTERNS):
                 found.append(str(path))
-    return found + [str(path) for path in sorted(private_tmp.iterdir())
-                    if any(p.search(path.name) for p in TEMP_PATTERNS)]
+    for path in private_tmp.iterdir():
+        if any(p.search(path.name) for p in TEMP_PATTERNS):
+            found.append(str(path))
+    return found
 
 
 def _orphans(marker: str) -> list[str]:
@@ -153,28 +156,33 @@ def _record(result: FaultResult, kind: str, expect: str) -> None:
 def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
               timeout: float = 300, send_signal: tuple[float | str, int] | None = None, kind: str = "bad input",
               expect: str = "refused", preexec_fn=None, stdin: str | None = None,
-              readonly: Path | None = None) -> FaultResult:
+              readonly: Path | None = None, small_fs: tuple[Path, int] | None = None,
+              unprivileged: bool = False) -> FaultResult:
     """Run `python -m accelkit ARGS` and observe it (see the module docstring).
 
     `send_signal=(when, signum)`: send signum to the command after `when` seconds, or once a line containing
     `when` (a string) appears on its stderr. `expect` says what a correct tool does ("refused": a clean error;
     "signal": a clean stop; "ok": success) and is recorded for benchmarks/faults.py. `readonly`: an existing
     folder the command sees as a read-only file system (a private mount namespace: `unshare -rm`, then a
-    read-only tmpfs over the folder), for every user, root included.
+    read-only tmpfs over the folder), for every user, root included. `small_fs=(folder, bytes)`: the folder is an
+    empty writable file system of that size (the same mechanism), to meet a full disk. `unprivileged`: the command
+    runs in a new user namespace, where even root has no permission override: a file with mode 000 is unreadable.
     """
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
-    # A temp folder of its own (TMPDIR): what the command leaves there is its own, whatever else runs on the machine.
-    private_tmp = Path(tempfile.mkdtemp(prefix="accelkit-fault-tmpdir-"))
+    private_tmp = Path(tempfile.mkdtemp(prefix="fault-tmp-"))
     full_env = {**os.environ, "TMPDIR": str(private_tmp), **(env or {}), "ACCELKIT_FAULT_MARKER": marker}
     before = {str(root): snapshot(root) for root in watch}
     start = time.time()
     command = [sys.executable, "-m", "accelkit", *args]
-    if readonly is not None:
+    if readonly is not None or small_fs is not None:
         import shlex
 
-        mount = f"mount -t tmpfs -o ro,size=1m tmpfs {shlex.quote(str(readonly))}"
+        folder, options = (readonly, "ro,size=1m") if readonly is not None else (small_fs[0], f"size={small_fs[1]}")
+        mount = f"mount -t tmpfs -o {options} tmpfs {shlex.quote(str(folder))}"
         command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                    f"{mount} && exec {shlex.join(command)}"]
+    elif unprivileged:
+        command = ["unshare", "--user", *command]
     proc = subprocess.Popen(command, cwd=cwd, env=full_env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
                             stdin=subprocess.PIPE if stdin is not None else None)
