@@ -11,8 +11,9 @@ PACKAGES = ("accelkit", "torch", "accelerate", "transformers", "datasets", "deep
             "huggingface_hub")
 
 
-def package_version(name: str) -> str | None:
-    """Installed version from package metadata, without importing the package (deepspeed imports are slow)."""
+def installed_version(name: str) -> str | None:
+    """Installed version from package metadata, without importing the package (deepspeed imports are slow); None
+    when it is not installed."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -67,7 +68,7 @@ def collect() -> dict:
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "versions": {name: package_version(name) for name in PACKAGES},
+        "versions": {name: installed_version(name) for name in PACKAGES},
         "cuda_available": torch_info["cuda_available"],
         "cuda_version": torch_info["cuda_version"],
         "nccl_available": torch_info["nccl_available"],

@@ -81,7 +81,9 @@ def _check_target(directory: Path, force: bool) -> None:
 
 
 def _project_commands(backend: str, num_processes: int) -> dict[str, str]:
-    rehearsal_backend = backend if backend in ("ddp", "fsdp", "deepspeed") else "ddp"
+    from accelkit.configs.choices import Backend
+
+    rehearsal_backend = backend if Backend(backend).needs_gpus else Backend.DDP.value
     return {
         "try it on this machine (one process)": "python train.py --max-steps 20",
         f"launch with {CONFIG_FILE} ({backend}, {num_processes} process(es))":
@@ -131,16 +133,16 @@ def init_project(directory: Path, template_name: str, backend: str = "ddp", num_
     Everything is written into a staging directory first: a failure leaves `directory` as it was. With --force into
     a non-empty directory, each file the template replaces is kept beside it as NAME.bak (listed in `replaced`).
     """
-    from accelkit.configs import ConfigOptions, build_config, write_config
+    from accelkit.configs import ConfigOptions, resolve_config, write_config
     from accelkit.fsio import StagedOutput, write_error
 
     template = find_template(template_name)
     directory = Path(directory)
     _check_target(directory, force)
-    config = build_config(ConfigOptions(backend=backend, num_processes=num_processes))  # validates before any write
+    config = resolve_config(ConfigOptions(backend=backend, num_processes=num_processes))  # validates before any write
     init_line = shlex.join(["accelkit", "init", str(directory), "--template", template.name, "--backend", backend]
                            + (["--num-processes", str(num_processes)] if num_processes is not None else []))
-    processes = int(config.get("num_processes", 1))
+    processes = config.num_processes
     commands = _project_commands(backend, processes)
 
     staged = StagedOutput(directory, is_dir=True)

@@ -7,37 +7,32 @@ from pathlib import Path
 
 import click
 
-from accelkit.commands.config_options import config_options, options_from_kwargs
+from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
 from accelkit.errors import AccelkitError
 
 
 def command_line(options, output: Path | None) -> str:
     """The accelkit command that reproduces this config, for the YAML's header comment."""
-    from dataclasses import fields
-
     from accelkit.configs.options import flag_name
 
     parts = ["accelkit", "config"]
-    for f in fields(options):
-        value = getattr(options, f.name)
-        if value is None or value == ():
-            continue
+    for name, value in options.given().items():
+        flag = flag_name(name)
         if isinstance(value, bool):
-            parts.append(flag_name(f.name) if value else "--no-" + flag_name(f.name)[2:])
+            parts.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, tuple):
             for item in value:
-                parts += [flag_name(f.name), item]
+                parts += [flag, item]
         else:
-            parts += [flag_name(f.name), str(value)]
+            parts += [flag, str(value)]
     if output is not None:
         parts += ["-o", str(output)]
     return shlex.join(parts)
 
 
 def _print_findings(findings) -> None:
-    for f in findings:
-        label = "Error" if f.severity == "error" else "Warning"
-        click.echo(f"{label}: {f.message}\n  Fix: {f.fix}", err=True)
+    for finding in findings:
+        click.echo(finding.lines(), err=True)
 
 
 def _list_presets() -> int:
@@ -58,7 +53,7 @@ def _check(path: Path) -> int:
 
     findings = check_config(path)
     _print_findings(findings)
-    errors = sum(f.severity == "error" for f in findings)
+    errors = sum(f.is_error for f in findings)
     warnings = len(findings) - errors
     if errors:
         click.echo(f"{path}: {errors} error(s), {warnings} warning(s).", err=True)
@@ -77,12 +72,13 @@ def _refuse_overwrite(paths: list[Path], force: bool) -> None:
 @click.command(name="config")
 @config_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the YAML here (without it: print the YAML).")
+              callback=nonempty_path, help="Write the YAML here (without it: print the YAML).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--list", "list_", is_flag=True, help="List the presets in accelerate_configs/ and exit.")
 @click.option("--check", "check_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE", help="Check an existing config: Accelerate's loader plus accelkit's checks, each with "
-                                   "its fix. Exits 1 on errors.")
+              metavar="FILE", callback=nonempty_path,
+              help="Check an existing config: Accelerate's loader plus accelkit's checks, each with its fix. Exits 1 "
+                   "on errors.")
 def command(output: Path | None, force: bool, list_: bool, check_path: Path | None, **kwargs) -> int:
     """Write an Accelerate config YAML for single, cpu, ddp, fsdp or deepspeed.
 
@@ -104,24 +100,24 @@ def command(output: Path | None, force: bool, list_: bool, check_path: Path | No
             click.get_current_context().exit(code)  # works under main() and click's CliRunner alike
         return code
 
-    from accelkit.configs import build_config, problems, render_yaml, write_config, write_deepspeed_json
+    from accelkit.configs import render_yaml, resolve_config, write_config, write_deepspeed_json
 
-    config = build_config(options)
-    _print_findings([f for f in problems(config, deepspeed_json=config.deepspeed_json) if f.severity == "warning"])
+    config = resolve_config(options)
+    _print_findings(config.findings)
     line = command_line(options, output)
+    json_path = config.json_path()
     targets = [output] if output is not None else []
-    if config.deepspeed_json is not None:
-        targets.append(Path(config["deepspeed_config"]["deepspeed_config_file"]))
+    if json_path is not None:
+        targets.append(json_path)
     _refuse_overwrite(targets, force)
     if output is None:
-        if config.deepspeed_json is not None:
+        if json_path is not None:
             click.echo(f"Wrote the DeepSpeed JSON to {write_deepspeed_json(config)}", err=True)
         click.echo(render_yaml(config, line), nl=False)
         return 0
     write_config(config, output, line)
-    click.echo(f"Wrote {output}" + (f" and {targets[-1]}" if config.deepspeed_json is not None else "") +
-               f" ({config['distributed_type']}, {config['num_processes']} process(es)"
-               f" on {config['num_machines']} machine(s)).")
+    click.echo(f"Wrote {output}" + (f" and {json_path}" if json_path is not None else "") +
+               f" ({config.distributed_type}, {config.num_processes} process(es)"
+               f" on {config.num_machines} machine(s)).")
     click.echo(f"Launch: accelerate launch --config_file {output} your_script.py")
     return 0
-

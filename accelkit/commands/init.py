@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
+from accelkit.configs.choices import Backend
 from accelkit.errors import AccelkitError
-
-BACKENDS = ("single", "cpu", "ddp", "fsdp", "deepspeed")
 
 
 def _list_templates() -> int:
@@ -27,7 +26,7 @@ def _list_templates() -> int:
 @click.argument("directory", type=click.Path(path_type=Path), required=False)
 @click.option("-t", "--template", "template", metavar="NAME", default=None,
               help="Template to copy (see --list).")
-@click.option("--backend", type=click.Choice(BACKENDS), default="ddp", show_default=True,
+@click.option("--backend", type=click.Choice(Backend.values()), default="ddp", show_default=True,
               help="Backend of the Accelerate config written beside train.py.")
 @click.option("--num-processes", type=click.IntRange(min=1), default=None, metavar="N",
               help="Total processes in that config. Default: the GPUs found here, else 2 (1 for single/cpu).")

@@ -8,13 +8,29 @@ from pathlib import Path
 
 import click
 
-from accelkit.commands.config_options import config_options, options_from_kwargs
+from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
+
+# The rendezvous handlers torch registers (torch.distributed.elastic.rendezvous.registry).
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+
+def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """KEY=VALUE pairs separated by commas, as torchrun parses them (checked here, before any process starts)."""
+    if value is None:
+        return None
+    for pair in value.split(","):
+        key, _, setting = pair.partition("=")
+        if pair and (not key.strip() or not setting.strip()):
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE; write KEY=VALUE pairs separated by commas, e.g. "
+                                     "join_timeout=900,read_timeout=60", ctx=ctx, param=param)
+    return value
 
 
 @click.command(name="launch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE", help="Start from this Accelerate config (e.g. from `accelkit config -o`); options "
-                                   "given here override its values.")
+              metavar="FILE", callback=nonempty_path,
+              help="Start from this Accelerate config (e.g. from `accelkit config -o`); options given here override "
+                   "its values.")
 @config_options
 @click.option("--cpu", is_flag=True, default=False,
               help="Run N real processes on CPU over gloo for any backend (DDP, FSDP and DeepSpeed are rehearsed "
@@ -22,17 +38,19 @@ from accelkit.commands.config_options import config_options, options_from_kwargs
 @click.option("-m", "--module", is_flag=True, default=False, help="SCRIPT is a module name, run like `python -m`.")
 @click.option("--dry-run", is_flag=True, default=False,
               help="Print the exact command, its environment and the config; start nothing.")
-@click.option("--max-restarts", type=int, default=None, metavar="N",
+@click.option("--max-restarts", type=click.IntRange(min=0), default=None, metavar="N",
               help="Restart the whole worker group up to N times after a failure (torchrun). Default 0.")
-@click.option("--monitor-interval", type=float, default=None, metavar="SECONDS",
+@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="How often torchrun checks its ranks. Default 0.1.")
-@click.option("--rdzv-backend", default=None, metavar="NAME",
-              help="torchrun rendezvous backend: static (default) or c10d.")
-@click.option("--rdzv-conf", default=None, metavar="K=V,...", help="Extra rendezvous settings for torchrun.")
+@click.option("--rdzv-backend", type=click.Choice(RDZV_BACKENDS), default=None,
+              help="torchrun rendezvous backend. Default: static.")
+@click.option("--rdzv-conf", default=None, metavar="K=V,...", callback=_rdzv_conf,
+              help="Extra rendezvous settings for torchrun.")
 @click.option("--same-network", is_flag=True, default=None,
               help="All machines share one local network (torchrun uses master address/port directly).")
 @click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE", help="Write an sbatch script (and its config beside it) instead of launching.")
+              metavar="FILE", callback=nonempty_path,
+              help="Write an sbatch script (and its config beside it) instead of launching.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, metavar="N", help="With --slurm: nodes.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
               help="With --slurm: GPUs per node (with --cpu: processes per node).")
@@ -51,11 +69,13 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     \b
       accelkit launch --backend fsdp --num-processes 8 train.py --lr 3e-4
       accelkit launch --config fsdp.yaml --mixed-precision bf16 train.py -- --max-steps 1000
+      accelkit launch --cpu --num-processes 2 train.py
       accelkit launch --cpu --backend deepspeed --zero-stage 3 --num-processes 2 train.py
       accelkit launch --backend ddp --dry-run train.py
       accelkit launch --backend fsdp --slurm job.sbatch --nodes 2 --gpus-per-node 8 train.py
 
-    Without GPUs, GPU backends need --cpu (a CPU rehearsal). Exit status: the first failing rank's.
+    Without GPUs, GPU backends need --cpu (a CPU rehearsal); `--cpu --num-processes N` alone runs N data-parallel
+    CPU processes. Exit status: the first failing rank's.
     """
     from accelkit.launch.plan import LauncherFlags, LaunchTarget
     from accelkit.launch.prepare import check_target

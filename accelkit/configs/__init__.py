@@ -1,15 +1,53 @@
-"""Accelerate configs: preset + options -> validated config dict -> commented YAML (+ DeepSpeed JSON).
+"""Accelerate configs: preset or file + options -> one typed ResolvedConfig -> one rule set -> YAML (+ DeepSpeed JSON).
 
-Importing this package is cheap: accelerate, torch and yaml are imported inside the functions that need them.
+    choices.py   Backend and the other closed sets of values (a leaf: the CLI reads its choices here)
+    options.py   ConfigOptions: what the user asked for, one table of flags, help, choices and config keys
+    reader.py    a config file's dict -> the values it sets, with what only a file can get wrong
+    resolve.py   options on top of a preset or file, defaults filled -> ResolvedConfig (+ Accelerate's own check)
+    resolved.py  ResolvedConfig: typed, frozen, the source of every value; to_accelerate_dict()
+    rules.py     the one rule set over a ResolvedConfig (config, launch and `config --check` share its words)
+    files.py     config files: load (line and column of syntax errors) and check (`accelkit config --check`)
+    render.py    a config -> commented YAML (+ its DeepSpeed JSON), written without partial files
+    presets.py, hardware.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the DeepSpeed
+                 JSON, and the keys Accelerate accepts (read from Accelerate itself)
+
+Importing this package is cheap: its names load on first use, and accelerate, torch and yaml are imported inside
+the functions that need them.
 """
 
-from accelkit.configs.build import BuiltConfig, build_config, check_options
-from accelkit.configs.check import check_config, load_config
-from accelkit.configs.options import ConfigOptions
-from accelkit.configs.presets import Preset, list_presets, load_preset
-from accelkit.configs.render import render_json, render_yaml, write_config, write_deepspeed_json
-from accelkit.configs.validate import Finding, problems
+from __future__ import annotations
 
-__all__ = ["BuiltConfig", "ConfigOptions", "Finding", "Preset", "build_config", "check_config", "check_options",
-           "list_presets", "load_config", "load_preset", "problems", "render_json", "render_yaml", "write_config",
-           "write_deepspeed_json"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Backend": "choices",
+    "ConfigOptions": "options",
+    "Finding": "findings",
+    "ResolvedConfig": "resolved",
+    "Source": "resolved",
+    "resolve_config": "resolve",
+    "build_config": "resolve",
+    "BuiltConfig": "resolve",
+    "problems": "rules",
+    "read_config": "reader",
+    "check_config": "files",
+    "load_config": "files",
+    "load_yaml": "files",
+    "render_yaml": "render",
+    "render_json": "render",
+    "write_config": "render",
+    "write_deepspeed_json": "render",
+    "Preset": "presets",
+    "list_presets": "presets",
+    "load_preset": "presets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelkit.configs' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"accelkit.configs.{module}"), name)

@@ -16,7 +16,10 @@ def gpu_count() -> int:
         return 0
 
 
-def default_backend() -> str:
+def default_backend(num_processes: int | None = None, num_machines: int | None = None) -> str:
+    """ddp when several processes or machines are asked for, or when this machine has 2+ GPUs; else single."""
+    if (num_processes or 0) > 1 or (num_machines or 0) > 1:
+        return "ddp"
     return "ddp" if gpu_count() >= 2 else "single"
 
 

@@ -1,68 +1,148 @@
-"""What a user can ask for on the command line, before any defaults are filled in."""
+"""What a user can ask for on the command line, before any defaults are filled in: one table of the config options.
+
+Each field of ConfigOptions carries its own command-line spelling, help text, choices and the Accelerate config key it
+sets, so the click options of `accelkit config` and `accelkit launch` (accelkit/commands/config_options.py), the JSON
+that carries a launch request between processes, and the findings that name a flag and a key all read this one table.
+Light on purpose (standard library + the choices module): `accelkit --help` imports it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-BACKENDS = ("single", "cpu", "ddp", "fsdp", "deepspeed")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
-FSDP_VERSIONS = (1, 2)
-SHARDINGS = ("full", "grad-op", "no", "hybrid")
-WRAP_POLICIES = ("transformer", "size", "none")
-STATE_DICTS = ("sharded", "full")
-ZERO_STAGES = (0, 1, 2, 3)
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+from accelkit.configs.choices import (
+    FSDP_VERSIONS,
+    ZERO_STAGES,
+    Backend,
+    MixedPrecision,
+    OffloadDevice,
+    Sharding,
+    StateDict,
+    WrapPolicy,
+)
 
-# Options that only make sense for one backend; used to name the offending flag in errors.
-FSDP_ONLY = ("fsdp_version", "sharding", "wrap_policy", "wrap_cls", "min_num_params", "state_dict",
-             "activation_checkpointing", "cpu_ram_efficient_loading")
-DEEPSPEED_ONLY = ("zero_stage", "offload_optimizer", "offload_params", "zero3_save_16bit_model", "deepspeed_json",
-                  "nvme_path")
+# Kept for callers that want the plain spellings.
+BACKENDS = Backend.values()
+MIXED_PRECISIONS = MixedPrecision.values()
+SHARDINGS = Sharding.values()
+WRAP_POLICIES = WrapPolicy.values()
+STATE_DICTS = StateDict.values()
+OFFLOAD_DEVICES = OffloadDevice.values()
+
+
+def _option(help: str, *, key: str | None = None, kind: str = "text", choices: tuple = (), metavar: str | None = None,
+            group: str = "", default: Any = None) -> Any:
+    """A ConfigOptions field. `kind`: text | int | path | switch (--x/--no-x) | choice | many (repeatable);
+    `key`: the Accelerate config key it sets (dotted inside a section); `group`: the only backend it applies to."""
+    return field(default=default, metadata={"help": help, "key": key, "kind": kind, "choices": choices,
+                                            "metavar": metavar, "group": group})
 
 
 @dataclass
 class ConfigOptions:
     """Every field None (or empty) means "not given": the preset, the base config or the backend default decides."""
 
-    backend: str | None = None  # single | cpu | ddp | fsdp | deepspeed
-    preset: str | None = None  # name of accelerate_configs/<preset>.yaml
-    num_processes: int | None = None  # total across machines
-    num_machines: int | None = None
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
-    main_process_port: int | None = None
-    mixed_precision: str | None = None  # no | fp16 | bf16
-    gradient_accumulation_steps: int | None = None
+    backend: str | None = _option(
+        "Distributed backend. Default: ddp with 2+ GPUs or when several processes or machines are asked for, else "
+        "single (or the preset's).", key="distributed_type", kind="choice", choices=BACKENDS)
+    preset: str | None = _option(
+        "Start from accelerate_configs/NAME.yaml (see `accelkit config --list`); other options apply on top.",
+        metavar="NAME")
+    num_processes: int | None = _option(
+        "Total processes across all machines. Default: GPUs detected x machines; without GPUs 1 for single, 2 "
+        "otherwise.", key="num_processes", kind="int", metavar="N")
+    num_machines: int | None = _option("Number of machines (nodes). Default 1.", key="num_machines", kind="int",
+                                       metavar="N")
+    machine_rank: int | None = _option("Rank of this machine, 0..N-1.", key="machine_rank", kind="int", metavar="R")
+    main_process_ip: str | None = _option("Address of machine 0 (multi-node).", key="main_process_ip", metavar="IP")
+    main_process_port: int | None = _option("Port on machine 0.", key="main_process_port", kind="int",
+                                            metavar="PORT")
+    mixed_precision: str | None = _option("Mixed precision. Default: no.", key="mixed_precision", kind="choice",
+                                          choices=MIXED_PRECISIONS)
+    gradient_accumulation_steps: int | None = _option(
+        "Gradient accumulation steps (stored in the config for DeepSpeed).",
+        key="deepspeed_config.gradient_accumulation_steps", kind="int", metavar="N")
     # FSDP
-    fsdp_version: int | None = None
-    sharding: str | None = None  # full | grad-op | no | hybrid
-    wrap_policy: str | None = None  # transformer | size | none
-    wrap_cls: tuple[str, ...] = ()
-    min_num_params: int | None = None  # for wrap_policy "size"
-    state_dict: str | None = None  # sharded | full
-    offload: bool | None = None  # FSDP: params+grads to CPU; DeepSpeed: optimizer (and params at stage 3) to CPU
-    activation_checkpointing: bool | None = None
-    cpu_ram_efficient_loading: bool | None = None
+    fsdp_version: int | None = _option("FSDP version. Default 2 (fully_shard).", key="fsdp_config.fsdp_version",
+                                       kind="choice", choices=FSDP_VERSIONS, group="fsdp")
+    sharding: str | None = _option(
+        "FSDP sharding. v1 writes fsdp_sharding_strategy; v2 maps to fsdp_reshard_after_forward.",
+        key="fsdp_config.fsdp_sharding_strategy", kind="choice", choices=SHARDINGS, group="fsdp")
+    wrap_policy: str | None = _option("FSDP auto-wrap policy. Default: transformer.",
+                                      key="fsdp_config.fsdp_auto_wrap_policy", kind="choice",
+                                      choices=WRAP_POLICIES, group="fsdp")
+    wrap_cls: tuple[str, ...] = _option(
+        "Layer class to wrap with --wrap-policy transformer (repeatable), e.g. LlamaDecoderLayer.",
+        key="fsdp_config.fsdp_transformer_layer_cls_to_wrap", kind="many", metavar="NAME", group="fsdp", default=())
+    min_num_params: int | None = _option("Minimum parameters per unit for --wrap-policy size. Default 100000000.",
+                                         key="fsdp_config.fsdp_min_num_params", kind="int", metavar="N",
+                                         group="fsdp")
+    state_dict: str | None = _option("FSDP checkpoint state dict type. Default: sharded.",
+                                     key="fsdp_config.fsdp_state_dict_type", kind="choice", choices=STATE_DICTS,
+                                     group="fsdp")
+    offload: bool | None = _option(
+        "FSDP: params and grads to CPU. DeepSpeed: optimizer (and params at stage 3) to CPU.",
+        key="fsdp_config.fsdp_offload_params", kind="switch")
+    activation_checkpointing: bool | None = _option("FSDP activation checkpointing.",
+                                                    key="fsdp_config.fsdp_activation_checkpointing", kind="switch",
+                                                    group="fsdp")
+    cpu_ram_efficient_loading: bool | None = _option(
+        "FSDP: only rank 0 loads pretrained weights (Transformers models).",
+        key="fsdp_config.fsdp_cpu_ram_efficient_loading", kind="switch", group="fsdp")
     # DeepSpeed
-    zero_stage: int | None = None
-    offload_optimizer: str | None = None  # none | cpu | nvme
-    offload_params: str | None = None  # none | cpu | nvme
-    nvme_path: str | None = None  # where NVMe offload swaps to
-    zero3_save_16bit_model: bool | None = None
-    deepspeed_json: Path | None = None  # write a full DeepSpeed JSON here and reference it from the YAML
+    zero_stage: int | None = _option("DeepSpeed ZeRO stage. Default 2.", key="deepspeed_config.zero_stage",
+                                     kind="choice", choices=ZERO_STAGES, group="deepspeed")
+    offload_optimizer: str | None = _option("DeepSpeed optimizer state offload device.",
+                                            key="deepspeed_config.offload_optimizer_device", kind="choice",
+                                            choices=OFFLOAD_DEVICES, group="deepspeed")
+    offload_params: str | None = _option("DeepSpeed parameter offload device (stage 3 only).",
+                                         key="deepspeed_config.offload_param_device", kind="choice",
+                                         choices=OFFLOAD_DEVICES, group="deepspeed")
+    nvme_path: str | None = _option("Directory for DeepSpeed NVMe offload.",
+                                    key="deepspeed_config.offload_param_nvme_path", metavar="DIR", group="deepspeed")
+    zero3_save_16bit_model: bool | None = _option("DeepSpeed stage 3: gather a 16-bit model when saving.",
+                                                  key="deepspeed_config.zero3_save_16bit_model", kind="switch",
+                                                  group="deepspeed")
+    deepspeed_json: Path | None = _option(
+        "Write a full DeepSpeed JSON (\"auto\" values) here and reference it from the YAML.",
+        key="deepspeed_config.deepspeed_config_file", kind="path", group="deepspeed")
 
     def given(self) -> dict[str, object]:
         """The fields the user actually set, by name."""
-        out: dict[str, object] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None or value == ():
-                continue
-            out[f.name] = value
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-safe values (paths as text, tuples as lists), for a launch request crossing processes."""
+        out: dict[str, Any] = {}
+        for name, value in ((f.name, getattr(self, f.name)) for f in fields(self)):
+            out[name] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else \
+                getattr(value, "value", value)
         return out
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> ConfigOptions:
+        values = dict(data)
+        values["wrap_cls"] = tuple(values.get("wrap_cls") or ())
+        if values.get("deepspeed_json") is not None:
+            values["deepspeed_json"] = Path(values["deepspeed_json"])
+        return cls(**values)
+
+
+OPTION_FIELDS = {f.name: f for f in fields(ConfigOptions)}
 
 
 def flag_name(field_name: str) -> str:
     """`zero_stage` -> `--zero-stage`: how the option is spelled on the command line."""
     return "--" + field_name.replace("_", "-")
+
+
+def config_key(field_name: str) -> str:
+    """The Accelerate config key an option sets (`fsdp_config.fsdp_version`), or "" for options that set none."""
+    return OPTION_FIELDS[field_name].metadata["key"] or "" if field_name in OPTION_FIELDS else ""
+
+
+def backend_group(field_name: str) -> str:
+    """The one backend an option belongs to ("fsdp", "deepspeed"), or "" when it applies to several."""
+    return OPTION_FIELDS[field_name].metadata["group"]

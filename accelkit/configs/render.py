@@ -1,9 +1,11 @@
-"""Config dict -> commented YAML text, and writing it (plus its DeepSpeed JSON) without partial files."""
+"""A config -> commented YAML text, and writing it (plus its DeepSpeed JSON) without partial files."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from accelkit.fsio import atomic_write, atomic_write_many
 
@@ -46,8 +48,9 @@ def _dump_one(key: str, value: object) -> str:
     return yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=1000)
 
 
-def render_yaml(config: dict, command_line: str) -> str:
-    """YAML text starting with a comment naming the command that made it."""
+def render_yaml(config: Any, command_line: str) -> str:
+    """YAML text starting with a comment naming the command that made it. `config`: a ResolvedConfig or a dict."""
+    config = _parts(config)[0]
     lines = [f"# Written by: {command_line}",
              "# Run with: accelerate launch --config_file THIS_FILE your_script.py  (or: accelkit launch --config ...)",
              "# Check with: accelkit config --check THIS_FILE", ""]
@@ -71,22 +74,34 @@ def render_json(content: dict) -> str:
     return json.dumps(content, indent=2) + "\n"
 
 
-def write_config(config: dict, path: Path, command_line: str) -> None:
-    """Write the YAML (and the DeepSpeed JSON it references, if build_config made one). Both files appear together
-    or not at all."""
-    files: list[tuple[Path, str]] = []
+def _parts(config: Any) -> tuple[dict, Mapping | None, Path | None]:
+    """(the Accelerate dict, the DeepSpeed JSON content to write or None, where it goes) for a ResolvedConfig, or
+    for a dict made by build_config (which carries `deepspeed_json`)."""
+    from accelkit.configs.resolved import ResolvedConfig
+
+    if isinstance(config, ResolvedConfig):
+        content = config.deepspeed.json_content if config.deepspeed is not None else None
+        return config.to_accelerate_dict(), content, config.json_path()
     content = getattr(config, "deepspeed_json", None)
-    if content is not None:
-        files.append((Path(config["deepspeed_config"]["deepspeed_config_file"]), render_json(content)))
-    files.append((Path(path), render_yaml(dict(config), command_line)))
+    path = Path(config["deepspeed_config"]["deepspeed_config_file"]) if content is not None else None
+    return dict(config), content, path
+
+
+def write_config(config: Any, path: Path, command_line: str, *, with_json: bool = True) -> None:
+    """Write the YAML (and the DeepSpeed JSON it references, if accelkit makes one and `with_json`). Both files
+    appear together or not at all. `config`: a ResolvedConfig (or a dict from build_config)."""
+    data, content, json_path = _parts(config)
+    files: list[tuple[Path, str]] = []
+    if with_json and content is not None and json_path is not None:
+        files.append((json_path, render_json(dict(content))))
+    files.append((Path(path), render_yaml(data, command_line)))
     atomic_write_many(files)
 
 
-def write_deepspeed_json(config: dict) -> Path | None:
-    """Write only the DeepSpeed JSON a built config references (used when the YAML goes to stdout)."""
-    content = getattr(config, "deepspeed_json", None)
-    if content is None:
+def write_deepspeed_json(config: Any) -> Path | None:
+    """Write only the DeepSpeed JSON a config references (used when the YAML goes to stdout or to a launch)."""
+    _, content, json_path = _parts(config)
+    if content is None or json_path is None:
         return None
-    path = Path(config["deepspeed_config"]["deepspeed_config_file"])
-    atomic_write(path, render_json(content))
-    return path
+    atomic_write(json_path, render_json(dict(content)))
+    return json_path

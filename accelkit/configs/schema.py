@@ -10,9 +10,6 @@ from __future__ import annotations
 import difflib
 from functools import cache
 
-# accelkit backend name -> Accelerate distributed_type written for it (cpu with one process is "NO").
-BACKEND_TYPES = {"single": "NO", "cpu": "MULTI_CPU", "ddp": "MULTI_GPU", "fsdp": "FSDP", "deepspeed": "DEEPSPEED"}
-
 # Keys `accelerate launch` reads only from its own flags: in a YAML they have no effect.
 IGNORED_BY_LAUNCHER = {"rdzv_backend": "static", "same_network": False, "enable_cpu_affinity": False}
 
@@ -28,15 +25,9 @@ def section(config: dict, name: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def backend_of(config: dict) -> str | None:
-    """The accelkit backend a config dict describes, or None for types accelkit does not model (XLA, NPU, ...)."""
-    dtype = str(config.get("distributed_type", "")).upper()
-    if dtype == "NO":
-        return "cpu" if config.get("use_cpu") else "single"
-    for backend, name in BACKEND_TYPES.items():
-        if name == dtype:
-            return backend
-    return None
+def fsdp_section(config: dict) -> dict:
+    """fsdp_config with every key spelled with its `fsdp_` prefix (the launcher accepts both)."""
+    return {(k if str(k).startswith("fsdp_") else f"fsdp_{k}"): v for k, v in section(config, "fsdp_config").items()}
 
 
 @cache

@@ -1,4 +1,4 @@
-"""Pick a free TCP port for the rendezvous of a single-machine job."""
+"""Ports of a job's rendezvous: a free one for single-machine jobs, and whether a given one can be listened on."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+def port_free(port: int) -> bool:
+    """True when this machine can listen on `port` (on every address, as torchrun's store does). SO_REUSEADDR, as
+    the store sets it, so a port in TIME_WAIT after a previous job counts as free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True

@@ -1,5 +1,6 @@
-"""From a LaunchRequest to a LaunchPlan: build the config, decide CPU rehearsal, check what can be checked before
-anything starts (script, GPUs, DeepSpeed), write the config file, then call the pure plan function."""
+"""From a LaunchRequest to a LaunchPlan: resolve the config (accelkit.configs), decide CPU rehearsal
+(accelkit.rehearsal), check what can be checked before anything starts (script, GPUs, DeepSpeed, the rendezvous
+port), write the config file, then call the pure plan function."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from accelkit.configs.choices import Backend
+from accelkit.configs.resolved import ResolvedConfig
 from accelkit.errors import AccelkitError
-from accelkit.launch.plan import LauncherFlags, LaunchPlan, LaunchTarget, backend_name, needs_gpus, plan_launch
-from accelkit.launch.ports import free_port
+from accelkit.launch import ports
+from accelkit.launch.plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
 from accelkit.launch.request import LaunchRequest
 from accelkit.launch.summary import describe
 
-DEEPSPEED_INSTALL_HINT = "pip install 'accelkit[deepspeed]' (or: pip install deepspeed)"
+ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"  # what Accelerator() reads when its config has no key
 
 
 @dataclass
@@ -44,128 +46,117 @@ def check_target(target: LaunchTarget, cwd: Path | None = None) -> None:
         raise AccelkitError(f"not a file: {target.script}", hint="pass the training script itself, e.g. train.py")
 
 
-def resolve_config(request: LaunchRequest) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, str]]:
-    """(config, base, env): the job's config built from the options on top of --config FILE (if any), that base,
-    and environment variables for settings a config file cannot hold."""
-    from accelkit.configs import build_config, load_config
+def resolve_request(request: LaunchRequest) -> ResolvedConfig:
+    """The job's config: the options on top of --config FILE (if any). `--cpu` with several processes and no
+    backend means N data-parallel CPU processes (what `accelerate launch --cpu --num_processes N` users expect)."""
+    from accelkit.configs.files import load_config
+    from accelkit.configs.resolve import resolve_config
 
-    base = None
-    if request.config_file is not None:
-        if not request.config_file.is_file():
-            raise AccelkitError(f"config file not found: {request.config_file}",
-                                hint="write one with `accelkit config ... -o FILE`, or use --backend")
-        base = load_config(request.config_file)
-    options = request.options
-    steps = options.gradient_accumulation_steps
-    if steps is None:
-        return build_config(options, base=base), base, {}
-    if steps < 1:
-        raise AccelkitError(f"--gradient-accumulation-steps must be at least 1 (got {steps})",
-                            hint="pass --gradient-accumulation-steps 1 for none")
-    # Only DeepSpeed configs store accumulation; for the other backends Accelerator() reads it from this variable.
-    config = build_config(replace(options, gradient_accumulation_steps=None), base=base)
-    if backend_name(config) == "deepspeed":
-        return build_config(options, base=base), base, {}
-    return config, base, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(steps)}
+    options, labels = request.options, dict(request.source_labels)
+    base = load_config(request.config_file) if request.config_file is not None else None
+    several = (options.num_processes or 0) > 1 or (options.num_machines or 0) > 1
+    if request.cpu and several and options.backend is None and options.preset is None and base is None:
+        options, labels["backend"] = replace(options, backend=Backend.CPU.value), "--cpu"
+    return resolve_config(options, base=base, base_label=str(request.config_file) if base is not None else None,
+                          labels=labels, launch=True, per_machine=not request.for_cluster)
 
 
-def check_gpus(config: dict[str, Any]) -> None:
+def check_gpus(config: ResolvedConfig) -> None:
     """A GPU backend on a machine without (enough) GPUs would start ranks that never connect: refuse instead."""
     import torch
 
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    name = backend_name(config)
-    machines = int(config.get("num_machines", 1) or 1)
-    per_machine = int(config.get("num_processes", 1) or 1) // max(machines, 1)
+    per_machine = config.processes_per_machine
     if available == 0:
-        raise AccelkitError(f"--backend {name} runs on GPUs, and this machine has none",
-                            hint=f"add --cpu to rehearse {name} on {per_machine} CPU processes "
-                                 f"(`accelkit launch --cpu --backend {name} ...`)")
+        raise AccelkitError(f"{config.said_backend()} runs on GPUs, and this machine has none",
+                            hint=f"add --cpu to rehearse {config.backend} on {per_machine} CPU processes "
+                                 f"(`accelkit launch --cpu ...` with the same options)")
     if available < per_machine:
         raise AccelkitError(f"{per_machine} processes per machine need {per_machine} GPUs; this machine has "
-                            f"{available}", hint=f"pass --num-processes {available * machines}")
+                            f"{available}", hint=f"pass --num-processes {available * config.num_machines}")
 
 
 def check_deepspeed() -> None:
+    from accelkit.rehearsal.versions import DEEPSPEED_INSTALL_HINT
+
     if importlib.util.find_spec("deepspeed") is None:
         raise AccelkitError("the config uses DeepSpeed, which is not installed", hint=DEEPSPEED_INSTALL_HINT)
 
 
-def launcher_flags(request: LaunchRequest, config: dict[str, Any], base: dict[str, Any] | None) -> tuple[
-        LauncherFlags, str]:
-    """Per-machine flags (rank, address, port) and where the port came from."""
+def launcher_flags(request: LaunchRequest, config: ResolvedConfig) -> tuple[LauncherFlags, str]:
+    """The launcher flags with this machine's values (rank, main address, port), and where the port came from."""
     flags = request.flags
-    machines = int(config.get("num_machines", 1) or 1)
-    port = config.get("main_process_port")
-    if request.for_cluster:  # the SLURM script fills rank, address and port on each node
-        return replace(flags, machine_rank=None, main_process_ip=None, main_process_port=None), "sbatch script"
-    if machines > 1:
-        ip = config.get("main_process_ip")
-        if not ip:
-            raise AccelkitError(f"--num-machines {machines} needs the address of machine 0",
-                                hint="pass --main-process-ip ADDRESS (the same on every machine)")
-        if request.options.main_process_port is not None:
-            source = "--main-process-port"
-        else:
-            source = str(request.config_file) if base is not None and base.get("main_process_port") else "default"
-        return replace(flags, machine_rank=int(config.get("machine_rank", 0) or 0), main_process_ip=str(ip),
-                       main_process_port=int(port or 29500)), source
-    if request.options.main_process_port is not None:
-        return replace(flags, main_process_port=int(request.options.main_process_port)), "--main-process-port"
-    if base is not None and base.get("main_process_port"):
-        return replace(flags, main_process_port=int(base["main_process_port"])), str(request.config_file)
+    if not config.per_machine:  # the SLURM script fills rank, address and port on each node
+        return flags.without_machine(), "sbatch script"
+    port_source = str(config.source("main_process_port"))
+    if config.num_machines > 1:
+        return replace(flags, machine_rank=config.machine_rank, main_process_ip=config.main_process_ip,
+                       main_process_port=config.main_process_port), port_source
+    if config.main_process_port is not None:
+        return replace(flags, main_process_port=config.main_process_port), port_source
     # One machine and no port asked for: pick a free one, so two jobs on one machine do not collide on 29500.
-    return replace(flags, main_process_port=free_port()), "free port"
+    return replace(flags, main_process_port=ports.free_port()), "free port"
+
+
+def check_port(config: ResolvedConfig, flags: LauncherFlags, port_source: str) -> None:
+    """The machine that hosts the rendezvous (the only one, or machine 0) must be able to listen on its port."""
+    port = flags.main_process_port
+    if port is None or (config.num_machines > 1 and config.machine_rank != 0) or ports.port_free(port):
+        return
+    raise AccelkitError(f"port {port} ({port_source}) is already in use on this machine, which hosts the rendezvous",
+                        hint="pass another --main-process-port (the same on every machine), or stop what uses it")
 
 
 def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
                    check_hardware: bool = True) -> PreparedLaunch:
     """Resolve everything about a launch. The config goes to `config_path`, or to a new temporary directory
-    (returned as `temp_dir`). `check_hardware=False` (dry-run, SLURM) plans for another machine: no GPU or
-    DeepSpeed checks here."""
+    (returned as `temp_dir`). `check_hardware=False` (dry-run, SLURM) plans for another machine: no GPU,
+    DeepSpeed or port checks here."""
+    from accelkit.configs.render import write_config, write_deepspeed_json
+
     check_target(request.target)
-    config, base, config_env = resolve_config(request)
-    name = backend_name(config)
-    cpu = request.cpu or name == "cpu" or bool(config.get("use_cpu"))
-    flags, port_source = launcher_flags(request, config, base)
-
-    from accelkit.configs import write_config, write_deepspeed_json
-
+    config = resolve_request(request)
+    flags, port_source = launcher_flags(request, config)
     # A DeepSpeed JSON asked for with --deepspeed-json must exist before the rehearsal reads it or a launcher runs.
     write_deepspeed_json(config)
 
     env: dict[str, str] = {}
-    rehearsal = None
-    bootstrap = False
-    notes: list[str] = []
-    launch_config: dict[str, Any] = config
-    if cpu:
-        from accelkit.rehearsal import prepare_rehearsal
+    if config.backend is not Backend.DEEPSPEED and config.gradient_accumulation_steps is not None:
+        env[ACCUMULATION_ENV] = str(config.gradient_accumulation_steps)  # Accelerator() reads it
+    launch_config, rehearsal, bootstrap, notes = config, None, False, ()
+    if request.cpu or config.runs_on_cpu:
+        from accelkit.rehearsal import rehearse
 
-        rehearsal_plan = prepare_rehearsal(config)
-        launch_config, env, rehearsal = rehearsal_plan.launch_config, dict(rehearsal_plan.env), rehearsal_plan.backend
-        # Ranks start in the rehearsal bootstrap (which installs the shim) unless the rehearsal needs no patch.
-        bootstrap = rehearsal_plan.bootstrap
-        notes = list(rehearsal_plan.notes)
+        rehearsed = rehearse(config)
+        launch_config, rehearsal, notes = rehearsed.config, rehearsed.backend, rehearsed.notes
+        env.update(rehearsed.env)
+        bootstrap = rehearsed.bootstrap  # ranks start in the bootstrap, which installs the shim
     elif check_hardware:
-        if needs_gpus(config):
+        if config.backend.needs_gpus:
             check_gpus(config)
-        if config.get("distributed_type") == "DEEPSPEED":
+        if config.backend is Backend.DEEPSPEED:
             check_deepspeed()
-
-    env = {**config_env, **env}
+    if check_hardware:
+        check_port(config, flags, port_source)
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
         from accelkit.rehearsal.bootstrap import PROBES_ENV
 
         env[PROBES_ENV] = ",".join(request.probes)
         bootstrap = True
+
     temp_dir = None
     if config_path is None:
         temp_dir = Path(tempfile.mkdtemp(prefix="accelkit-launch-"))
         config_path = temp_dir / "accelerate_config.yaml"
-    write_config(dict(launch_config), config_path, request.command_line)
+    try:
+        write_config(launch_config, config_path, request.command_line, with_json=False)
+    except BaseException:
+        if temp_dir is not None:
+            import shutil
 
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
     plan = plan_launch(launch_config, config_path, request.target, flags, python=sys.executable, env=env,
                        rehearsal=rehearsal, bootstrap=bootstrap, notes=notes)
-    summary = describe(request, config, base, plan, port_source=port_source)
-    return PreparedLaunch(plan=plan, summary=summary, temp_dir=temp_dir)
+    return PreparedLaunch(plan=plan, summary=describe(request, config, plan, port_source=port_source),
+                          temp_dir=temp_dir)

@@ -7,17 +7,17 @@ imports torch and Accelerate anyway (see worker.py), so the request travels betw
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from accelkit.configs.options import ConfigOptions
 from accelkit.launch.plan import LauncherFlags, LaunchTarget
 
 
 @dataclass
 class LaunchRequest:
     target: LaunchTarget
-    options: Any  # accelkit.configs.ConfigOptions (typed loosely so this module stays import-light)
+    options: ConfigOptions = field(default_factory=ConfigOptions)
     config_file: Path | None = None
     cpu: bool = False
     flags: LauncherFlags = field(default_factory=LauncherFlags)
@@ -30,12 +30,9 @@ class LaunchRequest:
     probes: tuple[str, ...] = ()
 
     def to_json(self) -> str:
-        options = {f.name: getattr(self.options, f.name) for f in fields(self.options)}
-        options = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                   for k, v in options.items()}
         return json.dumps({
             "target": {**asdict(self.target), "args": list(self.target.args)},
-            "options": options,
+            "options": self.options.to_json_dict(),
             "config_file": None if self.config_file is None else str(self.config_file),
             "cpu": self.cpu,
             "flags": asdict(self.flags),
@@ -47,17 +44,11 @@ class LaunchRequest:
 
     @classmethod
     def from_json(cls, text: str) -> LaunchRequest:
-        from accelkit.configs.options import ConfigOptions
-
         data = json.loads(text)
-        options = dict(data["options"])
-        options["wrap_cls"] = tuple(options.get("wrap_cls") or ())
-        if options.get("deepspeed_json") is not None:
-            options["deepspeed_json"] = Path(options["deepspeed_json"])
         target = data["target"]
         return cls(
             target=LaunchTarget(script=target["script"], args=tuple(target["args"]), module=target["module"]),
-            options=ConfigOptions(**options),
+            options=ConfigOptions.from_json_dict(data["options"]),
             config_file=None if data["config_file"] is None else Path(data["config_file"]),
             cpu=data["cpu"],
             flags=LauncherFlags(**data["flags"]),

@@ -27,28 +27,11 @@ class SlurmOptions:
     chdir: Path | None = None  # directory the job runs in (where relative script paths resolve)
 
 
-def _strip_machine_flags(argv: list[str]) -> list[str]:
-    """The plan's launcher argv without the per-machine flags the script fills in from SLURM's environment."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--machine_rank", "--main_process_ip", "--main_process_port"):
-            skip = True
-            continue
-        out.append(arg)
-    return out
-
-
 def render_sbatch(plan: LaunchPlan, options: SlurmOptions, command_line: str) -> str:
-    """The sbatch script text for `plan` (whose config describes all nodes: num_machines = nodes)."""
-    launcher = _strip_machine_flags(plan.argv)
-    # argv[0] is this machine's python; on the cluster the job uses whichever `python` its environment provides.
-    launcher[0] = "python"
-    head = launcher[:3]  # python -m <launcher module>
-    rest = launcher[3:]
+    """The sbatch script text for `plan`, a plan without per-machine values (its config describes all nodes)."""
+    # On the cluster the job uses whichever `python` its environment provides, not this machine's.
+    head = ["python", "-m", plan.launcher_module]
+    rest = plan.launcher_args()
 
     header = [
         "#!/bin/bash",

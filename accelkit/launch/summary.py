@@ -1,113 +1,64 @@
 """Say which values a launch uses and where each came from (a command-line option, the --config file, a preset,
-or a default), so nobody has to guess which of three places won."""
+or a default), so nobody has to guess which of three places won. Everything is read from the ResolvedConfig (its
+values and their sources) and the LaunchPlan (its fields); nothing is parsed back from the command."""
 
 from __future__ import annotations
 
 import shlex
 from typing import Any
 
-from accelkit.launch.plan import BOOTSTRAP_MODULE, LaunchPlan, accelerate_cli_argv, backend_name
+from accelkit.configs.choices import Backend
+from accelkit.configs.resolved import ResolvedConfig
+from accelkit.launch.plan import LaunchPlan
 
-# (label, option field, path of the key in an Accelerate config)
-_COMMON = [
-    ("processes", "num_processes", ("num_processes",)),
-    ("machines", "num_machines", ("num_machines",)),
-    ("mixed_precision", "mixed_precision", ("mixed_precision",)),
-]
-_MULTI_MACHINE = [
-    ("machine_rank", "machine_rank", ("machine_rank",)),
-    ("main_process_ip", "main_process_ip", ("main_process_ip",)),
-]
-_FSDP = [
-    ("fsdp_version", "fsdp_version", ("fsdp_config", "fsdp_version")),
-    ("reshard_after_forward", "sharding", ("fsdp_config", "fsdp_reshard_after_forward")),
-    ("sharding_strategy", "sharding", ("fsdp_config", "fsdp_sharding_strategy")),
-    ("state_dict", "state_dict", ("fsdp_config", "fsdp_state_dict_type")),
-    ("offload_params", "offload", ("fsdp_config", "fsdp_offload_params")),
-]
-_DEEPSPEED = [
-    ("zero_stage", "zero_stage", ("deepspeed_config", "zero_stage")),
-    ("offload_optimizer", "offload_optimizer", ("deepspeed_config", "offload_optimizer_device")),
-    ("offload_params", "offload_params", ("deepspeed_config", "offload_param_device")),
-    ("gradient_accumulation_steps", "gradient_accumulation_steps", ("deepspeed_config", "gradient_accumulation_steps")),
-    ("deepspeed_config_file", "deepspeed_json", ("deepspeed_config", "deepspeed_config_file")),
-]
+# (label, option name) of the values worth a word, by backend
+_COMMON = (("processes", "num_processes"), ("machines", "num_machines"), ("mixed_precision", "mixed_precision"))
+_MULTI_MACHINE = (("machine_rank", "machine_rank"), ("main_process_ip", "main_process_ip"))
+_BY_BACKEND = {
+    Backend.FSDP: (("fsdp_version", "fsdp_version"), ("sharding", "sharding"), ("state_dict", "state_dict"),
+                   ("offload_params", "offload")),
+    Backend.DEEPSPEED: (("zero_stage", "zero_stage"), ("offload_optimizer", "offload_optimizer"),
+                        ("offload_params", "offload_params"),
+                        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+                        ("deepspeed_config_file", "deepspeed_json")),
+}
+_FLAGS = ("max_restarts", "rdzv_backend", "rdzv_conf", "same_network")
 
 
-def _lookup(config: dict[str, Any] | None, path: tuple[str, ...]) -> Any:
-    node: Any = config or {}
-    for key in path:
-        if not isinstance(node, dict):
-            return None
-        # Accelerate accepts fsdp_config keys with or without their `fsdp_` prefix.
-        node = node.get(key, node.get(key.removeprefix("fsdp_")) if key.startswith("fsdp_") else None)
-    return node
-
-
-def _source(field: str, path: tuple[str, ...], request: Any, base: dict[str, Any] | None) -> str:
-    options = request.options
-    if field in request.source_labels:
-        return request.source_labels[field]
-    if getattr(options, field, None) not in (None, ()):
-        return "--" + field.replace("_", "-")
-    if field in ("offload_optimizer", "offload_params") and getattr(options, "offload", None) is not None:
-        return "--offload"
-    if base is not None and _lookup(base, path) is not None:
-        return str(request.config_file)
-    if getattr(options, "preset", None):
-        return f"preset {options.preset}"
-    return "default"
-
-
-def describe(request: Any, config: dict[str, Any], base: dict[str, Any] | None, plan: LaunchPlan, *,
-             port_source: str) -> list[str]:
-    """Summary lines (stderr) for a launch: target, each value with its origin, and what rehearsal does."""
-    name = backend_name(config)
-    backend_source = _source("backend", ("distributed_type",), request, base)
-    items = [f"backend={name} ({backend_source})"]
+def describe(request: Any, config: ResolvedConfig, plan: LaunchPlan, *, port_source: str) -> list[str]:
+    """Summary lines (stderr) for a launch: target, each value with its origin, what rehearsal does, warnings."""
+    items = [f"backend={config.backend} ({config.source('backend')})"]
     rows = list(_COMMON)
-    if int(config.get("num_machines", 1) or 1) > 1 and not request.for_cluster:
+    if config.num_machines > 1 and config.per_machine:
         rows += _MULTI_MACHINE
-    if name == "fsdp":
-        rows += _FSDP
-    elif name == "deepspeed":
-        rows += _DEEPSPEED
-    for label, field, path in rows:
-        value = _lookup(config, path)
-        if value is None:
-            continue
-        items.append(f"{label}={value} ({_source(field, path, request, base)})")
-    steps = plan.env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
-    if steps is not None:
-        items.append(f"gradient_accumulation_steps={steps} (--gradient-accumulation-steps)")
-    port = plan_port(plan)
-    if port is not None:
-        items.append(f"main_process_port={port} ({port_source})")
-    for flag in ("max_restarts", "rdzv_backend", "rdzv_conf", "same_network"):
+    rows += _BY_BACKEND.get(config.backend, ())
+    for label, name in rows:
+        value = config.value(name)
+        if value is not None:
+            items.append(f"{label}={value} ({config.source(name)})")
+    if config.backend is not Backend.DEEPSPEED and config.gradient_accumulation_steps is not None:
+        items.append(f"gradient_accumulation_steps={config.gradient_accumulation_steps} "
+                     f"({config.source('gradient_accumulation_steps')})")
+    if plan.port is not None:
+        items.append(f"main_process_port={plan.port} ({port_source})")
+    for flag in _FLAGS:
         value = getattr(request.flags, flag, None)
         if value not in (None, False):
             items.append(f"{flag}={value} (--{flag.replace('_', '-')})")
 
-    target = f"-m {request.target.script}" if request.target.module else request.target.script
     verb = "SLURM job for" if request.for_cluster else "launching"
-    lines = [f"accelkit: {verb} {target}: " + ", ".join(items)]
+    lines = [f"accelkit: {verb} {plan.target.describe()}: " + ", ".join(items)]
     if plan.rehearsal is not None:
-        processes = int(plan.config.get("num_processes", 1) or 1) // max(int(plan.config.get("num_machines", 1)
-                                                                               or 1), 1)
-        how = "with the accelkit CPU shim" if BOOTSTRAP_MODULE in plan.argv else "unpatched"
-        what = "CPU job (DDP)" if name == "cpu" else f"CPU rehearsal of {plan.rehearsal}"
-        lines.append(f"accelkit: {what}: {processes} gloo rank(s) on this machine, {how}")
+        how = "with the accelkit CPU shim" if plan.bootstrap else "unpatched"
+        what = "CPU job (DDP)" if config.backend is Backend.CPU else f"CPU rehearsal of {plan.rehearsal}"
+        lines.append(f"accelkit: {what}: {plan.config.processes_per_machine} gloo rank(s) on this machine, {how}")
     if plan.env:
-        lines.append("accelkit: environment for the ranks: "
-                     + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())))
+        lines.append(f"accelkit: environment for the ranks: {plan.env_prefix()}")
     lines += [f"accelkit: {note}" for note in plan.notes]
+    for finding in config.findings:
+        if not finding.accelerate_only:
+            lines += finding.lines().splitlines()
     return lines
-
-
-def plan_port(plan: LaunchPlan) -> str | None:
-    if "--main_process_port" in plan.argv:
-        return plan.argv[plan.argv.index("--main_process_port") + 1]
-    return None
 
 
 def dry_run_text(prepared: Any) -> str:
@@ -120,7 +71,7 @@ def dry_run_text(prepared: Any) -> str:
     lines += [f"#   {text}" for text in plan.config_path.read_text().splitlines()
               if text.strip() and not text.lstrip().startswith("#")]
     lines.append("# The same launch with Accelerate's CLI (which exits 1 instead of the failing rank's status):")
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
-    lines.append("#   " + (prefix + " " if prefix else "") + shlex.join(accelerate_cli_argv(plan)))
+    prefix = plan.env_prefix()
+    lines.append("#   " + (prefix + " " if prefix else "") + shlex.join(plan.accelerate_cli_argv()))
     lines.append(plan.shell_command())
     return "\n".join(lines)

@@ -33,14 +33,26 @@ What you get:
 
 Refused before anything starts, with a hint: fp16 and fp8 mixed precision, NVMe offload, DeepSpeed JSON optimizers
 built from CUDA kernels only (Lamb, 1-bit Adam/Lamb, 0/1 Adam, Lion without optimizer offload), a missing DeepSpeed
-install (`pip install 'accelkit[deepspeed]'`), distributed types other than single/ddp/fsdp/deepspeed, and library
-versions the shim was not tested with: it supports accelerate >=1.13,<1.16 (tested 1.13.0, 1.14.0, 1.15.0;
-1.10.1 and 1.12.0 fail to load FSDP2 optimizer checkpoints) and deepspeed 0.19.x (tested 0.19.8);
+install (`pip install 'accelkit[deepspeed]'`), distributed types other than single/cpu/ddp/fsdp/deepspeed, and
+library versions the shim was not tested with (the table in versions.py: SUPPORTED);
 ACCELKIT_REHEARSAL_ALLOW_UNTESTED=1 lets you try another version. The shim only runs in rehearsal ranks, where GPUs
 are hidden (CUDA_VISIBLE_DEVICES=''), and refuses to patch a process that sees CUDA. Speed on CPU says nothing
 about speed on GPUs: a rehearsal checks wiring, sharding and checkpoints, not performance.
 """
 
-from accelkit.rehearsal.plan import RehearsalPlan, prepare_rehearsal
 
-__all__ = ["RehearsalPlan", "prepare_rehearsal"]
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RehearsalPlan", "prepare_rehearsal", "rehearse"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
+    # (the config machinery), so a rank starts as fast as the script would alone.
+    if name in __all__:
+        from accelkit.rehearsal import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'accelkit.rehearsal' has no attribute {name!r}")

@@ -1,28 +1,32 @@
-"""Turn an Accelerate config meant for GPUs into the launch config + environment that rehearse it on CPU ranks.
+"""Turn a config meant for GPUs into the config + environment that rehearse it on CPU ranks: one ResolvedConfig
+into another.
 
 Pure apart from reading a DeepSpeed JSON the config points to and checking installed versions: nothing starts here.
-Everything that cannot work on CPU is refused before any process exists.
+Everything that cannot work on CPU is refused before any process exists, by the same rule set that checks every
+config (accelkit.configs.rules: the rehearsed config runs on CPU) plus what only a rehearsal has to know.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from accelkit.configs import rules
+from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, from_accelerate
+from accelkit.configs.findings import raise_first_error
+from accelkit.configs.reader import as_bool, read_config
+from accelkit.configs.resolved import LABEL, DeepSpeedSettings, FsdpSettings, ResolvedConfig, Source
 from accelkit.errors import AccelkitError
 from accelkit.rehearsal.shim import REHEARSAL_ENV
 from accelkit.rehearsal.versions import DEEPSPEED_INSTALL_HINT, check_versions, installed_version
-
-# distributed_type -> rehearsal backend
-_BACKEND_OF = {"NO": "single", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
 
 # DeepSpeed JSON optimizers built only from CUDA kernels (1-bit compression, FusedLamb; FusedLion unless the
 # optimizer is offloaded, which gives DeepSpeed's CPU Lion). Adam/AdamW use a JIT-built CPU FusedAdam (verified),
 # Adagrad/SGD and other torch.optim names run as torch's own.
 _DS_GPU_ONLY_OPTIMIZERS = {"lamb", "onebitadam", "zerooneadam", "onebitlamb"}
+_ON_CPU = Source(LABEL, "--cpu")
 
 
 @dataclass(frozen=True)
@@ -30,152 +34,153 @@ class RehearsalPlan:
     """What `accelerate launch` needs to rehearse `backend` on CPU: its config, extra env for the ranks, and notes
     about anything accelkit changed from the original config (for the launcher to print)."""
 
-    launch_config: dict[str, Any]
+    config: ResolvedConfig
     env: dict[str, str]
-    backend: str
+    backend: Backend
     notes: tuple[str, ...] = field(default=())
     # Whether ranks must start in accelkit.rehearsal.bootstrap (False for one process: nothing to patch).
     bootstrap: bool = True
 
-
-def _distributed_type(config: dict[str, Any]) -> str:
-    value = config.get("distributed_type", "NO")
-    value = getattr(value, "value", value)  # accept accelerate's DistributedType enum too
-    return str(value).upper()
-
-
-def _truthy(value: Any) -> bool:
-    return str(value).lower() in ("1", "true", "yes")
+    @property
+    def launch_config(self) -> dict[str, Any]:
+        """The rehearsal's config as Accelerate's dict (what the launcher's config file holds)."""
+        return self.config.to_accelerate_dict()
 
 
-def _check_mixed_precision(mixed_precision: str, backend: str) -> None:
-    if mixed_precision == "fp16":
-        raise AccelkitError(
-            f"fp16 mixed precision cannot be rehearsed on CPU ({backend}): CPUs have no fp16 training path.",
-            hint="rehearse with --mixed-precision bf16 (or no); keep fp16 for the GPU run",
-        )
-    if mixed_precision not in ("no", "bf16"):
-        raise AccelkitError(
-            f"{mixed_precision} mixed precision cannot be rehearsed on CPU.",
-            hint="rehearse with --mixed-precision bf16 (or no)",
-        )
-
-
-def _plan_fsdp(launch: dict[str, Any], notes: list[str]) -> None:
-    fsdp = launch.setdefault("fsdp_config", {})
-    if _truthy(fsdp.get("fsdp_offload_params", False)):
+def _fsdp(settings: FsdpSettings, notes: list[str]) -> FsdpSettings:
+    changes: dict[str, Any] = {}
+    if settings.offload:
         # On CPU the parameters already live in host memory, and FSDP's offload pins memory, which needs a GPU.
-        fsdp["fsdp_offload_params"] = False
+        changes["offload"] = False
         notes.append("fsdp_offload_params turned off for the rehearsal: on CPU parameters are already in host memory "
                      "(pinning them needs a GPU).")
-    if int(fsdp.get("fsdp_version", 1)) != 1:
-        return
-    # FSDP1's sync_module_states looks up the current GPU to materialise modules and fails on CPU; with it off every
-    # rank keeps the weights it built (identical when the script seeds or loads a checkpoint).
-    changed = [key for key in ("fsdp_sync_module_states", "fsdp_cpu_ram_efficient_loading")
-               if _truthy(fsdp.get(key, True))]
-    for key in changed:
-        fsdp[key] = False
-    if changed:
-        notes.append(f"FSDP1 on CPU: {' and '.join(changed)} turned off for the rehearsal (FSDP1 needs a GPU for "
-                     "them); seed your model init so every rank builds the same weights.")
+    if settings.version == 1:
+        # FSDP1's sync_module_states looks up the current GPU to materialise modules and fails on CPU; with it off
+        # every rank keeps the weights it built (identical when the script seeds or loads a checkpoint). Both default
+        # to on when a config does not set them.
+        turned_off = [key for key, attr in (("fsdp_sync_module_states", "sync_module_states"),
+                                            ("fsdp_cpu_ram_efficient_loading", "cpu_ram_efficient_loading"))
+                      if getattr(settings, attr) is not False]
+        changes.update(sync_module_states=False, cpu_ram_efficient_loading=False)
+        if turned_off:
+            notes.append(f"FSDP1 on CPU: {' and '.join(turned_off)} turned off for the rehearsal (FSDP1 needs a GPU "
+                         "for them); seed your model init so every rank builds the same weights.")
+    return replace(settings, **changes)
 
 
 def _load_deepspeed_json(path_value: str) -> dict[str, Any]:
     path = Path(path_value).expanduser()
     try:
-        return json.loads(path.read_text())
+        content = json.loads(path.read_text())
     except FileNotFoundError:
         raise AccelkitError(f"DeepSpeed config file {path} does not exist.",
                             hint="fix deepspeed_config_file in the config") from None
     except (OSError, json.JSONDecodeError) as err:
-        raise AccelkitError(f"Cannot read DeepSpeed config file {path}: {err}",
+        raise AccelkitError(f"DeepSpeed config file {path} is not valid JSON: {err}",
                             hint="fix the JSON, or let `accelkit config --backend deepspeed` write it") from None
+    return content if isinstance(content, dict) else {}
 
 
-def _plan_deepspeed(launch: dict[str, Any], notes: list[str]) -> None:
+def _as_written_in_json(config: ResolvedConfig, content: dict[str, Any]) -> ResolvedConfig:
+    """The settings a DeepSpeed JSON holds, as the config's own values (for the rules to see them)."""
+    zero = content.get("zero_optimization") or {}
+
+    def device(section: str) -> OffloadDevice | None:
+        found = from_accelerate(OffloadDevice, (zero.get(section) or {}).get("device", "none"))
+        return found if isinstance(found, OffloadDevice) else None
+
+    precision = config.mixed_precision
+    for name, kind in (("fp16", MixedPrecision.FP16), ("bf16", MixedPrecision.BF16)):
+        if as_bool((content.get(name) or {}).get("enabled", False)):
+            precision = kind
+    stage = zero.get("stage")
+    settings = replace(config.deepspeed, zero_stage=stage if isinstance(stage, int) else None,
+                       offload_optimizer=device("offload_optimizer"), offload_params=device("offload_param"),
+                       json_content=content)
+    json_source = Source("file", str(config.deepspeed.json_file))
+    return replace(config, deepspeed=settings, mixed_precision=precision,
+                   sources={**config.sources, "mixed_precision": json_source})
+
+
+def _deepspeed(config: ResolvedConfig, notes: list[str]) -> tuple[DeepSpeedSettings, ResolvedConfig]:
+    """The rehearsal's DeepSpeed settings, and the config as the rules must see it (a JSON's settings included)."""
     if installed_version("deepspeed") is None:
         raise AccelkitError("The deepspeed backend needs DeepSpeed, which is not installed.",
                             hint=DEEPSPEED_INSTALL_HINT)
-    ds = launch.get("deepspeed_config") or {}
-    offload = {"optimizer": ds.get("offload_optimizer_device", "none"),
-               "parameters": ds.get("offload_param_device", "none")}
-    optimizer_type = None
-    json_file = ds.get("deepspeed_config_file")
-    if json_file:
-        content = _load_deepspeed_json(json_file)
-        zero = content.get("zero_optimization") or {}
-        offload["optimizer"] = (zero.get("offload_optimizer") or {}).get("device", "none")
-        offload["parameters"] = (zero.get("offload_param") or {}).get("device", "none")
-        if _truthy((content.get("fp16") or {}).get("enabled", False)):
-            _check_mixed_precision("fp16", "deepspeed")
+    settings = config.deepspeed
+    assert settings is not None
+    seen, optimizer_type = config, None
+    if settings.json_file:
+        content = _load_deepspeed_json(settings.json_file)
+        seen = _as_written_in_json(config, content)
         optimizer_type = (content.get("optimizer") or {}).get("type")
-    for what, device in offload.items():
-        if str(device).lower() == "nvme":
-            raise AccelkitError(
-                f"NVMe offload of {what} cannot be rehearsed on CPU (it needs DeepSpeed's async-io op and a GPU).",
-                hint="rehearse with offload to cpu or none; keep nvme for the GPU run",
-            )
-    if int(launch.get("num_machines", 1) or 1) > 1 and ds.get("deepspeed_multinode_launcher", "pdsh") != "standard":
+    if config.num_machines > 1 and settings.extra.get("deepspeed_multinode_launcher", "pdsh") != "standard":
         # pdsh/mpi launchers need a hostfile and ssh; torchrun ("standard") is what a rehearsal can start.
-        launch["deepspeed_config"] = {**ds, "deepspeed_multinode_launcher": "standard"}
+        settings = replace(settings, extra={**settings.extra, "deepspeed_multinode_launcher": "standard"})
         notes.append("DeepSpeed multi-node rehearsal uses the torchrun launcher (deepspeed_multinode_launcher: "
                      "standard): one `accelkit launch` per machine.")
-    offload_optimizer = str(offload["optimizer"]).lower() == "cpu"
+    offload_optimizer = seen.deepspeed.offload_optimizer is OffloadDevice.CPU
     name = str(optimizer_type or "").lower()
     if name in _DS_GPU_ONLY_OPTIMIZERS or (name == "lion" and not offload_optimizer):
         raise AccelkitError(
-            f"DeepSpeed optimizer {optimizer_type!r} from {json_file} has no CPU implementation (CUDA kernels only).",
-            hint="rehearse with AdamW (or Adam, SGD, Adagrad) in the JSON, or drop the optimizer section and create "
-            "torch.optim.AdamW in the script",
-        )
+            f"DeepSpeed optimizer {optimizer_type!r} from {settings.json_file} has no CPU implementation (CUDA kernels "
+            "only).", hint="rehearse with AdamW (or Adam, SGD, Adagrad) in the JSON, or drop the optimizer section "
+                           "and create torch.optim.AdamW in the script")
     if offload_optimizer:
         notes.append("Optimizer offload uses DeepSpeed's CPU Adam, which DeepSpeed compiles on first use (a few "
                      "minutes; cached in ~/.cache/torch_extensions).")
     elif name in ("adam", "adamw"):
         notes.append(f"The JSON's {optimizer_type} optimizer is DeepSpeed's FusedAdam, which DeepSpeed compiles for "
                      "CPU on first use (a few minutes; cached in ~/.cache/torch_extensions).")
+    return settings, seen
 
 
-def prepare_rehearsal(config: dict[str, Any]) -> RehearsalPlan:
-    """Check `config` (an Accelerate config dict) can be rehearsed on CPU and return the launch config + env that
-    make `accelerate launch --config_file <launch_config> -m accelkit.rehearsal.bootstrap SCRIPT` start real gloo
-    ranks running the backend's real code. AccelkitError for anything that cannot work on CPU."""
-    distributed_type = _distributed_type(config)
-    backend = _BACKEND_OF.get(distributed_type)
-    if backend is None:
-        raise AccelkitError(
-            f"distributed_type {distributed_type} cannot be rehearsed on CPU.",
-            hint="CPU rehearsal covers single, ddp (MULTI_GPU), fsdp and deepspeed",
-        )
-    mixed_precision = str(config.get("mixed_precision") or "no").lower()
-    _check_mixed_precision(mixed_precision, backend)
-    num_processes = int(config.get("num_processes", 1))
-    if backend == "ddp" and num_processes < 2:
-        raise AccelkitError(f"DDP rehearsal needs at least 2 processes (num_processes is {num_processes}).",
+def rehearse(config: ResolvedConfig) -> RehearsalPlan:
+    """The config + environment that make `accelerate launch --config_file <config> -m accelkit.rehearsal.bootstrap
+    SCRIPT` start real gloo ranks running `config`'s backend with its real code. AccelkitError for anything that
+    cannot work on CPU."""
+    backend = Backend.SINGLE if config.distributed_type == "NO" else config.backend.rehearsal
+    if backend is Backend.DDP and config.num_processes < 2:
+        raise AccelkitError(f"DDP rehearsal needs at least 2 processes ({config.said('num_processes')}).",
                             hint="pass --num-processes 2 (or more)")
-
-    launch = copy.deepcopy(config)
     notes: list[str] = []
-    if backend == "ddp":
-        # Accelerate's MULTI_CPU launcher wants mpirun; the torchrun-based MULTI_GPU launcher starts real ranks.
-        launch["distributed_type"] = "MULTI_GPU"
-    elif backend == "fsdp":
-        _plan_fsdp(launch, notes)
-    elif backend == "deepspeed":
-        _plan_deepspeed(launch, notes)
+    # Accelerate's MULTI_CPU launcher wants mpirun; the torchrun-based MULTI_GPU launcher starts real ranks, and
+    # use_cpu lets it size threads per rank for CPU. No gpu_ids: no CUDA_VISIBLE_DEVICES from the GPU config.
+    changes: dict[str, Any] = {"use_cpu": True, "sources": {**config.sources, "use_cpu": _ON_CPU},
+                               "extra": {k: v for k, v in config.extra.items() if k != "gpu_ids"}}
+    if backend is Backend.DDP:
+        changes["backend"] = Backend.DDP
+    seen = None
+    if config.fsdp is not None:
+        changes["fsdp"] = _fsdp(config.fsdp, notes)
+    if config.deepspeed is not None:
+        changes["deepspeed"], seen = _deepspeed(config, notes)
+    rehearsed = replace(config, **changes)
+    seen = replace(seen, use_cpu=True) if seen is not None else rehearsed
+    raise_first_error(rules.check(seen), more=None)
     check_versions(backend)
-    launch["use_cpu"] = True  # lets the launcher size threads per rank for CPU
-    launch.pop("gpu_ids", None)  # no CUDA_VISIBLE_DEVICES from the GPU config
 
     env = {
-        REHEARSAL_ENV: backend,
+        REHEARSAL_ENV: backend.value,
         "ACCELERATE_TORCH_DEVICE": "cpu",  # plain "cpu" (not cpu:0), which FSDP1 requires
         "CUDA_VISIBLE_DEVICES": "",  # a rehearsal is CPU-only even on a GPU machine; the shim never runs beside CUDA
         # DeepSpeed must see cpu=False inside Accelerate (the shim then picks gloo); the others use its CPU path.
-        "ACCELERATE_USE_CPU": "false" if backend == "deepspeed" else "true",
+        "ACCELERATE_USE_CPU": "false" if backend is Backend.DEEPSPEED else "true",
     }
-    if backend == "deepspeed":
+    if backend is Backend.DEEPSPEED:
         env["DS_ACCELERATOR"] = "cpu"
-    return RehearsalPlan(launch_config=launch, env=env, backend=backend, notes=tuple(notes),
-                         bootstrap=backend != "single")
+    return RehearsalPlan(config=rehearsed, env=env, backend=backend, notes=tuple(notes),
+                         bootstrap=backend is not Backend.SINGLE)
+
+
+def prepare_rehearsal(config: dict[str, Any]) -> RehearsalPlan:
+    """`rehearse` for an Accelerate config dict taken as it is (nothing filled in)."""
+    resolved, found = read_config(config)
+    if resolved is None and not any(f.is_error for f in found):
+        raise AccelkitError(f"distributed_type {config.get('distributed_type')} cannot be rehearsed on CPU.",
+                            hint="CPU rehearsal covers single, cpu, ddp (MULTI_GPU), fsdp and deepspeed")
+    refused = [f for f in found if f.is_error or f.code == "unmodeled-value"]
+    if refused:
+        raise refused[0].to_error()
+    assert resolved is not None
+    return rehearse(resolved)

@@ -24,11 +24,12 @@ import inspect
 import os
 import sys
 
+from accelkit.configs.choices import Backend
 from accelkit.errors import AccelkitError
 
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
 STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type
-BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
+BACKENDS = tuple(b.value for b in Backend if b.rehearsal is b)  # what a rank can rehearse (cpu runs as ddp)
 
 _HINT = "run it through `accelkit launch --cpu`, which sets up the rehearsal environment"
 

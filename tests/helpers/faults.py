@@ -8,8 +8,8 @@ everything a careful user would check afterwards.
 files accelkit left in the watched trees and in the temp folder the command is given (a fresh $TMPDIR per run, so
 other processes on a shared machine are never counted), and for processes the command started that outlived it.
 `assert_refused` then checks the contract of every failure: a non-zero exit (1 unless told), exactly one `Error:`
-line that matches, a `Hint:`, no traceback, nothing created, changed or deleted outside `owned` paths, no
-leftovers, no orphans.
+line that matches, a `Hint:` (or, for click's usage errors, `hint=False`: click prints its usage line instead), no
+traceback, nothing created, changed or deleted outside `owned` paths, no leftovers, no orphans.
 
 When $ACCELKIT_FAULT_RECORD names a file, every observation is appended to it as one JSON line; that is how
 benchmarks/faults.py turns the fault suite into its table (inputs tried, refused with a clear message, tracebacks,
@@ -118,7 +118,7 @@ class FaultResult:
         return [p for p in self.created + self.changed + self.deleted if not is_owned(p)]
 
     def assert_refused(self, match: str | None = None, *, exit_code: int = 1,
-                       owned: list[Path] | tuple[Path, ...] = ()) -> str:
+                       owned: list[Path] | tuple[Path, ...] = (), hint: bool = True) -> str:
         """The failure contract: exit code, one matching `Error:` line and a `Hint:`, no traceback, nothing
         touched outside `owned`, no leftovers, no orphans. Returns the error line."""
         text = f"\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
@@ -127,7 +127,10 @@ class FaultResult:
         assert len(self.error_lines) == 1, f"expected one Error: line, got {self.error_lines}{text}"
         if match is not None:
             assert re.search(match, self.error_lines[0]), f"{match!r} not in {self.error_lines[0]!r}"
-        assert "Hint:" in self.stderr, f"no Hint: line{text}"
+        if hint:
+            assert "Hint:" in self.stderr, f"no Hint: line{text}"
+        else:  # a click usage error: the usage line and `Try 'accelkit COMMAND -h' for help.` say what to do
+            assert "Usage:" in self.stderr and "for help" in self.stderr, f"no usage line{text}"
         self.assert_clean(owned=owned)
         return self.error_lines[0]
 

@@ -69,6 +69,17 @@ def test_backend_really_runs_on_two_cpu_ranks(tmp_path, backend, extra, dtype, w
                 for kind in ("model", "optim")} <= files
 
 
+def test_natural_cpu_command_runs_n_data_parallel_processes(tmp_path):
+    """`accelkit launch --cpu --num-processes 2 train.py` (no --backend: what `accelkit convert` prints as "Try it")
+    runs 2 data-parallel CPU ranks, as `accelerate launch --cpu --num_processes 2` users expect."""
+    proc = run_accelkit("launch", "--cpu", "--num-processes", "2", str(PROBE), "--exit-after-accelerator",
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "backend=cpu (--cpu)" in proc.stderr and "CPU job (DDP): 2 gloo rank(s)" in proc.stderr
+    found = sorted(re.findall(r"PROBE accelerator rank=(\d) t=[\d.]+ world=(\d) type=(\w+)", proc.stdout))
+    assert found == [("0", "2", "MULTI_CPU"), ("1", "2", "MULTI_CPU")], proc.stdout
+
+
 def test_crashing_rank_ends_the_job_with_its_exit_code(tmp_path):
     # Rank 1 exits with 7 at once while rank 0 is busy for 10 minutes: only the launcher can end this job.
     start = time.time()

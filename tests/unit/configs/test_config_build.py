@@ -251,3 +251,49 @@ def test_every_auto_in_the_deepspeed_json_is_filled_by_accelerate(precision, tmp
     assert list(autos(plugin.deepspeed_config)) == []
     enabled = "bf16" if precision == "bf16" else "fp16"
     assert plugin.deepspeed_config[enabled]["enabled"] is True
+
+
+def test_messages_name_each_value_as_it_was_given():
+    """One rule, worded by where each value came from: a flag, a file, a default (never a flag nobody typed)."""
+    from accelkit.configs import resolve_config
+
+    file = {"distributed_type": "MULTI_GPU", "num_processes": 3, "num_machines": 2, "main_process_ip": "h"}
+    cases = [
+        (dict(options=ConfigOptions(backend="ddp", num_processes=3, num_machines=2)),
+         "--num-processes 3 is not divisible by --num-machines 2"),
+        (dict(options=ConfigOptions(), base=file, base_label="c.yaml"),
+         "num_processes 3 is not divisible by num_machines 2"),
+        (dict(options=ConfigOptions(num_processes=5), base=file, base_label="c.yaml"),
+         "--num-processes 5 is not divisible by num_machines 2"),
+        (dict(options=ConfigOptions(backend="deepspeed", offload_params="cpu")),
+         "DeepSpeed offloads parameters only at ZeRO stage 3 (the stage is 2 by default)"),
+        (dict(options=ConfigOptions(num_processes=2, zero_stage=3)),
+         "--zero-stage is a DeepSpeed option, but the backend is ddp (default for 2 processes)"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(AccelkitError) as info:
+            resolve_config(**kwargs)
+        assert info.value.message.startswith(words), (info.value.message, words)
+
+
+def test_every_value_knows_its_source():
+    from accelkit.configs import resolve_config
+
+    base = {"distributed_type": "FSDP", "num_processes": 4, "mixed_precision": "bf16",
+            "fsdp_config": {"fsdp_state_dict_type": "FULL_STATE_DICT"}}
+    config = resolve_config(ConfigOptions(num_processes=8), base=base, base_label="f.yaml",
+                            labels={"num_machines": "--nodes"})
+    assert {name: str(config.source(name)) for name in ("num_processes", "mixed_precision", "state_dict",
+                                                        "num_machines", "sharding")} == {
+        "num_processes": "--num-processes", "mixed_precision": "f.yaml", "state_dict": "f.yaml",
+        "num_machines": "--nodes", "sharding": "default"}
+    # No fsdp_version in the file: the launcher's FSDP1 is kept (and said to be a default), not accelkit's FSDP2.
+    assert config.fsdp.version == 1 and "launcher's default" in str(config.source("fsdp_version"))
+
+
+def test_findings_carry_a_code_the_key_and_the_flag():
+    found = {f.code: f for f in problems({"distributed_type": "MULTI_GPU", "num_processes": 3, "num_machines": 2,
+                                          "machine_rank": 5})}
+    assert found["processes-divisible"].key == "num_processes"
+    assert found["processes-divisible"].flag == "--num-processes"
+    assert found["machine-rank-range"].is_error and found["main-address-missing"].flag == "--main-process-ip"

@@ -11,19 +11,18 @@ from pathlib import Path
 import pytest
 from helpers import DATA, run_accelkit
 
+from accelkit.configs.reader import read_config
 from accelkit.errors import AccelkitError
-from accelkit.launch.plan import (
-    BOOTSTRAP_MODULE,
-    LAUNCHER_MODULE,
-    LauncherFlags,
-    LaunchTarget,
-    accelerate_cli_argv,
-    plan_launch,
-)
+from accelkit.launch.plan import BOOTSTRAP_MODULE, LAUNCHER_MODULE, LauncherFlags, LaunchTarget, plan_launch
 from accelkit.launch.request import LaunchRequest
 
 PROBE = DATA / "launch" / "probe.py"
 DDP = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "mixed_precision": "no"}
+
+
+def _config(raw: dict):
+    """A config dict as the ResolvedConfig it describes (as it is, nothing filled in)."""
+    return read_config(raw)[0]
 
 
 @pytest.fixture(autouse=True)
@@ -67,8 +66,8 @@ def _dry_run(*args: str) -> tuple[list[str], str]:
 def test_plan_passes_script_args_verbatim_and_lifts_flag_only_keys(tmp_path):
     config = {**DDP, "rdzv_backend": "c10d", "same_network": True}
     target = LaunchTarget("train.py", ("--lr", "3e-4", "--", "--config", "x y"))
-    plan = plan_launch(config, tmp_path / "c.yaml", target, LauncherFlags(main_process_port=1234, max_restarts=2),
-                       python="python")
+    plan = plan_launch(_config(config), tmp_path / "c.yaml", target,
+                       LauncherFlags(main_process_port=1234, max_restarts=2), python="python")
     args = _parse(plan.argv)
     assert args.training_script == "train.py"
     assert args.training_script_args == ["--lr", "3e-4", "--", "--config", "x y"]
@@ -82,27 +81,27 @@ def test_plan_passes_script_args_verbatim_and_lifts_flag_only_keys(tmp_path):
 
 def test_plan_rehearsal_runs_bootstrap_with_script_or_module(tmp_path):
     env = {"ACCELERATE_USE_CPU": "true", "X": "a b"}
-    plan = plan_launch(DDP, tmp_path / "c.yaml", LaunchTarget("t.py", ("--a",)), LauncherFlags(), python="python",
-                       env=env, rehearsal="fsdp")
+    plan = plan_launch(_config(DDP), tmp_path / "c.yaml", LaunchTarget("t.py", ("--a",)), LauncherFlags(),
+                       python="python", env=env, rehearsal="fsdp")
     args = _parse(plan.argv)
     assert args.module is True and args.training_script == BOOTSTRAP_MODULE
     assert args.training_script_args == ["t.py", "--a"]
     assert plan.shell_command().startswith("ACCELERATE_USE_CPU=true X='a b' ")
 
-    plan = plan_launch(DDP, tmp_path / "c.yaml", LaunchTarget("pkg.train", ("--a",), module=True), LauncherFlags(),
-                       python="python", rehearsal="deepspeed")
+    plan = plan_launch(_config(DDP), tmp_path / "c.yaml", LaunchTarget("pkg.train", ("--a",), module=True),
+                       LauncherFlags(), python="python", rehearsal="deepspeed")
     assert _parse(plan.argv).training_script_args == ["-m", "pkg.train", "--a"]
 
-    plan = plan_launch(DDP, tmp_path / "c.yaml", LaunchTarget("pkg.train", ("--a",), module=True), LauncherFlags(),
-                       python="python")
+    plan = plan_launch(_config(DDP), tmp_path / "c.yaml", LaunchTarget("pkg.train", ("--a",), module=True),
+                       LauncherFlags(), python="python")
     args = _parse(plan.argv)
     assert args.module is True and args.training_script == "pkg.train" and args.training_script_args == ["--a"]
-    assert accelerate_cli_argv(plan)[:2] == ["accelerate", "launch"]
+    assert plan.accelerate_cli_argv()[:2] == ["accelerate", "launch"]
 
 
 def test_plan_multinode_deepspeed_uses_one_launcher_per_machine(tmp_path):
-    config = {"distributed_type": "DEEPSPEED", "num_processes": 16, "num_machines": 2,
-              "deepspeed_config": {"zero_stage": 3}}
+    config = _config({"distributed_type": "DEEPSPEED", "num_processes": 16, "num_machines": 2,
+                      "deepspeed_config": {"zero_stage": 3}})
     plan = plan_launch(config, tmp_path / "c.yaml", LaunchTarget("t.py"),
                        LauncherFlags(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500),
                        python="python")
@@ -295,7 +294,14 @@ def test_gradient_accumulation_goes_to_the_config_or_the_environment():
     assert args.gradient_accumulation_steps == 4  # from the DeepSpeed section of the written config
 
 
-def test_multi_machine_launch_needs_the_main_address():
+def test_multi_machine_launch_needs_the_main_address(tmp_path):
     result = _cli("launch", "--backend", "ddp", "--num-machines", "2", "--num-processes", "4", "--machine-rank", "1",
                   "--dry-run", str(PROBE))
     assert result.exit_code == 1 and "--main-process-ip" in result.stderr
+    # A file without the address launches once the command line gives it (the rules judge the merged config).
+    config = tmp_path / "two_nodes.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: 4\nnum_machines: 2\nmachine_rank: 1\n")
+    argv, output = _dry_run("--config", str(config), "--main-process-ip", "10.0.0.1", str(PROBE))
+    args = _parse(argv)
+    assert (args.machine_rank, args.main_process_ip, args.main_process_port) == (1, "10.0.0.1", 29500)
+    assert f"machine_rank=1 ({config})" in output and "main_process_ip=10.0.0.1 (--main-process-ip)" in output

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from helpers import DATA
@@ -114,6 +115,7 @@ def test_sbatch_for_two_gpu_nodes_starts_one_launcher_per_node(tmp_path, monkeyp
         assert args.zero_stage == 3 and args.offload_param_device == "cpu"
 
 
+@pytest.mark.slow  # a real 2-process job
 def test_sbatch_cpu_job_runs_for_real_on_two_simulated_nodes(tmp_path, monkeypatch):
     script = tmp_path / "cpu.sbatch"
     _write(tmp_path, monkeypatch, "--cpu", "--backend", "ddp", "--slurm", str(script), "--nodes", "2",

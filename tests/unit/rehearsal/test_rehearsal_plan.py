@@ -137,7 +137,7 @@ def test_deepspeed_json_is_checked(tmp_path: Path):
     ds_json.write_text(json.dumps({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}))
     assert any("FusedAdam" in note for note in prepare_rehearsal(config).notes)
     ds_json.write_text("{not json")
-    with pytest.raises(AccelkitError, match="Cannot read"):
+    with pytest.raises(AccelkitError, match="not valid JSON"):
         prepare_rehearsal(config)
     ds_json.write_text(json.dumps({"optimizer": {"type": "AdamW"}, "bf16": {"enabled": True},
                                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}))
@@ -268,3 +268,20 @@ def test_bootstrap_outside_rehearsal_fails_clearly(tmp_path: Path):
     assert "Error:" in result.stderr and "accelkit launch --cpu" in result.stderr
     result = _bootstrap("user.py", cwd=tmp_path, env={"ACCELKIT_REHEARSAL": "tpu"})
     assert result.returncode == 1 and "Unknown rehearsal backend" in result.stderr
+
+
+def test_one_version_table():
+    """pyproject's lower bounds and the README's rehearsal paragraph state the ranges of versions.SUPPORTED."""
+    import re
+
+    from helpers import REPO_ROOT
+    from packaging.version import Version
+
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    for supported in versions.SUPPORTED.values():
+        low = re.search(rf'"{supported.dist}>=([\d.]+)', pyproject)
+        assert low and Version(low.group(1)) == Version(supported.low), supported.dist
+        short_low, short_high = (".".join(v.split(".")[:2]) for v in (supported.low, supported.high))
+        assert f"{supported.dist} >={short_low},<{short_high}" in readme, supported.dist
+        assert all(version in readme for version in supported.tested), supported.dist

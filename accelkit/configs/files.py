@@ -1,0 +1,94 @@
+"""Config files on disk: load one the way `accelerate launch` does (syntax errors with their line and column), and
+check one (`accelkit config --check`): Accelerate's own loader, what only a file can get wrong, and the rule set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from accelkit.configs import rules
+from accelkit.configs.findings import ERROR, Finding, raise_first_error
+from accelkit.configs.reader import read_config, read_layer
+from accelkit.configs.resolved import FILE, Source
+from accelkit.errors import AccelkitError
+
+# Findings that already say why Accelerate's loader refuses a file.
+_LOADER_EXPLAINED = ("unknown-key", "missing-distributed-type")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML config file. AccelkitError for an empty path, a missing or unreadable file, a syntax
+    error (naming the file, line and column) or a file that is not a mapping."""
+    import yaml
+
+    if str(path) in ("", "."):
+        raise AccelkitError("the config path is empty", hint="give the path of an Accelerate config YAML file")
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not a" if path.is_dir() else "does not exist: no such"
+        raise AccelkitError(f"config file {path} {what} file",
+                            hint="write one with `accelkit config -o FILE`, or check the path")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise AccelkitError(f"config file {path} cannot be read: {reason}",
+                            hint="check the file's permissions and that it is UTF-8 text") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AccelkitError(_yaml_error(path, exc), hint="fix the YAML syntax at that line and column") from None
+    if not isinstance(raw, dict):
+        raise AccelkitError(f"{path} does not hold a YAML mapping of config keys",
+                            hint="regenerate it with `accelkit config -o FILE`")
+    return raw
+
+
+def _yaml_error(path: Path, exc: Exception) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    context = getattr(exc, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def _accelerate_loader(path: Path) -> Exception | None:
+    """Accelerate's own loader (what `accelerate launch --config_file` calls): None when it accepts the file."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:
+        load_config_from_file(str(path))
+    except Exception as exc:  # its errors are ValueError/TypeError/KeyError; report any, never crash
+        return exc
+    return None
+
+
+def _loader_finding(path: Path, found: list[Finding]) -> list[Finding]:
+    failure = _accelerate_loader(path)
+    if failure is None or any(f.code in _LOADER_EXPLAINED for f in found):
+        return []
+    return [Finding("accelerate-refuses", ERROR, f"Accelerate's loader refuses the file: {failure}",
+                    "fix the value it names (or regenerate with `accelkit config`)")]
+
+
+def check_config(path: Path) -> list[Finding]:
+    """Every finding for the config file at `path` as `accelerate launch` would use it: Accelerate's loader, what
+    the file gets wrong, and the rule set (empty: no problem). AccelkitError when it cannot be read as YAML."""
+    path = Path(path)
+    raw = load_yaml(path)
+    resolved, found = read_config(raw, Source(FILE, str(path)))
+    if resolved is not None:
+        found = found + rules.check(resolved)
+    return _loader_finding(path, found) + found
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The config dict in `path`, once Accelerate's loader and the file checks accept it (AccelkitError if not).
+    The rule set runs later, on the config a command builds from it (options given on the command line may
+    change the verdict); `check_config` shows every finding."""
+    path = Path(path)
+    raw = load_yaml(path)
+    found = read_layer(raw, Source(FILE, str(path))).findings
+    found = _loader_finding(path, found) + found
+    raise_first_error(found, prefix=f"{path}: ", more=f": `accelkit config --check {path}`")
+    return raw
