@@ -86,6 +86,19 @@ def config_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def config_options_except(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Like config_options, without the options named (a command that spells one of them its own way, e.g.
+    `accelkit bench --num-processes 1,2,4,8`)."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option, name in reversed(list(zip(_OPTIONS, OPTION_NAMES, strict=True))):
+            if name not in names:
+                func = option(func)
+        return func
+
+    return decorate
+
+
 def options_from_kwargs(kwargs: dict[str, Any]):
     """Pop the shared options out of a click callback's kwargs and return them as a ConfigOptions."""
     from accelkit.configs.options import ConfigOptions

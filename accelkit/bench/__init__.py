@@ -1,0 +1,18 @@
+"""`accelkit bench`: scaling efficiency, throughput and interconnect bandwidth of the user's own script.
+
+    spec.py         what to run: a typed sweep (world sizes x backends, steps, scaling mode) and its checks
+    launching.py    the ONE module that talks to the config -> launch spine (options, requests, supervised runs)
+    probe.py        the per-rank instrument: step times, data-loading wait, samples/tokens, peak memory
+    loaders.py      the data-loader side of the probe (time blocked on the loader, samples and tokens per batch)
+    stats.py        pure arithmetic: per-run summary from rank results, speedup and efficiency across a sweep
+    sweep.py        runs the sweep: a launch per point, progress lines, the failure policy, results on disk
+    report.py       table, bench.json, bench.csv, diagnosis lines
+    plot.py         scaling.png (matplotlib, optional extra `accelkit[plot]`)
+    comm.py         collective benchmarks with nccl-tests conventions (pure math) + reading the ranks' timings
+    comm_worker.py  the rank side of `accelkit bench --comm` (all-reduce, all-gather, reduce-scatter)
+"""
+
+PROBE_MODULE = "accelkit.bench.probe"
+PROBE_NAME = "bench"  # per-rank results: $ACCELKIT_PROBE_DIR/bench.rank<R>.json
+COMM_MODULE = "accelkit.bench.comm_worker"
+COMM_NAME = "comm"
