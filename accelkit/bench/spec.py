@@ -91,7 +91,8 @@ def parse_backends(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     unknown = [name for name in names if name not in BENCH_BACKENDS]
     if unknown or not names:
-        raise AccelkitError(f"--compare-backends: unknown backend {', '.join(unknown) or text!r}",
+        named = ", ".join(unknown) if unknown else repr(text)
+        raise AccelkitError(f"--compare-backends: unknown backend {named}",
                             hint=f"choose from {', '.join(BENCH_BACKENDS)}, e.g. --compare-backends ddp,fsdp,deepspeed")
     return names
 
