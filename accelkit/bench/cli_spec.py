@@ -8,8 +8,14 @@ from typing import Any
 
 from accelkit.bench.comm import CPU_SIZES, GPU_SIZES, parse_size, size_range
 from accelkit.bench.launching import LaunchSettings, available_devices, backend_given, launch_settings, num_machines
-from accelkit.bench.spec import BenchSpec, CommSettings, default_world_sizes, parse_backends, parse_int_list, \
-    resolve_global_batch
+from accelkit.bench.spec import (
+    BenchSpec,
+    CommSettings,
+    default_world_sizes,
+    parse_backends,
+    parse_int_list,
+    resolve_global_batch,
+)
 from accelkit.errors import AccelkitError
 
 DEFAULT_BACKEND = "ddp"  # benching scaling means data parallelism unless the user names another backend

@@ -11,8 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelkit.bench.launching import LaunchSettings, available_devices, backend_of, check_request, comm_request, \
-    launched_backend, script_request
+from accelkit.bench.launching import (
+    LaunchSettings,
+    available_devices,
+    backend_of,
+    check_request,
+    comm_request,
+    launched_backend,
+    script_request,
+)
 from accelkit.bench.plot import INSTALL_HINT, matplotlib_available, plot
 from accelkit.bench.report import bench_csv, bench_json, summary_text
 from accelkit.bench.spec import BenchSpec, check_counts, check_output

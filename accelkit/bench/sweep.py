@@ -19,10 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.bench import COMM_NAME, PROBE_NAME
-from accelkit.bench.comm import CommRow, comm_volume_factor, nearest_all_reduce, predicted_comm_seconds, \
-    rows_from_ranks
-from accelkit.bench.launching import LaunchOutcome, LaunchSettings, comm_request, launched_backend, run_launch, \
-    script_request
+from accelkit.bench.comm import CommRow, comm_volume_factor, nearest_all_reduce, predicted_comm_seconds, rows_from_ranks
+from accelkit.bench.launching import (
+    LaunchOutcome,
+    LaunchSettings,
+    comm_request,
+    launched_backend,
+    run_launch,
+    script_request,
+)
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, scaling, summarize
 from accelkit.probes.results import read_results

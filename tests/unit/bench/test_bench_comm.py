@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from accelkit.bench.comm import CommRow, algbw_gbs, bus_factor, busbw_gbs, comm_volume_factor, fit_size, \
-    nearest_all_reduce, parse_size, predicted_comm_seconds, rows_from_ranks, size_range
+from accelkit.bench.comm import (
+    CommRow,
+    algbw_gbs,
+    bus_factor,
+    busbw_gbs,
+    comm_volume_factor,
+    fit_size,
+    nearest_all_reduce,
+    parse_size,
+    predicted_comm_seconds,
+    rows_from_ranks,
+    size_range,
+)
 
 
 def test_bus_bandwidth_factors_are_the_nccl_tests_ones() -> None:

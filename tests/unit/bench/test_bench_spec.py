@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.bench.spec import BenchSpec, check_output, default_world_sizes, flag_value, parse_backends, \
-    parse_int_list, resolve_global_batch, set_flag
+from accelkit.bench.spec import (
+    BenchSpec,
+    check_output,
+    default_world_sizes,
+    flag_value,
+    parse_backends,
+    parse_int_list,
+    resolve_global_batch,
+    set_flag,
+)
 from accelkit.errors import AccelkitError
 
 
