@@ -77,7 +77,10 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
     if script_args[:1] == ("--",):
         script_args = script_args[1:]
     if script is None and not comm:
-        raise click.UsageError("give the SCRIPT to bench (or --comm alone for the interconnect check)")
+        from accelkit.errors import AccelkitError
+
+        raise AccelkitError("no SCRIPT to bench", hint="accelkit bench [OPTIONS] SCRIPT [SCRIPT_ARGS]..., or "
+                                                       "`accelkit bench --comm` alone for the interconnect check")
     options = options_from_kwargs(kwargs)
     spec, settings = build_spec(
         options=options, config_file=config_file, num_processes=num_processes_list,

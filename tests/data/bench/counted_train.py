@@ -5,6 +5,7 @@ trained on and the time: the ground truth bench's probe is checked against. Knob
 import argparse
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -53,6 +54,7 @@ rank = accelerator.process_index
 print(f"RANK {rank} PARAMS {sum(p.numel() for p in model.parameters())}", flush=True)
 steps = samples = tokens = 0
 print(f"RANK {rank} START {time.perf_counter():.6f}", flush=True)
+print(f"RANK {rank} TRAINING", file=sys.stderr, flush=True)
 for batch in train:
     with accelerator.accumulate(model):
         logits = model(batch["input_ids"])
