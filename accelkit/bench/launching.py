@@ -114,6 +114,14 @@ def comm_request(settings: LaunchSettings, backend: str, num_processes: int, arg
     return request_for(settings, backend, num_processes, COMM_MODULE, args, module=True, probes=())
 
 
+def check_script(script: str, module: bool) -> None:
+    """The script (or module) exists: checked first, before the heavier config checks."""
+    from accelkit.launch.plan import LaunchTarget
+    from accelkit.launch.prepare import check_target
+
+    check_target(LaunchTarget(script=script, module=module))
+
+
 def check_request(request) -> None:
     """Everything launch checks before a rank starts (config rules, script, GPUs, DeepSpeed), without starting."""
     from accelkit.launch.prepare import prepare_launch

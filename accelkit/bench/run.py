@@ -16,6 +16,7 @@ from accelkit.bench.launching import (
     available_devices,
     backend_of,
     check_request,
+    check_script,
     comm_request,
     launched_backend,
     script_request,
@@ -101,6 +102,8 @@ def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
               progress: Callable[[str], None]) -> BenchOutcome:
     check_counts(spec.steps, spec.warmup)
     check_output(spec.output, force)
+    if spec.script is not None:
+        check_script(spec.script, spec.module)
     backends = {asked: backend_of(settings, asked) for asked in spec.backends}
     check_all(spec, settings, backends)
 

@@ -79,12 +79,14 @@ def describe_failure(outcome: LaunchOutcome, ranks: list[dict[str, Any]], expect
     errors = [f"rank {rank['rank']}: {rank['error']}" for rank in ranks if rank.get("error")]
     if outcome.timed_out:
         return "timed out (--timeout); every rank was stopped"
-    if errors:
-        return errors[0]
+    # The launch's status is the rank that failed first: a killed rank is the cause, the others' errors
+    # (connection reset by the dead peer) are consequences.
     if outcome.status == 128 + signal.SIGKILL:
         return "a rank was killed by SIGKILL (the kernel's out-of-memory killer sends it when RAM runs out)"
     if outcome.status > 128:
         return f"a rank was killed by signal {outcome.status - 128}"
+    if errors:
+        return errors[0]
     missing = expected_ranks - len(ranks)
     if missing > 0:
         return f"exit code {outcome.status}; {missing} rank(s) wrote no result (they died before the first step?)"

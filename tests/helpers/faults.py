@@ -56,7 +56,7 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def _temp_leftovers(roots: list[Path], since: float) -> list[str]:
+def _temp_leftovers(roots: list[Path], since: float, system_tmp: bool = True) -> list[str]:
     found = []
     for root in roots:
         if not root.exists():
@@ -64,8 +64,9 @@ def _temp_leftovers(roots: list[Path], since: float) -> list[str]:
         for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
             if any(p.search(path.name) for p in TEMP_PATTERNS):
                 found.append(str(path))
-    system_tmp = Path(tempfile.gettempdir())
-    for path in system_tmp.iterdir():
+    if not system_tmp:
+        return found
+    for path in Path(tempfile.gettempdir()).iterdir():
         if any(p.search(path.name) for p in TEMP_PATTERNS):
             try:
                 if path.stat().st_mtime >= since:
@@ -154,17 +155,22 @@ def _record(result: FaultResult, kind: str, expect: str) -> None:
 def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
               timeout: float = 300, send_signal: tuple[float | str, int] | None = None, kind: str = "bad input",
               expect: str = "refused", preexec_fn=None, stdin: str | None = None,
-              readonly: Path | None = None) -> FaultResult:
+              readonly: Path | None = None, private_tmp: bool = False) -> FaultResult:
     """Run `python -m accelkit ARGS` and observe it (see the module docstring).
 
     `send_signal=(when, signum)`: send signum to the command after `when` seconds, or once a line containing
     `when` (a string) appears on its stderr. `expect` says what a correct tool does ("refused": a clean error;
     "signal": a clean stop; "ok": success) and is recorded for benchmarks/faults.py. `readonly`: an existing
     folder the command sees as a read-only file system (a private mount namespace: `unshare -rm`, then a
-    read-only tmpfs over the folder), for every user, root included.
+    read-only tmpfs over the folder), for every user, root included. `private_tmp`: the command gets a temp
+    folder of its own ($TMPDIR), searched for leftovers instead of the system temp folder, which concurrent
+    launches of other tests (or other users) fill with their own `accelkit-launch-*` folders.
     """
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
     full_env = {**os.environ, **(env or {}), "ACCELKIT_FAULT_MARKER": marker}
+    own_tmp = Path(tempfile.mkdtemp(prefix="fault-tmp-")) if private_tmp else None
+    if own_tmp is not None:
+        full_env["TMPDIR"] = str(own_tmp)
     before = {str(root): snapshot(root) for root in watch}
     start = time.time()
     command = [sys.executable, "-m", "accelkit", *args]
@@ -189,7 +195,12 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
         result.created += sorted(set(new) - set(old))
         result.deleted += sorted(set(old) - set(new))
         result.changed += sorted(p for p in set(old) & set(new) if old[p] != new[p])
-    result.leftovers = _temp_leftovers([Path(r) for r in watch], since=start)
+    scanned = [Path(r) for r in watch] + ([own_tmp] if own_tmp is not None else [])
+    result.leftovers = _temp_leftovers(scanned, since=start, system_tmp=own_tmp is None)
+    if own_tmp is not None:
+        import shutil
+
+        shutil.rmtree(own_tmp, ignore_errors=True)
     result.orphans = _orphans(marker)
     for line in result.orphans:  # never let a test leak processes into the next one
         with contextlib.suppress(ProcessLookupError, ValueError):

@@ -26,12 +26,11 @@ REQUIRED = {"num_processes": int, "backend": str, "steps": int, "samples_per_s":
 
 def bench(work: Path, *args: str, timeout: float = 900):
     result = run_fault(["bench", "--cpu", "-o", str(work / "results"), *args], watch=[work], cwd=work,
-                       kind="bench run", expect="ok", timeout=timeout)
+                       kind="bench run", expect="ok", timeout=timeout, private_tmp=True)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     assert not result.orphans, result.orphans  # the step limit stopped every rank; nothing outlived the command
     assert not result.touched_outside([work / "results", work / "train-out"])
-    # Temporary files in `work` (the system temp folder is shared with concurrent launches of other tests).
-    assert not [path for path in result.leftovers if path.startswith(str(work))], result.leftovers
+    assert not result.leftovers, result.leftovers
     return result, json.loads((work / "results" / "bench.json").read_text())
 
 
