@@ -70,5 +70,5 @@ def build_spec(*, options: Any, config_file: Path | None, num_processes: str | N
     spec = BenchSpec(script=script, script_args=script_args, module=module, world_sizes=sizes, backends=backends,
                      steps=steps, warmup=warmup, scaling=scaling, batch_arg=batch_arg, global_batch=global_batch,
                      cpu=cpu, comm=comm_settings(comm_sizes, comm_iters, cpu) if comm else None, output=output,
-                     show_output=show_output, timeout=timeout)
+                     show_output=show_output, timeout=timeout, machines=num_machines(settings))
     return spec, settings

@@ -164,11 +164,12 @@ def run_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str
     if max_steps is not None:
         full_env[MAX_STEPS_ENV] = str(max_steps)
     supervisor = Supervisor([sys.executable, "-m", WORKER_MODULE, request.to_json()], full_env)
-    timed_out = threading.Event()
+    timed_out, finished = threading.Event(), threading.Event()
 
     def expire() -> None:  # the supervisor stops the job on SIGTERM exactly as when a user sends it
-        timed_out.set()
-        os.kill(os.getpid(), signal.SIGTERM)
+        if not finished.is_set():
+            timed_out.set()
+            os.kill(os.getpid(), signal.SIGTERM)
 
     timer = threading.Timer(timeout, expire) if timeout else None
     started = time.monotonic()
@@ -179,6 +180,7 @@ def run_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str
         try:
             status = supervisor.run()
         finally:
+            finished.set()
             if timer is not None:
                 timer.cancel()
     user_signals = [] if timed_out.is_set() else list(supervisor.signals)

@@ -5,6 +5,7 @@ matplotlib is the optional extra `accelkit[plot]`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 from accelkit.bench.sweep import RunRecord
 
@@ -22,8 +23,8 @@ def matplotlib_available() -> bool:
         return False
 
 
-def plot(records: list[RunRecord], path: Path, title: str) -> bool:
-    """Draw the figure to `path`; False when there is nothing to draw (no successful run)."""
+def plot(records: list[RunRecord], path: Path | BinaryIO, title: str) -> bool:
+    """Draw the figure to `path` (a file name or a binary file); False when no run succeeded."""
     done = [r for r in records if r.summary is not None]
     if not done:
         return False

@@ -23,10 +23,10 @@ from accelkit.bench.launching import (
 )
 from accelkit.bench.plot import INSTALL_HINT, matplotlib_available, plot
 from accelkit.bench.report import bench_csv, bench_json, summary_text
-from accelkit.bench.spec import BenchSpec, check_counts, check_output
+from accelkit.bench.spec import RESULT_NAMES, BenchSpec, check_counts, check_output
 from accelkit.bench.sweep import Sweep
 from accelkit.errors import AccelkitError
-from accelkit.fsio import atomic_write, write_error
+from accelkit.fsio import atomic_write, remove_path, write_error
 
 
 @dataclass
@@ -46,9 +46,10 @@ def threads_per_rank(spec: BenchSpec, cores: int) -> dict[str, str]:
 
 
 def hardware(spec: BenchSpec, env: dict[str, str]) -> dict[str, Any]:
+    threads = env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
     facts: dict[str, Any] = {"machine": platform.machine(), "cpu_cores": available_devices(cpu=True),
-                             "threads_per_rank": int(env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS",
-                                                                                              "0")) or 0) or None}
+                             "threads_per_rank": int(threads) if threads and threads.isdigit() else None,
+                             "machines": spec.machines}
     if not spec.cpu:
         import torch
 
@@ -70,17 +71,13 @@ def check_all(spec: BenchSpec, settings: LaunchSettings, backends: dict[str | No
             check_request(comm_request(settings, launched_backend(backend, n), n, ()))
 
 
-def _write(path: Path, data: str | bytes) -> None:
-    atomic_write(path, data)
-
-
 def save(sweep: Sweep, facts: dict[str, Any]) -> None:
     import json
 
     output = sweep.spec.output
-    _write(output / "bench.json", json.dumps(bench_json(sweep, facts), indent=2) + "\n")
+    atomic_write(output / "bench.json", json.dumps(bench_json(sweep, facts), indent=2) + "\n")
     if sweep.records:
-        _write(output / "bench.csv", bench_csv(sweep))
+        atomic_write(output / "bench.csv", bench_csv(sweep))
 
 
 def draw(sweep: Sweep) -> list[str]:
@@ -94,7 +91,7 @@ def draw(sweep: Sweep) -> list[str]:
     buffer = io.BytesIO()
     plot(sweep.records, buffer, f"accelkit bench: {Path(sweep.spec.script or '').name}, {label}, "
                                 f"{sweep.spec.scaling} scaling")
-    _write(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue())
     return [f"plot: {path}"]
 
 
@@ -107,6 +104,9 @@ def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
     backends = {asked: backend_of(settings, asked) for asked in spec.backends}
     check_all(spec, settings, backends)
 
+    if force:
+        for name in RESULT_NAMES:  # only what an earlier bench wrote; other files in DIR stay
+            remove_path(spec.output / name)
     env = threads_per_rank(spec, available_devices(cpu=True))
     facts = hardware(spec, env)
     try:
@@ -131,17 +131,13 @@ def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
         outcome.notes.append(f"interrupted (signal {signal.Signals(sweep.interrupted_by).name}): the runs that "
                              f"finished are in {spec.output}/bench.json")
         return outcome
-    failed = [r for r in sweep.records if r.status != "ok"] + [c for c in sweep.comm if c.status != "ok"]
+    failed = [r for r in [*sweep.comm, *sweep.records] if r.status != "ok"]
     if failed:
-        total = len(sweep.records) + len(sweep.comm)
         first = failed[0]
-        name = (f"{first.backend} x{first.spec.num_processes}" if hasattr(first, "spec")
-                else f"comm x{first.num_processes}")
-        log = spec.output / "runs" / (first.run_dir_name if hasattr(first, "spec")
-                                      else f"comm-np{first.num_processes}") / "output.log"
         stopped = f"; {sweep.stopped}" if sweep.stopped else ""
-        outcome.error = AccelkitError(f"{len(failed)} of {total} run(s) failed, first {name}: {first.error}{stopped}",
-                                      hint=f"see {log}" if not spec.show_output else
-                                      "see the script's output above")
+        where = "the script's output above" if spec.show_output else spec.output / "runs" / first.folder_name / \
+            "output.log"
+        outcome.error = AccelkitError(f"{len(failed)} of {len(sweep.records) + len(sweep.comm)} run(s) failed, "
+                                      f"first {first.label}: {first.error}{stopped}", hint=f"see {where}")
         outcome.exit_code = 1
     return outcome

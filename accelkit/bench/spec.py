@@ -9,7 +9,7 @@ that flag has in the script's arguments).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
@@ -58,7 +58,7 @@ class BenchSpec:
     output: Path = Path("bench-results")
     show_output: bool = False
     timeout: float | None = None  # seconds per run
-    notes: list[str] = field(default_factory=list)
+    machines: int = 1  # each machine runs the same sweep; results cover this machine's ranks
 
     def runs(self) -> list[RunSpec]:
         if self.script is None:
@@ -189,3 +189,6 @@ def check_output(output: Path, force: bool) -> None:
     if (output / "bench.json").exists() and not force:
         raise AccelkitError(f"-o {output} already holds results (bench.json)",
                             hint="pass another -o DIR, or --force to replace them")
+
+
+RESULT_NAMES = ("bench.json", "bench.csv", "scaling.png", "runs")  # what --force replaces in DIR (nothing else)

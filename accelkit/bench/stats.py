@@ -55,8 +55,10 @@ class TooFewSteps(ValueError):
     """The ranks completed no step after warmup."""
 
 
-def summarize(ranks: Sequence[dict[str, Any]], warmup: int) -> RunSummary:
-    """One run's figures from its ranks' probe results (`bench.rank<R>.json`)."""
+def summarize(ranks: Sequence[dict[str, Any]], warmup: int, machines: int = 1) -> RunSummary:
+    """One run's figures from its ranks' probe results (`bench.rank<R>.json`). On several machines each one reads
+    only its own ranks' results: samples and tokens are scaled by `machines` (data-parallel ranks take equal
+    batches)."""
     if not ranks:
         raise TooFewSteps("no rank wrote a result")
     done = min(len(rank["steps"]) for rank in ranks)
@@ -67,8 +69,8 @@ def summarize(ranks: Sequence[dict[str, Any]], warmup: int) -> RunSummary:
     per_rank_time = [sum(step["seconds"] for step in steps) for steps in measured]
     per_rank_wait = [sum(step["data_wait_s"] for step in steps) for steps in measured]
     window = max(per_rank_time)
-    samples = sum(step["samples"] for steps in measured for step in steps)
-    tokens = sum(step["tokens"] for steps in measured for step in steps)
+    samples = machines * sum(step["samples"] for steps in measured for step in steps)
+    tokens = machines * sum(step["tokens"] for steps in measured for step in steps)
     shares = [wait / total if total > 0 else 0.0 for wait, total in zip(per_rank_wait, per_rank_time, strict=True)]
     memory = [int(rank.get("peak_memory_bytes") or 0) for rank in ranks]
     return RunSummary(

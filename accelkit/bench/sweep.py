@@ -53,7 +53,11 @@ class RunRecord:
     comm_busbw_gbs: float | None = None
 
     @property
-    def run_dir_name(self) -> str:
+    def label(self) -> str:
+        return f"{self.backend} x{self.spec.num_processes}"
+
+    @property
+    def folder_name(self) -> str:
         return f"{self.backend}-np{self.spec.num_processes}"
 
     @property
@@ -72,6 +76,14 @@ class CommRecord:
     exit_code: int = 0
     error: str | None = None
     rows: list[CommRow] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"comm x{self.num_processes}"
+
+    @property
+    def folder_name(self) -> str:
+        return f"comm-np{self.num_processes}"
 
 
 def describe_failure(outcome: LaunchOutcome, ranks: list[dict[str, Any]], expected_ranks: int) -> str:
@@ -135,7 +147,8 @@ class Sweep:
         if not sizes:
             self.progress("comm: skipped (collectives need 2 or more processes; pass --num-processes 2 or more)")
         for n in sizes:
-            folder = self._prepare_dir(f"comm-np{n}")
+            record = CommRecord(num_processes=n)
+            folder = self._prepare_dir(record.folder_name)
             args = ("--sizes", ",".join(map(str, comm.sizes)), "--iters", str(comm.iters), "--warmup",
                     str(comm.warmup))
             self.progress(f"comm: {n} processes: all-reduce, all-gather, reduce-scatter over {len(comm.sizes)} "
@@ -145,12 +158,13 @@ class Sweep:
                                  log_path=None if self.spec.show_output else folder / "output.log",
                                  timeout=self.spec.timeout)
             ranks = read_results(folder, COMM_NAME)
-            record = CommRecord(num_processes=n, exit_code=outcome.status)
+            record.exit_code = outcome.status
+            local = n // self.spec.machines
             if outcome.signal is not None:
                 record.status, self.interrupted_by = "interrupted", outcome.signal
-            elif outcome.status != 0 or len(ranks) != n:
+            elif outcome.status != 0 or len(ranks) != local:
                 record.status = "timed out" if outcome.timed_out else "failed"
-                record.error = describe_failure(outcome, ranks, n)
+                record.error = describe_failure(outcome, ranks, local)
             else:
                 record.rows = rows_from_ranks(ranks)
             self.comm.append(record)
@@ -186,7 +200,7 @@ class Sweep:
         backend = self.backends[run.backend]
         launched = launched_backend(backend, run.num_processes)
         record = RunRecord(spec=run, backend=backend, launched=launched)
-        folder = self._prepare_dir(record.run_dir_name)
+        folder = self._prepare_dir(record.folder_name)
         note = f" (as {launched})" if launched != backend else ""
         batch = f", per-device batch {run.per_device_batch}" if run.per_device_batch else ""
         self.progress(f"[{run.index}/{run.total}] {backend}, {run.num_processes} process(es){note}{batch}: "
@@ -204,10 +218,10 @@ class Sweep:
             return record
         if outcome.status != 0:
             record.status = "timed out" if outcome.timed_out else "failed"
-            record.error = describe_failure(outcome, record.ranks, run.num_processes)
+            record.error = describe_failure(outcome, record.ranks, run.num_processes // self.spec.machines)
             return record
         try:
-            record.summary = summarize(record.ranks, self.spec.warmup)
+            record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines)
         except TooFewSteps as exc:
             record.status, record.error = "failed", f"{exc}; lower --warmup/--steps or let the script run longer"
         return record
