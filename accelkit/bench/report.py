@@ -33,6 +33,7 @@ def run_json(record: RunRecord) -> dict[str, Any]:
         "status": record.status,
         "exit_code": record.exit_code,
         "error": record.error,
+        "note": record.note,
         "steps": s.steps if s else 0,
         "step_time_s": {"median": s.step_median_s, "p90": s.step_p90_s, "mean": s.step_mean_s} if s else None,
         "step_times_s": s.step_times_s if s else [],
@@ -166,7 +167,9 @@ def diagnosis(sweep: Sweep) -> list[str]:
         s, sc = r.summary, r.scaling
         if s is None:
             continue
-        where = f"{r.backend} x{r.spec.num_processes}"
+        where = r.label
+        if r.note:
+            lines.append(f"{where}: {r.note}")
         if s.data_wait_share >= DATA_BOUND_SHARE:
             lines.append(f"{where}: {s.data_wait_share:.0%} of each step is spent waiting for data: the input "
                          "pipeline limits this run (more DataLoader workers, pin_memory, a faster __getitem__, "

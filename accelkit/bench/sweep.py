@@ -51,6 +51,7 @@ class RunRecord:
     scaling: Scaling | None = None
     comm_predicted_s: float | None = None  # communication time per step predicted from --comm's bandwidth
     comm_busbw_gbs: float | None = None
+    note: str | None = None  # something the figures alone do not say (e.g. the script ended before the limit)
 
     @property
     def label(self) -> str:
@@ -224,6 +225,11 @@ class Sweep:
             record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines)
         except TooFewSteps as exc:
             record.status, record.error = "failed", f"{exc}; lower --warmup/--steps or let the script run longer"
+            return record
+        if record.summary.steps < self.spec.steps:
+            record.note = (f"the script ended after {self.spec.warmup + record.summary.steps} steps: "
+                           f"{record.summary.steps} measured of --steps {self.spec.steps} (give it more steps or "
+                           "epochs)")
         return record
 
     def _attach_comm(self, record: RunRecord) -> None:
@@ -266,5 +272,6 @@ def progress_line(record: RunRecord) -> str:
         return f"{head}: {record.status.upper()}: {record.error} ({record.wall_s:.1f} s)"
     s = record.summary
     rate = f"{s.samples_per_s:,.0f} samples/s" if s.samples_per_s else "samples unknown"
+    note = f"; {record.note}" if record.note else ""
     return (f"{head}: {s.step_median_s * 1000:.1f} ms/step (p90 {s.step_p90_s * 1000:.1f}), {rate}, data wait "
-            f"{s.data_wait_share:.0%}, peak {human_bytes(s.peak_memory_bytes)}/rank ({record.wall_s:.1f} s)")
+            f"{s.data_wait_share:.0%}, peak {human_bytes(s.peak_memory_bytes)}/rank ({record.wall_s:.1f} s){note}")

@@ -82,8 +82,10 @@ def test_table_and_diagnosis(tmp_path: Path) -> None:
     assert any("ddp  8 process(es): FAILED: a rank was killed by SIGKILL" in line for line in lines)
     notes = diagnosis(make_sweep(tmp_path, waits={4: 0.08}))
     assert len(notes) == 1 and notes[0].startswith("ddp x4: 50% of each step is spent waiting for data")
-    clean = diagnosis(make_sweep(tmp_path))  # efficiency 1/1.6 at 4 processes, little data wait
-    assert clean and "not data-bound" in clean[-1]
+    clean = make_sweep(tmp_path)  # efficiency 1/1.6 at 4 processes, little data wait
+    assert [line.split(":")[0] for line in diagnosis(clean)] == ["ddp x4"] and "not data-bound" in diagnosis(clean)[0]
+    clean.records[0].note = "the script ended after 4 steps"
+    assert diagnosis(clean)[0] == "ddp x1: the script ended after 4 steps"
 
 
 def test_png_of_the_expected_size(tmp_path: Path) -> None:
