@@ -122,3 +122,14 @@ def test_ctrl_c_stops_the_run_and_the_sweep_and_keeps_what_was_measured(tmp_path
     (run,) = results(out)
     assert run["status"] == "interrupted"
     assert "interrupted (signal SIGINT)" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_run_over_its_timeout_is_stopped_and_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "1", "--timeout", "4", "-o", str(out),
+                        str(COUNTED), "--slow-data", "30"], watch=[tmp_path], cwd=tmp_path, kind="hang",
+                       expect="refused", timeout=120)
+    result.assert_refused(r"1 of 1 run\(s\) failed, first ddp x1: timed out", owned=[out])
+    (run,) = results(out)
+    assert run["status"] == "timed out" and run["wall_time_s"] < 60
