@@ -16,3 +16,4 @@ PROBE_MODULE = "accelkit.bench.probe"
 PROBE_NAME = "bench"  # per-rank results: $ACCELKIT_PROBE_DIR/bench.rank<R>.json
 COMM_MODULE = "accelkit.bench.comm_worker"
 COMM_NAME = "comm"
+WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured window starts

@@ -20,8 +20,9 @@ import sys
 import time
 from typing import Any
 
-from accelkit.bench import PROBE_NAME
+from accelkit.bench import PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
+from accelkit.probes import MAX_STEPS_ENV
 from accelkit.probes.results import write_rank_result
 from accelkit.probes.steps import StepEvent, clock
 
@@ -29,7 +30,8 @@ from accelkit.probes.steps import StepEvent, clock
 class StepRecorder:
     """Accumulates loader fetches between clock steps and closes one step record per clock step."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync_at: tuple[int, ...] = ()) -> None:
+        self.sync_at = sync_at  # clock steps after which CUDA is synchronised (end of warmup, last measured step)
         self.steps: list[dict[str, Any]] = []
         self.error: str | None = None
         self.gradient_bytes: int | None = None
@@ -55,16 +57,24 @@ class StepRecorder:
     def on_step(self, event: StepEvent) -> None:
         if not event.is_clock:
             return
+        finished = event.finished
+        if event.clock_steps in self.sync_at and _cuda_in_use():
+            # GPU work is asynchronous: wait for it at the edges of the measured window (only there), so the
+            # window holds exactly the measured steps' GPU work.
+            import torch
+
+            torch.cuda.synchronize()
+            finished = time.perf_counter()
         entered = time.perf_counter()
         if self.gradient_bytes is None:
             self.gradient_bytes, self.distributed = model_facts(event)
         start = self._interval_start if self._interval_start is not None else event.started
         train = self._per_loader.pop(self._last_loader, [0, 0]) if self._last_loader is not None else [0, 0]
         self.other_samples += sum(counts[0] for counts in self._per_loader.values())
-        self.steps.append({"step": event.clock_steps, "seconds": event.finished - start,
-                           "data_wait_s": min(self._wait, event.finished - start),
+        self.steps.append({"step": event.clock_steps, "seconds": finished - start,
+                           "data_wait_s": min(self._wait, finished - start),
                            "samples": train[0], "tokens": train[1]})
-        self._interval_start = event.finished
+        self._interval_start = finished
         self._wait = 0.0
         self._per_loader = {}
         self._last_loader = None
@@ -108,9 +118,15 @@ def model_facts(event: StepEvent) -> tuple[int | None, dict[str, Any]]:
     return total, facts
 
 
-def peak_memory() -> dict[str, Any]:
+def _cuda_in_use() -> bool:
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def peak_memory() -> dict[str, Any]:
+    if _cuda_in_use():
+        import torch
+
         return {"peak_memory_bytes": int(torch.cuda.max_memory_allocated()), "memory_kind": "cuda max allocated"}
     # ru_maxrss is in KiB on Linux: the high-water mark of the process's resident set.
     return {"peak_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
@@ -125,7 +141,9 @@ def install() -> None:
     global _RECORDER
     if _RECORDER is not None:
         return
-    recorder = _RECORDER = StepRecorder()
+    warmup = int(os.environ.get(WARMUP_ENV, "0"))
+    limit = int(os.environ.get(MAX_STEPS_ENV, "0"))
+    recorder = _RECORDER = StepRecorder(sync_at=tuple(n for n in (warmup, limit) if n > 0))
     loaders = LoaderHooks(recorder.on_fetch)
     loaders.install()
     step_clock = clock()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelkit.bench import COMM_NAME, PROBE_NAME
+from accelkit.bench import COMM_NAME, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.comm import CommRow, comm_volume_factor, nearest_all_reduce, predicted_comm_seconds, rows_from_ranks
 from accelkit.bench.launching import (
     LaunchOutcome,
@@ -208,7 +208,8 @@ class Sweep:
                       f"warmup {self.spec.warmup} + {self.spec.steps} steps ...")
         request = script_request(self.settings, launched, run.num_processes, self.spec.script or "",
                                  run.script_args, self.spec.module)
-        outcome = run_launch(request, probe_dir=folder, max_steps=self.spec.warmup + self.spec.steps, env=self.env,
+        outcome = run_launch(request, probe_dir=folder, max_steps=self.spec.warmup + self.spec.steps,
+                             env={**self.env, WARMUP_ENV: str(self.spec.warmup)},
                              log_path=None if self.spec.show_output else folder / "output.log",
                              timeout=self.spec.timeout)
         record.exit_code, record.wall_s = outcome.status, outcome.seconds
