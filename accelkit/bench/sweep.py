@@ -188,6 +188,9 @@ class Sweep:
             self._attach_comm(record)
             self.save(self)
             self.progress(progress_line(record))
+            if record.status in ("failed", "timed out") and not self.spec.show_output:
+                for line in log_tail(self.runs_dir / record.folder_name / "output.log"):
+                    self.progress(f"  | {line}")
             if record.status == "interrupted":
                 self.stopped = "interrupted"
                 return
@@ -257,6 +260,16 @@ class Sweep:
                 assert r.summary is not None
                 r.scaling = scaling(r.spec.num_processes, r.summary, base.spec.num_processes, base.summary,
                                     self.spec.scaling)
+
+
+def log_tail(path: Path, lines: int = 12) -> list[str]:
+    """The last lines of a run's output (what usually names the error), progress bars and blank lines left out."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    kept = [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip() and "it/s]" not in line]
+    return kept[-lines:]
 
 
 def human_bytes(value: float) -> str:

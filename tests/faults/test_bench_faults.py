@@ -91,6 +91,8 @@ def test_a_script_that_fails_at_once_stops_the_sweep(tmp_path: Path) -> None:
     assert run["status"] == "failed" and run["exit_code"] == 1 and run["speedup"] is None
     assert "RuntimeError: deliberate failure" in (out / "runs" / "ddp-np1" / "output.log").read_text()
     assert "FAILED" in result.stdout
+    # The end of the script's output, where its error is, is shown under the progress line.
+    assert [line for line in result.stderr.splitlines() if line.startswith("bench:   | ") and "deliberate" in line]
 
 
 @pytest.mark.slow

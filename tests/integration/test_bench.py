@@ -40,7 +40,7 @@ def run_folder(work: Path, run: dict) -> Path:
 
 @pytest.mark.parametrize("template", ["minimal", "causal-lm"])
 def test_templates_under_every_backend_at_one_and_two_ranks(template: str, tmp_path: Path) -> None:
-    warmup, steps = 1, 3
+    warmup, steps = 1, 2
     result, data = bench(tmp_path, "--compare-backends", "ddp,fsdp,deepspeed", "--num-processes", "1,2",
                          "--warmup", str(warmup), "--steps", str(steps), str(REPO_ROOT / "templates" / template /
                                                                             "train.py"),
@@ -132,7 +132,7 @@ def test_data_bound_and_compute_bound_are_told_apart(tmp_path: Path) -> None:
 
 
 def test_comm_alone_matches_a_direct_all_reduce_timing(tmp_path: Path) -> None:
-    size, iters = 2**20, 5
+    size, iters = 2**20, 40
     _, data = bench(tmp_path, "--comm", "--num-processes", "2", "--comm-sizes", f"{size}:{size}", "--comm-iters",
                     str(iters), timeout=300)
     assert data["runs"] == []
@@ -149,6 +149,6 @@ def test_comm_alone_matches_a_direct_all_reduce_timing(tmp_path: Path) -> None:
                              str(iters)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert direct.returncode == 0, direct.stderr[-3000:]
     seconds = float(re.search(r"SECONDS ([\d.e-]+)", direct.stdout).group(1))
-    direct_busbw = size / seconds / 1e9 * 1.0
+    direct_busbw = size / seconds / 1e9 * 1.0  # 2(N-1)/N = 1 at N = 2
     # The same collective timed two ways on a shared machine: the same order of magnitude, not the same figure.
     assert direct_busbw / 3 < rows["all_reduce"]["busbw_gbs"] < direct_busbw * 3
