@@ -19,7 +19,9 @@ parser.add_argument("--accumulation", type=int, default=1)
 parser.add_argument("--seq", type=int, default=16, help="tokens per sample (batches are dicts with input_ids)")
 parser.add_argument("--hidden", type=int, default=32)
 parser.add_argument("--slow-data", type=float, default=0.0, help="seconds of sleep per __getitem__")
+parser.add_argument("--slow-data-at-world-size", type=int, default=0, help="only at this world size")
 parser.add_argument("--compute", type=int, default=0, help="extra matmul rounds per micro-batch")
+parser.add_argument("--compute-at-world-size", type=int, default=0, help="only at this world size")
 parser.add_argument("--eval-every", type=int, default=0, help="iterate an evaluation loader every N steps")
 parser.add_argument("--crash-at-world-size", type=int, default=0)
 parser.add_argument("--kill-rank", type=int, default=-1, help="this rank SIGKILLs itself at step 2")
@@ -41,6 +43,10 @@ class Tokens(Dataset):
 
 
 accelerator = Accelerator(gradient_accumulation_steps=args.accumulation)
+if args.slow_data_at_world_size and accelerator.num_processes != args.slow_data_at_world_size:
+    args.slow_data = 0.0
+if args.compute_at_world_size and accelerator.num_processes != args.compute_at_world_size:
+    args.compute = 0
 if args.crash_at_world_size and accelerator.num_processes == args.crash_at_world_size:
     raise RuntimeError(f"deliberate failure at world size {accelerator.num_processes}")
 torch.manual_seed(0)
