@@ -66,12 +66,13 @@ FetchCallback = Callable[[int, float, float, BatchSize], None]
 class _TimedIterator:
     """Wraps the iterator a loader's __iter__ returned; times every next() and reports the batch."""
 
-    __slots__ = ("_inner", "_loader_id", "_hooks")
+    __slots__ = ("_inner", "_loader_id", "_hooks", "_since")
 
-    def __init__(self, inner, loader_id: int, hooks: LoaderHooks) -> None:
+    def __init__(self, inner, loader_id: int, hooks: LoaderHooks, since: float) -> None:
         self._inner = inner
         self._loader_id = loader_id
         self._hooks = hooks
+        self._since = since  # when iter(loader) was called: starting workers is data loading too
 
     def __iter__(self):
         return self
@@ -79,7 +80,7 @@ class _TimedIterator:
     def __next__(self):
         hooks = self._hooks
         hooks._local.inside = True
-        started = time.perf_counter()
+        started, self._since = self._since or time.perf_counter(), 0.0
         try:
             batch = next(self._inner)
         finally:
@@ -121,10 +122,15 @@ class LoaderHooks:
         hooks = self
 
         def __iter__(self):
-            inner = original(self)
             if getattr(hooks._local, "inside", False):  # a loader iterated inside another one: not the outermost
-                return inner
-            return _TimedIterator(inner, id(self), hooks)
+                return original(self)
+            since = time.perf_counter()
+            hooks._local.inside = True  # a subclass's __iter__ calling super().__iter__() is one loader
+            try:
+                inner = original(self)
+            finally:
+                hooks._local.inside = False
+            return _TimedIterator(inner, id(self), hooks, since)
 
         __iter__._accelkit_bench = True
         __iter__.__wrapped__ = original

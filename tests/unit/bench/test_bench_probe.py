@@ -91,3 +91,17 @@ def test_steps_without_a_loader_start_at_the_step_call() -> None:
     assert recorder.steps[0]["seconds"] == pytest.approx(0.25) and recorder.steps[0]["samples"] == 0
     result = recorder.result("step limit", loader_seconds=0.0)
     assert result["reason"] == "step limit" and result["peak_memory_bytes"] > 0 and result["memory_kind"]
+
+
+def test_starting_a_loaders_workers_counts_as_data_wait(hooks) -> None:
+    _, fetched = hooks
+
+    class SlowStart(DataLoader):
+        def __iter__(self):
+            time.sleep(0.05)  # like spawning worker processes
+            return super().__iter__()
+
+    hooks[0]._wrap(SlowStart)
+    assert len(list(SlowStart(TensorDataset(torch.zeros(4, 1)), batch_size=2))) == 2
+    (first_id, started, finished, _), second = fetched
+    assert finished - started >= 0.05 and second[2] - second[1] < 0.05
