@@ -17,6 +17,7 @@ from accelkit.bench.sweep import CommRecord, RunRecord, Sweep, human_bytes
 
 DATA_BOUND_SHARE = 0.30  # a run that waits this much of its step for data is limited by its input pipeline
 POOR_EFFICIENCY = 0.80
+COMM_BOUND_SHARE = 0.30  # predicted communication this large a share of the step explains poor efficiency
 
 CSV_COLUMNS = ("backend", "num_processes", "launched_backend", "status", "steps", "step_time_median_s",
                "step_time_p90_s", "samples_per_s", "tokens_per_s", "speedup", "efficiency", "baseline_num_processes",
@@ -178,8 +179,13 @@ def diagnosis(sweep: Sweep) -> list[str]:
                 and s.data_wait_share < DATA_BOUND_SHARE:
             cause = "communication, stragglers or a per-device batch too small to hide gradient sync"
             if r.comm_predicted_s is not None:
-                cause = (f"predicted communication is {r.comm_predicted_s / s.step_median_s:.0%} of the step "
-                         f"({_ms(r.comm_predicted_s)} of {_ms(s.step_median_s)})")
+                share = r.comm_predicted_s / s.step_median_s
+                cause = (f"predicted communication is {share:.0%} of the step ({_ms(r.comm_predicted_s)} of "
+                         f"{_ms(s.step_median_s)})")
+                cause += (": communication-bound (a larger per-device batch, gradient accumulation, a faster link)"
+                          if share >= COMM_BOUND_SHARE else
+                          ": not the interconnect; look at stragglers (p90 vs median), other load on the machines, "
+                          "and per-rank work that does not shrink with more ranks")
             lines.append(f"{where}: efficiency {sc.efficiency:.0%}, not data-bound: {cause}")
     return lines
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from accelkit.bench import run as bench_run
 from accelkit.bench.launching import LaunchSettings
-from accelkit.bench.report import CSV_COLUMNS, bench_csv, bench_json, diagnosis, summary_text
+from accelkit.bench.report import CSV_COLUMNS, bench_csv, bench_json, diagnosis, run_table, summary_text
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import summarize
 from accelkit.bench.sweep import RunRecord, Sweep
@@ -105,3 +105,14 @@ def test_without_matplotlib_it_says_how_to_get_the_plot(tmp_path: Path, monkeypa
     monkeypatch.setattr(bench_run, "matplotlib_available", lambda: False)
     (note,) = bench_run.draw(make_sweep(tmp_path))
     assert "pip install 'accelkit[plot]'" in note and not (tmp_path / "scaling.png").exists()
+
+
+def test_predicted_communication_in_the_table_and_the_diagnosis(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path)  # 4 processes: 0.16 s per step, efficiency 62%
+    four = sweep.records[2]
+    four.comm_predicted_s = 0.08
+    lines = run_table(sweep)
+    assert lines[0].split()[-2:] == ["comm", "(pred.)"] and lines[3].endswith("80.0 ms (50%)")
+    assert "communication-bound" in diagnosis(sweep)[0]
+    four.comm_predicted_s = 0.008
+    assert "(5%" not in diagnosis(sweep)[0] and "not the interconnect" in diagnosis(sweep)[0]
