@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.bench.comm import CPU_SIZES, GPU_SIZES, parse_size, size_range
-from accelkit.bench.launching import LaunchSettings, available_devices, backend_given, launch_settings, num_machines
+from accelkit.bench.launching import (
+    LaunchSettings,
+    asked_backend,
+    available_devices,
+    backend_given,
+    launch_settings,
+    num_machines,
+)
 from accelkit.bench.spec import (
     BenchSpec,
     CommSettings,
@@ -56,12 +63,12 @@ def build_spec(*, options: Any, config_file: Path | None, num_processes: str | N
     settings = launch_settings(options, config_file, cpu, rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                same_network=same_network, command_line=command_line)
     if compare_backends is not None:
-        if options.backend is not None:
+        if asked_backend(settings) is not None:
             raise AccelkitError("--backend and --compare-backends both name the backend",
                                 hint="pass one: --compare-backends ddp,fsdp,deepspeed runs each of them")
         backends: tuple[str | None, ...] = parse_backends(compare_backends)
     elif backend_given(settings):
-        backends = (options.backend,)
+        backends = (asked_backend(settings),)
     else:
         backends = (DEFAULT_BACKEND,)
     sizes = world_sizes(num_processes, settings, cpu, compare=compare_backends is not None)

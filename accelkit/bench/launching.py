@@ -62,6 +62,11 @@ def num_machines(settings: LaunchSettings) -> int:
     return 1
 
 
+def asked_backend(settings: LaunchSettings) -> str | None:
+    """The backend named by --backend (None: not given)."""
+    return settings.options.backend
+
+
 def backend_given(settings: LaunchSettings) -> bool:
     """Whether the user named a backend (by --backend, a preset or a config file)."""
     return bool(settings.options.backend or settings.options.preset or settings.config_file)
