@@ -52,9 +52,20 @@ def _click_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]
 
 def config_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator adding the shared config options to a click command (in the table's order)."""
-    for f in reversed(list(OPTION_FIELDS.values())):
-        func = _click_option(f)(func)
-    return func
+    return config_options_except()(func)
+
+
+def config_options_except(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Like config_options, without the options named (a command that spells one of them its own way, e.g.
+    `accelkit bench --num-processes 1,2,4,8`)."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for f in reversed(list(OPTION_FIELDS.values())):
+            if f.name not in names:
+                func = _click_option(f)(func)
+        return func
+
+    return decorate
 
 
 def options_from_kwargs(kwargs: dict[str, Any]) -> ConfigOptions:

@@ -1,0 +1,21 @@
+"""`accelkit bench`: scaling efficiency, throughput and interconnect bandwidth of the user's own script.
+
+    run.py          the command as one library call: checks, the sweep, the files, the exit status
+    cli_spec.py     command-line values -> a checked BenchSpec (defaults for world sizes, backends, --comm sizes)
+    spec.py         what to run: a typed sweep (world sizes x backends, steps, scaling mode) and its checks
+    launching.py    the ONE module that talks to the config -> launch spine (options, requests, supervised runs)
+    sweep.py        runs the sweep: a launch per point, progress lines, the failure policy, results after each run
+    probe.py        the per-rank instrument: step times, data-loading wait, samples/tokens, peak memory
+    loaders.py      the data-loader side of the probe (time blocked on the loader, samples and tokens per batch)
+    stats.py        pure arithmetic: per-run summary from rank results, speedup and efficiency across a sweep
+    report.py       table, diagnosis lines, bench.json, bench.csv
+    plot.py         scaling.png (matplotlib, optional extra `accelkit[plot]`)
+    comm.py         collective benchmarks with nccl-tests conventions (pure math)
+    comm_worker.py  the rank side of `accelkit bench --comm` (all-reduce, all-gather, reduce-scatter)
+"""
+
+PROBE_MODULE = "accelkit.bench.probe"
+PROBE_NAME = "bench"  # per-rank results: $ACCELKIT_PROBE_DIR/bench.rank<R>.json
+COMM_MODULE = "accelkit.bench.comm_worker"
+COMM_NAME = "comm"
+WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured window starts

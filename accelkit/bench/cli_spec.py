@@ -1,0 +1,81 @@
+"""From the command line's values to a checked BenchSpec and the launch settings every run shares (no click here:
+the command passes plain values, the library raises AccelkitError)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from accelkit.bench.comm import CPU_SIZES, GPU_SIZES, parse_size, size_range
+from accelkit.bench.launching import (
+    LaunchSettings,
+    asked_backend,
+    available_devices,
+    backend_given,
+    launch_settings,
+    num_machines,
+)
+from accelkit.bench.spec import (
+    BenchSpec,
+    CommSettings,
+    default_world_sizes,
+    parse_backends,
+    parse_int_list,
+    resolve_global_batch,
+)
+from accelkit.errors import AccelkitError
+
+DEFAULT_BACKEND = "ddp"  # benching scaling means data parallelism unless the user names another backend
+
+
+def comm_settings(sizes: str | None, iters: int | None, cpu: bool) -> CommSettings:
+    low, high = (sizes.split(":", 1) if sizes and ":" in sizes else (sizes, sizes) if sizes
+                 else CPU_SIZES if cpu else GPU_SIZES)
+    try:
+        values = size_range(parse_size(low), parse_size(high))
+    except ValueError as exc:
+        raise AccelkitError(f"--comm-sizes {sizes}: {exc}", hint="e.g. --comm-sizes 64K:64M") from None
+    iters = iters or (5 if cpu else 20)
+    return CommSettings(sizes=tuple(values), iters=iters, warmup=max(1, iters // 4))
+
+
+def world_sizes(text: str | None, settings: LaunchSettings, cpu: bool, compare: bool) -> tuple[int, ...]:
+    machines = num_machines(settings)
+    if text is not None:
+        sizes = parse_int_list(text, "--num-processes")
+    else:
+        sizes = tuple(n * machines for n in default_world_sizes(available_devices(cpu)))
+        if compare:
+            sizes = (max(sizes),)
+    uneven = [n for n in sizes if n % machines]
+    if uneven:
+        raise AccelkitError(f"--num-processes {', '.join(map(str, uneven))} cannot be spread evenly over "
+                            f"{machines} machines", hint=f"use multiples of {machines} (processes are the total)")
+    return sizes
+
+
+def build_spec(*, options: Any, config_file: Path | None, num_processes: str | None, compare_backends: str | None,
+               cpu: bool, module: bool, steps: int, warmup: int, scaling: str, batch_arg: str | None,
+               global_batch: int | None, output: Path, comm: bool, comm_sizes: str | None, comm_iters: int | None,
+               timeout: float | None, show_output: bool, rdzv_backend: str | None, rdzv_conf: str | None,
+               same_network: bool | None, script: str | None, script_args: tuple[str, ...],
+               command_line: str) -> tuple[BenchSpec, LaunchSettings]:
+    settings = launch_settings(options, config_file, cpu, rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
+                               same_network=same_network, command_line=command_line)
+    if compare_backends is not None:
+        if asked_backend(settings) is not None:
+            raise AccelkitError("--backend and --compare-backends both name the backend",
+                                hint="pass one: --compare-backends ddp,fsdp,deepspeed runs each of them")
+        backends: tuple[str | None, ...] = parse_backends(compare_backends)
+    elif backend_given(settings):
+        backends = (asked_backend(settings),)
+    else:
+        backends = (DEFAULT_BACKEND,)
+    sizes = world_sizes(num_processes, settings, cpu, compare=compare_backends is not None)
+    if scaling == "strong" and script is not None:
+        global_batch = resolve_global_batch(script_args, batch_arg, global_batch, sizes)
+    spec = BenchSpec(script=script, script_args=script_args, module=module, world_sizes=sizes, backends=backends,
+                     steps=steps, warmup=warmup, scaling=scaling, batch_arg=batch_arg, global_batch=global_batch,
+                     cpu=cpu, comm=comm_settings(comm_sizes, comm_iters, cpu) if comm else None, output=output,
+                     show_output=show_output, timeout=timeout, machines=num_machines(settings))
+    return spec, settings

@@ -1,0 +1,196 @@
+"""The one place where bench meets the config -> launch spine: options per run, the launch request, checking it
+before anything starts, and one supervised launch with the probe installed (GPUs and CPU rehearsal alike).
+
+Everything else in accelkit.bench works on the typed values of spec.py and on the ranks' result files, so when the
+spine changes (typed ResolvedConfig / LaunchPlan) only this module follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from accelkit.bench import PROBE_MODULE
+from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What every run of a sweep shares: the config options as given (num_processes and backend set per run), the
+    base config file, CPU rehearsal, and the launcher's rendezvous flags."""
+
+    options: Any  # accelkit.configs.ConfigOptions
+    config_file: Path | None = None
+    cpu: bool = False
+    flags: Any = None  # accelkit.launch.plan.LauncherFlags
+    command_line: str = "accelkit bench"
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    status: int  # the launch's exit status (the failing rank's; 128 + N for signal N)
+    seconds: float
+    signal: int | None = None  # a signal the user sent (Ctrl-C, SIGTERM) during the run
+    timed_out: bool = False
+
+
+def launch_settings(options: Any, config_file: Path | None, cpu: bool, *, rdzv_backend: str | None = None,
+                    rdzv_conf: str | None = None, same_network: bool | None = None,
+                    command_line: str = "accelkit bench") -> LaunchSettings:
+    from accelkit.launch.plan import LauncherFlags
+
+    flags = LauncherFlags(rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, same_network=same_network)
+    return LaunchSettings(options=options, config_file=config_file, cpu=cpu, flags=flags, command_line=command_line)
+
+
+def _resolved(settings: LaunchSettings, backend: str | None = None):
+    """The job's ResolvedConfig for these settings (the --backend of one run when given)."""
+    from accelkit.configs import load_config, resolve_config
+
+    options = settings.options if backend is None else replace(settings.options, backend=backend)
+    base = load_config(settings.config_file) if settings.config_file is not None else None
+    return resolve_config(replace(options, gradient_accumulation_steps=None), base=base,
+                          base_label=str(settings.config_file) if base is not None else None, launch=True)
+
+
+def num_machines(settings: LaunchSettings) -> int:
+    """Machines of the job (--num-machines, else the config file's, else 1)."""
+    if settings.options.num_machines:
+        return int(settings.options.num_machines)
+    if settings.config_file is not None and settings.config_file.is_file():
+        return _resolved(settings).num_machines
+    return 1
+
+
+def asked_backend(settings: LaunchSettings) -> str | None:
+    """The backend named by --backend (None: not given)."""
+    return settings.options.backend
+
+
+def backend_given(settings: LaunchSettings) -> bool:
+    """Whether the user named a backend (by --backend, a preset or a config file)."""
+    return bool(settings.options.backend or settings.options.preset or settings.config_file)
+
+
+def available_devices(cpu: bool) -> int:
+    """GPUs on this machine, or (with --cpu, or without GPUs) the CPU cores this process may use."""
+    if not cpu:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return torch.cuda.device_count()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def backend_of(settings: LaunchSettings, backend: str | None) -> str:
+    """accelkit's name of the backend a run uses (from --backend, else the config file, else the default)."""
+    return _resolved(settings, backend).backend.value
+
+
+def launched_backend(backend: str, num_processes: int) -> str:
+    """One process of a DDP sweep is the plain single-process run (DDP with one process distributes nothing)."""
+    return "single" if backend in ("ddp", "cpu") and num_processes == 1 else backend
+
+
+def request_for(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
+                *, module: bool, probes: tuple[str, ...]):
+    from accelkit.launch.plan import LauncherFlags, LaunchTarget
+    from accelkit.launch.request import LaunchRequest
+
+    options = replace(settings.options, backend=backend, num_processes=num_processes)
+    return LaunchRequest(target=LaunchTarget(script=script, args=tuple(args), module=module), options=options,
+                         config_file=settings.config_file, cpu=settings.cpu,
+                         flags=settings.flags or LauncherFlags(), command_line=settings.command_line, probes=probes)
+
+
+def script_request(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
+                   module: bool):
+    return request_for(settings, backend, num_processes, script, args, module=module, probes=(PROBE_MODULE,))
+
+
+def comm_request(settings: LaunchSettings, backend: str, num_processes: int, args: tuple[str, ...]):
+    from accelkit.bench import COMM_MODULE
+
+    return request_for(settings, backend, num_processes, COMM_MODULE, args, module=True, probes=())
+
+
+def check_script(script: str, module: bool) -> None:
+    """The script (or module) exists: checked first, before the heavier config checks."""
+    from accelkit.launch.plan import LaunchTarget
+    from accelkit.launch.prepare import check_target
+
+    check_target(LaunchTarget(script=script, module=module))
+
+
+def check_request(request) -> None:
+    """Everything launch checks before a rank starts (config rules, script, GPUs, DeepSpeed), without starting."""
+    from accelkit.launch.prepare import prepare_launch
+
+    prepared = prepare_launch(request)
+    if prepared.temp_dir is not None:
+        shutil.rmtree(prepared.temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _output_to(log_path: Path | None):
+    """Send this process's stdout/stderr (and so the launch's, which inherits them) to `log_path`."""
+    if log_path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (log, *saved):
+            os.close(fd)
+
+
+def run_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str, str], log_path: Path | None,
+               timeout: float | None) -> LaunchOutcome:
+    """Run one supervised launch (accelkit.launch.run's supervisor: no rank outlives it) with the probe's settings
+    in the ranks' environment; the output goes to `log_path` unless it is None."""
+    from accelkit.launch.run import WORKER_MODULE, Supervisor
+
+    full_env = {**os.environ, **env, PROBE_DIR_ENV: str(probe_dir)}
+    if max_steps is not None:
+        full_env[MAX_STEPS_ENV] = str(max_steps)
+    supervisor = Supervisor([sys.executable, "-m", WORKER_MODULE, request.to_json()], full_env)
+    timed_out, finished = threading.Event(), threading.Event()
+
+    def expire() -> None:  # the supervisor stops the job on SIGTERM exactly as when a user sends it
+        if not finished.is_set():
+            timed_out.set()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(timeout, expire) if timeout else None
+    started = time.monotonic()
+    with _output_to(log_path):
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            status = supervisor.run()
+        finally:
+            finished.set()
+            if timer is not None:
+                timer.cancel()
+    user_signals = [] if timed_out.is_set() else list(supervisor.signals)
+    return LaunchOutcome(status=status, seconds=time.monotonic() - started,
+                         signal=user_signals[0] if user_signals else None, timed_out=timed_out.is_set())

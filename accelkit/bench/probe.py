@@ -1,0 +1,162 @@
+"""The bench probe, installed in every rank before the user's unmodified script (ACCELKIT_PROBES=accelkit.bench.probe).
+
+Per real optimizer step (the shared step clock: plain torch, Accelerate with accumulation, DeepSpeed engines) it
+records the step's wall time (from the end of the previous step to the end of this one, so the steps of a run add
+up to its wall time), the part of it spent blocked on data loaders, and the samples and tokens of the training
+loader's batches that went into it. At the end it adds the rank's peak memory (`torch.cuda.max_memory_allocated`
+on GPUs, peak RSS on CPU), the model's gradient bytes, and the error that ended the script if one did, and writes
+$ACCELKIT_PROBE_DIR/bench.rank<R>.json. The step limit ($ACCELKIT_PROBE_MAX_STEPS = warmup + steps) stops every
+rank cleanly with exit 0.
+
+Which loader trains: the one that yielded the last batch before a step (an evaluation loader iterated between two
+steps adds to the step's data wait, never to its samples).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+from accelkit.bench import PROBE_NAME, WARMUP_ENV
+from accelkit.bench.loaders import BatchSize, LoaderHooks
+from accelkit.probes import MAX_STEPS_ENV
+from accelkit.probes.results import write_rank_result
+from accelkit.probes.steps import StepEvent, clock
+
+
+class StepRecorder:
+    """Accumulates loader fetches between clock steps and closes one step record per clock step."""
+
+    def __init__(self, sync_at: tuple[int, ...] = ()) -> None:
+        self.sync_at = sync_at  # clock steps after which CUDA is synchronised (end of warmup, last measured step)
+        self.steps: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self.gradient_bytes: int | None = None
+        self.distributed: dict[str, Any] = {}
+        self.other_samples = 0  # batches of loaders that did not train (evaluation)
+        self.overhead_seconds = 0.0
+        self._interval_start: float | None = None
+        self._wait = 0.0
+        self._per_loader: dict[int, list[int]] = {}  # loader id -> [samples, tokens] since the last step
+        self._last_loader: int | None = None
+
+    # -- loader side -----------------------------------------------------------------------------------------
+    def on_fetch(self, loader_id: int, started: float, finished: float, size: BatchSize) -> None:
+        if self._interval_start is None:  # the first step starts when the loop first asks for data
+            self._interval_start = started
+        self._wait += finished - started
+        counts = self._per_loader.setdefault(loader_id, [0, 0])
+        counts[0] += size.samples
+        counts[1] += size.tokens
+        self._last_loader = loader_id
+
+    # -- clock side ------------------------------------------------------------------------------------------
+    def on_step(self, event: StepEvent) -> None:
+        if not event.is_clock:
+            return
+        finished = event.finished
+        if event.clock_steps in self.sync_at and _cuda_in_use():
+            # GPU work is asynchronous: wait for it at the edges of the measured window (only there), so the
+            # window holds exactly the measured steps' GPU work.
+            import torch
+
+            torch.cuda.synchronize()
+            finished = time.perf_counter()
+        entered = time.perf_counter()
+        if self.gradient_bytes is None:
+            self.gradient_bytes, self.distributed = model_facts(event)
+        start = self._interval_start if self._interval_start is not None else event.started
+        train = self._per_loader.pop(self._last_loader, [0, 0]) if self._last_loader is not None else [0, 0]
+        self.other_samples += sum(counts[0] for counts in self._per_loader.values())
+        self.steps.append({"step": event.clock_steps, "seconds": finished - start,
+                           "data_wait_s": min(self._wait, finished - start),
+                           "samples": train[0], "tokens": train[1]})
+        self._interval_start = finished
+        self._wait = 0.0
+        self._per_loader = {}
+        self._last_loader = None
+        self.overhead_seconds += time.perf_counter() - entered
+
+    def result(self, reason: str, loader_seconds: float) -> dict[str, Any]:
+        return {
+            "rank": int(os.environ.get("RANK", "0")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "pid": os.getpid(),
+            "reason": reason,
+            "error": self.error,
+            "steps": self.steps,
+            "other_samples": self.other_samples,
+            "gradient_bytes": self.gradient_bytes,
+            **self.distributed,
+            **peak_memory(),
+            "probe_overhead_s": self.overhead_seconds + loader_seconds,
+        }
+
+
+def model_facts(event: StepEvent) -> tuple[int | None, dict[str, Any]]:
+    """Gradient bytes of the model being stepped (global sizes: DTensor shapes are global, ZeRO-3 keeps ds_numel)
+    and what the distributed setup is, as far as the stepping object tells."""
+    stepper = event.optimizer
+    facts: dict[str, Any] = {"step_source": event.source}
+    if event.source == "deepspeed":
+        params = [p for p in stepper.module.parameters() if p.requires_grad]
+        facts["zero_stage"] = int(stepper.zero_optimization_stage())
+    else:
+        inner = getattr(stepper, "optimizer", stepper)  # Accelerate's AcceleratedOptimizer wraps the torch one
+        params = [p for group in getattr(inner, "param_groups", ()) for p in group["params"] if p.requires_grad]
+    if "accelerate" in sys.modules:
+        from accelerate.state import PartialState
+
+        if PartialState._shared_state:
+            facts["distributed_type"] = str(PartialState().distributed_type.value)
+    if not params:
+        return None, facts
+    total = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for p in params)
+    return total, facts
+
+
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def peak_memory() -> dict[str, Any]:
+    if _cuda_in_use():
+        import torch
+
+        return {"peak_memory_bytes": int(torch.cuda.max_memory_allocated()), "memory_kind": "cuda max allocated"}
+    # ru_maxrss is in KiB on Linux: the high-water mark of the process's resident set.
+    return {"peak_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
+            "memory_kind": "peak RSS"}
+
+
+_RECORDER: StepRecorder | None = None
+
+
+def install() -> None:
+    """Probe entry point: hook loaders and the step clock; write this rank's result when the run ends."""
+    global _RECORDER
+    if _RECORDER is not None:
+        return
+    warmup = int(os.environ.get(WARMUP_ENV, "0"))
+    limit = int(os.environ.get(MAX_STEPS_ENV, "0"))
+    recorder = _RECORDER = StepRecorder(sync_at=tuple(n for n in (warmup, limit) if n > 0))
+    loaders = LoaderHooks(recorder.on_fetch)
+    loaders.install()
+    step_clock = clock()
+    step_clock.on_step(recorder.on_step)
+    step_clock.on_finish(lambda reason: write_rank_result(
+        PROBE_NAME, recorder.result("error" if recorder.error else reason, loaders.counting_seconds)))
+
+    previous_hook = sys.excepthook
+
+    def record_error(kind, value, traceback) -> None:  # the script's uncaught exception ends the run
+        recorder.error = f"{kind.__name__}: {value}"[:500]
+        step_clock.finish("error")
+        previous_hook(kind, value, traceback)
+
+    sys.excepthook = record_error
+    step_clock.install()

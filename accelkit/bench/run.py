@@ -1,0 +1,143 @@
+"""`accelkit bench` as one library call: check everything, run the sweep, write the results, say what they mean."""
+
+from __future__ import annotations
+
+import io
+import os
+import platform
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelkit.bench.launching import (
+    LaunchSettings,
+    available_devices,
+    backend_of,
+    check_request,
+    check_script,
+    comm_request,
+    launched_backend,
+    script_request,
+)
+from accelkit.bench.plot import INSTALL_HINT, matplotlib_available, plot
+from accelkit.bench.report import bench_csv, bench_json, summary_text
+from accelkit.bench.spec import RESULT_NAMES, BenchSpec, check_counts, check_output
+from accelkit.bench.sweep import Sweep
+from accelkit.errors import AccelkitError
+from accelkit.fsio import atomic_write, remove_path, write_error
+
+
+@dataclass
+class BenchOutcome:
+    lines: list[str]  # the table and the diagnosis (stdout)
+    notes: list[str] = field(default_factory=list)  # where the files are, how to get the plot (stderr)
+    exit_code: int = 0
+    error: AccelkitError | None = None  # failed runs: reported after everything was written
+
+
+def threads_per_rank(spec: BenchSpec, cores: int) -> dict[str, str]:
+    """On CPU every run gives each rank the same cores (cores / largest world size), so speedup compares equal
+    ranks; a user's OMP_NUM_THREADS wins."""
+    if not spec.cpu or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cores // max(spec.world_sizes)))}
+
+
+def hardware(spec: BenchSpec, env: dict[str, str]) -> dict[str, Any]:
+    threads = env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    facts: dict[str, Any] = {"machine": platform.machine(), "cpu_cores": available_devices(cpu=True),
+                             "threads_per_rank": int(threads) if threads and threads.isdigit() else None,
+                             "machines": spec.machines}
+    if not spec.cpu:
+        import torch
+
+        if torch.cuda.is_available():
+            facts["gpus"] = torch.cuda.device_count()
+            facts["gpu_name"] = torch.cuda.get_device_name(0)
+    return facts
+
+
+def check_all(spec: BenchSpec, settings: LaunchSettings, backends: dict[str | None, str]) -> None:
+    """Every launch of the sweep passes launch's own checks before the first one starts."""
+    for run in spec.runs():
+        backend = backends[run.backend]
+        check_request(script_request(settings, launched_backend(backend, run.num_processes), run.num_processes,
+                                     spec.script or "", run.script_args, spec.module))
+    if spec.comm is not None:
+        for n in (n for n in spec.world_sizes if n >= 2):
+            backend = backends[spec.backends[0]]
+            check_request(comm_request(settings, launched_backend(backend, n), n, ()))
+
+
+def save(sweep: Sweep, facts: dict[str, Any]) -> None:
+    import json
+
+    output = sweep.spec.output
+    atomic_write(output / "bench.json", json.dumps(bench_json(sweep, facts), indent=2) + "\n")
+    if sweep.records:
+        atomic_write(output / "bench.csv", bench_csv(sweep))
+
+
+def draw(sweep: Sweep) -> list[str]:
+    if not any(r.summary is not None for r in sweep.records):
+        return []
+    path = sweep.spec.output / "scaling.png"
+    if not matplotlib_available():
+        return [f"scaling.png not drawn: matplotlib is not installed ({INSTALL_HINT}); the figures are in "
+                f"{sweep.spec.output / 'bench.json'}"]
+    label = "CPU rehearsal (gloo)" if sweep.spec.cpu else "GPUs"
+    buffer = io.BytesIO()
+    plot(sweep.records, buffer, f"accelkit bench: {Path(sweep.spec.script or '').name}, {label}, "
+                                f"{sweep.spec.scaling} scaling")
+    atomic_write(path, buffer.getvalue())
+    return [f"plot: {path}"]
+
+
+def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
+              progress: Callable[[str], None]) -> BenchOutcome:
+    check_counts(spec.steps, spec.warmup)
+    check_output(spec.output, force)
+    if spec.script is not None:
+        check_script(spec.script, spec.module)
+    backends = {asked: backend_of(settings, asked) for asked in spec.backends}
+    check_all(spec, settings, backends)
+
+    if force:
+        for name in RESULT_NAMES:  # only what an earlier bench wrote; other files in DIR stay
+            remove_path(spec.output / name)
+    env = threads_per_rank(spec, available_devices(cpu=True))
+    facts = hardware(spec, env)
+    try:
+        (spec.output / "runs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(exc, spec.output) from None
+    sweep = Sweep(spec, settings, backends, env, progress, lambda s: save(s, facts))
+    if env:
+        progress(f"CPU: {env['OMP_NUM_THREADS']} thread(s) per rank at every world size "
+                 "(set OMP_NUM_THREADS to choose)")
+    sweep.run_comm()
+    if sweep.stopped is None:
+        sweep.run_script()
+    sweep.finish()
+    save(sweep, facts)
+    notes = draw(sweep)
+    files = "bench.json, bench.csv" if sweep.records else "bench.json"
+    notes.append(f"results: {spec.output}/ ({files}; each run's output and per-rank step records in runs/)")
+    outcome = BenchOutcome(lines=summary_text(sweep, spec), notes=notes)
+    if sweep.interrupted_by is not None:
+        outcome.exit_code = 128 + sweep.interrupted_by
+        outcome.notes.append(f"interrupted (signal {signal.Signals(sweep.interrupted_by).name}): the runs that "
+                             f"finished are in {spec.output}/bench.json")
+        return outcome
+    failed = [r for r in [*sweep.comm, *sweep.records] if r.status != "ok"]
+    if failed:
+        first = failed[0]
+        stopped = f"; {sweep.stopped}" if sweep.stopped else ""
+        where = "the script's output above" if spec.show_output else spec.output / "runs" / first.folder_name / \
+            "output.log"
+        outcome.error = AccelkitError(f"{len(failed)} of {len(sweep.records) + len(sweep.comm)} run(s) failed, "
+                                      f"first {first.label}: {first.error}{stopped}", hint=f"see {where}")
+        outcome.exit_code = 1
+    return outcome

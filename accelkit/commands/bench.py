@@ -1,0 +1,99 @@
+"""`accelkit bench`: scaling efficiency, throughput and interconnect bandwidth of the user's own script."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from accelkit.commands.config_options import config_options_except, options_from_kwargs
+
+
+@click.command(name="bench", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="Start from this Accelerate config; options given here override its values.")
+@config_options_except("num_processes")
+@click.option("--num-processes", "num_processes_list", default=None, metavar="N,N,...",
+              help="World sizes to run, e.g. 1,2,4,8. Default: 1 and every power of two up to the GPUs present "
+                   "(with --cpu: up to the cores), times --num-machines.")
+@click.option("--compare-backends", default=None, metavar="B,B,...",
+              help="Run each of these backends (e.g. ddp,fsdp,deepspeed); default world size: the largest.")
+@click.option("--cpu", is_flag=True, default=False, help="CPU rehearsal: gloo ranks on this machine's cores.")
+@click.option("-m", "--module", is_flag=True, default=False, help="SCRIPT is a module name, run like `python -m`.")
+@click.option("--steps", type=int, default=20, show_default=True, metavar="N",
+              help="Measured optimizer steps per run (after warmup); every rank then stops cleanly.")
+@click.option("--warmup", type=int, default=5, show_default=True, metavar="W",
+              help="Optimizer steps run before measuring (first-step allocations, autotuning, caches).")
+@click.option("--scaling", type=click.Choice(("weak", "strong")), default="weak", show_default=True,
+              help="weak: per-device batch fixed (script arguments unchanged); strong: global batch fixed, each run "
+                   "gets global / N through --batch-arg.")
+@click.option("--batch-arg", default=None, metavar="FLAG",
+              help="The script's per-device batch flag, e.g. --per-device-batch-size (needed for --scaling strong).")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None, metavar="G",
+              help="Strong scaling's global batch. Default: the value of --batch-arg in the script's arguments.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True,
+              metavar="DIR", help="Folder for bench.json, bench.csv, scaling.png and each run's logs.")
+@click.option("--force", is_flag=True, default=False, help="Replace the results already in DIR.")
+@click.option("--comm", is_flag=True, default=False,
+              help="Time all-reduce, all-gather and reduce-scatter at each world size (nccl-tests conventions); "
+                   "with SCRIPT, also predict each step's communication time from the model's gradient bytes.")
+@click.option("--comm-sizes", default=None, metavar="MIN:MAX",
+              help="Message sizes for --comm, x4 apart. Default 1K:256M on GPUs, 4K:16M on CPU.")
+@click.option("--comm-iters", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Timed iterations per size for --comm. Default 20 on GPUs, 5 on CPU.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Stop a run that takes longer (recorded as timed out; the sweep goes on).")
+@click.option("--show-output", is_flag=True, default=False,
+              help="Show the script's output instead of saving it to DIR/runs/<run>/output.log.")
+@click.option("--rdzv-backend", default=None, metavar="NAME", help="torchrun rendezvous backend (multi-node).")
+@click.option("--rdzv-conf", default=None, metavar="K=V,...", help="Extra rendezvous settings for torchrun.")
+@click.option("--same-network", is_flag=True, default=None, help="All machines share one local network.")
+@click.argument("script", metavar="[SCRIPT]", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None, cpu: bool,
+            module: bool, steps: int, warmup: int, scaling: str, batch_arg: str | None, global_batch: int | None,
+            output: Path, force: bool, comm: bool, comm_sizes: str | None, comm_iters: int | None,
+            timeout: float | None, show_output: bool, rdzv_backend: str | None, rdzv_conf: str | None,
+            same_network: bool | None, script: str | None, script_args: tuple[str, ...], **kwargs: object) -> int:
+    """Measure how SCRIPT scales: a run per world size (and backend), each through `accelkit launch` with a probe
+    in every rank; the script is not edited. Everything after SCRIPT goes to the script.
+
+    \b
+      accelkit bench --cpu --backend ddp --num-processes 1,2 train.py --max-steps 1000
+      accelkit bench --num-processes 1,2,4,8 --backend fsdp train.py
+      accelkit bench --compare-backends ddp,fsdp,deepspeed --num-processes 8 train.py
+      accelkit bench --scaling strong --batch-arg --per-device-batch-size --global-batch 256 train.py
+      accelkit bench --comm --num-processes 8                # interconnect only
+      accelkit bench --comm --backend ddp train.py           # and predicted communication per step
+
+    Table: step time (median, p90; slowest rank), samples/s, tokens/s, speedup, efficiency, data-wait share, peak
+    memory per rank. Exit status: 0 when every run succeeded, 1 when one failed, 128+N when stopped by signal N.
+    """
+    from accelkit.bench.cli_spec import build_spec
+    from accelkit.bench.run import run_bench
+
+    if script_args[:1] == ("--",):
+        script_args = script_args[1:]
+    if script is None and not comm:
+        from accelkit.errors import AccelkitError
+
+        raise AccelkitError("no SCRIPT to bench", hint="accelkit bench [OPTIONS] SCRIPT [SCRIPT_ARGS]..., or "
+                                                       "`accelkit bench --comm` alone for the interconnect check")
+    options = options_from_kwargs(kwargs)
+    spec, settings = build_spec(
+        options=options, config_file=config_file, num_processes=num_processes_list,
+        compare_backends=compare_backends, cpu=cpu, module=module, steps=steps, warmup=warmup, scaling=scaling,
+        batch_arg=batch_arg, global_batch=global_batch, output=output, comm=comm, comm_sizes=comm_sizes,
+        comm_iters=comm_iters, timeout=timeout, show_output=show_output, rdzv_backend=rdzv_backend,
+        rdzv_conf=rdzv_conf, same_network=same_network, script=script, script_args=script_args,
+        command_line=shlex.join(["accelkit", *sys.argv[1:]]))
+    outcome = run_bench(spec, settings, force, progress=lambda line: click.echo(f"bench: {line}", err=True))
+    for line in outcome.lines:
+        click.echo(line)
+    for note in outcome.notes:
+        click.echo(f"bench: {note}", err=True)
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.exit_code

@@ -1,0 +1,131 @@
+"""`accelkit bench` failure paths: bad options refused before anything starts (nothing written), and runs that
+crash, lose a rank or are interrupted: reported in the table and bench.json, the sweep going on or stopping as a
+user would expect, no process left behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from helpers import DATA
+from helpers.faults import run_fault as harness_run
+
+
+def run_fault(args: list[str], **kwargs):
+    # Launches of concurrent tests fill the system temp folder: look for leftovers in a temp folder of our own.
+    return harness_run(args, **kwargs)
+
+COUNTED = DATA / "bench" / "counted_train.py"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('never run')\n")
+    return path
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--num-processes", "1,two"], r"--num-processes takes whole numbers"),
+    (["--scaling", "strong", "--batch-arg", "--bs", "--global-batch", "3", "--num-processes", "1,2"],
+     r"global batch 3 does not split evenly over 2"),
+    (["--compare-backends", "ddp,fsdp", "--backend", "ddp"], r"--backend and --compare-backends"),
+])  # every other option check: tests/unit/bench/test_bench_cli_spec.py (same path, in-process)
+def test_bad_options_are_refused_before_anything_starts(args: list[str], match: str, tmp_path: Path,
+                                                        script: Path) -> None:
+    result = run_fault(["bench", "--cpu", "--num-processes", "1", "-o", str(tmp_path / "out"), *args, str(script)],
+                       watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(match)
+
+
+def test_no_script(tmp_path: Path) -> None:
+    run_fault(["bench", "--cpu"], watch=[tmp_path], cwd=tmp_path).assert_refused("no SCRIPT to bench")
+
+
+def test_a_missing_script(tmp_path: Path) -> None:
+    run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), str(tmp_path / "nope.py")], watch=[tmp_path],
+              cwd=tmp_path).assert_refused(r"script not found: .*nope\.py")
+
+
+@pytest.mark.slow  # builds the configs with Accelerate (a few seconds of imports)
+def test_an_impossible_config_is_refused_by_launchs_own_checks(tmp_path: Path, script: Path) -> None:
+    run_fault(["bench", "--cpu", "--backend", "ddp", "--zero-stage", "2", "--num-processes", "2", "-o",
+               str(tmp_path / "out"), str(script)], watch=[tmp_path], cwd=tmp_path).assert_refused(r"zero-stage")
+
+
+def test_earlier_results_are_kept_unless_forced(tmp_path: Path, script: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bench.json").write_text('{"runs": []}')
+    run_fault(["bench", "--cpu", "-o", str(out), str(script)], watch=[tmp_path],
+              cwd=tmp_path).assert_refused("already holds results")
+    (tmp_path / "file").write_text("x")
+    run_fault(["bench", "--cpu", "-o", str(tmp_path / "file"), str(script)], watch=[tmp_path],
+              cwd=tmp_path).assert_refused("a file is in the way")
+
+
+# -- real runs that fail -----------------------------------------------------------------------------------------
+def results(out: Path) -> list[dict]:
+    return json.loads((out / "bench.json").read_text())["runs"]
+
+
+@pytest.mark.slow
+def test_a_script_that_fails_at_once_stops_the_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "1,2", "--warmup", "0", "--steps",
+                        "2", "-o", str(out), str(COUNTED), "--crash-at-world-size", "1"], watch=[tmp_path],
+                       cwd=tmp_path, kind="script crash", expect="refused")
+    line = result.assert_refused(r"1 of 1 run\(s\) failed, first ddp x1: rank 0: RuntimeError: deliberate failure",
+                                 owned=[out])
+    assert "sweep stopped" in line
+    (run,) = results(out)  # the 2-process run was not started: the same error would repeat
+    assert run["status"] == "failed" and run["exit_code"] == 1 and run["speedup"] is None
+    assert "RuntimeError: deliberate failure" in (out / "runs" / "ddp-np1" / "output.log").read_text()
+    assert "FAILED" in result.stdout
+    # The end of the script's output, where its error is, is shown under the progress line.
+    assert [line for line in result.stderr.splitlines() if line.startswith("bench:   | ") and "deliberate" in line]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_reported_and_nothing_is_orphaned(tmp_path: Path) -> None:
+    # (Whether the sweep goes on after such a failure: tests/unit/bench/test_bench_sweep.py.)
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "2", "--warmup", "1", "--steps",
+                        "3", "-o", str(out), str(COUNTED), "--kill-rank", "1"], watch=[tmp_path], cwd=tmp_path,
+                       kind="rank killed", expect="refused")
+    # The cause is the killed rank, not the survivor's "connection reset by peer".
+    result.assert_refused(r"1 of 1 run\(s\) failed, first ddp x2: a rank was killed by SIGKILL", owned=[out])
+    (run,) = results(out)
+    assert run["status"] == "failed" and run["exit_code"] == 128 + signal.SIGKILL and run["samples_per_s"] is None
+    assert "ddp  2 process(es): FAILED: a rank was killed by SIGKILL" in result.stdout
+    assert (out / "bench.csv").read_text().count("\n") == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_and_the_sweep_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "2", "--warmup", "1", "--steps",
+                        "100000", "--show-output", "-o", str(out), str(COUNTED), "--slow-data", "0.05"],
+                       watch=[tmp_path], cwd=tmp_path, send_signal=("RANK 1 TRAINING", signal.SIGINT),
+                       kind="signal", expect="signal")
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert not result.orphans
+    # --show-output shows the ranks' own KeyboardInterrupt tracebacks ("[rankN]: ..."); accelkit prints none.
+    assert not [line for line in result.stderr.splitlines() if "Traceback" in line and not line.startswith("[rank")]
+    assert not result.touched_outside([out])
+    (run,) = results(out)
+    assert run["status"] == "interrupted"
+    assert "interrupted (signal SIGINT)" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_run_over_its_timeout_is_stopped_and_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "1", "--timeout", "4", "-o", str(out),
+                        str(COUNTED), "--slow-data", "30"], watch=[tmp_path], cwd=tmp_path, kind="hang",
+                       expect="refused", timeout=120)
+    result.assert_refused(r"1 of 1 run\(s\) failed, first ddp x1: timed out", owned=[out])
+    (run,) = results(out)
+    assert run["status"] == "timed out" and run["wall_time_s"] < 60

@@ -1,0 +1,146 @@
+"""`accelkit bench` on real gloo ranks: templates under ddp, fsdp and deepspeed at 1 and 2 processes, the probe's
+counts against the scripts' own logging, the data-bound diagnosis, and --comm against a direct all_reduce timing.
+Each launch is checked for several things at once (the budget is a few minutes on two cores)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import DATA, REPO_ROOT
+from helpers.faults import run_fault
+from PIL import Image
+
+from accelkit.probes.results import read_results
+
+COUNTED = DATA / "bench" / "counted_train.py"
+REQUIRED = {"num_processes": int, "backend": str, "steps": int, "samples_per_s": float, "speedup": float,
+            "efficiency": float, "data_wait_share": float, "peak_memory_bytes": int}
+
+
+def bench(work: Path, *args: str, timeout: float = 900):
+    result = run_fault(["bench", "--cpu", "-o", str(work / "results"), *args], watch=[work], cwd=work,
+                       kind="bench run", expect="ok", timeout=timeout)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert not result.orphans, result.orphans  # the step limit stopped every rank; nothing outlived the command
+    assert not result.touched_outside([work / "results", work / "train-out"])
+    assert not result.leftovers, result.leftovers
+    return result, json.loads((work / "results" / "bench.json").read_text())
+
+
+def run_folder(work: Path, run: dict) -> Path:
+    return work / "results" / "runs" / f"{run['backend']}-np{run['num_processes']}"
+
+
+@pytest.mark.parametrize("template", ["minimal", "causal-lm"])
+def test_templates_under_every_backend_at_one_and_two_ranks(template: str, tmp_path: Path) -> None:
+    warmup, steps = 1, 2
+    result, data = bench(tmp_path, "--compare-backends", "ddp,fsdp,deepspeed", "--num-processes", "1,2",
+                         "--warmup", str(warmup), "--steps", str(steps), str(REPO_ROOT / "templates" / template /
+                                                                            "train.py"),
+                         "--log-every", "1", "--output-dir", str(tmp_path / "train-out"))
+    runs = data["runs"]
+    assert [(r["backend"], r["num_processes"]) for r in runs] == [
+        (b, n) for b in ("ddp", "fsdp", "deepspeed") for n in (1, 2)]
+    for run in runs:
+        assert run["status"] == "ok", run
+        for key, kind in REQUIRED.items():
+            assert isinstance(run[key], kind), (key, run)
+        assert set(run["step_time_s"]) >= {"median", "p90"} and run["steps"] == steps
+        log = (run_folder(tmp_path, run) / "output.log").read_text()
+        # The script's own log: one "step k |" line per optimizer step, and the effective batch it trains with.
+        logged_steps = [int(k) for k in re.findall(r"step (\d+) \| loss", log)]
+        assert logged_steps == list(range(1, warmup + steps + 1)), (run["backend"], run["num_processes"])
+        effective = int(re.search(r"effective batch (\d+) =", log).group(1))
+        ranks = read_results(run_folder(tmp_path, run), "bench")
+        assert len(ranks) == run["num_processes"]
+        for rank in ranks:  # stopped cleanly at the limit, every rank after the same steps
+            assert rank["reason"] == "step limit" and [s["step"] for s in rank["steps"]] == logged_steps
+            assert sum(s["seconds"] for s in rank["steps"]) < run["wall_time_s"]
+        per_step = [sum(rank["steps"][i]["samples"] for rank in ranks) for i in range(warmup + steps)]
+        assert per_step == [effective] * (warmup + steps)
+        assert run["samples"] == effective * steps
+        assert run["samples_per_s"] == pytest.approx(run["samples"] / run["measured_time_s"])
+        if template == "causal-lm":  # batches carry input_ids: tokens = samples x block size
+            tokens = int(re.search(r"\((\d+) tokens\)", log).group(1))
+            assert run["tokens"] == tokens * steps and run["tokens_per_s"] > run["samples_per_s"]
+        else:
+            assert run["tokens_per_s"] is None
+    assert [r["launched_backend"] for r in runs[:2]] == ["single", "ddp"]
+    for one, two in zip(runs[::2], runs[1::2], strict=True):  # speedup against the backend's own 1-process run
+        assert one["speedup"] == 1.0
+        assert two["speedup"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
+        assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    table = result.stdout.splitlines()
+    assert table[0].startswith("CPU rehearsal figures") and len([x for x in table if re.match(r"\w+ +[12] ", x)]) == 6
+    assert len(re.findall(r"^bench: \[\d/6\] .* ms/step", result.stderr, re.M)) == 6  # a progress line per run
+    rows = list(csv.DictReader((tmp_path / "results" / "bench.csv").open()))
+    assert [int(r["num_processes"]) for r in rows] == [1, 2] * 3
+    with Image.open(tmp_path / "results" / "scaling.png") as image:
+        assert image.format == "PNG" and image.size == (1000, 400)
+
+
+def test_counts_and_times_match_the_scripts_own_and_comm_predicts_the_step(tmp_path: Path) -> None:
+    """Accumulation 2, an evaluation loader between steps, 2 ddp ranks; --comm at the same world size, its
+    all-reduce checked against a direct timing of torch.distributed.all_reduce."""
+    warmup, steps, size, iters = 1, 4, 2**20, 40
+    _, data = bench(tmp_path, "--comm", "--comm-sizes", f"16K:{size}", "--comm-iters", str(iters), "--backend", "ddp",
+                    "--num-processes", "2", "--warmup", str(warmup), "--steps", str(steps), str(COUNTED),
+                    "--accumulation", "2", "--eval-every", "2", "--batch", "8")
+    (run,) = data["runs"]
+    log = (run_folder(tmp_path, run) / "output.log").read_text()
+    ranks = read_results(run_folder(tmp_path, run), "bench")
+    for rank in ranks:
+        r = rank["rank"]
+        logged = [tuple(map(float, m)) for m in re.findall(
+            rf"RANK {r} STEP (\d+) SAMPLES (\d+) TOKENS (\d+) T ([\d.]+)", log)]
+        assert [int(x[0]) for x in logged] == list(range(1, warmup + steps + 1)) and f"RANK {r} DONE" not in log
+        assert [s["samples"] for s in rank["steps"]] == [16] * 5 and logged[-1][1] == 16 * 5
+        assert sum(s["tokens"] for s in rank["steps"]) == logged[-1][2]
+        assert rank["other_samples"] == 2 * 16  # two evaluations of 32 samples split over 2 ranks
+        # The measured steps add up to the script's own clock between the end of warmup and the last step.
+        script_seconds = logged[-1][3] - logged[warmup - 1][3]
+        probe_seconds = sum(s["seconds"] for s in rank["steps"][warmup:])
+        assert probe_seconds == pytest.approx(script_seconds, rel=0.05, abs=0.02)
+    params = int(re.search(r"RANK 0 PARAMS (\d+)", log).group(1))
+    assert run["gradient_bytes"] == params * 4
+
+    (comm,) = data["comm"]
+    rows = {(row["op"], row["size_bytes"]): row for row in comm["results"]}
+    assert {op for op, _ in rows} == {"all_reduce", "all_gather", "reduce_scatter"}
+    for (op, row_size), row in rows.items():  # nccl-tests: algbw = size / time, busbw = algbw x factor
+        factor = 1.0 if op == "all_reduce" else 0.5  # 2(N-1)/N and (N-1)/N at N = 2
+        assert row["algbw_gbs"] == pytest.approx(row_size / (row["time_us"] * 1e-6) / 1e9)
+        assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * factor)
+    # The prediction: the all-reduce row nearest the gradient bytes; 2(N-1)/N = 1 at N = 2, so D / busbw.
+    nearest = min((row for (op, _), row in rows.items() if op == "all_reduce"),
+                  key=lambda row: abs(math.log(row["size_bytes"] / (params * 4))))
+    assert run["comm_busbw_gbs"] == pytest.approx(nearest["busbw_gbs"])
+    assert run["predicted_comm_s"] == pytest.approx(params * 4 / (nearest["busbw_gbs"] * 1e9))
+
+    direct = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                             str(DATA / "bench" / "direct_allreduce.py"), str(size), str(iters)], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    seconds = float(re.search(r"SECONDS ([\d.e-]+)", direct.stdout).group(1))
+    direct_busbw = size / seconds / 1e9  # x 2(N-1)/N = 1
+    # The same collective timed two ways on a shared machine: the same order of magnitude, not the same figure.
+    assert direct_busbw / 3 < rows[("all_reduce", size)]["busbw_gbs"] < direct_busbw * 3
+
+
+def test_data_bound_and_compute_bound_are_told_apart(tmp_path: Path) -> None:
+    """One sweep: compute-heavy steps at 1 process, the same script with a slow __getitem__ at 2."""
+    result, data = bench(tmp_path, "--backend", "ddp", "--num-processes", "1,2", "--warmup", "1", "--steps", "4",
+                         str(COUNTED), "--compute", "300", "--compute-at-world-size", "1", "--hidden", "256", "--batch",
+                         "4", "--slow-data", "0.02", "--slow-data-at-world-size", "2")
+    compute_bound, data_bound = data["runs"]
+    assert compute_bound["data_wait_share"] < 0.15 and data_bound["data_wait_share"] > 0.6
+    notes = [line for line in result.stdout.splitlines() if "waiting for data" in line]
+    assert len(notes) == 1 and notes[0].startswith("ddp x2: ")

@@ -1,0 +1,62 @@
+"""Command-line values -> the checked sweep: defaults, and every refusal made before anything starts (the
+subprocess contract of these errors is in tests/faults/test_bench_faults.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accelkit.bench.cli_spec import build_spec
+from accelkit.bench.spec import check_counts
+from accelkit.configs.options import ConfigOptions
+from accelkit.errors import AccelkitError
+
+
+def spec(**overrides):
+    values = dict(options=ConfigOptions(), config_file=None, num_processes="1,2", compare_backends=None, cpu=True,
+                  module=False, steps=5, warmup=1, scaling="weak", batch_arg=None, global_batch=None,
+                  output=Path("out"), comm=False, comm_sizes=None, comm_iters=None, timeout=None, show_output=False,
+                  rdzv_backend=None, rdzv_conf=None, same_network=None, script="train.py",
+                  script_args=("--bs", "8"), command_line="accelkit bench")
+    values.update(overrides)
+    return build_spec(**values)[0]
+
+
+def test_defaults() -> None:
+    plain = spec()
+    assert plain.backends == ("ddp",) and plain.world_sizes == (1, 2) and plain.comm is None
+    assert spec(options=ConfigOptions(backend="fsdp")).backends == ("fsdp",)
+    compare = spec(compare_backends="ddp,deepspeed", num_processes=None)
+    assert compare.backends == ("ddp", "deepspeed") and len(compare.world_sizes) == 1  # the largest only
+    comm = spec(comm=True).comm
+    assert comm.sizes[0] == 4096 and comm.sizes[-1] == 16 * 2**20 and comm.iters == 5 and comm.warmup == 1
+    assert spec(comm=True, cpu=False, comm_sizes="1K:4K", comm_iters=8).comm.sizes == (1024, 4096)
+    strong = spec(scaling="strong", batch_arg="--bs")
+    assert strong.global_batch == 8 and [r.script_args for r in strong.runs()] == [("--bs", "8"), ("--bs", "4")]
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"num_processes": "1,two"}, r"--num-processes takes whole numbers"),
+    ({"num_processes": "0"}, r"--num-processes takes whole numbers"),
+    ({"scaling": "strong"}, r"--scaling strong needs the script's batch-size flag"),
+    ({"scaling": "strong", "batch_arg": "--lr"}, r"no global batch"),
+    ({"scaling": "strong", "batch_arg": "--bs", "global_batch": 3}, r"global batch 3 does not split evenly over 2"),
+    ({"compare_backends": "ddp,horovod"}, r"unknown backend horovod"),
+    ({"compare_backends": "ddp", "options": ConfigOptions(backend="fsdp")}, r"--backend and --compare-backends"),
+    ({"comm": True, "comm_sizes": "big"}, r"--comm-sizes big"),
+    ({"comm": True, "comm_sizes": "16M:4K"}, r"--comm-sizes 16M:4K"),
+    ({"num_processes": "3", "options": ConfigOptions(num_machines=2)}, r"cannot be spread evenly over 2 machines"),
+])
+def test_refusals(overrides: dict, match: str) -> None:
+    with pytest.raises(AccelkitError, match=match) as error:
+        spec(**overrides)
+    assert error.value.hint
+
+
+def test_step_counts() -> None:
+    check_counts(1, 0)
+    with pytest.raises(AccelkitError, match="--steps must be at least 1"):
+        check_counts(0, 1)
+    with pytest.raises(AccelkitError, match="--warmup cannot be negative"):
+        check_counts(3, -1)

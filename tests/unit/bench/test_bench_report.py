@@ -1,0 +1,118 @@
+"""bench.json (the names issue 12 promises), bench.csv, the table, the diagnosis and scaling.png, from recorded
+runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from accelkit.bench import run as bench_run
+from accelkit.bench.launching import LaunchSettings
+from accelkit.bench.report import CSV_COLUMNS, bench_csv, bench_json, diagnosis, run_table, summary_text
+from accelkit.bench.spec import BenchSpec, RunSpec
+from accelkit.bench.stats import summarize
+from accelkit.bench.sweep import RunRecord, Sweep
+
+
+def ranks(step: float, wait: float, samples: int, world: int) -> list[dict]:
+    return [{"rank": r, "steps": [{"step": i, "seconds": step, "data_wait_s": wait, "samples": samples,
+                                   "tokens": samples * 16} for i in range(1, 6)],
+             "peak_memory_bytes": 2**30 + r, "memory_kind": "peak RSS", "gradient_bytes": 4000,
+             "probe_overhead_s": 0.001} for r in range(world)]
+
+
+def make_sweep(tmp_path: Path, backends=("ddp",), sizes=(1, 2, 4), waits=None) -> Sweep:
+    spec = BenchSpec(script="train.py", script_args=("--x", "1"), module=False, world_sizes=sizes, backends=backends,
+                     steps=4, warmup=1, cpu=True, output=tmp_path)
+    sweep = Sweep(spec, LaunchSettings(options=None), {b: b for b in backends}, {}, lambda line: None,
+                  lambda s: None)
+    step_times = {1: 0.10, 2: 0.11, 4: 0.16}
+    for run in spec.runs():
+        n = run.num_processes
+        wait = (waits or {}).get(n, 0.005)
+        record = RunRecord(spec=run, backend=run.backend, launched="single" if n == 1 else run.backend,
+                           wall_s=3.0, ranks=ranks(step_times[n], wait, 8, n))
+        record.summary = summarize(record.ranks, warmup=1)
+        sweep.records.append(record)
+    failed = RunRecord(spec=RunSpec(9, 9, backends[0], 8, ()), backend=backends[0], launched=backends[0],
+                       status="failed", exit_code=137, error="a rank was killed by SIGKILL")
+    sweep.records.append(failed)
+    sweep.finish()
+    return sweep
+
+
+def test_json_keeps_the_promised_names(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path)
+    data = json.loads(json.dumps(bench_json(sweep, {"cpu_cores": 2})))
+    runs = data["runs"]
+    assert len(runs) == 4
+    for run in runs[:3]:
+        assert isinstance(run["num_processes"], int) and run["backend"] == "ddp" and run["steps"] == 4
+        assert set(run["step_time_s"]) >= {"median", "p90"}
+        for key in ("samples_per_s", "speedup", "efficiency", "data_wait_share"):
+            assert isinstance(run[key], float), key
+        assert isinstance(run["peak_memory_bytes"], int)
+    one, two, four = runs[:3]
+    assert one["speedup"] == 1.0 and one["launched_backend"] == "single"
+    # 2 ranks x 8 samples per 0.11 s vs 8 per 0.10 s
+    assert two["speedup"] == pytest.approx((16 / 0.11) / (8 / 0.10))
+    assert four["efficiency"] == pytest.approx(four["speedup"] / 4)
+    assert runs[3]["status"] == "failed" and runs[3]["speedup"] is None and "SIGKILL" in runs[3]["error"]
+
+
+def test_csv_has_a_row_per_run(tmp_path: Path) -> None:
+    rows = list(csv.DictReader(io.StringIO(bench_csv(make_sweep(tmp_path)))))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert [r["num_processes"] for r in rows] == ["1", "2", "4", "8"]
+    assert float(rows[1]["samples_per_s"]) == pytest.approx(16 / 0.11)
+    assert rows[3]["status"] == "failed" and rows[3]["samples_per_s"] == ""
+
+
+def test_table_and_diagnosis(tmp_path: Path) -> None:
+    lines = summary_text(make_sweep(tmp_path, waits={4: 0.08}), make_sweep(tmp_path).spec)
+    assert lines[0].startswith("CPU rehearsal figures")
+    header = lines[1].split()
+    assert header[:4] == ["backend", "procs", "steps", "step"] and "tokens/s" in header
+    assert lines[2].split()[:3] == ["ddp", "1", "4"] and "1.00x" in lines[2]
+    assert any("ddp  8 process(es): FAILED: a rank was killed by SIGKILL" in line for line in lines)
+    notes = diagnosis(make_sweep(tmp_path, waits={4: 0.08}))
+    assert len(notes) == 1 and notes[0].startswith("ddp x4: 50% of each step is spent waiting for data")
+    clean = make_sweep(tmp_path)  # efficiency 1/1.6 at 4 processes, little data wait
+    assert [line.split(":")[0] for line in diagnosis(clean)] == ["ddp x4"] and "not data-bound" in diagnosis(clean)[0]
+    clean.records[0].note = "the script ended after 4 steps"
+    assert diagnosis(clean)[0] == "ddp x1: the script ended after 4 steps"
+
+
+def test_png_of_the_expected_size(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path, backends=("ddp", "fsdp"))
+    assert bench_run.draw(sweep) == [f"plot: {tmp_path / 'scaling.png'}"]
+    with Image.open(tmp_path / "scaling.png") as image:
+        assert image.format == "PNG" and image.size == (1000, 400)
+        image.verify()
+    compare = make_sweep(tmp_path / "compare", backends=("ddp", "fsdp"), sizes=(2,))
+    (tmp_path / "compare").mkdir()
+    bench_run.draw(compare)
+    with Image.open(tmp_path / "compare" / "scaling.png") as image:
+        assert image.size == (1000, 400)
+
+
+def test_without_matplotlib_it_says_how_to_get_the_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_run, "matplotlib_available", lambda: False)
+    (note,) = bench_run.draw(make_sweep(tmp_path))
+    assert "pip install 'accelkit[plot]'" in note and not (tmp_path / "scaling.png").exists()
+
+
+def test_predicted_communication_in_the_table_and_the_diagnosis(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path)  # 4 processes: 0.16 s per step, efficiency 62%
+    four = sweep.records[2]
+    four.comm_predicted_s = 0.08
+    lines = run_table(sweep)
+    assert lines[0].split()[-2:] == ["comm", "(pred.)"] and lines[3].endswith("80.0 ms (50%)")
+    assert "communication-bound" in diagnosis(sweep)[0]
+    four.comm_predicted_s = 0.008
+    assert "(5%" not in diagnosis(sweep)[0] and "not the interconnect" in diagnosis(sweep)[0]

@@ -1,0 +1,84 @@
+"""The sweep's failure policy with the launches replaced by recorded outcomes: a script error before any success
+stops the sweep; out of memory, a killed rank or a failure after a success is recorded and the sweep goes on;
+an interruption stops it."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from accelkit.bench import sweep as sweep_module
+from accelkit.bench.launching import LaunchOutcome, LaunchSettings
+from accelkit.bench.spec import BenchSpec
+from accelkit.bench.sweep import Sweep
+from accelkit.configs.options import ConfigOptions
+
+OK = (LaunchOutcome(status=0, seconds=1.0), None)
+
+
+def ranks_for(n: int, error: str | None = None) -> list[dict]:
+    steps = [{"step": i, "seconds": 0.1, "data_wait_s": 0.0, "samples": 4, "tokens": 0} for i in range(1, 4)]
+    return [{"rank": r, "steps": steps, "error": error, "peak_memory_bytes": 1} for r in range(n)]
+
+
+def run_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcomes: dict[int, tuple[LaunchOutcome, str | None]],
+              sizes=(1, 2, 4, 8)) -> Sweep:
+    launched: list[int] = []
+    current: dict[str, int] = {}
+
+    def fake_launch(request, **kwargs) -> LaunchOutcome:
+        n = request.options.num_processes
+        launched.append(n)
+        current["n"] = n
+        return outcomes.get(n, OK)[0]
+
+    def fake_results(folder: Path, probe: str) -> list[dict]:
+        n = current["n"]
+        return ranks_for(n, outcomes.get(n, OK)[1])
+
+    monkeypatch.setattr(sweep_module, "run_launch", fake_launch)
+    monkeypatch.setattr(sweep_module, "read_results", fake_results)
+    spec = BenchSpec(script="train.py", script_args=(), module=False, world_sizes=sizes, backends=("ddp",), steps=2,
+                     warmup=1, cpu=True, output=tmp_path)
+    sweep = Sweep(spec, LaunchSettings(options=ConfigOptions()), {"ddp": "ddp"}, {}, lambda line: None,
+                  lambda s: None)
+    sweep.run_script()
+    sweep.launched = launched  # type: ignore[attr-defined]
+    return sweep
+
+
+def test_a_script_error_before_any_success_stops_the_sweep(tmp_path, monkeypatch) -> None:
+    sweep = run_sweep(tmp_path, monkeypatch, {1: (LaunchOutcome(1, 1.0), "ValueError: bad flag")})
+    assert sweep.launched == [1] and "stopped" in sweep.stopped
+    assert sweep.records[0].error == "rank 0: ValueError: bad flag"
+
+
+def test_out_of_memory_at_first_goes_on(tmp_path, monkeypatch) -> None:
+    sweep = run_sweep(tmp_path, monkeypatch, {1: (LaunchOutcome(1, 1.0), "OutOfMemoryError: CUDA out of memory"),
+                                              2: (LaunchOutcome(128 + signal.SIGKILL, 1.0), None)})
+    assert sweep.launched == [1, 2, 4, 8] and sweep.stopped is None
+    assert [r.status for r in sweep.records] == ["failed", "failed", "ok", "ok"]
+    assert "SIGKILL" in sweep.records[1].error
+    sweep.finish()  # the baseline is the smallest world size that succeeded
+    assert sweep.records[2].scaling.baseline_num_processes == 4 and sweep.records[3].scaling.speedup == 2.0
+
+
+def test_failures_after_a_success_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch) -> None:
+    sweep = run_sweep(tmp_path, monkeypatch, {4: (LaunchOutcome(1, 1.0), "RuntimeError: NCCL timeout")})
+    assert sweep.launched == [1, 2, 4, 8] and [r.status for r in sweep.records] == ["ok", "ok", "failed", "ok"]
+
+
+def test_an_interruption_stops_the_sweep(tmp_path, monkeypatch) -> None:
+    sweep = run_sweep(tmp_path, monkeypatch, {2: (LaunchOutcome(130, 1.0, signal=signal.SIGINT), None)})
+    assert sweep.launched == [1, 2] and sweep.stopped == "interrupted" and sweep.interrupted_by == signal.SIGINT
+    assert sweep.records[1].status == "interrupted"
+
+
+def test_a_script_that_ends_before_the_limit_is_named(tmp_path, monkeypatch) -> None:
+    sweep = run_sweep(tmp_path, monkeypatch, {}, sizes=(1,))  # 3 steps done, warmup 1 + steps 2 asked: enough
+    assert sweep.records[0].note is None
+    sweep.spec = BenchSpec(**{**sweep.spec.__dict__, "steps": 5})
+    record = sweep._run_one(sweep.spec.runs()[0])
+    assert record.status == "ok" and record.note.startswith("the script ended after 3 steps: 2 measured")
