@@ -69,14 +69,19 @@ def resolve_config(request: LaunchRequest) -> tuple[dict[str, Any], dict[str, An
     return config, base, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(steps)}
 
 
-def check_gpus(config: dict[str, Any]) -> None:
-    """A GPU backend on a machine without (enough) GPUs would start ranks that never connect: refuse instead."""
+def check_gpus(config: dict[str, Any], config_file: Path | None = None) -> None:
+    """A GPU backend on a machine without (enough) GPUs would start ranks that never connect: refuse instead.
+    `config_file`: the --config FILE the backend came from (None when --backend chose it)."""
     import torch
 
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     name = backend_name(config)
     machines = int(config.get("num_machines", 1) or 1)
     per_machine = int(config.get("num_processes", 1) or 1) // max(machines, 1)
+    if available == 0 and config_file is not None:  # say what the user gave: the file (issue #14 item 9)
+        raise AccelkitError(f"{config_file} is a {name} config, which needs GPUs, and this machine has none",
+                            hint=f"add --cpu to rehearse it on {per_machine} CPU processes "
+                                 f"(`accelkit launch --cpu --config {config_file} ...`)")
     if available == 0:
         raise AccelkitError(f"--backend {name} runs on GPUs, and this machine has none",
                             hint=f"add --cpu to rehearse {name} on {per_machine} CPU processes "
@@ -149,9 +154,13 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         notes = list(rehearsal_plan.notes)
     elif check_hardware:
         if needs_gpus(config):
-            check_gpus(config)
+            check_gpus(config, None if request.options.backend else request.config_file)
         if config.get("distributed_type") == "DEEPSPEED":
             check_deepspeed()
+    if not cpu:  # NCCL flight recorder for GPU launches (accelkit.launch.collective_debug, issue #15)
+        from accelkit.launch.collective_debug import gpu_debug_env
+
+        env.update(gpu_debug_env())
 
     env = {**config_env, **env}
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too

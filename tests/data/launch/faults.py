@@ -1,0 +1,87 @@
+"""Rank behaviours for the launch fault and watchdog tests: `accelkit launch ... faults.py MODE [ARGS]`.
+
+Every rank prints `FAULTS ready rank=R` once its job is up (tests wait for it before sending signals).
+"""
+
+import os
+import sys
+import time
+
+mode = sys.argv[1]
+rank = int(os.environ.get("RANK", "0"))
+
+
+def ready() -> None:
+    print(f"FAULTS ready rank={rank}", flush=True)
+
+
+def segfault() -> None:  # rank 0 dies of SIGSEGV in native code; rank 1 would wait forever
+    import ctypes
+
+    ready()
+    if rank == 0:
+        ctypes.string_at(0)  # rank 0 dies here
+    time.sleep(600)
+
+
+def sleep() -> None:  # every rank just waits (signal tests)
+    ready()
+    time.sleep(600)
+
+
+def collectives() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    ready()
+    if mode == "stall-in-python":  # rank 1 stalls outside any collective while rank 0 waits in all_reduce
+        if rank == 1:
+            time.sleep(600)  # rank 1 stalls here
+        dist.all_reduce(tensor)  # rank 0 waits here
+    elif mode == "branch":  # rank 1 took another branch: barrier while rank 0 is in all_reduce
+        if rank == 1:
+            dist.barrier()  # rank 1 branch
+        else:
+            dist.all_reduce(tensor)  # rank 0 branch
+    elif mode == "slow":  # slow but progressing: silent pauses, each shorter than the stall timeout
+        steps, pause = int(sys.argv[2]), float(sys.argv[3])
+        for step in range(steps):
+            time.sleep(pause)
+            dist.all_reduce(tensor)
+            print(f"FAULTS step {step} rank={rank}", flush=True)
+    dist.destroy_process_group()
+
+
+def scalar_parameter() -> None:  # a model with a 0-dim parameter, prepared by Accelerate
+    import torch
+    from accelerate import Accelerator
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.temperature = torch.nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, x):
+            return self.linear(x) / self.temperature
+
+    accelerator = Accelerator()
+    model = Scaled()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    accelerator.prepare(model, optimizer)
+
+
+def cuda_tensor() -> None:  # a tensor created straight on a GPU: nothing to map it to on CPU
+    import torch
+    from accelerate import Accelerator
+
+    Accelerator()
+    noise = torch.randn(4, device="cuda")  # needs a GPU
+    print(noise)
+
+
+{"segfault": segfault, "sleep": sleep, "stall-in-python": collectives, "branch": collectives, "slow": collectives,
+ "scalar-parameter": scalar_parameter, "cuda-tensor": cuda_tensor}[mode]()
