@@ -43,6 +43,10 @@ PAIRS: list[tuple[str, str, tuple[str, ...]]] = [
     ("test_ddp_comm_hook.py", "ddp", ()),
 ]
 STALL_TIMEOUT = "120"  # seconds: a rehearsal of these tiny models never sits idle that long unless it hangs
+# DeepSpeed JIT-builds its shared-memory comm op into ~/.cache/torch_extensions on first use (a minute or two); one
+# cache per virtualenv keeps other venvs on the machine from invalidating it, so DeepSpeed rows time the rehearsal,
+# not the compiler (the first DeepSpeed row after a fresh install includes the build).
+EXTENSIONS = Path.home() / ".cache" / "torch_extensions" / f"accelkit-bench-{Path(sys.prefix).name}"
 
 
 @dataclass
@@ -77,7 +81,7 @@ def classify(returncode: int, stderr: str) -> tuple[str, str]:
 
 
 def run_pair(script: Path, backend: str, extra: tuple[str, ...], timeout: float = 1500) -> Outcome:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(EXTENSIONS)}
     command = [sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", backend, "--num-processes", "2",
                "--stall-timeout", STALL_TIMEOUT, *extra, str(script)]
     start = time.monotonic()

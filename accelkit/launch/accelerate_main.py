@@ -111,10 +111,12 @@ def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
 
     if watch_dir is None:
         return None
-    for _, failure in sorted(exc.failures.items()):
+    # Ranks that exited on their own first: the others may have been stopped (SIGTERM) right after writing theirs.
+    failures = sorted(exc.failures.items(), key=lambda item: (item[1].exitcode <= 0, item[0]))
+    for _, failure in failures:
         found = read_error(RankFiles.of(watch_dir, failure.pid))
         if found is not None:
-            return AccelkitError(found[0], hint=found[1], exit_code=exit_status(failure.exitcode) or 1)
+            return AccelkitError(found[0], hint=found[1])
     return None
 
 
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
               "the launcher stopped the other ranks.", file=sys.stderr, flush=True)
         return exit_status(failure.exitcode) or 1
     except SignalException as exc:
-        if not is_stalled(watch_dir):
+        if watch_dir is None:  # under `accelkit launch` the supervisor says it (once, after every process is gone)
             print(f"accelkit: launcher received signal {int(exc.sigval)}; ranks stopped.", file=sys.stderr,
                   flush=True)
         return 128 + int(exc.sigval)

@@ -166,17 +166,31 @@ class Supervisor:
                     return
                 detector = StallDetector(timeout)
             stall = detector.observe(now, monitor.sample(infos))
-            if stall is not None:
-                self._stop_stalled_job(monitor, infos, stall, detector.timeout)
+            if stall is None:
+                continue
+            stacks = monitor.dump_stacks(infos)
+            if self._confirmed(stall, stacks):
+                self._stop_stalled_job(infos, stall, stacks, detector.timeout)
+            else:
+                detector.restart()
 
-    def _stop_stalled_job(self, monitor, infos, stall, timeout: float) -> None:
+    @staticmethod
+    def _confirmed(stall, stacks) -> bool:
+        """Nothing moved and some rank sat idle. With every rank idle that is a stall. With some ranks computing
+        (without output), it is one only if an idle rank waits in a collective, i.e. for them: an idle rank that
+        waits elsewhere (a file lock while rank 0 compiles an extension) is not."""
+        if not stall.busy_ranks:
+            return True
+        idle = set(stall.idle_ranks)
+        return any(stack.wait is not None for stack in stacks if stack.rank in idle)
+
+    def _stop_stalled_job(self, infos, stall, stacks, timeout: float) -> None:
         from accelkit.launch.stacks import diagnosis, format_stack
 
         assert self.watch is not None and self.proc is not None
         self.stalled = True
         with contextlib.suppress(OSError):
             (self.watch.watch_dir / STALLED_MARKER).write_text("")
-        stacks = monitor.dump_stacks(infos)
         _say(f"the job stalled: for {stall.seconds:.0f} s no rank wrote, read or stepped an optimizer, and "
              f"rank(s) {', '.join(map(str, stall.idle_ranks))} used no CPU. Stacks of the {len(infos)} rank(s):")
         for stack in stacks:

@@ -122,12 +122,15 @@ def format_stack(stack: RankStack) -> list[str]:
 
 
 def _innermost_distributed(frames: tuple[Frame, ...]) -> Frame | None:
-    for frame in reversed(frames):
-        path = frame.file.replace("\\", "/")
-        if "/torch/distributed/" in path or "/deepspeed/comm/" in path:
-            if path.endswith("/c10d_logger.py"):  # the logging wrapper around every c10d call
-                continue
-            return frame
-        if path.endswith("/torch/autograd/graph.py") and frame.function == "_engine_run_backward":
-            return frame
+    """The innermost frame, when it is a distributed wait: a collective in torch.distributed or deepspeed.comm (the
+    native wait runs under it), or autograd's backward (DDP all-reduces gradients inside it). A rank whose innermost
+    frame is anything else (a sleep, a subprocess, a file lock) waits for something other than its peers."""
+    if not frames:
+        return None
+    frame = frames[-1]
+    path = frame.file.replace("\\", "/")
+    if "/torch/distributed/" in path or "/deepspeed/comm/" in path:
+        return frame
+    if path.endswith("/torch/autograd/graph.py") and frame.function == "_engine_run_backward":
+        return frame
     return None

@@ -8,9 +8,11 @@ optimizer steps the rank's watch probe counted. Over the last `timeout` seconds 
 - any rank read or wrote anything, or stepped an optimizer, or
 - every rank kept using CPU (at least IDLE_CPU_SHARE of a core on average: all ranks computing).
 
-Otherwise it is stalled: nothing moved, and at least one rank sat idle the whole time (the others either idle too,
-or busy without any output while the idle one waits for them, e.g. an infinite loop on one rank). A job that is slow
-but progresses (prints, steps or exchanges gradients now and then) is never stalled, however slow.
+Otherwise it may be stalled: nothing moved, and at least one rank sat idle the whole time. With every rank idle it
+is. With other ranks busy without any output, the supervisor decides from the stacks: an idle rank that waits in a
+collective waits for the busy ones (e.g. an infinite loop on one rank), while one that waits elsewhere (a file lock
+while rank 0 compiles a C++ extension) does not, and the window starts over. A job that is slow but progresses
+(prints, steps or exchanges gradients now and then) is never stalled, however slow.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class StallDetector:
         self.timeout = timeout
         self._pids: tuple[int, ...] = ()
         self._history: deque[tuple[float, dict[int, RankSample]]] = deque()
+
+    def restart(self) -> None:
+        """Start a new window (after a suspected stall turned out not to be one)."""
+        self._history.clear()
 
     def observe(self, now: float, samples: list[RankSample]) -> Stall | None:
         pids = tuple(sorted(sample.pid for sample in samples))

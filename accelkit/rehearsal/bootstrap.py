@@ -62,6 +62,15 @@ def _install_from_env() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # Ctrl-C reached every rank: the launcher says so once, not N tracebacks
+        if debug_enabled():
+            raise
+        return 130
+
+
+def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(USAGE, file=sys.stderr)

@@ -50,12 +50,12 @@ def _scalar_parameters(exc: BaseException) -> list[str]:
     return []
 
 
-def _scalar_parameter_error(names: list[str], backend: str, ways_out: str) -> AccelkitError:
+def _scalar_parameter_error(names: list[str], backend: str, ways_out: str, why: str = "") -> AccelkitError:
     listed = ", ".join(f"`{name}`" for name in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     plural = "parameters" if len(names) > 1 else "parameter"
     return AccelkitError(
         f"the model's {plural} {listed} {'are' if len(names) > 1 else 'is'} 0-dim (a scalar), which {backend} "
-        "cannot shard", hint=f"make it shape (1,) (e.g. nn.Parameter(torch.tensor([value]))), or {ways_out}")
+        f"cannot shard{why}", hint=f"make it shape (1,) (e.g. nn.Parameter(torch.tensor([value]))), or {ways_out}")
 
 
 def _explain_scalar_fsdp(exc: BaseException) -> AccelkitError | None:
@@ -71,8 +71,8 @@ def _explain_scalar_deepspeed(exc: BaseException) -> AccelkitError | None:
     if _SCALAR_DEEPSPEED not in str(exc):
         return None
     names = _scalar_parameters(exc) or ["(unnamed)"]
-    return _scalar_parameter_error(names, "DeepSpeed ZeRO (it flattens parameters into partitions)",
-                                   "use --backend ddp")
+    return _scalar_parameter_error(names, "DeepSpeed ZeRO", "use --backend ddp",
+                                   why=" (it flattens every parameter into its partitions)")
 
 
 def _explain_no_cuda(exc: BaseException) -> AccelkitError | None:

@@ -12,7 +12,7 @@ rank = int(os.environ.get("RANK", "0"))
 
 
 def ready() -> None:
-    print(f"FAULTS ready rank={rank}", flush=True)
+    print(f"FAULTS ready rank={rank} t={time.time():.3f}", flush=True)
 
 
 def segfault() -> None:  # rank 0 dies of SIGSEGV in native code; rank 1 would wait forever
@@ -58,6 +58,7 @@ def collectives() -> None:
 def scalar_parameter() -> None:  # a model with a 0-dim parameter, prepared by Accelerate
     import torch
     from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
 
     class Scaled(torch.nn.Module):
         def __init__(self) -> None:
@@ -71,7 +72,8 @@ def scalar_parameter() -> None:  # a model with a 0-dim parameter, prepared by A
     accelerator = Accelerator()
     model = Scaled()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    accelerator.prepare(model, optimizer)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)  # DeepSpeed takes its batch size from it
+    accelerator.prepare(model, optimizer, loader)
 
 
 def cuda_tensor() -> None:  # a tensor created straight on a GPU: nothing to map it to on CPU

@@ -39,4 +39,5 @@ dist.all_gather(gathered, weight)
 same = all(torch.equal(gathered[0], other) for other in gathered)
 print(f"TUTORIAL rank={rank} world={world} same_weights={same} device={weight.device} "
       f"current_device={torch.cuda.current_device()}", flush=True)
+dist.barrier()  # as the tutorial does: no rank tears its process group down while another still uses it
 dist.destroy_process_group()

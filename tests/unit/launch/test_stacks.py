@@ -102,3 +102,25 @@ def test_format_stack_reads_like_a_traceback_without_claiming_to_be_one():
     assert lines[0] == "accelkit: rank 0 (pid 1000), main thread, most recent call last:"
     assert lines[1] == '  File "/work/train.py", line 12, in main'
     assert not any("Traceback (most recent call last)" in line for line in lines)
+
+
+def test_a_rank_waiting_on_a_subprocess_under_deepspeed_comm_is_not_in_a_collective():
+    # rank 0 compiles DeepSpeed's comm op (ninja in a subprocess) while rank 1 waits for the build's file lock
+    compiling = stack(0, ("/work/train.py", 44, "<module>"),
+                      ("/venv/lib/python3.11/site-packages/deepspeed/comm/torch.py", 51, "build_shm_op"),
+                      ("/usr/lib/python3.11/subprocess.py", 1196, "communicate"))
+    assert compiling.wait is None
+
+
+def test_supervisor_confirms_a_busy_stall_only_when_an_idle_rank_waits_in_a_collective():
+    from accelkit.launch.run import Supervisor
+    from accelkit.launch.watchdog import Stall
+
+    spinning = stack(1, ("/work/train.py", 20, "main"))
+    lock = stack(1, ("/work/train.py", 44, "<module>"),
+                 ("/venv/lib/python3.11/site-packages/torch/utils/file_baton.py", 50, "wait"))
+    busy_1 = Stall(seconds=10, idle_ranks=(0,), busy_ranks=(1,))
+    assert Supervisor._confirmed(busy_1, [in_all_reduce(0), spinning])  # rank 0 waits for the spinning rank 1
+    busy_0 = Stall(seconds=10, idle_ranks=(1,), busy_ranks=(0,))
+    assert not Supervisor._confirmed(busy_0, [stack(0, ("/work/train.py", 44, "<module>")), lock])
+    assert Supervisor._confirmed(Stall(seconds=10, idle_ranks=(0, 1), busy_ranks=()), [lock])  # nothing moves
