@@ -50,25 +50,14 @@ class RankFiles:
     def of(cls, watch_dir: Path, pid: int) -> RankFiles:
         return cls(Path(watch_dir) / "ranks", pid)
 
-    @property
-    def info(self) -> Path:
-        return self.folder / f"{self.pid}.json"
+    def _named(self, suffix: str) -> Path:
+        return self.folder / f"{self.pid}.{suffix}"
 
-    @property
-    def steps(self) -> Path:
-        return self.folder / f"{self.pid}.steps"
-
-    @property
-    def stack(self) -> Path:
-        return self.folder / f"{self.pid}.stack"
-
-    @property
-    def crash(self) -> Path:
-        return self.folder / f"{self.pid}.crash"
-
-    @property
-    def error(self) -> Path:
-        return self.folder / f"{self.pid}.error"
+    info = property(lambda self: self._named("json"))
+    steps = property(lambda self: self._named("steps"))
+    stack = property(lambda self: self._named("stack"))
+    crash = property(lambda self: self._named("crash"))
+    error = property(lambda self: self._named("error"))
 
 
 def write_info(files: RankFiles, info: RankInfo) -> None:

@@ -61,26 +61,35 @@ def _require_signature(func, params: tuple[str, ...], what: str) -> None:
         )
 
 
+def _replace(owner, name: str, wrap) -> None:
+    """owner.name = wrap(original), once per process. `wrap` may refuse (AccelkitError) before anything changes."""
+    original = getattr(owner, name)
+    if getattr(original, "_accelkit_patched", False):
+        return
+    patched = wrap(original)
+    patched._accelkit_patched = True
+    setattr(owner, name, patched)
+
+
 def _patch_backend_selection() -> None:
     """Under torchrun with no accelerator and cpu=False, pick gloo/MULTI_CPU instead of "no distributed backend"."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    original = PartialState._prepare_backend
-    if getattr(original, "_accelkit_patched", False):
-        return
-    _require_signature(original, ("cpu", "sagemaker_dp", "backend"), "PartialState._prepare_backend")
+    def wrap(original):
+        _require_signature(original, ("cpu", "sagemaker_dp", "backend"), "PartialState._prepare_backend")
 
-    @functools.wraps(original)
-    def prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
-        chosen_backend, distributed_type = original(self, cpu, sagemaker_dp, backend)
-        under_launcher = int(os.environ.get("LOCAL_RANK", -1)) != -1
-        if distributed_type == DistributedType.NO and under_launcher and backend in (None, "gloo"):
-            return "gloo", DistributedType.MULTI_CPU
-        return chosen_backend, distributed_type
+        @functools.wraps(original)
+        def prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
+            chosen_backend, distributed_type = original(self, cpu, sagemaker_dp, backend)
+            under_launcher = int(os.environ.get("LOCAL_RANK", -1)) != -1
+            if distributed_type == DistributedType.NO and under_launcher and backend in (None, "gloo"):
+                return "gloo", DistributedType.MULTI_CPU
+            return chosen_backend, distributed_type
 
-    prepare_backend._accelkit_patched = True
-    PartialState._prepare_backend = prepare_backend
+        return prepare_backend
+
+    _replace(PartialState, "_prepare_backend", wrap)
 
 
 def _patch_fsdp_upgrade() -> None:
@@ -88,29 +97,44 @@ def _patch_fsdp_upgrade() -> None:
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
-    original = AcceleratorState.__init__
-    if getattr(original, "_accelkit_patched", False):
-        return
-    _require_signature(original, ("mixed_precision", "cpu", "fsdp_plugin"), "AcceleratorState.__init__")
-    signature = inspect.signature(original)
+    def wrap(original):
+        _require_signature(original, ("mixed_precision", "cpu", "fsdp_plugin"), "AcceleratorState.__init__")
+        signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def init(self, *args, **kwargs):
-        first = AcceleratorState._shared_state == {} or AcceleratorState._shared_state == PartialState._shared_state
-        original(self, *args, **kwargs)
-        if not first or self.distributed_type != DistributedType.MULTI_CPU:
-            return
-        fsdp_plugin = signature.bind(self, *args, **kwargs).arguments.get("fsdp_plugin")
-        if fsdp_plugin is None and not _env_flag("ACCELERATE_USE_FSDP"):
-            return
-        self.distributed_type = DistributedType.FSDP
-        if self._mixed_precision != "no" and fsdp_plugin is not None:
-            fsdp_plugin.set_mixed_precision(self._mixed_precision)
-        self.fsdp_plugin = fsdp_plugin
-        PartialState._shared_state["distributed_type"] = self.distributed_type
+        @functools.wraps(original)
+        def init(self, *args, **kwargs):
+            shared = AcceleratorState._shared_state
+            first = shared == {} or shared == PartialState._shared_state
+            original(self, *args, **kwargs)
+            if not first or self.distributed_type != DistributedType.MULTI_CPU:
+                return
+            fsdp_plugin = signature.bind(self, *args, **kwargs).arguments.get("fsdp_plugin")
+            if fsdp_plugin is None and not _env_flag("ACCELERATE_USE_FSDP"):
+                return
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no" and fsdp_plugin is not None:
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type
 
-    init._accelkit_patched = True
-    AcceleratorState.__init__ = init
+        return init
+
+    _replace(AcceleratorState, "__init__", wrap)
+
+
+class _AsMultiDevice:
+    """An accelerator, seen as a multi-device one by join_uneven_inputs (every other attribute is its own)."""
+
+    multi_device = True
+
+    def __init__(self, accelerator) -> None:
+        object.__setattr__(self, "_accelerator", accelerator)
+
+    def __getattr__(self, name):
+        return getattr(self._accelerator, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._accelerator, name, value)
 
 
 def _patch_join_uneven_inputs() -> None:
@@ -118,53 +142,36 @@ def _patch_join_uneven_inputs() -> None:
     from accelerate.accelerator import Accelerator
     from accelerate.utils import DistributedType
 
-    original = Accelerator.join_uneven_inputs
-    if getattr(original, "_accelkit_patched", False):
-        return
-    _require_signature(original, ("joinables", "even_batches"), "Accelerator.join_uneven_inputs")
+    def wrap(original):
+        _require_signature(original, ("joinables", "even_batches"), "Accelerator.join_uneven_inputs")
 
-    class _AsMultiDevice:
-        """The accelerator, seen as a multi-device one by join_uneven_inputs (every other attribute is its own)."""
+        @functools.wraps(original)
+        def join_uneven_inputs(self, joinables, even_batches=None):
+            if self.distributed_type == DistributedType.MULTI_CPU and self.num_processes > 1:
+                return original(_AsMultiDevice(self), joinables, even_batches)
+            return original(self, joinables, even_batches)
 
-        multi_device = True
+        return join_uneven_inputs
 
-        def __init__(self, accelerator) -> None:
-            object.__setattr__(self, "_accelerator", accelerator)
-
-        def __getattr__(self, name):
-            return getattr(self._accelerator, name)
-
-        def __setattr__(self, name, value) -> None:
-            setattr(self._accelerator, name, value)
-
-    @functools.wraps(original)
-    def join_uneven_inputs(self, joinables, even_batches=None):
-        if self.distributed_type == DistributedType.MULTI_CPU and self.num_processes > 1:
-            return original(_AsMultiDevice(self), joinables, even_batches)
-        return original(self, joinables, even_batches)
-
-    join_uneven_inputs._accelkit_patched = True
-    Accelerator.join_uneven_inputs = join_uneven_inputs
+    _replace(Accelerator, "join_uneven_inputs", wrap)
 
 
 def _patch_fsdp1_offload_to_cpu() -> None:
     """FSDP1's FlatParamHandle.to_cpu() is a no-op when the parameters already are on the CPU (see the docstring)."""
     from torch.distributed.fsdp._flat_param import FlatParamHandle
 
-    original = FlatParamHandle.to_cpu
-    if getattr(original, "_accelkit_patched", False):
-        return
+    def wrap(original):
+        @contextlib.contextmanager
+        def to_cpu(self):
+            if self.flat_param.device.type == "cpu":  # nothing to move, and nothing may be freed
+                yield
+                return
+            with original(self):
+                yield
 
-    @contextlib.contextmanager
-    def to_cpu(self):
-        if self.flat_param.device.type == "cpu":  # nothing to move, and nothing may be freed
-            yield
-            return
-        with original(self):
-            yield
+        return to_cpu
 
-    to_cpu._accelkit_patched = True
-    FlatParamHandle.to_cpu = to_cpu
+    _replace(FlatParamHandle, "to_cpu", wrap)
 
 
 def _apply(backend: str) -> None:
