@@ -91,6 +91,7 @@ def run_pair(script: Path, backend: str, extra: tuple[str, ...], timeout: float 
             verdict, detail = classify(proc.returncode, proc.stderr)
         except subprocess.TimeoutExpired:
             verdict, detail = "FAIL", f"still running after {timeout:.0f} s"
+    detail = detail.replace(f"{script.parent}/", "")  # name the script as the table does
     return Outcome(script.name, backend, extra, verdict, time.monotonic() - start, detail)
 
 
