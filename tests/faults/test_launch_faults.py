@@ -1,6 +1,6 @@
-"""`accelkit launch` when the job goes wrong: a stall, ranks in different collectives, a rank killed by a signal,
-Ctrl-C (twice), SIGTERM, a syntax error, a 0-dim parameter, a tensor hard-coded on a GPU, a machine waiting for
-machine 0, a GPU config on a machine without GPUs. Each checks the exit status, the one `Error:` line with its
+"""`accelkit launch` when the job goes wrong: a stall, ranks in different collectives, a rank killed by a signal, Ctrl-C
+(twice), SIGTERM, a syntax error, a 0-dim parameter, a machine waiting for machine 0, a GPU config on a machine
+without GPUs, and a slow job that must not be stopped. Each checks the exit status, the one `Error:` line with its
 `Hint:`, no traceback, nothing created or changed outside the job's own outputs, no launch folder left in the temp
 directory, no process left behind.
 
@@ -86,20 +86,20 @@ def test_rank_killed_by_a_signal_is_named(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_twice_exits_130_and_leaves_nothing(tmp_path):
     result = launch(tmp_path, *CPU_DDP, str(FAULTS), "sleep", kind="signal", expect="signal",
-                    send_signal=[("FAULTS ready rank=1", signal.SIGINT), (0.3, signal.SIGINT)])
+                    send_signal=[("FAULTS all ready", signal.SIGINT), (0.3, signal.SIGINT)])
     assert result.returncode == 130, result.stderr[-3000:]
     assert "stopped by SIGINT (Ctrl-C)" in result.stderr and not result.traceback
-    result.assert_clean()
+    result.assert_clean(owned=[tmp_path / "work"])
     assert not list((tmp_path / "tmp").iterdir())  # no accelkit-launch-* folder, nor anything else
 
 
 @pytest.mark.slow
 def test_sigterm_exits_143_and_leaves_nothing(tmp_path):
     result = launch(tmp_path, *CPU_DDP, str(FAULTS), "sleep", kind="signal", expect="signal",
-                    send_signal=("FAULTS ready rank=1", signal.SIGTERM))
+                    send_signal=("FAULTS all ready", signal.SIGTERM))
     assert result.returncode == 143, result.stderr[-3000:]
     assert not result.traceback
-    result.assert_clean()
+    result.assert_clean(owned=[tmp_path / "work"])
     assert not list((tmp_path / "tmp").iterdir())
 
 
@@ -113,19 +113,14 @@ def test_syntax_error_is_one_message_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "names"), [("fsdp", "FSDP2 \\(fully_shard\\)"), ("deepspeed", "DeepSpeed ZeRO")])
-def test_scalar_parameter_is_named_with_the_ways_out(tmp_path, backend, names):
-    result = launch(tmp_path, "launch", "--cpu", "--backend", backend, "--num-processes", "2", str(FAULTS),
+def test_scalar_parameter_under_deepspeed_is_named_with_the_ways_out(tmp_path):
+    # Every rank fails in DeepSpeed's flattening; the launcher prints the explanation once. (FSDP2's and FSDP1's
+    # refusals of the same model are explained from torch's real errors in tests/unit/rehearsal/test_explain.py.)
+    result = launch(tmp_path, "launch", "--cpu", "--backend", "deepspeed", "--num-processes", "2", str(FAULTS),
                     "scalar-parameter", timeout=600)
-    result.assert_refused(f"the model's parameter `temperature` is 0-dim \\(a scalar\\), which {names} cannot shard")
+    result.assert_refused("the model's parameter `temperature` is 0-dim \\(a scalar\\), which DeepSpeed ZeRO cannot "
+                          "shard \\(it flattens every parameter into its partitions\\)")
     assert "shape (1,)" in result.stderr and "--backend ddp" in result.stderr
-
-
-@pytest.mark.slow
-def test_tensor_hard_coded_on_a_gpu_names_the_line(tmp_path):
-    result = launch(tmp_path, *CPU_DDP, str(FAULTS), "cuda-tensor")
-    line = result.assert_refused("needs a CUDA device, which a CPU rehearsal does not have")
-    assert f"faults.py:{line_of('needs a GPU')}" in line and 'torch.randn(4, device="cuda")' in line
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Rehearsal fidelity on scripts nobody here wrote: Accelerate's own multi-GPU CI scripts (the cheap pairs of
-benchmarks/accelerate_test_scripts.py), a hand-written DDP script in the style of PyTorch's DDP tutorial, and the
-FSDP1 rehearsal of a template down to its final `get_state_dict` (which used to segfault)."""
+benchmarks/accelerate_test_scripts.py that used to fail: a hang, and hand-built DDP), a hand-written DDP script in
+the style of PyTorch's DDP tutorial, and the FSDP1 rehearsal of a template down to its final `get_state_dict` (which
+used to segfault)."""
 
 from __future__ import annotations
 
@@ -47,15 +48,6 @@ def test_hand_built_ddp_with_device_ids_and_comm_hooks(tmp_path):
     assert proc.stdout.count("Test DDP comm hook: batched_power_sgd, comm wrapper: bf16") == 2
     assert "DistributedDataParallel(device_ids=[0], output_device=0) of a CPU module runs without device ids" in (
         proc.stderr)
-
-
-def test_fsdp1_style_plugin_under_an_fsdp2_config_is_explained(tmp_path):
-    proc = launch(tmp_path, "fsdp", str(accelerate_script("test_merge_weights.py")))
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
-    assert errors == [f"Error: {accelerate_script('test_merge_weights.py')}:53 builds an FSDP1-style "
-                      "FullyShardedDataParallelPlugin (sharding_strategy), but the launch config says fsdp_version 2"]
-    assert "Hint: launch with --fsdp-version 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_pytorch_tutorial_style_ddp_script(tmp_path):

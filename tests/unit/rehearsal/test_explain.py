@@ -75,6 +75,26 @@ def test_cuda_errors_outside_a_rehearsal_are_left_alone(monkeypatch):
     assert explain(raised.value) is None
 
 
+@pytest.mark.parametrize(("launched", "options", "message"), [
+    ("2", {"sharding_strategy": "FULL_SHARD"}, "an FSDP1-style FullyShardedDataParallelPlugin (sharding_strategy), but "
+                                                "the launch config says fsdp_version 2"),
+    ("1", {"reshard_after_forward": True},
+     "an FSDP2-style FullyShardedDataParallelPlugin (reshard_after_forward=True/False), but the launch config says "
+     "fsdp_version 1"),
+])
+def test_plugin_of_the_other_fsdp_version(monkeypatch, launched, options, message):
+    # Accelerate's test_merge_weights.py builds FullyShardedDataParallelPlugin(sharding_strategy=...) itself.
+    from accelerate import FullyShardedDataParallelPlugin
+
+    monkeypatch.setenv("FSDP_VERSION", launched)  # what `accelerate launch` exports from the config
+    with pytest.raises(ValueError) as raised:
+        FullyShardedDataParallelPlugin(**options)
+    error = explain(raised.value)
+    assert error is not None
+    assert error.message == f"{__file__}:{raised.traceback[0].lineno + 1} builds {message}"
+    assert error.hint.startswith(f"launch with --fsdp-version {'1' if launched == '2' else '2'}")
+
+
 def test_collective_mismatch_found_by_torch_debug_detail():
     text = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: CollectiveFingerPrint("
             "SequenceNumber=3, OpType=ALLREDUCE, TensorShape=[10], TensorDtypes=Float, TensorDeviceTypes=cpu), but "
