@@ -48,6 +48,11 @@ def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Extra rendezvous settings for torchrun.")
 @click.option("--same-network", is_flag=True, default=None,
               help="All machines share one local network (torchrun uses master address/port directly).")
+# accelkit.launch.run's stall watchdog (issue #15): the option and its value handed to run_request.
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Stall watchdog: when for this long no rank printed, read, wrote or stepped an optimizer and a "
+                   "rank sat idle, print every rank's Python stack and where they wait, stop the job, exit 124. "
+                   "Default: 300 on CPU (rehearsals), 1800 on GPUs; 0 turns it off.")
 @click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", callback=nonempty_path,
               help="Write an sbatch script (and its config beside it) instead of launching.")
@@ -81,6 +86,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     from accelkit.launch.prepare import check_target
     from accelkit.launch.request import LaunchRequest
 
+    stall_timeout = kwargs.pop("stall_timeout")  # for the supervisor (run_request), not a config option
     options = options_from_kwargs(kwargs)
     if script_args[:1] == ("--",):  # `SCRIPT -- ARGS`: the separator is ours, not the script's
         script_args = script_args[1:]
@@ -117,5 +123,5 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
     from accelkit.launch.run import run_request
 
-    return run_request(request)
+    return run_request(request, stall_timeout=stall_timeout)
 

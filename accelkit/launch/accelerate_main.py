@@ -2,13 +2,23 @@
 
 Accelerate's own launch command turns every rank failure into exit status 1 and a long torch.distributed
 traceback. This entry point runs exactly the same parser and launch function, then exits with the status of the
-rank that failed first (128 + N when it was killed by signal N), printing one line naming it instead.
+rank that failed first (128 + N when it was killed by signal N), printing one line naming it instead: for a signal,
+its name and (with the watch probe) the line the rank died at. A machine other than machine 0 says whom it waits
+for, and a rendezvous that times out says what to check.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+from accelkit.errors import AccelkitError, report
+from accelkit.launch import failures
+from accelkit.launch.launch_dir import is_stalled, restore_user_tmpdir
+from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
 
 
 def exit_status(returncode: int) -> int:
@@ -16,25 +26,174 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _watch_dir() -> Path | None:
+    value = os.environ.get(WATCH_DIR_ENV)
+    return Path(value) if value else None
+
+
+def _rdzv_timeout(rdzv_conf: str | None) -> int:
+    for item in (rdzv_conf or "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "timeout" and value.strip().isdigit():
+            return int(value)
+    return failures.DEFAULT_RENDEZVOUS_TIMEOUT
+
+
+def _num_machines(args) -> int:
+    if getattr(args, "num_machines", None):
+        return int(args.num_machines)
+    if getattr(args, "config_file", None):
+        import yaml
+
+        try:
+            config = yaml.safe_load(Path(args.config_file).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return 1
+        return int(config.get("num_machines", 1) or 1)
+    return 1
+
+
+class _Rendezvous:
+    """Who this machine waits for while the job forms, so it can say so (and what to check when that fails)."""
+
+    def __init__(self, args) -> None:
+        self.machines = _num_machines(args)
+        self.rank = int(args.machine_rank or 0)
+        self.address = args.main_process_ip or "127.0.0.1"
+        self.port = int(args.main_process_port or 29500)
+        self.timeout = _rdzv_timeout(getattr(args, "rdzv_conf", None))
+
+    def announce(self) -> None:
+        if self.machines < 2:
+            return
+        if self.rank > 0:
+            line = failures.waiting_for_machine_zero(self.address, self.port, self.timeout)
+        else:
+            line = failures.waiting_for_other_machines(self.port, self.machines, self.timeout)
+        print(line, file=sys.stderr, flush=True)
+
+    def wait_for_machine_zero(self) -> None:
+        """On machines 1..N-1: wait until machine 0's rendezvous port accepts connections, then let torchrun connect.
+        torch's own client would wait as long, then print pages of C++ stack frames; this says what to check."""
+        import socket
+        import time
+
+        if self.machines < 2 or self.rank == 0:
+            return
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                with socket.create_connection((self.address, self.port), timeout=5):
+                    return
+            except socket.gaierror as exc:
+                raise AccelkitError(f"cannot resolve machine 0's address {self.address!r}: {exc.strerror}",
+                                    hint="pass --main-process-ip with machine 0's IP address or a resolvable "
+                                         "host name") from None
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise self.timed_out() from None
+                time.sleep(1.0)
+
+    def timed_out(self) -> AccelkitError:
+        if self.rank > 0:
+            return failures.machine_zero_unreachable(self.address, self.port, self.timeout, self.rank)
+        return failures.other_machines_missing(self.port, self.machines, self.timeout)
+
+
+def _is_rendezvous_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
+
+
+def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
+    """The explanation the lowest failed rank left (see accelkit.rehearsal.bootstrap), if any."""
+    from accelkit.rehearsal.rank_files import RankFiles, read_error
+
+    if watch_dir is None:
+        return None
+    # Ranks that exited on their own first: the others may have been stopped (SIGTERM) right after writing theirs.
+    failures = sorted(exc.failures.items(), key=lambda item: (item[1].exitcode <= 0, item[0]))
+    for _, failure in failures:
+        found = read_error(RankFiles.of(watch_dir, failure.pid))
+        if found is not None:
+            return AccelkitError(found[0], hint=found[1])
+    return None
+
+
+def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
+    """The explanation the one rank of a single-process launch left, if any."""
+    from accelkit.rehearsal.rank_files import RankFiles, read_error
+
+    for path in sorted((watch_dir / "ranks").glob("*.error")) if watch_dir is not None else []:
+        found = read_error(RankFiles.of(watch_dir, int(path.stem)))
+        if found is not None:
+            return AccelkitError(found[0], hint=found[1])
+    return None
+
+
+def _single_process_died(signum: int, watch_dir: Path | None) -> int:
+    """Accelerate's one-process launcher reports only the status; the rank's pid comes from its watch files."""
+    from accelkit.rehearsal.rank_files import registered_ranks
+
+    ranks = registered_ranks(watch_dir) if watch_dir is not None else []
+    pid = ranks[0].pid if ranks else 0
+    lines, error = failures.rank_died(0, pid, signum, watch_dir if ranks else None)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return report(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
+    restore_user_tmpdir(os.environ)  # the ranks get the user's TMPDIR back (see accelkit.launch.launch_dir)
+    # torchrun logs every failure and every rank it stops ("failed (exitcode: 1) local_rank: 0 ..."); this module
+    # reports the failure itself, in one line.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    watch_dir = _watch_dir()
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    rendezvous = _Rendezvous(args)
+    rendezvous.announce()
     try:
+        rendezvous.wait_for_machine_zero()
         launch_command(args)
     except ChildFailedError as exc:
+        if is_stalled(watch_dir):  # the supervisor stopped a stalled job and has said why
+            return 1
+        explained = _explained_failure(exc, watch_dir)
+        if explained is not None:  # a known failure the rank described in one line (accelkit.rehearsal.explain)
+            return report(explained)
         rank, failure = exc.get_first_failure()
-        status = exit_status(failure.exitcode) or 1
+        if failure.exitcode < 0:
+            lines, error = failures.rank_died(rank, failure.pid, -failure.exitcode, watch_dir)
+            for line in lines:
+                print(line, file=sys.stderr)
+            return report(error)
         print(f"accelkit: rank {rank} (pid {failure.pid}) failed first, exit code {failure.exitcode}; "
               "the launcher stopped the other ranks.", file=sys.stderr, flush=True)
-        return status
+        return exit_status(failure.exitcode) or 1
     except SignalException as exc:
-        print(f"accelkit: launcher received signal {int(exc.sigval)}; ranks stopped.", file=sys.stderr, flush=True)
+        if watch_dir is None:  # under `accelkit launch` the supervisor says it (once, after every process is gone)
+            print(f"accelkit: launcher received signal {int(exc.sigval)}; ranks stopped.", file=sys.stderr,
+                  flush=True)
         return 128 + int(exc.sigval)
+    except (DistNetworkError, DistStoreError, RendezvousTimeoutError) as exc:
+        if not _is_rendezvous_timeout(exc):
+            raise
+        return report(rendezvous.timed_out())
     except subprocess.CalledProcessError as exc:  # single-process and pdsh-style launchers
+        explained = _single_process_error(watch_dir)
+        if explained is not None:
+            return report(explained)
+        if exc.returncode < 0 and not is_stalled(watch_dir):
+            return _single_process_died(-exc.returncode, watch_dir)
         return exit_status(exc.returncode) or 1
+    except AccelkitError as error:
+        return report(error)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -138,6 +138,10 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
             check_deepspeed()
     if check_hardware:
         check_port(config, flags, port_source)
+    if not (request.cpu or config.runs_on_cpu):  # NCCL flight recorder for GPU launches (launch.collective_debug)
+        from accelkit.launch.collective_debug import gpu_debug_env
+
+        env.update(gpu_debug_env())
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
         from accelkit.rehearsal.bootstrap import PROBES_ENV
 

@@ -1,14 +1,16 @@
 """Run a launch in a launcher process (accelkit.launch.worker) and supervise it until every process is gone.
 
 torchrun (under `accelerate launch`) already stops all ranks when one fails and when it receives SIGINT/SIGTERM.
-What it cannot do is clean up after itself when it is killed hard, and its ranks run in sessions of their own,
-so they never see a terminal's Ctrl-C directly. The supervisor therefore:
+What it cannot do is clean up after itself when it is killed hard, notice a job that hangs, or say where. Its ranks
+run in sessions of their own, so they never see a terminal's Ctrl-C directly. The supervisor therefore:
 - starts the launcher in its own process group, asks the kernel to SIGTERM it if accelkit dies, and makes
   accelkit a "child subreaper" so ranks orphaned by a dead launcher are re-parented to accelkit, not init;
 - forwards SIGINT/SIGTERM/SIGHUP to the launcher, which stops its ranks; a second signal, or a launcher still
-  alive `grace` seconds later, gets SIGKILL for the whole tree;
-- after the launcher exits, kills and reaps any descendant still running, and returns the launcher's status
-  (128 + N when it was killed by signal N).
+  alive `grace` seconds later, gets SIGKILL for the whole tree; the exit status is then 128 + the first signal;
+- watches the ranks for stalls (accelkit.launch.watchdog): when nothing moved for the stall timeout it prints every
+  rank's Python stack and where they wait, stops the job and exits with STALL_EXIT_STATUS;
+- after the launcher exits, kills and reaps any descendant still running, removes the launch folder, and returns
+  the launcher's status (128 + N when it was killed by signal N).
 """
 
 from __future__ import annotations
@@ -20,13 +22,26 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import psutil
 
+from accelkit.errors import AccelkitError, report
+from accelkit.fsio import remove_path
 from accelkit.launch.accelerate_main import exit_status
+from accelkit.launch.launch_dir import STALLED_MARKER, create_launch_dir, launcher_env
 from accelkit.launch.request import LaunchRequest
+from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
 
 WORKER_MODULE = "accelkit.launch.worker"
+WATCH_PROBE = "accelkit.rehearsal.watch"  # the per-rank side of the watchdog (see accelkit.rehearsal.watch)
+STALL_EXIT_STATUS = 124  # what `timeout` returns for a command it stopped
+# Default stall timeouts: a CPU rehearsal of a small model steps or prints within seconds; a GPU job's own
+# collective timeout (NCCL: 10 minutes) comes first there, so the watchdog only catches what NCCL cannot see.
+DEFAULT_STALL_TIMEOUT_CPU = 300.0
+DEFAULT_STALL_TIMEOUT_GPU = 1800.0
+SAMPLE_INTERVAL = 1.0
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -47,18 +62,33 @@ def _launcher_preexec() -> None:  # runs in the child between fork and exec
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _say(text: str) -> None:
+    print(f"accelkit: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """The stall watchdog of one launch: `timeout` None = the default for the job's kind (CPU or GPU), 0 = off."""
+
+    watch_dir: Path
+    timeout: float | None = None
+
+
 class Supervisor:
     """Owns one launcher process and everything it starts."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 15.0, poll: float = 0.1) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 15.0, poll: float = 0.1,
+                 watch: WatchSettings | None = None) -> None:
         self.argv = argv
         self.env = env
         self.grace = grace
         self.poll = poll
+        self.watch = watch
         self.proc: subprocess.Popen[bytes] | None = None
         self.known: dict[int, psutil.Process] = {}  # every descendant seen so far (pid -> process)
         self.signals: list[int] = []
         self.kill_deadline: float | None = None
+        self.stalled = False
 
     # -- signals ---------------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -110,19 +140,95 @@ class Supervisor:
             with contextlib.suppress(psutil.Error, ChildProcessError):
                 child.wait(timeout=0)
 
+    # -- stall watchdog --------------------------------------------------------------------------------------
+    def _watchdog(self):
+        """A generator the main loop advances once per poll: samples the ranks every SAMPLE_INTERVAL seconds."""
+        from accelkit.launch.rank_monitor import RankMonitor
+        from accelkit.launch.watchdog import StallDetector
+
+        assert self.watch is not None
+        monitor = RankMonitor(self.watch.watch_dir)
+        detector: StallDetector | None = None
+        next_sample = 0.0
+        while True:
+            now = yield
+            if now < next_sample or self.signals or self.stalled:
+                continue
+            next_sample = now + SAMPLE_INTERVAL
+            infos = monitor.alive_ranks()
+            if not infos:
+                continue
+            if detector is None:
+                timeout = self.watch.timeout
+                if timeout is None:
+                    timeout = DEFAULT_STALL_TIMEOUT_CPU if infos[0].cpu_job else DEFAULT_STALL_TIMEOUT_GPU
+                if timeout <= 0:
+                    return
+                detector = StallDetector(timeout)
+            stall = detector.observe(now, monitor.sample(infos))
+            if stall is None:
+                continue
+            stacks = monitor.dump_stacks(infos)
+            if self._confirmed(stall, stacks):
+                self._stop_stalled_job(infos, stall, stacks, detector.timeout)
+            else:
+                detector.restart()
+
+    @staticmethod
+    def _confirmed(stall, stacks) -> bool:
+        """Nothing moved and some rank sat idle. With every rank idle that is a stall. With some ranks computing
+        (without output), it is one only if an idle rank waits in a collective, i.e. for them: an idle rank that
+        waits elsewhere (a file lock while rank 0 compiles an extension) is not."""
+        if not stall.busy_ranks:
+            return True
+        idle = set(stall.idle_ranks)
+        return any(stack.wait is not None for stack in stacks if stack.rank in idle)
+
+    def _stop_stalled_job(self, infos, stall, stacks, timeout: float) -> None:
+        from accelkit.launch.stacks import diagnosis, format_stack
+
+        assert self.watch is not None and self.proc is not None
+        self.stalled = True
+        with contextlib.suppress(OSError):
+            (self.watch.watch_dir / STALLED_MARKER).write_text("")
+        _say(f"the job stalled: for {stall.seconds:.0f} s no rank wrote, read or stepped an optimizer, and "
+             f"rank(s) {', '.join(map(str, stall.idle_ranks))} used no CPU. Stacks of the {len(infos)} rank(s):")
+        for stack in stacks:
+            for line in format_stack(stack):
+                print(line, file=sys.stderr)
+        missing = sorted({info.rank for info in infos} - {stack.rank for stack in stacks})
+        if missing:
+            _say(f"no stack from rank(s) {', '.join(map(str, missing))} (it did not answer the dump signal)")
+        where, advice = diagnosis(stacks)
+        report(AccelkitError(
+            f"the job stalled for {stall.seconds:.0f} s and was stopped: {where}",
+            hint=f"{advice}; if the job is only slow and silent, raise --stall-timeout (now {timeout:g} s; 0 turns "
+                 "the watchdog off)"))
+        # A hung job has nothing left to flush: kill it at once, ranks and launcher, before they add noise.
+        self.kill_tree(signal.SIGKILL)
+
     # -- main loop -------------------------------------------------------------------------------------------
     def run(self) -> int:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
+        watchdog = None
         try:
             self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True,
                                          preexec_fn=_launcher_preexec)
+            if self.watch is not None:
+                watchdog = self._watchdog()
+                next(watchdog)
             last_track = 0.0
             while self.proc.poll() is None:
                 now = time.monotonic()
                 if now - last_track > 0.5:
                     self._track()
                     last_track = now
+                if watchdog is not None:
+                    try:
+                        watchdog.send(now)
+                    except StopIteration:
+                        watchdog = None
                 if self.kill_deadline is not None and now >= self.kill_deadline:
                     self.kill_tree(signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -135,13 +241,30 @@ class Supervisor:
             self._reap_leftovers()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if self.signals and status == 0:
-            status = 128 + self.signals[0]
+        if self.stalled:
+            return STALL_EXIT_STATUS
+        if self.signals:  # however the launcher ended (even SIGKILLed after a second Ctrl-C): 128 + first signal
+            name = signal.Signals(self.signals[0]).name
+            _say(f"stopped by {name}{' (Ctrl-C)' if self.signals[0] == signal.SIGINT else ''}; "
+                 "every process of the job has exited.")
+            return 128 + self.signals[0]
         return status
 
 
-def run_request(request: LaunchRequest, *, grace: float = 15.0) -> int:
+def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: float | None = None) -> int:
     """Resolve and run `request` in a supervised launcher process (accelkit.launch.worker); return the exit status
-    (the failing rank's on failure)."""
-    argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
-    return Supervisor(argv, dict(os.environ), grace=grace).run()
+    (the failing rank's on failure, STALL_EXIT_STATUS after a stall). `stall_timeout`: None = the default for the
+    job's kind, 0 = no watchdog."""
+    from accelkit.launch.preflight import check_syntax
+
+    check_syntax(request.target)  # once here, not N tracebacks from N ranks
+    launch_dir = create_launch_dir()
+    try:
+        # Every rank starts with the watch probe: stacks on demand and on fatal signals, optimizer step counts.
+        request = replace(request, probes=(*request.probes, WATCH_PROBE))
+        env = {**launcher_env(launch_dir, dict(os.environ)), WATCH_DIR_ENV: str(launch_dir)}
+        argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
+        watch = WatchSettings(watch_dir=launch_dir, timeout=stall_timeout)
+        return Supervisor(argv, env, grace=grace, watch=watch).run()
+    finally:
+        remove_path(launch_dir)

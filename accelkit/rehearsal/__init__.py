@@ -17,6 +17,13 @@ FSDP sharding, DeepSpeed ZeRO, checkpointing) is Accelerate's, PyTorch's and Dee
   checkpointing work on CPU with gloo. In rehearsal the MULTI_CPU state is upgraded to FSDP with the plugin
   Accelerate built from your config, as Accelerate does on GPUs.
 
+Where the CPU path still differs from the GPU one, rehearsal takes the GPU behaviour (see shim.py and cuda_calls.py):
+`join_uneven_inputs` runs torch's Join (it used to hang), FSDP1 full state dicts skip a CPU "offload" that freed the
+parameters it returned (it used to segfault), and hand-written GPU code (`set_device`, `device_ids=[i]`, "nccl",
+`.to("cuda:i")`, `.cuda()`, DDP's bf16 hooks) is mapped to the CPU, one line per kind on rank 0. Failures that cannot
+be mapped (a 0-dim parameter under FSDP/DeepSpeed, a tensor created on "cuda") end the job with one line naming the
+parameter or the line (explain.py).
+
 What you get:
 - ddp: the model is wrapped in DistributedDataParallel over gloo.
 - fsdp: `accelerator.distributed_type` is FSDP; `prepare` shards parameters (DTensor), `save_state` writes

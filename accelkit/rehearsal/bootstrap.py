@@ -6,8 +6,11 @@
 The rehearsed backend comes from $ACCELKIT_REHEARSAL (set by `prepare_rehearsal`; absent on GPUs). Probes are
 per-rank instruments (bench's step timer, plan's byte counter) named in $ACCELKIT_PROBES as a comma-separated
 list of modules; each module's `install()` runs before the script, on CPU rehearsals and on GPUs alike. The
-script sees the same sys.argv and sys.path[0] as under `python SCRIPT ARGS`; its exceptions and exit codes pass
-through untouched.
+script sees the same sys.argv and sys.path[0] as under `python SCRIPT ARGS`; its exit codes pass through untouched,
+and so do its exceptions, except the few accelkit.rehearsal.explain recognises (a 0-dim parameter under FSDP or
+DeepSpeed, a hard-coded CUDA tensor in a rehearsal, ...): those end the rank with one `Error:` line naming the cause
+and the way out (ACCELKIT_DEBUG=1 shows the traceback instead). Under `accelkit launch` the rank leaves that line
+to the launcher, which prints it once for the whole job.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import importlib
 import os
 import runpy
 import sys
+from pathlib import Path
 
-from accelkit.errors import AccelkitError, report
+from accelkit.errors import AccelkitError, debug_enabled, report
+from accelkit.rehearsal.rank_files import WATCH_DIR_ENV, RankFiles, write_error
 from accelkit.rehearsal.shim import REHEARSAL_ENV, install
 
 PROBES_ENV = "ACCELKIT_PROBES"
@@ -25,7 +30,14 @@ USAGE = "usage: python -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...] | -m MOD
 
 
 def _fail(error: AccelkitError) -> int:
-    # Every rank fails the same way; one message is enough.
+    watch_dir = os.environ.get(WATCH_DIR_ENV)
+    if watch_dir:  # the launcher reports it once, for the rank that failed first
+        try:
+            write_error(RankFiles.of(Path(watch_dir), os.getpid()), error.message, error.hint)
+            return error.exit_code
+        except OSError:
+            pass
+    # Without a launcher to tell: every rank fails the same way, and one message is enough.
     if os.environ.get("RANK", "0") == "0":
         report(error)
     return error.exit_code
@@ -50,6 +62,15 @@ def _install_from_env() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # Ctrl-C reached every rank: the launcher says so once, not N tracebacks
+        if debug_enabled():
+            raise
+        return 130
+
+
+def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(USAGE, file=sys.stderr)
@@ -74,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         runpy.run_path(script, run_name="__main__")
         return 0
     except AccelkitError as error:  # raised by the shim when the script imports Accelerate
+        return _fail(error)
+    except Exception as exc:  # the script's own failure: explained when it is one we know, else untouched
+        from accelkit.rehearsal.explain import explain
+
+        error = None if debug_enabled() else explain(exc)
+        if error is None:
+            raise
         return _fail(error)
 
 

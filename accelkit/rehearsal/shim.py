@@ -1,8 +1,8 @@
-"""The two small patches that let Accelerate's real DDP, FSDP and DeepSpeed code run on CPU ranks over gloo.
+"""The small patches that let Accelerate's real DDP, FSDP and DeepSpeed code run on CPU ranks over gloo.
 
 Accelerate decides the distributed type once, when the first `PartialState()` / `Accelerator()` builds its shared
 state, and it only ever upgrades to FSDP or DEEPSPEED from a GPU-like type. Everything after that decision
-(wrapping, sharding, checkpointing) works on CPU with gloo. So the shim changes only that decision, in the rank:
+(wrapping, sharding, checkpointing) works on CPU with gloo. So the shim changes that decision, in the rank:
 
 - Backend selection (ddp, fsdp, deepspeed): under torchrun with no accelerator and cpu=False, Accelerate picks "no
   distributed backend" and each rank silently trains alone. That happens whenever a script touches `PartialState()`
@@ -11,21 +11,34 @@ state, and it only ever upgrades to FSDP or DEEPSPEED from a GPU-like type. Ever
 - FSDP upgrade (fsdp): once `AcceleratorState` settles on MULTI_CPU it is upgraded to FSDP with the plugin Accelerate
   built from the launcher's FSDP_* variables, exactly as Accelerate's own GPU branch does.
 
+and makes the few places where the CPU type behaves differently from the GPU one behave as on GPUs:
+
+- Uneven inputs (ddp): `accelerator.join_uneven_inputs` only joins on multi-GPU types; on MULTI_CPU it warns and
+  does nothing, so the rank with more batches waits forever in DDP's gradient all-reduce while the other waits in
+  the next collective (Accelerate's own test_distributed_data_loop.py hangs this way; torch's Join itself works on
+  gloo). In rehearsal it runs Accelerate's multi-GPU branch, i.e. torch's Join, as it would on GPUs.
+- FSDP1 full state dicts (fsdp): `FullStateDictConfig(offload_to_cpu=True)` (what `accelerator.get_state_dict` and
+  FULL_STATE_DICT saving use) "moves" the unsharded parameters to the CPU and then frees the GPU copy; on CPU both
+  are the same memory, so the state dict points at freed memory and the rank segfaults (or fails with "setStorage:
+  ... out of bounds for storage of size 0"). In rehearsal the move is skipped when the parameters already are on
+  the CPU, which is what offload_to_cpu=False does.
+- Hand-written GPU code (every backend): see cuda_calls.py (device ids, set_device, nccl, `.to(cuda)`).
+
 DeepSpeed needs nothing more: with cpu=False Accelerate initialises deepspeed.comm on gloo and switches to DEEPSPEED.
-`install(backend)` checks versions, then patches when the script imports Accelerate; it refuses to patch when CUDA is
-usable or when Accelerate's hooks do not have the expected shape.
+`install(backend)` checks versions, then patches when the script imports the libraries; it refuses to patch when CUDA
+is usable or when the internals it patches do not have the expected shape.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import importlib.abc
 import inspect
 import os
-import sys
 
 from accelkit.configs.choices import Backend
 from accelkit.errors import AccelkitError
+from accelkit.rehearsal.import_hooks import after_import
 
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
 STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type
@@ -49,26 +62,35 @@ def _require_signature(func, params: tuple[str, ...], what: str) -> None:
         )
 
 
+def _replace(owner, name: str, wrap) -> None:
+    """owner.name = wrap(original), once per process. `wrap` may refuse (AccelkitError) before anything changes."""
+    original = getattr(owner, name)
+    if getattr(original, "_accelkit_patched", False):
+        return
+    patched = wrap(original)
+    patched._accelkit_patched = True
+    setattr(owner, name, patched)
+
+
 def _patch_backend_selection() -> None:
     """Under torchrun with no accelerator and cpu=False, pick gloo/MULTI_CPU instead of "no distributed backend"."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
-    original = PartialState._prepare_backend
-    if getattr(original, "_accelkit_patched", False):
-        return
-    _require_signature(original, ("cpu", "sagemaker_dp", "backend"), "PartialState._prepare_backend")
+    def wrap(original):
+        _require_signature(original, ("cpu", "sagemaker_dp", "backend"), "PartialState._prepare_backend")
 
-    @functools.wraps(original)
-    def prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
-        chosen_backend, distributed_type = original(self, cpu, sagemaker_dp, backend)
-        under_launcher = int(os.environ.get("LOCAL_RANK", -1)) != -1
-        if distributed_type == DistributedType.NO and under_launcher and backend in (None, "gloo"):
-            return "gloo", DistributedType.MULTI_CPU
-        return chosen_backend, distributed_type
+        @functools.wraps(original)
+        def prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
+            chosen_backend, distributed_type = original(self, cpu, sagemaker_dp, backend)
+            under_launcher = int(os.environ.get("LOCAL_RANK", -1)) != -1
+            if distributed_type == DistributedType.NO and under_launcher and backend in (None, "gloo"):
+                return "gloo", DistributedType.MULTI_CPU
+            return chosen_backend, distributed_type
 
-    prepare_backend._accelkit_patched = True
-    PartialState._prepare_backend = prepare_backend
+        return prepare_backend
+
+    _replace(PartialState, "_prepare_backend", wrap)
 
 
 def _patch_fsdp_upgrade() -> None:
@@ -76,33 +98,85 @@ def _patch_fsdp_upgrade() -> None:
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
-    original = AcceleratorState.__init__
-    if getattr(original, "_accelkit_patched", False):
-        return
-    _require_signature(original, ("mixed_precision", "cpu", "fsdp_plugin"), "AcceleratorState.__init__")
-    signature = inspect.signature(original)
+    def wrap(original):
+        _require_signature(original, ("mixed_precision", "cpu", "fsdp_plugin"), "AcceleratorState.__init__")
+        signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def init(self, *args, **kwargs):
-        first = AcceleratorState._shared_state == {} or AcceleratorState._shared_state == PartialState._shared_state
-        original(self, *args, **kwargs)
-        if not first or self.distributed_type != DistributedType.MULTI_CPU:
-            return
-        fsdp_plugin = signature.bind(self, *args, **kwargs).arguments.get("fsdp_plugin")
-        if fsdp_plugin is None and not _env_flag("ACCELERATE_USE_FSDP"):
-            return
-        self.distributed_type = DistributedType.FSDP
-        if self._mixed_precision != "no" and fsdp_plugin is not None:
-            fsdp_plugin.set_mixed_precision(self._mixed_precision)
-        self.fsdp_plugin = fsdp_plugin
-        PartialState._shared_state["distributed_type"] = self.distributed_type
+        @functools.wraps(original)
+        def init(self, *args, **kwargs):
+            shared = AcceleratorState._shared_state
+            first = shared == {} or shared == PartialState._shared_state
+            original(self, *args, **kwargs)
+            if not first or self.distributed_type != DistributedType.MULTI_CPU:
+                return
+            fsdp_plugin = signature.bind(self, *args, **kwargs).arguments.get("fsdp_plugin")
+            if fsdp_plugin is None and not _env_flag("ACCELERATE_USE_FSDP"):
+                return
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no" and fsdp_plugin is not None:
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type
 
-    init._accelkit_patched = True
-    AcceleratorState.__init__ = init
+        return init
+
+    _replace(AcceleratorState, "__init__", wrap)
+
+
+class _AsMultiDevice:
+    """An accelerator, seen as a multi-device one by join_uneven_inputs (every other attribute is its own)."""
+
+    multi_device = True
+
+    def __init__(self, accelerator) -> None:
+        object.__setattr__(self, "_accelerator", accelerator)
+
+    def __getattr__(self, name):
+        return getattr(self._accelerator, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._accelerator, name, value)
+
+
+def _patch_join_uneven_inputs() -> None:
+    """On a multi-process MULTI_CPU state, run join_uneven_inputs' multi-GPU branch (torch's Join) as on GPUs."""
+    from accelerate.accelerator import Accelerator
+    from accelerate.utils import DistributedType
+
+    def wrap(original):
+        _require_signature(original, ("joinables", "even_batches"), "Accelerator.join_uneven_inputs")
+
+        @functools.wraps(original)
+        def join_uneven_inputs(self, joinables, even_batches=None):
+            if self.distributed_type == DistributedType.MULTI_CPU and self.num_processes > 1:
+                return original(_AsMultiDevice(self), joinables, even_batches)
+            return original(self, joinables, even_batches)
+
+        return join_uneven_inputs
+
+    _replace(Accelerator, "join_uneven_inputs", wrap)
+
+
+def _patch_fsdp1_offload_to_cpu() -> None:
+    """FSDP1's FlatParamHandle.to_cpu() is a no-op when the parameters already are on the CPU (see the docstring)."""
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    def wrap(original):
+        @contextlib.contextmanager
+        def to_cpu(self):
+            if self.flat_param.device.type == "cpu":  # nothing to move, and nothing may be freed
+                yield
+                return
+            with original(self):
+                yield
+
+        return to_cpu
+
+    _replace(FlatParamHandle, "to_cpu", wrap)
 
 
 def _apply(backend: str) -> None:
-    """Patch Accelerate for `backend` (it is imported by now, and with it torch)."""
+    """Patch Accelerate's state for `backend` (it is imported by now, and with it torch)."""
     import torch
 
     if torch.cuda.is_available():
@@ -115,47 +189,22 @@ def _apply(backend: str) -> None:
         _patch_fsdp_upgrade()
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Runs `patch` right after `module` finishes executing, wherever the script first imports it."""
-
-    def __init__(self, module: str, patch) -> None:
-        self.module = module
-        self.patch = patch
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.module:
-            return None
-        sys.meta_path.remove(self)  # one shot; also keeps the lookup below from finding this finder again
-        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
-                     for found in [finder.find_spec(fullname, path, target)] if found is not None), None)
-        if spec is None:
-            return None  # the import fails as it would have anyway
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            raise AccelkitError(f"CPU rehearsal cannot hook the import of {fullname} (unusual module loader).",
-                                hint="install Accelerate normally (pip install accelerate)")
-        exec_module, patch = spec.loader.exec_module, self.patch
-
-        def exec_then_patch(module) -> None:
-            exec_module(module)
-            patch()
-
-        spec.loader.exec_module = exec_then_patch
-        return spec
-
-
 def install(backend: str) -> None:
     """Install the patches rehearsal of `backend` needs in this (rank) process.
 
-    Versions are checked now; the patches themselves are applied when the script imports Accelerate, so the
-    bootstrap adds no torch/Accelerate import time of its own before the script's first line."""
+    Versions are checked now; the patches themselves are applied when the script imports the libraries they patch,
+    so the bootstrap adds no torch/Accelerate import time of its own before the script's first line."""
     if backend not in BACKENDS:
         raise AccelkitError(f"Unknown rehearsal backend {backend!r} in ${REHEARSAL_ENV}.", hint=_HINT)
     if backend == "single":
         return  # one process: Accelerate's own CPU path is already right, nothing to patch
+    from accelkit.rehearsal import cuda_calls
     from accelkit.rehearsal.versions import check_versions
 
     check_versions(backend)
-    if STATE_MODULE in sys.modules:
-        _apply(backend)
-    elif not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport(STATE_MODULE, functools.partial(_apply, backend)))
+    after_import(STATE_MODULE, functools.partial(_apply, backend))
+    after_import("torch", cuda_calls.install)
+    if backend == "ddp":
+        after_import("accelerate.accelerator", _patch_join_uneven_inputs)
+    if backend == "fsdp":
+        after_import("torch.distributed.fsdp._flat_param", _patch_fsdp1_offload_to_cpu)

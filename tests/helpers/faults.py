@@ -154,15 +154,20 @@ def _record(result: FaultResult, kind: str, expect: str) -> None:
 
 
 def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
-              timeout: float = 300, send_signal: tuple[float | str, int] | None = None, kind: str = "bad input",
+              timeout: float = 300,
+              send_signal: tuple[float | str, int] | list[tuple[float | str, int]] | None = None,
+              kind: str = "bad input",
               expect: str = "refused", preexec_fn=None, stdin: str | None = None,
               readonly: Path | None = None, small_fs: tuple[Path, int] | None = None,
               unprivileged: bool = False) -> FaultResult:
     """Run `python -m accelkit ARGS` and observe it (see the module docstring).
 
     `send_signal=(when, signum)`: send signum to the command after `when` seconds, or once a line containing
-    `when` (a string) appears on its stderr. `expect` says what a correct tool does ("refused": a clean error;
-    "signal": a clean stop; "ok": success) and is recorded for benchmarks/faults.py. `readonly`: an existing
+    `when` (a string) appears on its stderr or stdout; a list of such pairs sends them in turn (seconds count from
+    the previous signal). The temp folder checked for leftovers is the command's TMPDIR when `env` sets one (a
+    private one keeps other jobs on the machine out of the check), else the system's. `expect` says what a
+    correct tool does ("refused": a clean error; "signal": a clean stop; "ok": success) and is recorded for
+    benchmarks/faults.py. `readonly`: an existing
     folder the command sees as a read-only file system (a private mount namespace: `unshare -rm`, then a
     read-only tmpfs over the folder), for every user, root included. `small_fs=(folder, bytes)`: the folder is an
     empty writable file system of that size (the same mechanism), to meet a full disk. `unprivileged`: the command
@@ -198,7 +203,8 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
         result.created += sorted(set(new) - set(old))
         result.deleted += sorted(set(old) - set(new))
         result.changed += sorted(p for p in set(old) & set(new) if old[p] != new[p])
-    result.leftovers = _temp_leftovers([Path(r) for r in watch], private_tmp)
+    command_tmp = Path(env["TMPDIR"]) if env and env.get("TMPDIR") else private_tmp
+    result.leftovers = _temp_leftovers([Path(r) for r in watch], command_tmp)
     shutil.rmtree(private_tmp, ignore_errors=True)
     result.orphans = _orphans(marker)
     for line in result.orphans:  # never let a test leak processes into the next one
@@ -208,38 +214,41 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
     return result
 
 
-def _communicate_with_signal(proc: subprocess.Popen, send_signal: tuple[float | str, int],
+def _communicate_with_signal(proc: subprocess.Popen,
+                             send_signal: tuple[float | str, int] | list[tuple[float | str, int]],
                              timeout: float) -> tuple[str, str]:
     import threading
 
-    when, signum = send_signal
+    plan = send_signal if isinstance(send_signal, list) else [send_signal]
     err_lines: list[str] = []
-    out_chunks: list[str] = []
-    seen = threading.Event()
+    out_lines: list[str] = []
+    seen_text = threading.Condition()
 
-    def read_err() -> None:
-        for line in proc.stderr:
-            err_lines.append(line)
-            if isinstance(when, str) and when in line:
-                seen.set()
+    def reader(stream, lines: list[str]) -> None:
+        for line in stream:
+            with seen_text:
+                lines.append(line)
+                seen_text.notify_all()
 
-    def read_out() -> None:
-        out_chunks.append(proc.stdout.read())
-
-    threads = [threading.Thread(target=read_err, daemon=True), threading.Thread(target=read_out, daemon=True)]
+    threads = [threading.Thread(target=reader, args=(proc.stderr, err_lines), daemon=True),
+               threading.Thread(target=reader, args=(proc.stdout, out_lines), daemon=True)]
     for t in threads:
         t.start()
-    if isinstance(when, str):
-        seen.wait(timeout)
-    else:
-        time.sleep(when)
-    if proc.poll() is None:
-        proc.send_signal(signum)
+    deadline = time.monotonic() + timeout
+    for when, signum in plan:
+        if isinstance(when, str):
+            with seen_text:
+                seen_text.wait_for(lambda when=when: any(when in line for line in err_lines + out_lines)
+                                   or proc.poll() is not None, timeout=max(0.0, deadline - time.monotonic()))
+        else:
+            time.sleep(when)
+        if proc.poll() is None:
+            proc.send_signal(signum)
     try:
-        proc.wait(timeout=timeout)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
     for t in threads:
         t.join(timeout=10)
-    return "".join(out_chunks), "".join(err_lines)
+    return "".join(out_lines), "".join(err_lines)

@@ -23,8 +23,9 @@ LAUNCHER = textwrap.dedent("""
     print(" ".join(str(r.pid) for r in ranks), flush=True)
     if mode == "die":          # the launcher is killed hard: its ranks become orphans
         os.kill(os.getpid(), signal.SIGKILL)
-    if mode == "hang":         # ignores SIGTERM: the supervisor must escalate
+    if mode == "hang":         # ignores SIGTERM and SIGINT: the supervisor must escalate
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if mode == "exit3":
         sys.exit(3)
     time.sleep(600)
@@ -78,7 +79,19 @@ def test_sigterm_escalates_to_sigkill_when_the_launcher_hangs(tmp_path):
     started = time.time()
     proc.send_signal(signal.SIGTERM)
     status = _finish(proc)
-    assert status == 128 + signal.SIGKILL and time.time() - started < 15
+    # The status says why the job ended (SIGTERM), not how the hung launcher was finally stopped (SIGKILL).
+    assert status == 128 + signal.SIGTERM and time.time() - started < 15
+    assert _gone(ranks)
+
+
+def test_ctrl_c_twice_kills_at_once_and_exits_130(tmp_path):
+    proc, ranks = _start(tmp_path, "hang", grace=60.0)  # the grace period alone would take a minute
+    time.sleep(0.5)
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    assert _finish(proc) == 130 and time.time() - started < 15
     assert _gone(ranks)
 
 

@@ -1,0 +1,133 @@
+"""Known failures from deep inside a rank, turned into one line that names the cause, the parameter or the line,
+and the way out. The bootstrap asks `explain(exc)` about any exception the script raises; None means "not one we
+know": the exception then propagates with its traceback as usual.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+
+from accelkit.errors import AccelkitError
+from accelkit.rehearsal.user_code import is_user_file
+
+_SCALAR_FSDP = re.compile(r"(fully_shard|FSDP) doesn't support scalar parameters\. Change (\S+) to a 1D tensor")
+_SCALAR_DEEPSPEED = "self.dim() cannot be 0 to view"
+_NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available")
+_PLUGIN_VERSION = re.compile(r"reshard_after_forward set to (.+?)\. This is not supported with FSDP(\d)")
+_MISMATCH = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(.*?OpType=(\w+).*?\), but Rank (\d+) "
+                       r"is running collective: CollectiveFingerPrint\(.*?OpType=(\w+)", re.DOTALL)
+
+
+def _user_line(exc: BaseException) -> tuple[str, int, str] | None:
+    """(file, line, source) of the innermost frame of the user's code in the traceback."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            found = (code.co_filename, tb.tb_lineno, linecache.getline(code.co_filename, tb.tb_lineno).strip())
+        tb = tb.tb_next
+    return found
+
+
+def _scalar_parameters(exc: BaseException) -> list[str]:
+    """Names of 0-dim parameters of the models found in the traceback's frames (innermost model first)."""
+    import torch
+
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            module = getattr(value, "module", value)  # a DeepSpeedEngine or DDP wrapper holds the model
+            if isinstance(module, torch.nn.Module):
+                names = [name for name, p in module.named_parameters()
+                         if len(getattr(p, "ds_shape", p.shape)) == 0]
+                if names:
+                    return names
+    return []
+
+
+def _scalar_parameter_error(names: list[str], backend: str, ways_out: str, why: str = "") -> AccelkitError:
+    listed = ", ".join(f"`{name}`" for name in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    plural = "parameters" if len(names) > 1 else "parameter"
+    return AccelkitError(
+        f"the model's {plural} {listed} {'are' if len(names) > 1 else 'is'} 0-dim (a scalar), which {backend} "
+        f"cannot shard{why}", hint=f"make it shape (1,) (e.g. nn.Parameter(torch.tensor([value]))), or {ways_out}")
+
+
+def _explain_scalar_fsdp(exc: BaseException) -> AccelkitError | None:
+    match = _SCALAR_FSDP.search(str(exc))
+    if match is None:
+        return None
+    # Both FSDP versions refuse scalars (torch 2.13), and so does DeepSpeed ZeRO: only DDP takes the model as it is.
+    version = "FSDP2 (fully_shard)" if match.group(1) == "fully_shard" else "FSDP1"
+    return _scalar_parameter_error([match.group(2)], version, "use --backend ddp")
+
+
+def _explain_scalar_deepspeed(exc: BaseException) -> AccelkitError | None:
+    if _SCALAR_DEEPSPEED not in str(exc):
+        return None
+    names = _scalar_parameters(exc) or ["(unnamed)"]
+    return _scalar_parameter_error(names, "DeepSpeed ZeRO", "use --backend ddp",
+                                   why=" (it flattens every parameter into its partitions)")
+
+
+def _explain_no_cuda(exc: BaseException) -> AccelkitError | None:
+    import os
+
+    from accelkit.rehearsal.shim import REHEARSAL_ENV
+
+    if not os.environ.get(REHEARSAL_ENV) or not any(text in str(exc) for text in _NO_CUDA):
+        return None
+    where = _user_line(exc)
+    place = f"{where[0]}:{where[1]} (`{where[2]}`)" if where else "the script"
+    return AccelkitError(
+        f"{place} needs a CUDA device, which a CPU rehearsal does not have",
+        hint="create tensors on the device of your data or model (x.device, accelerator.device) instead of a "
+             "hard-coded 'cuda'; `.to(cuda)`, `.cuda()`, set_device and device_ids are mapped to the CPU already")
+
+
+def _explain_collective_mismatch(exc: BaseException) -> AccelkitError | None:
+    match = _MISMATCH.search(str(exc))
+    if match is None:
+        return None
+    rank_a, op_a, rank_b, op_b = match.groups()
+    where = _user_line(exc)
+    place = f"; this rank called it at {where[0]}:{where[1]}" if where else ""
+    return AccelkitError(
+        f"ranks called different collectives: rank {rank_a} {op_a.lower()}, rank {rank_b} {op_b.lower()} "
+        f"(found by TORCH_DISTRIBUTED_DEBUG=DETAIL){place}",
+        hint="a rank took another branch: every rank must call the same collectives in the same order")
+
+
+def _explain_plugin_version(exc: BaseException) -> AccelkitError | None:
+    """The script builds its own FullyShardedDataParallelPlugin with options of the other FSDP version."""
+    match = _PLUGIN_VERSION.search(str(exc))
+    if match is None:
+        return None
+    version = match.group(2)
+    other = "1" if version == "2" else "2"
+    where = _user_line(exc)
+    place = f"{where[0]}:{where[1]} builds" if where else "the script builds"
+    option = "sharding_strategy" if version == "2" else "reshard_after_forward=True/False"
+    return AccelkitError(
+        f"{place} an FSDP{other}-style FullyShardedDataParallelPlugin ({option}), but the launch config says "
+        f"fsdp_version {version}",
+        hint=f"launch with --fsdp-version {other}, or give the plugin FSDP{version} options "
+             + ("(reshard_after_forward=True/False instead of sharding_strategy)" if version == "2"
+                else "(sharding_strategy instead of a bool reshard_after_forward)"))
+
+
+_RULES = (_explain_scalar_fsdp, _explain_scalar_deepspeed, _explain_no_cuda, _explain_plugin_version,
+          _explain_collective_mismatch)
+
+
+def explain(exc: BaseException) -> AccelkitError | None:
+    for rule in _RULES:
+        error = rule(exc)
+        if error is not None:
+            return error
+    return None

@@ -1,0 +1,161 @@
+"""`accelkit launch` when the job goes wrong: a stall, ranks in different collectives, a rank killed by a signal, Ctrl-C
+(twice), SIGTERM, a syntax error, a 0-dim parameter, a machine waiting for machine 0, a GPU config on a machine
+without GPUs, and a slow job that must not be stopped. Each checks the exit status, the one `Error:` line with its
+`Hint:`, no traceback, nothing created or changed outside the job's own outputs, no launch folder left in the temp
+directory, no process left behind.
+
+Every launch gets its own TMPDIR inside the test folder, so the leftover check sees this launch only (other jobs on
+the machine use the system temp folder); torch's own caches, which a user's TMPDIR would hold too, go elsewhere. The
+ones that start ranks are marked slow.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import DATA
+from helpers.faults import FaultResult, run_fault
+
+from accelkit.launch.ports import free_port
+
+FAULTS = DATA / "launch" / "faults.py"
+CPU_DDP = ["launch", "--cpu", "--backend", "ddp", "--num-processes", "2"]
+
+
+def line_of(marker: str) -> int:
+    """The line of faults.py that carries `marker` (a comment), so tests do not hard-code line numbers."""
+    return next(i for i, text in enumerate(FAULTS.read_text().splitlines(), 1) if marker in text)
+
+
+# DeepSpeed JIT-builds a small op into ~/.cache/torch_extensions; engineers sharing a machine from different venvs
+# rebuild it for each other on every run (the build file names the venv), so these tests keep one cache per venv.
+EXTENSIONS = Path.home() / ".cache" / "torch_extensions" / f"accelkit-tests-{Path(sys.prefix).name}"
+
+
+def launch(tmp_path: Path, *args: str, **kwargs) -> FaultResult:
+    """Run `accelkit ARGS` in tmp_path/work with a private TMPDIR, watching the whole test folder."""
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(EXTENSIONS),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path.parent / f"{tmp_path.name}-inductor"), **kwargs.pop("env", {})}
+    return run_fault(list(args), watch=[tmp_path], cwd=work, env=env, timeout=kwargs.pop("timeout", 240), **kwargs)
+
+
+@pytest.mark.slow
+def test_rank_stalled_in_python_is_reported_with_both_stacks(tmp_path):
+    started = time.time()
+    result = launch(tmp_path, *CPU_DDP, "--stall-timeout", "5", str(FAULTS), "stall-in-python", kind="stall")
+    line = result.assert_refused(r"the job stalled for \d+ s and was stopped: rank 1 is not in any collective",
+                                 exit_code=124)
+    sleeping, waiting = line_of("rank 1 stalls here"), line_of("rank 0 waits here")
+    assert f"faults.py:{sleeping} in collectives" in line and "rank 0 waits in all_reduce at" in line
+    # Both stacks: rank 1 at its sleeping line, rank 0 inside all_reduce called from its line.
+    stacks = result.stderr.split("\nError:")[0].split("accelkit: rank ")
+    rank0 = next(s for s in stacks if s.startswith("0 (pid"))
+    rank1 = next(s for s in stacks if s.startswith("1 (pid"))
+    assert f'faults.py", line {waiting}, in collectives' in rank0 and "in all_reduce" in rank0
+    assert f'faults.py", line {sleeping}, in collectives' in rank1 and "all_reduce" not in rank1
+    # Reported within the timeout + 10 s of the stall (the ranks' ready lines; the last one starts it).
+    stalled_at = max(float(t) for t in re.findall(r"FAULTS ready rank=\d t=([\d.]+)", result.stdout))
+    assert started + result.seconds - stalled_at < 5 + 10
+
+
+@pytest.mark.slow
+def test_ranks_in_different_collectives_are_told_apart(tmp_path):
+    result = launch(tmp_path, *CPU_DDP, "--stall-timeout", "5", str(FAULTS), "branch", kind="stall")
+    line = result.assert_refused("ranks wait in different collectives", exit_code=124)
+    assert f"rank 0 in all_reduce at {FAULTS}:{line_of('rank 0 branch')}" in line
+    assert f"rank 1 in barrier at {FAULTS}:{line_of('rank 1 branch')}" in line
+    assert "same order" in result.stderr
+
+
+@pytest.mark.slow
+def test_rank_killed_by_a_signal_is_named(tmp_path):
+    result = launch(tmp_path, *CPU_DDP, str(FAULTS), "segfault", kind="crash")
+    line = result.assert_refused(r"rank 0 \(pid \d+\) died of SIGSEGV at ", exit_code=139)
+    assert f"faults.py:{line_of('rank 0 dies here')} in segfault" in line
+    assert "native code" in result.stderr  # the hint
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_exits_130_and_leaves_nothing(tmp_path):
+    result = launch(tmp_path, *CPU_DDP, str(FAULTS), "sleep", kind="signal", expect="signal",
+                    send_signal=[("FAULTS all ready", signal.SIGINT), (0.3, signal.SIGINT)])
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "stopped by SIGINT (Ctrl-C)" in result.stderr and not result.traceback
+    result.assert_clean(owned=[tmp_path / "work"])
+    assert not list((tmp_path / "tmp").iterdir())  # no accelkit-launch-* folder, nor anything else
+
+
+@pytest.mark.slow
+def test_sigterm_exits_143_and_leaves_nothing(tmp_path):
+    result = launch(tmp_path, *CPU_DDP, str(FAULTS), "sleep", kind="signal", expect="signal",
+                    send_signal=("FAULTS all ready", signal.SIGTERM))
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert not result.traceback
+    result.assert_clean(owned=[tmp_path / "work"])
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_syntax_error_is_one_message_before_any_rank_starts(tmp_path):
+    script = tmp_path / "work" / "train.py"
+    script.parent.mkdir()
+    script.write_text("import torch\n\ndef main(:\n    pass\n")
+    result = launch(tmp_path, *CPU_DDP, "train.py")
+    result.assert_refused(r"train\.py:3:10: SyntaxError: invalid syntax: def main\(:")
+    assert "no process was started" in result.stderr and result.seconds < 30
+
+
+@pytest.mark.slow
+def test_scalar_parameter_under_deepspeed_is_named_with_the_ways_out(tmp_path):
+    # Every rank fails in DeepSpeed's flattening; the launcher prints the explanation once. (FSDP2's and FSDP1's
+    # refusals of the same model are explained from torch's real errors in tests/unit/rehearsal/test_explain.py.)
+    result = launch(tmp_path, "launch", "--cpu", "--backend", "deepspeed", "--num-processes", "2", str(FAULTS),
+                    "scalar-parameter", timeout=600)
+    result.assert_refused("the model's parameter `temperature` is 0-dim \\(a scalar\\), which DeepSpeed ZeRO cannot "
+                          "shard \\(it flattens every parameter into its partitions\\)")
+    assert "shape (1,)" in result.stderr and "--backend ddp" in result.stderr
+
+
+@pytest.mark.slow
+def test_machine_waiting_for_machine_zero_says_for_whom_and_what_to_check(tmp_path):
+    port = str(free_port())  # nothing listens there: machine 0 never started
+    result = launch(tmp_path, *CPU_DDP, "--num-machines", "2", "--machine-rank", "1", "--main-process-ip",
+                    "127.0.0.1", "--main-process-port", port, "--rdzv-conf", "timeout=3", str(FAULTS), "sleep")
+    result.assert_refused(f"machine 1 waited 3 s for machine 0 at 127.0.0.1:{port}, which never answered")
+    assert f"accelkit: waiting for machine 0 at 127.0.0.1:{port} (timeout 3 s)" in result.stderr
+    assert "--machine-rank 0" in result.stderr and "firewall" in result.stderr
+    assert "FAULTS ready" not in result.stdout  # no rank started
+
+
+@pytest.mark.slow
+def test_gpu_config_on_a_machine_without_gpus_says_cpu_rehearses_it(tmp_path):
+    config = tmp_path / "work" / "ddp.yaml"
+    config.parent.mkdir()
+    made = run_fault(["config", "--backend", "ddp", "--num-processes", "2", "-o", str(config)], watch=[tmp_path],
+                     expect="ok")
+    assert made.returncode == 0, made.stderr
+    result = launch(tmp_path, "launch", "--config", "ddp.yaml", str(FAULTS), "sleep")
+    line = result.assert_refused(r"ddp\.yaml is a ddp config, which needs GPUs, and this machine has none")
+    assert re.search(r"Hint: add --cpu to rehearse it on 2 CPU processes \(`accelkit launch --cpu --config ddp\.yaml",
+                     result.stderr), line
+
+
+@pytest.mark.slow
+def test_slow_job_that_progresses_is_not_stopped(tmp_path):
+    # 4 silent pauses of 2.5 s with a 4 s timeout: 10 s+ in all, longer than the timeout, never 4 s without a
+    # collective or a line.
+    started = time.monotonic()
+    result = launch(tmp_path, *CPU_DDP, "--stall-timeout", "4", str(FAULTS), "slow", "4", "2.5", expect="ok")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stalled" not in result.stderr
+    assert sorted(re.findall(r"FAULTS step (\d) rank=(\d)", result.stdout)) == [
+        (str(step), str(rank)) for step in range(4) for rank in (0, 1)]
+    assert time.monotonic() - started > 10
+    result.assert_clean()
