@@ -27,11 +27,37 @@ class LeftAlone:
     todo: str
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Something the conversion could not do correctly: the output would not train the same model on N processes
+    (or would report wrong numbers) until a human fixes it."""
+
+    line: int
+    what: str
+    todo: str
+
+    def format(self) -> str:
+        return f"line {self.line}: {self.what}; to do: {self.todo}" if self.line else f"{self.what}; to do: {self.todo}"
+
+
+@dataclass(frozen=True)
+class Found:
+    """One object of the inventory: what it is, where it is, and what the conversion did with it."""
+
+    kind: str  # model | optimizer | scheduler | dataloader | batches | metric | file write
+    name: str
+    line: int
+    action: str
+
+
 @dataclass
 class Report:
     changes: list[Change] = field(default_factory=list)
     left_alone: list[LeftAlone] = field(default_factory=list)
     status: str = "converted"  # converted | unchanged | already-accelerate
+    problems: list[Problem] = field(default_factory=list)
+    found: list[Found] = field(default_factory=list)
+    iteration_based: bool = False  # training draws random batches (no epochs): progress is counted in steps
 
     def change(self, line: int, what: str, why: str) -> None:
         self.changes.append(Change(line, _shorten(what), why))
@@ -41,7 +67,8 @@ class Report:
 
     def sorted(self) -> Report:
         return Report(sorted(self.changes, key=lambda c: c.line), sorted(self.left_alone, key=lambda n: n.line),
-                      self.status)
+                      self.status, sorted(self.problems, key=lambda p: p.line),
+                      sorted(self.found, key=lambda f: (f.line, f.kind)), self.iteration_based)
 
     def format(self, script: str = "script") -> str:
         if self.status == "already-accelerate":
