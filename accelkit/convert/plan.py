@@ -25,6 +25,8 @@ class Plan:
         self.after: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
         self.body_start: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)  # suite -> leading stmts
         self.accelerator_uses: list[cst.CSTNode] = []  # original nodes whose new code names `accelerator`
+        self.accelerator_args: dict[str, str] = {}  # extra Accelerator(...) arguments, e.g. cpu=args.no_cuda
+        self.prepared: dict[str, str] = {}  # name -> where it is prepared ("line 77 (main)")
         self.report = Report()
 
     def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:

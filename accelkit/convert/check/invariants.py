@@ -220,7 +220,12 @@ def _pass_problem(key, passes: list[Pass | None], original: Pass | None, world: 
     shared = sorted(i for i, rs in seen_by.items() if len(set(rs)) > 1)
     complete = all(p is not None and p.complete for p in passes)
     batch = max((p.batch_size for p in passes if p is not None), default=-1)
-    padding_allowed = world * batch - 1 if complete and batch > 0 else 0
+    length = max((p.dataset_length for p in passes if p is not None), default=-1)
+    fetched = sum(len(p.indices) for p in passes if p is not None)
+    # Accelerate evens out the last batch of an epoch by repeating samples from its start (even_batches)
+    padding_allowed = 0
+    if batch > 0 and length > 0 and length % (world * batch) and fetched >= length:
+        padding_allowed = world * batch - length % (world * batch)
     if len(shared) > padding_allowed:
         example = shared[0]
         ranks = sorted(set(seen_by[example]))

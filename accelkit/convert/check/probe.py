@@ -188,6 +188,7 @@ class CheckProbe:
         self.record.backward_passes += 1
         if self.optimizer_index:
             return
+        self.loaders.on_step()
         params = [p for model in self.models for p in model.parameters()]
         self.record.steps.append(Step(number=self.record.backward_passes, optimizer=-1, is_clock=True, lrs=[],
                                       digest=digest(params), progress=self.loaders.progress()))

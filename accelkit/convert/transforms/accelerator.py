@@ -34,7 +34,8 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         suite, anchor_index, first_use, needs_global = _at_module_level(ctx, plan, parse)
     body = list(suite.body)  # type: ignore[attr-defined]
     mixed, anchor_index, note = _mixed_precision(ctx, facts, options, suite, body, anchor_index, first_use, function)
-    args = f"mixed_precision={mixed}" if mixed else ""
+    args = ", ".join([*([f"mixed_precision={mixed}"] if mixed else []),
+                      *(f"{k}={v}" for k, v in plan.accelerator_args.items())])
     creation = cst.parse_statement(f"accelerator = Accelerator({args})\n")
     _insert_import(ctx, plan, suite, anchor_index)
     where: int
