@@ -194,8 +194,8 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
             key, value = None, small.value
         else:
             key, value = assign_parts(small)
-            if key is None:
-                continue
+            if key is None or ("." in key and not key.startswith("self.")):
+                continue  # `model.head = nn.Linear(...)` changes a model, it does not make a new one
         if value is None:
             continue
         kind = classify(ctx, value, model_classes)
@@ -421,15 +421,26 @@ PREPARABLE = {"model", "optimizer", "loader", "scheduler"}
 def models_of(ctx: Context, facts: Facts, optimizer: Tracked) -> list[str]:
     """The models an optimizer trains, by the names its creation uses: `SGD(model.parameters())`,
     `model.configure_optimizers(...)`, `make_optimizer(model, ...)`, or `params` built from them just before."""
-    found: list[str] = []
-    nodes = list(ctx.descendants(optimizer.value))
+
+    def variables(value: cst.CSTNode) -> list[cst.CSTNode]:
+        out = []
+        for node in ctx.descendants(value):
+            parent = ctx.parent(node)
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue  # `.model` in `self.model` is not a variable of its own
+            out.append(node)
+        return out
+
+    nodes = variables(optimizer.value)
     function = ctx.function(optimizer.small) if optimizer.small is not None else None
     # one level of indirection: `params = [p for p in model.parameters() if ...]; opt = AdamW(params)`
     for node in list(nodes):
-        if type(node) is cst.Name and function is not None:
+        if type(node) is cst.Name and function is not None and facts.kinds.get(node.value) != "model":
             creation = _assignment_of(ctx, node.value, function)
             if creation is not None and creation is not optimizer.small:
-                nodes += [n for _, v, _ in bindings(creation) if v is not None for n in ctx.descendants(v)]
+                nodes += [n for k, v, _ in bindings(creation) if k == node.value and v is not None
+                          for n in variables(v)]
+    found: list[str] = []
     for node in nodes:
         key = None
         if isinstance(node, cst.Attribute) and node.attr.value in {"parameters", "named_parameters",
@@ -437,9 +448,9 @@ def models_of(ctx: Context, facts: Facts, optimizer: Tracked) -> list[str]:
             key = dotted(node.value)
         elif isinstance(node, (cst.Name, cst.Attribute)) and facts.kinds.get(dotted(node) or "") == "model":
             key = dotted(node)
-        if key and key not in found and (facts.kinds.get(key) == "model" or node is not None):
+        if key and key not in found and facts.kinds.get(key) == "model":
             found.append(key)
-    return [k for k in found if facts.kinds.get(k) == "model"]
+    return found
 
 
 def _loaders_into_parameters(ctx: Context, facts: Facts) -> None:

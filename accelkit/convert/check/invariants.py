@@ -285,28 +285,56 @@ def metrics(runs: Runs) -> Verdict:
     compared = 0
     for p in evaluations:
         key = f"{p.loader}:{p.number}"
-        ours = _lines_after(rank0, p)
-        theirs = _lines_after(original, next((q for q in original.passes if (q.loader, q.number) ==
-                                              (p.loader, p.number)), None))
-        if not ours:
-            continue
         if key not in original.replayed:
             continue
-        for line, other in zip(ours, theirs, strict=False):
+        where = f"evaluation pass {p.number + 1} of loader #{p.loader} ({p.owner.split(':')[-1]})"
+        if key in rank0.returns and key in original.returns:
+            ours, theirs = rank0.returns[key], original.returns[key]
+            problem = _compare_values(ours, theirs)
+            if problem:
+                return Verdict(name, FAIL, f"{where} returned {problem} (same weights on both sides)",
+                               (f"{runs.world} processes: {ours!r}", f"1 process:   {theirs!r}"))
+            compared += 1
+        ours_lines = _lines_after(rank0, p)
+        theirs_lines = _lines_after(original, next((q for q in original.passes if (q.loader, q.number) ==
+                                                    (p.loader, p.number)), None))
+        for line, other in zip(ours_lines, theirs_lines, strict=False):
             problem = _compare_line(line, other)
             if problem:
-                return Verdict(name, FAIL, f"after evaluation pass {p.number + 1} of loader #{p.loader}: {problem} "
-                                           f"(same weights on both sides)",
+                return Verdict(name, FAIL, f"after {where}: {problem} (same weights on both sides)",
                                (f"{runs.world} processes: {line}", f"1 process:   {other}"))
             compared += 1
-        if len(ours) != len(theirs):
-            return Verdict(name, FAIL, f"after evaluation pass {p.number + 1} of loader #{p.loader} the converted "
-                                       f"script printed {len(ours)} line(s), the original {len(theirs)}",
-                           tuple(ours[:3]) + tuple(theirs[:3]))
+        if len(ours_lines) != len(theirs_lines):
+            return Verdict(name, FAIL, f"after {where} the converted script printed {len(ours_lines)} line(s), the "
+                                       f"original {len(theirs_lines)}", tuple(ours_lines[:3]) + tuple(theirs_lines[:3]))
     if not compared:
-        return Verdict(name, SKIP, "nothing was printed after an evaluation pass")
-    return Verdict(name, PASS, f"{compared} line(s) printed after evaluation passes equal the one-process values at "
-                               "the same weights")
+        return Verdict(name, SKIP, "no evaluation pass printed or returned a metric")
+    return Verdict(name, PASS, f"{compared} metric(s) printed or returned after evaluation passes equal the "
+                               "one-process values at the same weights")
+
+
+def _compare_values(ours, theirs) -> str | None:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in sorted(set(ours) | set(theirs)):
+            problem = _compare_values(ours.get(key), theirs.get(key))
+            if problem:
+                return f"{key}: {problem}"
+        return None
+    if isinstance(ours, list) and isinstance(theirs, list):
+        if len(ours) != len(theirs):
+            return f"{len(ours)} values where one process returns {len(theirs)}"
+        for a, b in zip(ours, theirs, strict=True):
+            problem = _compare_values(a, b)
+            if problem:
+                return problem
+        return None
+    if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+        if abs(ours - theirs) > 1e-4 * max(abs(ours), abs(theirs)) + 1e-9:
+            return f"{ours:.6g} where one process returns {theirs:.6g}"
+        return None
+    if ours is None and theirs is None:
+        return None
+    return f"{ours!r} where one process returns {theirs!r}"
 
 
 def _lines_after(record: Record, p: Pass | None) -> list[str]:

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from accelkit.convert.check.frames import is_user_code, qualname
+from accelkit.convert.check.frames import is_user_code, qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, STALL_ENV, Pass, Record, Step, write_record
@@ -57,6 +57,7 @@ class CheckProbe:
         self.stall_file = None
         self.last_arm = 0.0
         self.finished = False
+        self.watching = 0  # frames whose return value is awaited
         self.loaders = LoaderTracker(self.record, self.activity, self._pass_started, self._pass_ended)
         ignore = [str(self.folder)]
         self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
@@ -222,6 +223,8 @@ class CheckProbe:
         self.record.replayed.append(f"{record.loader}:{record.number}")
 
     def _pass_ended(self, record: Pass) -> None:
+        if not record.steps and record.batches:
+            self._watch_return(record)
         if self.record.role != "converted" or not self.main or record.steps or not record.batches or not self.models:
             return
         import torch
@@ -229,6 +232,28 @@ class CheckProbe:
         states = [{k: v.detach().cpu() for k, v in unwrap(m).state_dict().items()} for m in self.models]
         torch.save(states, self.folder / eval_weights_name(record.loader, record.number))
         self.record.saved_eval_weights.append(f"{record.loader}:{record.number}")
+
+    def _watch_return(self, record: Pass) -> None:
+        """Note what the function iterating this loader returns (an evaluation function's metric), with a trace
+        function on that one frame; nothing is traced when the script (or a debugger) traces itself."""
+        frame = next(user_frames(2), None)
+        if frame is None or frame.f_code.co_name == "<module>" or sys.gettrace() is not None:
+            return
+        key = f"{record.loader}:{record.number}"
+        probe = self
+
+        def on_event(traced, event, arg):
+            if event == "return":
+                probe.record.returns.setdefault(key, plain(arg))
+                probe.watching -= 1
+                if not probe.watching:
+                    sys.settrace(None)
+            return on_event
+
+        frame.f_trace_lines = False
+        frame.f_trace = on_event
+        self.watching += 1
+        sys.settrace(_no_trace)  # tracing must be on for a frame's own trace function to run
 
     # -- the end ---------------------------------------------------------------------------------------------
     def finish(self, reason: str) -> None:
@@ -249,6 +274,27 @@ class CheckProbe:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             time.sleep(0.3)
+
+
+def _no_trace(frame, event, arg):
+    return None
+
+
+def plain(value, depth: int = 0):
+    """A JSON-able copy of a metric: numbers, 0-d tensors, and lists/tuples/dicts of them; None otherwise."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        return float(value.item())
+    if depth < 2 and isinstance(value, (list, tuple)):
+        items = [plain(v, depth + 1) for v in value]
+        return items if any(i is not None for i in items) else None
+    if depth < 2 and isinstance(value, dict):
+        items = {str(k): plain(v, depth + 1) for k, v in value.items()}
+        return items if any(i is not None for i in items.values()) else None
+    return None
 
 
 def unwrap(module):

@@ -70,6 +70,7 @@ class Record:
     progress_writes: int = 0  # carriage-return writes to stderr (progress bars)
     files: dict[str, int] = field(default_factory=dict)  # path -> times this process wrote it
     backward_passes: int = 0
+    returns: dict[str, Any] = field(default_factory=dict)  # "loader:pass" -> what the evaluating function returned
     saved_eval_weights: list[str] = field(default_factory=list)  # converted rank 0: "loader:pass" weights saved
     replayed: list[str] = field(default_factory=list)  # original: "loader:pass" weights loaded before the pass
     notes: list[str] = field(default_factory=list)

@@ -7,5 +7,5 @@ from __future__ import annotations
 from accelkit.convert.transforms import (accelerator, batches, decisions, devices, metrics, prepare, saving,
                                          training)
 
-TRANSFORMS = [devices.apply, training.apply, saving.apply, metrics.apply, prepare.apply, batches.apply,
+TRANSFORMS = [devices.apply, training.apply, metrics.apply, prepare.apply, saving.apply, batches.apply,
               decisions.apply, accelerator.apply]

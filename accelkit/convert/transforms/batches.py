@@ -12,6 +12,8 @@ loop (`x[i:i + bs]`), split into a list of batches, fed whole (full-batch traini
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings
@@ -26,6 +28,7 @@ TO_TENSOR = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tenso
 SEEDS = {"torch.manual_seed", "numpy.random.seed", "random.seed", "accelerate.utils.set_seed",
          "transformers.set_seed", "transformers.trainer_utils.set_seed", "lightning.seed_everything",
          "pytorch_lightning.seed_everything"}
+LOADER_NAME = re.compile(r"loader|_dl\b|\bdl\b|dataloader", re.I)
 SHARD_NOTE = "# each process trains on an equal share of the samples (prepare() cannot shard hand-made batches)"
 
 
@@ -63,6 +66,8 @@ def _batch_loop(ctx: Context, flow: Flow, backward: cst.Call) -> cst.For | cst.W
 def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
     """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one."""
     if any(loop is l for l, _ in facts.loader_loops):
+        return True
+    if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
         return True
     for node in ctx.descendants(loop):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in {"next", "iter"} \
@@ -181,9 +186,22 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
                 if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and \
                         inner.func.attr.value in {"split", "chunk"}:
                     add(dotted(inner.func.value))
-        elif isinstance(source, cst.Name):
+        elif isinstance(source, cst.Name) and _bound_to_a_list(ctx, loop, source.value):
             add(source.value)
     return [r for r in found if _looks_like_data(ctx, loop, r)]
+
+
+def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
+    """`batches = [...]`, `batches = make_batches(...)`, `list(zip(...))`: a list of batches the script made (a
+    parameter or anything else could be a DataLoader handed in)."""
+    function = ctx.function(loop)
+    scope = function if function is not None else ctx.module
+    for node in ctx.descendants(scope):
+        if isinstance(node, cst.Assign):
+            for key, value, position in bindings(node):
+                if key == name and position is None and isinstance(value, (cst.List, cst.ListComp, cst.Call)):
+                    return not (isinstance(value, cst.Call) and "DataLoader" in ctx.code(value.func))
+    return False
 
 
 def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:

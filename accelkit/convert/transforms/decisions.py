@@ -60,7 +60,7 @@ def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNod
             tainted |= _names(ctx, target)
     for _, batch in facts.loader_loops:
         tainted |= batch
-    if isinstance(loop, cst.For):
+    if isinstance(loop, cst.For) and not _counts(ctx, loop):
         tainted |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
     assigns = [n for n in ctx.descendants(scope) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
     for _ in range(4):
@@ -80,8 +80,22 @@ def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNod
     return tainted
 
 
+def _counts(ctx: Context, loop: cst.For) -> bool:
+    """`for it in range(...)`: the loop variable is a counter, the same on every process."""
+    return isinstance(loop.iter, cst.Call) and ctx.code(loop.iter.func) in {"range", "trange"}
+
+
 def _names(ctx: Context, node: cst.CSTNode) -> set[str]:
-    return {n.value for n in ctx.descendants(node) if type(n) is cst.Name}
+    """Variables `node` reads, dotted (`self.loss`, `loss`): `self` alone in `self.loss` is not one of them."""
+    found = set()
+    for n in ctx.descendants(node):
+        parent = ctx.parent(n)
+        if type(n) is cst.Attribute and dotted(n):  # type: ignore[arg-type]
+            found.add(dotted(n))  # type: ignore[arg-type]
+        elif type(n) is cst.Name and not (isinstance(parent, cst.Attribute) and parent.attr is n) and \
+                n.value not in {"self", "cls"}:  # type: ignore[attr-defined]
+            found.add(n.value)  # type: ignore[attr-defined]
+    return found
 
 
 def _exit_of(node: cst.If) -> cst.BaseSmallStatement | None:

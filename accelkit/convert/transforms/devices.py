@@ -192,6 +192,10 @@ def _inputs_follow_the_device(ctx: Context, facts: Facts, plan: Plan) -> None:
                 _move_where_made(ctx, facts, plan, call, arg.value.value, done)
             elif _unplaced_factory(ctx, arg.value):
                 _move(ctx, plan, arg.value, done)
+        if is_model:  # `((model(x) - noise) ** 2).mean()`: what is combined with the output is an input too
+            statement = ctx.small_statement(call)
+            for name in {n.value for n in ctx.descendants(statement) if type(n) is cst.Name} if statement else ():
+                _move_where_made(ctx, facts, plan, call, name, done)
 
 
 def _unplaced_factory(ctx: Context, expr: cst.BaseExpression) -> bool:

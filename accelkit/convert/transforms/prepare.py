@@ -175,6 +175,7 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
         if item.kind == "optimizer":
             for model in models_of(ctx, facts, item):
                 optimized_in.setdefault(aliases.get(model, model), []).append(id(block))
+                model = _stored_alias(ctx, block, model) or model
                 if not any(m.key == model for m in group.members):
                     group.members.append(Member(model, "model", None))
     for group in groups.values():
@@ -192,6 +193,18 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
                 by_key[member.key] = member
         group.members = list(by_key.values())
     return [g for g in groups.values() if any(m.item is not None for m in g.members)]
+
+
+def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
+    """`self.model = model` in the block: the object lives on as `self.model` (what other methods train), so that
+    is the name to prepare."""
+    for node in ctx.descendants(block):
+        if isinstance(node, cst.Assign):
+            for target, value, position in bindings(node):
+                if position is None and target.startswith("self.") and value is not None and \
+                        dotted(_strip(value)) == key:
+                    return target
+    return None
 
 
 # -- placement --------------------------------------------------------------------------------------------------
@@ -248,15 +261,17 @@ def _runs(ctx: Context, flow: Flow, plan: Plan, statement: cst.CSTNode, member: 
 
 
 def _passive(ctx: Context, flow: Flow, ref: cst.CSTNode, member: Member) -> bool:
-    parent = ctx.parent(ref)
-    if isinstance(parent, cst.Attribute) and parent.value is ref:
+    """How the object is used at `ref`: read, changed or inspected (passive), or run / handed over (not)."""
+    node = ref
+    parent = ctx.parent(node)
+    # climb `model.fc.weight`, `model[0]`: what matters is what the whole expression is used for
+    while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
         grand = ctx.parent(parent)
-        if isinstance(grand, cst.Call) and grand.func is parent:
-            return bool(NOT_RUNNING.match(parent.attr.value))
-        return True  # `model.fc = ...`, `model.fc.weight` in an init call, `opt.param_groups`, `loader.dataset`
-    if isinstance(parent, (cst.AssignTarget, cst.Element)) and isinstance(ctx.parent(parent), (cst.Assign,
-                                                                                                  cst.Tuple)):
-        return True
+        if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent:
+            return bool(NOT_RUNNING.match(parent.attr.value))  # a method call: `model.apply(f)` vs `model.generate()`
+        node, parent = parent, grand
+    if isinstance(parent, cst.Call) and parent.func is node:
+        return node is not ref  # `model(x)` runs it; `model.fc(x)` too, but `model[0](x)` is rare enough
     if isinstance(parent, cst.Arg):
         call = ctx.parent(parent)
         if isinstance(call, cst.Call):
@@ -270,9 +285,9 @@ def _passive(ctx: Context, flow: Flow, ref: cst.CSTNode, member: Member) -> bool
             if local and not any(_runs_parameter(ctx, flow, f, call, parent) for f in local):
                 return True  # handed to the script's own init/load helper, which does not run it
         return False
-    if isinstance(parent, cst.Call) and parent.func is ref:
-        return False  # model(x)
-    return False
+    if isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is node:
+        return node is not ref  # `for p in model.parameters()` is passive; `for x in loader` runs the loader
+    return True  # read into a variable, assigned to, compared, returned: nothing runs
 
 
 def _creates_scheduler(ctx: Context, call: cst.Call) -> bool:
@@ -328,8 +343,10 @@ def _emit(ctx: Context, flow: Flow, plan: Plan, block: cst.CSTNode, body: list, 
     kinds = ", ".join(f"{m.key} ({m.kind})" for m in batch)
     plan.report.change(anchor_line, f"added `{names} = accelerator.prepare({names})` {when} in {where}: {kinds}",
                        WHY)
+    function = ctx.function(body[0]) if body else None
     for member in batch:
         plan.prepared[member.key] = f"line {anchor_line} ({where})"
+        plan.prepare_sites[member.key].append((function, anchor_line))
 
 
 def _prepare_returned(ctx: Context, plan: Plan, item: Tracked) -> None:

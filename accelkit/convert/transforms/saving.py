@@ -190,6 +190,10 @@ def _unwrap(ctx: Context, facts: Facts, plan: Plan) -> None:
         name = attr.attr.value
         if key not in models or name in WRAPPER_SAFE or inside_class(ctx, attr, facts.model_classes):
             continue
+        function, line = ctx.function(attr), ctx.line(attr)
+        if any(site_function is function and line < site_line for site_function, site_line in
+               plan.prepare_sites.get(key, ())):
+            continue  # still the plain model here: it is prepared further down
         if name == "module":  # `model.module` was the DataParallel way to reach the inner model
             plan.edit(attr, lambda u: accel_call("unwrap_model", u.value))
             plan.report.change(ctx.line(attr), f"`{ctx.code(attr)}` -> `accelerator.unwrap_model({key})`",
