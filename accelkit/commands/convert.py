@@ -29,6 +29,9 @@ CHECK_PROCESSES = 2
 @click.option("--check", is_flag=True,
               help="Run the original on 1 process and the conversion on 2 CPU processes and check that they train "
                    "the same model (one PASS/FAIL line per invariant). Arguments after SCRIPT go to the script.")
+@click.option("--converted", "converted_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, metavar="FILE",
+              help="With --check: check FILE (a conversion you made or edited) instead of converting SCRIPT again.")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
               help="With --check: optimizer steps of the 2-process run (the original runs 2*N).")
 @click.option("--stall-timeout", type=click.FloatRange(min=1), default=120, show_default=True, metavar="SECONDS",
@@ -37,8 +40,8 @@ CHECK_PROCESSES = 2
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
 def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_place: bool, show_diff: bool,
-            exit_code: bool, mixed_precision: str | None, partial: bool, check: bool, steps: int,
-            stall_timeout: float, force: bool) -> int:
+            exit_code: bool, mixed_precision: str | None, partial: bool, check: bool,
+            converted_file: Path | None, steps: int, stall_timeout: float, force: bool) -> int:
     """Convert SCRIPT (single GPU/CPU PyTorch training) into an Accelerate script and print what changed.
 
     \b
@@ -58,8 +61,10 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
     if script_args and not check:
         raise click.UsageError(f"unexpected argument {script_args[0]!r} (arguments after SCRIPT are passed to the "
                                "script by --check only)")
+    if converted_file is not None and not check:
+        raise click.UsageError("--converted goes with --check")
     if check:
-        return _check(script, list(script_args), steps, stall_timeout)
+        return _check(script, list(script_args), steps, stall_timeout, converted_file)
 
     from accelkit.convert import ConvertOptions, convert_source
 
@@ -110,13 +115,15 @@ def try_it(path: Path) -> str:
     return shlex.join(["accelkit", "launch", "--cpu", "--num-processes", str(CHECK_PROCESSES), str(path)])
 
 
-def _check(script: Path, args: list[str], steps: int, stall_timeout: float) -> int:
+def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None) -> int:
     from accelkit.convert.check import CheckOptions, check_script
 
-    click.echo(f"accelkit convert --check {script.name}: the original on 1 process, the conversion on "
+    what = converted_file.name if converted_file is not None else "the conversion"
+    click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
                f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s)...", err=True)
+    converted_code = _read(converted_file) if converted_file is not None else None
     outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
-                                                      stall_seconds=stall_timeout))
+                                                      stall_seconds=stall_timeout), converted_code=converted_code)
     if outcome.conversion_problems:
         click.echo("The conversion left problems (NOT CONVERTED in its report):")
         for problem in outcome.conversion_problems:

@@ -47,7 +47,8 @@ class CheckOutcome:
 
 
 def check_script(script: Path, args: list[str], options: CheckOptions | None = None,
-                 workdir: Path | None = None) -> CheckOutcome:
+                 workdir: Path | None = None, converted_code: str | None = None) -> CheckOutcome:
+    """Check `script`'s conversion (or `converted_code`, a conversion made or edited by hand) by running both."""
     from accelkit.convert import convert_source
 
     options = options or CheckOptions()
@@ -57,8 +58,9 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         raise AccelkitError(f"{script.name} already uses Accelerate: --check compares a single-device script with "
                             "its conversion", hint="run `accelkit convert --check` on the single-device original")
     iteration_based = result.report.iteration_based
+    code = result.code if converted_code is None else converted_code
     with Scratch(workdir or Path.cwd()) as scratch:
-        converted = run(converted_spec(scratch, script, result.code, args, options.steps, options.processes,
+        converted = run(converted_spec(scratch, script, code, args, options.steps, options.processes,
                                        options.stall_seconds, options.timeout), script.resolve().parent)
         replay = converted_spec_probe_dir(scratch)
         original = run(original_spec(scratch, script, args, options.processes * options.steps, options.processes,
@@ -67,8 +69,8 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
                 iteration_based)
     verdicts = [_ran(original, converted, options.processes, script.name), *evaluate(runs),
                 _no_hang(original, converted, script.name)]
-    return CheckOutcome(script.name, verdicts, original, converted,
-                        [p.format() for p in result.report.problems])
+    problems = [p.format() for p in result.report.problems] if converted_code is None else []
+    return CheckOutcome(script.name, verdicts, original, converted, problems)
 
 
 def converted_spec_probe_dir(scratch: Scratch) -> Path:

@@ -219,8 +219,8 @@ def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 node.func.attr.value in {"to", "cuda"} and dotted(node.func.value) == name:
             return  # moved by the script (now to accelerator.device)
-    if made is None:
-        return
+    if made is None or not _same_loop(ctx, made, use):
+        return  # data made once outside the loop (a dataset, a DataLoader's tensors): not an input moved per step
     value = made.value
     if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in {"to", "cuda"}
            for n in ctx.descendants(value)):
@@ -230,6 +230,20 @@ def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name
                                                    for a in value.args))
     if from_data:
         _move(ctx, plan, value, done)
+
+
+def _same_loop(ctx: Context, made: cst.CSTNode, use: cst.CSTNode) -> bool:
+    """`made` runs in the loop around `use` (a tensor made per step), or both are outside any loop."""
+    def loop_of(node: cst.CSTNode):
+        for ancestor in ctx.ancestors(node):
+            if isinstance(ancestor, cst.FunctionDef):
+                return None
+            if isinstance(ancestor, (cst.For, cst.While)):
+                return ancestor
+        return None
+
+    loop = loop_of(made)
+    return loop is not None and any(a is loop for a in ctx.ancestors(use)) or loop_of(use) is None and loop is None
 
 
 def _move(ctx: Context, plan: Plan, value: cst.BaseExpression, done: set[int]) -> None:

@@ -81,12 +81,11 @@ def _accumulators(ctx: Context, loop: cst.CSTNode) -> list[str]:
 
 
 def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, training: bool) -> None:
-    suite = ctx.suite_of(loop)
-    if suite is None:
+    if ctx.suite_of(loop) is None:
         return
-    after = ctx.following(loop, suite)
-    read_after = names_of(after, ctx)
     function = ctx.function(loop)
+    after = ctx.following(loop, function if function is not None else ctx.module)  # the rest of the function
+    read_after = names_of(after, ctx)
     returned = set()
     if function is not None:
         for node in ctx.descendants(function):
@@ -106,7 +105,7 @@ def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, 
         names.append(name)
     if not statements:
         return
-    for statement in reversed(statements):
+    for statement in statements:
         plan.insert_after(loop, statement)
     where = "training" if training else "evaluation"
     plan.report.change(ctx.line(loop), f"after the {where} loop: {', '.join(f'`{n}`' for n in names)} summed over "

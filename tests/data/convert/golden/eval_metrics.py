@@ -49,6 +49,8 @@ def evaluate(model, device, loader):
             loss, logits = model(batch[0], batch[1])
             total_loss += loss.item()
             total_correct += (logits.argmax(dim=1) == batch[1]).sum().item()
+        total_loss = accelerator.reduce(torch.as_tensor(total_loss, device=accelerator.device), "sum").item()
+        total_correct = accelerator.reduce(torch.as_tensor(total_correct, device=accelerator.device), "sum").item()
     n = len(loader.dataset)
     accelerator.print(f"EVAL validation loss={total_loss / n:.6f} accuracy={total_correct / n:.4f}")
 

@@ -21,7 +21,7 @@ def main():
     torch.manual_seed(0)
     device = accelerator.device
     g = torch.Generator().manual_seed(8)
-    images = torch.rand(48, 1, 8, 8, generator=g).to(accelerator.device)
+    images = torch.rand(48, 1, 8, 8, generator=g)
     loader = DataLoader(TensorDataset(images), batch_size=8)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 64), nn.Sigmoid())
     accelerator.print(accelerator.unwrap_model(model))
