@@ -102,6 +102,13 @@ def _no_hang(original: RunResult, converted: RunResult, script: str) -> Verdict:
             why = "made no progress" if result.stalled else "did not finish in time"
             evidence = tuple(f"rank {rank}: {where}" for rank, where in sorted(_stuck_at(result).items()))
             return Verdict(name, FAIL, f"the {label} run {why}: stopped after {result.seconds:.0f} s", evidence)
+    passes = {r.rank: r.backward_passes for r in converted.records}
+    if len(set(passes.values())) > 1:
+        counts = ", ".join(f"rank {rank}: {count}" for rank, count in sorted(passes.items()))
+        return Verdict(name, FAIL, "the processes left training at different steps (backward passes: "
+                                   f"{counts}): on GPUs the others wait for it in the next all-reduce forever",
+                       ("a stop decision (break, return) made from a value each process computes from its own "
+                        "batches; decide it together: accelerator.set_trigger() / accelerator.check_trigger()",))
     return Verdict(name, PASS, f"every process finished ({converted.seconds:.1f} s on the ranks)")
 
 

@@ -388,8 +388,10 @@ def side_effects(runs: Runs) -> Verdict:
     problems = [f"{p} written by ranks {', '.join(map(str, writers[p]))}" for p in shared[:5]]
     for record in ranks[1:]:
         if record.stdout_lines:
-            problems.append(f"rank {record.rank} printed {record.stdout_lines} line(s) (print only on the main "
-                            "process: accelerator.print)")
+            first = record.lines[0] if record.lines else ["", "", ""]
+            where = f" from {first[1]}" if first[1] else ""
+            problems.append(f"rank {record.rank} printed {record.stdout_lines} line(s){where}, e.g. {first[2][:80]!r} "
+                            "(print only on the main process: accelerator.print)")
         if record.progress_writes:
             problems.append(f"rank {record.rank} drew a progress bar ({record.progress_writes} redraws): disable "
                             "it on the other processes (disable=not accelerator.is_main_process)")

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from accelkit.convert.check.frames import innermost_user_function
+from accelkit.convert.check.frames import innermost_user_function, is_user_code
 from accelkit.convert.check.record import Record
 
 MAX_LINES = 20_000
@@ -71,10 +71,15 @@ class OutputTracker:
         shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
         self.record.files[shown] = self.record.files.get(shown, 0) + 1
 
-    def _line(self, text: str) -> None:
-        self.record.stdout_lines += 1
+    def _line(self, text: str, from_script: bool) -> None:
         if self.keep_lines and len(self.record.lines) < MAX_LINES:
             self.record.lines.append([self.tag(), innermost_user_function(), text])
+            return
+        if not from_script:
+            return  # a library's log line (DeepSpeed's accelerator notice, warnings): not the script's output
+        self.record.stdout_lines += 1
+        if len(self.record.lines) < 3:  # evidence of output on the other ranks
+            self.record.lines.append(["", innermost_user_function(), text])
 
     def _progress(self) -> None:
         self.record.progress_writes += 1
@@ -83,17 +88,20 @@ class OutputTracker:
 class _LineTee:
     """sys.stdout as the script sees it: writes pass through; complete lines are also handed to `on_line`."""
 
-    def __init__(self, stream, on_line: Callable[[str], None]) -> None:
+    def __init__(self, stream, on_line: Callable[[str, bool], None]) -> None:
         self._stream = stream
         self._on_line = on_line
         self._pending = ""
+        self._from_script = False  # the pending line was started by the script's own print()
 
     def write(self, text: str) -> int:
         written = self._stream.write(text)
+        if not self._pending:
+            self._from_script = is_user_code(sys._getframe(1).f_code.co_filename)
         self._pending += text
         while "\n" in self._pending:
             line, self._pending = self._pending.split("\n", 1)
-            self._on_line(line)
+            self._on_line(line, self._from_script)
         return written
 
     def __getattr__(self, name: str):

@@ -155,6 +155,7 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
     if isinstance(loop, cst.For):
         bound_inside |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
     skip = set(facts.kinds) | facts.device_names
+    models = facts.of_kind("model")
     found: list[str] = []
 
     def add(name: str | None) -> None:
@@ -175,6 +176,10 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
             elif isinstance(n, cst.Call) and ctx.qnames(n) & TO_TENSOR and n.args and \
                     isinstance(n.args[0].value, cst.Name):
                 add(n.args[0].value.value)
+            elif isinstance(n, cst.Call) and dotted(n.func) in models:  # full batch: `model(x)`
+                for arg in n.args:
+                    if isinstance(arg.value, cst.Name) and arg.value.value not in params:
+                        add(arg.value.value)
     if not found and isinstance(loop, cst.For):
         source = loop.iter
         if isinstance(source, cst.Call) and ctx.code(source.func) in {"enumerate", "tqdm", "tqdm.tqdm"} \

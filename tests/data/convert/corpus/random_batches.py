@@ -9,8 +9,8 @@ from torch.nn import functional as F
 block_size = 8
 batch_size = 6
 max_iters = 40
-learning_rate = 5e-2
-target_loss = 2.1
+learning_rate = 0.3
+target_loss = 2.2
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 torch.manual_seed(1337)
