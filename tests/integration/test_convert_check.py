@@ -79,8 +79,8 @@ def naive_model_not_prepared() -> str:
 
 
 def naive_batches_not_sharded() -> str:
-    return re.sub(r"\n    # each process trains on an equal share.*\n    shard = .*\n    x, y = x\[shard\], y\[shard\]", "",
-                  _converted("manual_batching"))
+    shard = r"\n    # each process trains on an equal share.*\n    shard = .*\n    x, y = x\[shard\], y\[shard\]"
+    return re.sub(shard, "", _converted("manual_batching"))
 
 
 def naive_metric_not_reduced() -> str:

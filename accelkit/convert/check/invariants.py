@@ -19,7 +19,7 @@ from accelkit.convert.check.record import Pass, Record, Step
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 LR_RTOL = 1e-6
-NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 TIME_UNIT = re.compile(r"^\s*(?:s|sec|secs|seconds|ms|it/s|s/it|samples/s)\b")
 
 
@@ -118,12 +118,19 @@ def _step_label(step: Step, manual: bool) -> str:
 
 
 # -- learning rates equal to the original's at the same point of training ---------------------------------------
+def _both(runs: Runs) -> tuple[Record, Record] | None:
+    """The original's record and rank 0's, when both runs recorded something."""
+    if runs.original is None or not runs.converted:
+        return None
+    return runs.original, runs.converted[0]
+
+
 def learning_rates(runs: Runs) -> Verdict:
     name = "lr"
-    original = runs.original
-    rank0 = runs.converted[0] if runs.converted else None
-    if original is None or rank0 is None:
+    both = _both(runs)
+    if both is None:
         return Verdict(name, SKIP, "a run recorded nothing")
+    original, rank0 = both
     ours = [s for s in rank0.steps if s.optimizer >= 0]
     theirs = [s for s in original.steps if s.optimizer >= 0]
     if not ours:
@@ -275,10 +282,10 @@ def _fingerprints(runs: Runs) -> Verdict:
 # -- metrics equal to the one-process value ---------------------------------------------------------------------
 def metrics(runs: Runs) -> Verdict:
     name = "metrics"
-    original = runs.original
-    rank0 = runs.converted[0] if runs.converted else None
-    if original is None or rank0 is None:
+    both = _both(runs)
+    if both is None:
         return Verdict(name, SKIP, "a run recorded nothing")
+    original, rank0 = both
     evaluations = [p for p in rank0.passes if p.complete and not p.steps and p.batches]
     if not evaluations:
         return Verdict(name, SKIP, "no evaluation pass (a DataLoader pass without optimizer steps) was reached")
@@ -399,10 +406,7 @@ def side_effects(runs: Runs) -> Verdict:
         what = f"{len(shared)} file(s) written by more than one process" if shared else "output on every process"
         return Verdict(name, FAIL, what, tuple(problems))
     written = sorted(writers)
-    if runs.original is not None:
-        missing = sorted(set(runs.original.files) - set(writers))
-    else:
-        missing = []
+    missing = sorted(set(runs.original.files) - set(writers)) if runs.original is not None else []
     summary = (f"each file written by one process ({len(written)} file(s): {', '.join(written[:4])}"
                f"{', ...' if len(written) > 4 else ''})" if written else "no file written")
     evidence = (f"the original also wrote: {', '.join(missing[:5])} (not reached in the converted run's steps, "

@@ -20,8 +20,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelkit.convert.check.record import (BOOTSTRAP_MODULE, LAUNCHER_MODULE, PROBE_MODULE, REPLAY_ENV, ROLE_ENV,
-                                           STALL_ENV, WORLD_ENV, Record, read_records)
+from accelkit.convert.check.record import (
+    BOOTSTRAP_MODULE,
+    LAUNCHER_MODULE,
+    PROBE_MODULE,
+    REPLAY_ENV,
+    ROLE_ENV,
+    STALL_ENV,
+    WORLD_ENV,
+    Record,
+    read_records,
+)
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 SCRATCH_PREFIX = "accelkit-check-"
@@ -153,10 +162,8 @@ def stop(proc: subprocess.Popen) -> None:
     family = _family(proc)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        pass
     import psutil
 
     for member in family:

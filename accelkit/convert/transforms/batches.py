@@ -65,7 +65,7 @@ def _batch_loop(ctx: Context, flow: Flow, backward: cst.Call) -> cst.For | cst.W
 
 def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
     """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one."""
-    if any(loop is l for l, _ in facts.loader_loops):
+    if any(loop is known for known, _ in facts.loader_loops):
         return True
     if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
         return True
@@ -252,7 +252,6 @@ def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: 
         plan.report.found_item("batches", "", line, "random batches drawn per process (the script does not seed, "
                                                     "so each process already draws its own)")
         return
-    seed = seeds[-1]
     scope = ctx.function(loop)
     block = scope.body if scope is not None else ctx.module
     top = ctx.top_statement_in(loop, block)  # type: ignore[arg-type]
@@ -262,13 +261,12 @@ def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: 
     for call in seeds:  # the last seed of each library the script seeds
         calls[ctx.code(call.func)] = ctx.code(call.args[0].value)
     added = [f"{func}({value} + accelerator.process_index)" for func, value in calls.items()]
-    for i, code in enumerate(added):
-        statement = cst.parse_statement(code + "\n")
-        if i == 0:
-            statement = statement.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-                "# each process draws its own random batches (the model was built from the same seed everywhere)"))])
-        plan.insert_before(top, statement)
-    plan.report.change(ctx.line(top), f"added `{'`, `'.join(added)}` before training",
+    block_code = "".join(f"    {code}\n" for code in added)
+    statement = cst.parse_statement(f"if accelerator.process_index > 0:\n{block_code}")
+    statement = statement.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        "# each process draws its own random batches; process 0 goes on with the script's own random stream"))])
+    plan.insert_before(top, statement)
+    plan.report.change(ctx.line(top), f"added `{'`, `'.join(added)}` on the other processes before training",
                        f"the batches are drawn at random (line {line}); with the same seed every process would draw "
                        "the same ones and train on duplicates")
     plan.report.found_item("batches", "", line, "random batches: each process draws its own (seed + process index "

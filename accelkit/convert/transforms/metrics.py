@@ -130,10 +130,8 @@ def _python_number(ctx: Context, value: cst.BaseExpression) -> bool:
             return True
         if isinstance(func, cst.Name) and func.value in {"len", "int", "float"}:
             return True
-    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and value.value.attr.value == \
-            "shape":
-        return True
-    return False
+    return isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and \
+        value.value.attr.value == "shape"
 
 
 def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: Plan, after: list[cst.CSTNode]) -> None:

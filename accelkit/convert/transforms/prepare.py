@@ -185,6 +185,9 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
             elsewhere = [b for b in optimized_in.get(root, []) if b != id(group.block)]
             if member.kind == "model" and elsewhere and id(group.block) not in optimized_in.get(root, []):
                 continue  # trained where its optimizer is: prepared there, with it
+            if member.kind == "model" and root not in optimized_in and not _run_here(ctx, aliases, root):
+                _handed_over(ctx, plan, member)
+                continue
             kept.append(member)
         # the latest binding of each name in the block is the one prepared
         by_key: dict[str, Member] = {}
@@ -193,6 +196,22 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
                 by_key[member.key] = member
         group.members = list(by_key.values())
     return [g for g in groups.values() if any(m.item is not None for m in g.members)]
+
+
+def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:
+    """Is the model called by this script (under any of its names), rather than only handed to imported code?"""
+    names = {key for key, value in aliases.items() if value == root} | {root}
+    return any(dotted(call.func) in names for call in ctx.of_type(cst.Call))
+
+
+def _handed_over(ctx: Context, plan: Plan, member: Member) -> None:
+    line = ctx.line(member.item.small) if member.item is not None and member.item.small is not None else 0
+    plan.report.found_item("model", member.key, line, "not prepared here: this script never runs it, it only hands "
+                                                      "it to imported code (that code must prepare it, with its "
+                                                      "optimizer)")
+    plan.report.leave(line, f"model `{member.key}` is only handed to imported code, which trains it",
+                      "convert that code too (accelkit convert FILE), or prepare the model where its optimizer is "
+                      "made")
 
 
 def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:

@@ -20,8 +20,8 @@ WRAPPER_SAFE = {
 
 FILE_WRITERS = {"torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savez",
                 "numpy.savez_compressed", "numpy.savetxt", "pickle.dump", "json.dump", "yaml.dump", "yaml.safe_dump",
-                "imageio.imwrite", "imageio.imsave", "cv2.imwrite", "matplotlib.pyplot.imsave", "safetensors.torch.save_file",
-                "torchaudio.save", "scipy.io.savemat"}
+                "imageio.imwrite", "imageio.imsave", "cv2.imwrite", "matplotlib.pyplot.imsave",
+                "safetensors.torch.save_file", "torchaudio.save", "scipy.io.savemat"}
 WRITING_METHODS = {"savefig", "to_csv", "to_json", "to_parquet", "write_text", "write_bytes", "save_pretrained"}
 PROGRESS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"}
 MAIN_ONLY = "only the main process writes it: N processes writing one file race and may leave it corrupt"
@@ -130,13 +130,13 @@ def _directories(ctx: Context, plan: Plan) -> None:
                      equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                            whitespace_after=cst.SimpleWhitespace("")))
         if "os.mkdir" in names:
-            plan.edit(call, lambda u: u.with_changes(func=cst.parse_expression("os.makedirs"),
-                                                     args=[*u.args[:1], ok]), uses_accelerator=False)
+            plan.edit(call, lambda u, ok=ok: u.with_changes(func=cst.parse_expression("os.makedirs"),
+                                                            args=[*u.args[:1], ok]), uses_accelerator=False)
         elif "os.makedirs" in names or (method == "mkdir" and not names & {"os.mkdir"}):
-            plan.edit(call, lambda u: u.with_changes(args=[*u.args, ok] if not u.args else
-                                                     [*u.args[:-1], u.args[-1].with_changes(
-                                                         comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                                                      ok]), uses_accelerator=False)
+            plan.edit(call, lambda u, ok=ok: u.with_changes(args=[*u.args, ok] if not u.args else
+                                                            [*u.args[:-1], u.args[-1].with_changes(
+                                                                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(
+                                                                    " "))), ok]), uses_accelerator=False)
         else:
             continue
         plan.report.change(ctx.line(call), f"`{ctx.code(call)}` now passes `exist_ok=True`",

@@ -48,8 +48,9 @@ class Bigram(nn.Module):
 model = Bigram()
 optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
 model, optimizer = accelerator.prepare(model, optimizer)
-# each process draws its own random batches (the model was built from the same seed everywhere)
-torch.manual_seed(1337 + accelerator.process_index)
+# each process draws its own random batches; process 0 goes on with the script's own random stream
+if accelerator.process_index > 0:
+    torch.manual_seed(1337 + accelerator.process_index)
 for it in range(max_iters):
     lr = get_lr(it)
     for group in optimizer.param_groups:

@@ -1,7 +1,6 @@
 """Uses trainlib: builds the data and the model, trains, saves."""
 import torch
 from torch.utils.data import TensorDataset
-
 from trainlib import Trainer, save
 
 torch.manual_seed(0)
