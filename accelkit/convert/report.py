@@ -82,7 +82,7 @@ class Report:
         ordered = self.sorted()
         lines: list[str] = []
         if ordered.found:
-            lines.append(f"{script}: what it trains with ({len(ordered.found)}):")
+            lines.append(f"{script}: what it found ({len(ordered.found)}):")
             width = max(len(f.kind) for f in ordered.found)
             for item in ordered.found:
                 name = f" `{item.name}`" if item.name else ""

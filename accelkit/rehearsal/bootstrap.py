@@ -12,10 +12,12 @@ through untouched.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import runpy
 import sys
+import time
 
 from accelkit.errors import AccelkitError, report
 from accelkit.rehearsal.shim import REHEARSAL_ENV, install
@@ -49,11 +51,21 @@ def _install_from_env() -> None:
         importlib.import_module(name).install()
 
 
+def _settle_process_group() -> None:
+    """torch 2.13 + gloo: a gloo worker thread that drops its last work item while the interpreter is shutting down
+    aborts the process ("terminate called without an active exception", exit 134; seen at the end of about one DDP
+    run in eight on a loaded machine). Give those threads a moment while Python is still fully alive."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        time.sleep(0.3)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(USAGE, file=sys.stderr)
         return 2
+    atexit.register(_settle_process_group)  # registered first, so it runs after the script's own exit handlers
     try:
         _install_from_env()
     except AccelkitError as error:

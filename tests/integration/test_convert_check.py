@@ -25,6 +25,8 @@ from accelkit.convert import convert_source
 CORPUS_DIR = DATA / "convert" / "corpus"
 CORPUS = sorted(p.stem for p in CORPUS_DIR.glob("*.py"))
 PARALLEL = 2
+# the module's first test waits for every check (about 2 minutes on an idle 2-core machine, much longer when loaded)
+pytestmark = pytest.mark.timeout(3600)
 VERDICT = re.compile(r"^  (PASS|FAIL|SKIP)  (\S+(?: \S+)?)\s{2,}(.*)$")
 
 
@@ -112,11 +114,11 @@ NAIVE = {
 
 
 def _check(script: Path, workdir: Path, converted: Path | None = None) -> Checked:
-    args = [sys.executable, "-m", "accelkit", "convert", "--check", "--stall-timeout", "20"]
+    args = [sys.executable, "-m", "accelkit", "convert", "--check", "--stall-timeout", "120"]
     if converted is not None:
         args += ["--converted", str(converted)]
     proc = subprocess.run([*args, str(script)], cwd=workdir, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "CKPT_DIR": str(workdir)})
     return Checked(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -133,7 +135,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
         jobs[f"naive:{name}"] = (CORPUS_DIR / f"{original}.py", work, converted)
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = {key: pool.submit(_check, *job) for key, job in jobs.items()}
-        return {key: future.result() for key, future in futures.items()}
+        done = {key: future.result() for key, future in futures.items()}
+    dump = os.environ.get("ACCELKIT_CHECK_DUMP")  # a file to keep every check's output in, for debugging
+    if dump:
+        Path(dump).write_text("\n".join(f"===== {k}\n{v.text()}" for k, v in done.items()))
+    return done
 
 
 @pytest.mark.parametrize("name", CORPUS)

@@ -18,7 +18,7 @@ FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>
 class CheckOptions:
     steps: int = 8  # optimizer steps of the converted run (the original runs world * steps)
     processes: int = 2
-    stall_seconds: float = 120.0  # no progress this long in a process = a hang
+    stall_seconds: float = 60.0  # no progress this long in a process = a hang
     timeout: float = 1800.0  # wall time limit of each run
 
 

@@ -411,4 +411,8 @@ def side_effects(runs: Runs) -> Verdict:
                f"{', ...' if len(written) > 4 else ''})" if written else "no file written")
     evidence = (f"the original also wrote: {', '.join(missing[:5])} (not reached in the converted run's steps, "
                 "or written elsewhere)",) if missing else ()
+    outside = sorted(p for p in {*writers, *(runs.original.files if runs.original else ())} if p.startswith("/"))
+    if outside:
+        evidence += (f"written outside the check's scratch folder, so the runs replaced them: "
+                     f"{', '.join(outside[:5])}",)
     return Verdict(name, PASS, summary + "; output on the main process only", evidence)

@@ -16,7 +16,6 @@ number, so both print their metrics for the same model and the numbers can be co
 
 from __future__ import annotations
 
-import atexit
 import faulthandler
 import hashlib
 import os
@@ -35,6 +34,7 @@ from accelkit.probes.steps import StepEvent, clock
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 ARM_EVERY = 0.5  # seconds between re-arming the stall watchdog
+FIRST_PROGRESS_GRACE = 180.0  # before the script's first step or batch (imports, data preparation) allow this long
 
 
 class CheckProbe:
@@ -64,7 +64,6 @@ class CheckProbe:
 
     # -- installation ----------------------------------------------------------------------------------------
     def install(self) -> None:
-        atexit.register(self._settle)  # registered first, so it runs last
         if self.stall > 0:
             self.stall_file = open(self.folder / f"stall.rank{self.record.rank}.txt", "w")  # noqa: SIM115
             faulthandler.register(signal.SIGUSR1, file=self.stall_file, all_threads=True)
@@ -128,8 +127,9 @@ class CheckProbe:
             return
         now = time.monotonic()
         if force or now - self.last_arm >= ARM_EVERY:
+            seconds = max(self.stall, FIRST_PROGRESS_GRACE) if force else self.stall
             self.last_arm = now
-            faulthandler.dump_traceback_later(self.stall, repeat=False, file=self.stall_file, exit=False)
+            faulthandler.dump_traceback_later(seconds, repeat=False, file=self.stall_file, exit=False)
 
     # -- models ----------------------------------------------------------------------------------------------
     def _top_level_call(self, module, args: tuple) -> None:
@@ -142,9 +142,8 @@ class CheckProbe:
             inner = unwrap(module)
             self.record.models.append({"name": type(inner).__name__, "trained": False,
                                        "wrapper": type(module).__name__ if inner is not module else ""})
-        if module.training and torch.is_grad_enabled():
-            if id(module) in self.model_ids:
-                self.record.models[self.models.index(module)]["trained"] = True
+        if module.training and torch.is_grad_enabled() and id(module) in self.model_ids:  # a model, not a loss
+            self.record.models[self.models.index(module)]["trained"] = True
             fingerprint_rows(self.record, args)
 
     # -- optimizer steps -------------------------------------------------------------------------------------
@@ -265,15 +264,6 @@ class CheckProbe:
         self.record.reason = reason
         self.record.script = sys.argv[0] if sys.argv else ""
         write_record(self.record)
-
-    def _settle(self) -> None:
-        """Give gloo's worker threads a moment to drop their last work items while Python is still fully alive:
-        torch 2.13 aborts ("terminate called without an active exception") when one does so during interpreter
-        shutdown."""
-        self.finish("script end")
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            time.sleep(0.3)
 
 
 def _no_trace(frame, event, arg):
