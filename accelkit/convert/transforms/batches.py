@@ -112,6 +112,14 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                             "to accelerator.prepare(...), or shard it by accelerator.process_index")
         plan.report.found_item("batches", "", ctx.line(loop), "NOT sharded: source not found")
         return
+    if _sliced(ctx, flow, loop, roots) and not _bounded_by_the_data(ctx, loop, roots):
+        names = ", ".join(f"`{r}`" for r in roots)
+        plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
+                                            "the data's length: sharding the data would leave steps without data",
+                            "loop over `range(0, len(data), batch_size)`, or shard the batch indices by "
+                            "accelerator.process_index (the same number on every process)")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: fixed loop bounds")
+        return
     block, anchor, position = _shard_site(ctx, flow, loop, function, roots)
     if block is None:
         names = ", ".join(f"`{r}`" for r in roots)
@@ -207,6 +215,25 @@ def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
                 if key == name and position is None and isinstance(value, (cst.List, cst.ListComp, cst.Call)):
                     return not (isinstance(value, cst.Call) and "DataLoader" in ctx.code(value.func))
     return False
+
+
+def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:
+    """The batches are cut from the data by index (`x[i:i + bs]`), not fed whole."""
+    return any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots
+               for node in [loop, *flow.callees(loop)] for n in ctx.descendants(node))
+
+
+def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> bool:
+    """A loop over `range(...)` must take its bounds from the data (`len(x)`), so that it follows the shard."""
+    if isinstance(loop, cst.While):
+        test_names = {n.value for n in ctx.descendants(loop.test) if type(n) is cst.Name}
+        return bool(test_names & set(roots)) or not any(isinstance(n, cst.Subscript) for n in ctx.descendants(loop))
+    source = loop.iter  # type: ignore[attr-defined]
+    if isinstance(source, cst.Call) and ctx.code(source.func) == "enumerate" and source.args:
+        source = source.args[0].value
+    if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
+        return True
+    return any(type(n) is cst.Name and n.value in roots for n in ctx.descendants(source))  # type: ignore[attr-defined]
 
 
 def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:

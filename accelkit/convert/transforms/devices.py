@@ -7,7 +7,7 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, assign_parts, classify, inside_class, strip_chain
+from accelkit.convert.analysis import Facts, assign_parts, bindings, classify, inside_class, strip_chain
 from accelkit.convert.context import Context, accel, dotted
 from accelkit.convert.plan import Plan
 
@@ -211,16 +211,24 @@ def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name
     if name in _batch_names(ctx, facts, use):
         return  # a batch of a prepared DataLoader: already on the device
     made = None
+    made_by: cst.Call | None = None  # `xb, yb = get_batch()`: made by one of the script's functions
     for node in ctx.descendants(scope):
         if node is statement:
             break
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) == name:
-            made = node
+            made, made_by = node, None
+        elif isinstance(node, cst.Assign):
+            for key, value, position in bindings(node):
+                if key == name and position is not None and isinstance(value, cst.Call):
+                    made, made_by = node, value
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 node.func.attr.value in {"to", "cuda"} and dotted(node.func.value) == name:
             return  # moved by the script (now to accelerator.device)
     if made is None or not _same_loop(ctx, made, use):
         return  # data made once outside the loop (a dataset, a DataLoader's tensors): not an input moved per step
+    if made_by is not None:
+        _move_returned(ctx, plan, made_by, done)
+        return
     value = made.value
     if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in {"to", "cuda"}
            for n in ctx.descendants(value)):
@@ -230,6 +238,34 @@ def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name
                                                    for a in value.args))
     if from_data:
         _move(ctx, plan, value, done)
+
+
+def _move_returned(ctx: Context, plan: Plan, call: cst.Call, done: set[int]) -> None:
+    """A batch helper of the script (`def get_batch(): ...; return x, y`) that makes its tensors without a device:
+    what it returns is moved to `accelerator.device`."""
+    name = call.func.value if isinstance(call.func, cst.Name) else None
+    for function in (f for f in ctx.of_type(cst.FunctionDef) if f.name.value == name):
+        moved = {dotted(n.func.value) for n in ctx.descendants(function) if isinstance(n, cst.Call)
+                 and isinstance(n.func, cst.Attribute) and n.func.attr.value in {"to", "cuda"}}
+        for ret in (r for r in ctx.descendants(function) if isinstance(r, cst.Return) and r.value is not None):
+            elements = [e.value for e in ret.value.elements] if isinstance(ret.value, cst.Tuple) else [ret.value]
+            for element in elements:
+                key = dotted(element)
+                if key in moved:
+                    continue
+                origin = _binding_in(ctx, function, key) if key else element
+                if origin is not None and (isinstance(origin, cst.Subscript) or _unplaced_factory(ctx, origin)):
+                    _move(ctx, plan, element, done)
+
+
+def _binding_in(ctx: Context, function: cst.FunctionDef, key: str) -> cst.BaseExpression | None:
+    found = None
+    for node in ctx.descendants(function):
+        if isinstance(node, cst.Assign):
+            for target, value, position in bindings(node):
+                if target == key and position is None:
+                    found = value
+    return found
 
 
 def _same_loop(ctx: Context, made: cst.CSTNode, use: cst.CSTNode) -> bool:

@@ -296,6 +296,34 @@ def test_tensors_made_by_the_script_move_to_the_device_and_numpy_goes_through_cp
     assert "inputs = torch.from_numpy(x_train).to(accelerator.device)" in code
     assert "noise = torch.randn(8, 1).to(accelerator.device)" in code
     assert ".detach().cpu().numpy()" in code
+    helper = convert("""
+        import torch
+        data = torch.randn(100, 4)
+        def get_batch(i):
+            x = data[i:i + 8]
+            y = torch.zeros(8, 1)
+            return x, y
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(0, len(data), 8):
+            xb, yb = get_batch(i)
+            loss = ((model(xb) - yb) ** 2).mean()
+            loss.backward()
+            opt.step()
+    """)
+    assert "return x.to(accelerator.device), y.to(accelerator.device)" in helper.code
+    assert "data = data[shard]" in helper.code
+    fixed = convert(textwrap.dedent("""
+        import torch
+        data = torch.randn(100, 4)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(0, 96, 8):
+            model(data[i:i + 8]).sum().backward()
+            opt.step()
+    """))
+    assert "shard" not in fixed.code
+    assert any("bounds that do not follow the data's length" in p.what for p in fixed.report.problems)
 
 
 # -- 7. metrics reduced across processes ----------------------------------------------------------------------------
