@@ -135,10 +135,13 @@ def _stuck_at(result: RunResult) -> dict[int, str]:
     return where
 
 
+ERROR_LINE = re.compile(r"(?:^|\]:?\s*)((?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit)\b.*|Error: .*)$")
+
+
 def _last_error(result: RunResult) -> str:
+    """The last exception line of the run's stderr (rank prefixes such as `[rank1]: ` removed)."""
     lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b.*:", line)
-              or line.startswith("Error:")]
+    errors = [m.group(1) for m in map(ERROR_LINE.search, lines) if m and ":" in m.group(1)]
     if errors:
         return errors[-1][:300]
     return lines[-1][:300] if lines else "no output"

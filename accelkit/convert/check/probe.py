@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from accelkit.convert.check.frames import is_user_code, qualname, user_frames
-from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows
+from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, STALL_ENV, Pass, Record, Step, write_record
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
@@ -58,6 +58,7 @@ class CheckProbe:
         self.last_arm = 0.0
         self.finished = False
         self.watching = 0  # frames whose return value is awaited
+        self.step_keys: list[str] = []  # input hashes since the last clock step
         self.loaders = LoaderTracker(self.record, self.activity, self._pass_started, self._pass_ended)
         ignore = [str(self.folder)]
         self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
@@ -144,7 +145,7 @@ class CheckProbe:
                                        "wrapper": type(module).__name__ if inner is not module else ""})
         if module.training and torch.is_grad_enabled() and id(module) in self.model_ids:  # a model, not a loss
             self.record.models[self.models.index(module)]["trained"] = True
-            fingerprint_rows(self.record, args)
+            self.step_keys += fingerprint_rows(self.record, args)
 
     # -- optimizer steps -------------------------------------------------------------------------------------
     def _index(self, optimizer) -> int:
@@ -176,6 +177,9 @@ class CheckProbe:
         optimizer = event.optimizer
         index = self._index(optimizer)
         self.loaders.on_step()
+        if event.is_clock:
+            self.record.step_inputs.append(step_digest(self.step_keys))
+            self.step_keys = []
         self.record.steps.append(Step(
             number=event.clock_steps, optimizer=index, is_clock=event.is_clock,
             lrs=[float(group["lr"]) for group in optimizer.param_groups],
@@ -189,6 +193,8 @@ class CheckProbe:
         if self.optimizer_index:
             return
         self.loaders.on_step()
+        self.record.step_inputs.append(step_digest(self.step_keys))
+        self.step_keys = []
         params = [p for model in self.models for p in model.parameters()]
         self.record.steps.append(Step(number=self.record.backward_passes, optimizer=-1, is_clock=True, lrs=[],
                                       digest=digest(params), progress=self.loaders.progress()))

@@ -179,19 +179,24 @@ def _batch_size(loader) -> int:
     return int(size) if isinstance(size, int) else -1
 
 
-def fingerprint_rows(record: Record, args: tuple) -> None:
-    """Count a short hash of each sample (row) of the first tensor a model is called with."""
+def fingerprint_rows(record: Record, args: tuple) -> list[str]:
+    """Count a short hash of each sample (row) of the first tensor a model is called with; return the hashes."""
     import torch
 
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if tensor is None or tensor.dim() == 0 or tensor.numel() > MAX_FINGERPRINT_ELEMENTS:
-        return
+        return []
     if len(record.fingerprints) >= MAX_FINGERPRINTS:
-        return
+        return []
     rows = tensor.detach().to("cpu").contiguous().reshape(tensor.shape[0], -1)
     if rows.dtype == torch.bfloat16:
         rows = rows.float()
-    data = rows.numpy()
-    for row in data:
-        key = hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest()
+    keys = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows.numpy()]
+    for key in keys:
         record.fingerprints[key] = record.fingerprints.get(key, 0) + 1
+    return keys
+
+
+def step_digest(keys: list[str]) -> str:
+    """One hash for the set of inputs a step trained on (the same on two ranks = the same batch)."""
+    return hashlib.blake2b("".join(sorted(keys)).encode(), digest_size=8).hexdigest() if keys else ""

@@ -63,7 +63,8 @@ class Record:
     # modules the script called at top level, in order: {"name": class, "wrapper": DDP class or "", "trained": bool}
     models: list[dict[str, Any]] = field(default_factory=list)
     passes: list[Pass] = field(default_factory=list)
-    fingerprints: dict[str, int] = field(default_factory=dict)  # training inputs outside any DataLoader pass
+    fingerprints: dict[str, int] = field(default_factory=dict)  # training inputs (a hash per row) -> times fed
+    step_inputs: list[str] = field(default_factory=list)  # per clock step: a hash of the inputs it trained on
     # [tag, function, text] of each stdout line: tag = last loader event ("0:1:end"), function = who printed it
     lines: list[list[str]] = field(default_factory=list)
     stdout_lines: int = 0

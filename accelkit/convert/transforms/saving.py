@@ -43,11 +43,17 @@ def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
             continue
         plan.edit(call, lambda u: u.with_changes(func=accel("save")))
         statement = ctx.statement(call)
-        if statement is not None:
+        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None:
+            # (a barrier inside `if rank == 0:` would wait forever for the processes that skip it)
             plan.insert_before(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
-        plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.wait_for_everyone()` + "
-                                           "`accelerator.save(...)`",
-                           "every process must finish its step before one process (the main one) writes the file")
+            plan.insert_after(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)` between two "
+                                               "`accelerator.wait_for_everyone()`",
+                               "every process finishes its step before the main process writes the file, and none "
+                               "reads it (or moves on) before it is written")
+        else:
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)`",
+                               "only the main process writes the file")
         what = ctx.code(call.args[0].value) if call.args else "?"
         if call.args and dotted(call.args[0].value) in models:
             # torch.save(model, path) pickles the whole module: the DDP/FSDP wrapper must not end up in the file

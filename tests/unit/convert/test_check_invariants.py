@@ -3,8 +3,18 @@
 
 from __future__ import annotations
 
-from accelkit.convert.check.invariants import (FAIL, PASS, SKIP, Runs, learning_rates, metrics, samples, side_effects,
-                                               weights, wrapped)
+from accelkit.convert.check.invariants import (
+    FAIL,
+    PASS,
+    SKIP,
+    Runs,
+    learning_rates,
+    metrics,
+    samples,
+    side_effects,
+    weights,
+    wrapped,
+)
 from accelkit.convert.check.record import Pass, Record, Step
 
 
@@ -86,13 +96,13 @@ def test_samples_once_per_epoch_with_room_only_for_the_padding_of_an_uneven_spli
     assert samples(_runs(original, truncated)).status == FAIL  # the same batch on both ranks, even mid-epoch
 
 
-def test_samples_without_a_dataloader_compare_input_fingerprints() -> None:
-    original = Record(fingerprints={f"f{i}": 1 for i in range(8)})
-    shared = [Record(rank=r, fingerprints={f"f{i}": 1 for i in range(8)}) for r in range(2)]
-    assert samples(_runs(original, shared)).status == FAIL
-    split = [Record(rank=0, fingerprints={f"f{i}": 1 for i in range(4)}),
-             Record(rank=1, fingerprints={f"f{i}": 1 for i in range(4, 8)})]
-    assert samples(_runs(original, split)).status == PASS
+def test_samples_without_a_dataloader_compare_the_inputs_of_each_step() -> None:
+    same = [Record(rank=r, step_inputs=["a", "b", "c", "d"], fingerprints={"x": 4}) for r in range(2)]
+    verdict = samples(_runs(Record(), same))
+    assert verdict.status == FAIL and "at 4 of 4 steps every rank trained on the same inputs" in verdict.summary
+    split = [Record(rank=0, step_inputs=["a", "b", "c", "d"]), Record(rank=1, step_inputs=["e", "f", "g", "a"])]
+    verdict = samples(_runs(Record(), split))
+    assert verdict.status == PASS and "different inputs at 4 of 4 steps" in verdict.summary
 
 
 def _evaluated(lines: list[str], returned=None, replayed: bool = True) -> Record:

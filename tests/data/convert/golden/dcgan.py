@@ -79,3 +79,4 @@ for epoch in range(opt.epochs):
     accelerator.print("SAMPLES", " ".join(f"{v:.3f}" for v in samples.flatten().tolist()))
     accelerator.wait_for_everyone()
     accelerator.save(accelerator.unwrap_model(netG).state_dict(), f"netG_epoch_{epoch}.pth")
+    accelerator.wait_for_everyone()

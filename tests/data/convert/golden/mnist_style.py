@@ -88,6 +88,7 @@ def main():
     if args.save_model:
         accelerator.wait_for_everyone()
         accelerator.save(accelerator.unwrap_model(model).state_dict(), "mnist_cnn.pt")
+        accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":

@@ -34,4 +34,5 @@ for epoch in range(2):
 out_dir = os.environ.get("CKPT_DIR", tempfile.gettempdir())
 accelerator.wait_for_everyone()
 accelerator.save({"model": accelerator.unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(out_dir, "ckpt.pt"))
+accelerator.wait_for_everyone()
 accelerator.print("SAVED", sorted(torch.load(os.path.join(out_dir, "ckpt.pt"))["model"].keys()))

@@ -49,6 +49,7 @@ def main():
         plt.savefig("loss.png")
     accelerator.wait_for_everyone()
     accelerator.save(accelerator.unwrap_model(model), "model.pt")
+    accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
