@@ -118,7 +118,7 @@ def test_a_hanging_conversion_ends_in_seconds_saying_where_each_rank_is(tmp_path
                        watch=[tmp_path], cwd=tmp_path, kind="hang under --check", timeout=240)
     result.assert_refused(r"failed \d of 8 checks: .*no hang")
     assert "FAIL  no hang       the converted run made no progress" in result.stdout
-    assert f"rank 1: stuck.py:{sleep_line} in main" in result.stdout, result.stdout
+    assert f"rank 1: train.py:{sleep_line} in main" in result.stdout, result.stdout  # the checked copy is train.py
     assert result.seconds < 200
 
 

@@ -106,7 +106,7 @@ NAIVE = {
     "epoch_scheduler_prepared": ("mnist_style", naive_epoch_scheduler_prepared, "lr", "0.245"),
     "prepare_before_init": ("dcgan", naive_prepare_before_init, "weights", "started from different weights"),
     "model_not_prepared": ("trainer_class", naive_model_not_prepared, "wrapped", "`model` (TinyGPT) in `Trainer.run`"),
-    "batches_not_sharded": ("manual_batching", naive_batches_not_sharded, "samples", "more than one rank"),
+    "batches_not_sharded": ("manual_batching", naive_batches_not_sharded, "samples", "trained on the same inputs"),
     "metric_not_reduced": ("eval_metrics", naive_metric_not_reduced, "metrics", "EVAL validation loss"),
     "stop_per_process": ("random_batches", naive_stop_per_process, "no hang", "left training at different steps"),
     "files_on_every_process": ("side_effects", naive_files_on_every_process, "side effects", "loss.png"),
@@ -163,7 +163,7 @@ def test_the_checks_compare_what_each_idiom_is_about(results: dict[str, Checked]
     for name in ("mnist_style", "eval_metrics", "warmup_plateau", "global_device"):
         status, summary = results[name].verdicts()["metrics"]
         assert status == "PASS", (name, summary, results[name].text())
-    for name, words in (("manual_batching", "no DataLoader"), ("prebatched", "no DataLoader"),
+    for name, words in (("manual_batching", "trained on different inputs at 4 of 4 steps"), ("prebatched", "no DataLoader"),
                         ("eval_metrics", "loader #2 (evaluation")):
         status, summary = results[name].verdicts()["samples"]
         assert status == "PASS" and words in summary, (name, summary)

@@ -18,7 +18,7 @@ from helpers import DATA, run_accelkit
 from accelkit.convert import convert_source
 
 CONVERT_DATA = DATA / "convert"
-CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py"))
+CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py")) + sorted((CONVERT_DATA / "shapes").glob("*.py"))
 RESULT_LINE = re.compile(r"^[A-Z][A-Z-]+( |$)")  # LOSS ..., EVAL ..., SAMPLE ..., SAVED ... (not library warnings)
 
 

@@ -12,7 +12,9 @@ from accelkit.convert import ConvertOptions, convert_source
 from accelkit.errors import AccelkitError
 
 CONVERT_DATA = DATA / "convert"
-CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py"))
+# corpus/: one script per idiom of issue #16 and their combinations (also --checked on 2 ranks, see
+# tests/integration/test_convert_check.py); shapes/: more script shapes, pinned by golden output and 1-process runs
+CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py")) + sorted((CONVERT_DATA / "shapes").glob("*.py"))
 GOLDEN = CONVERT_DATA / "golden"
 UPDATE = os.environ.get("ACCELKIT_UPDATE_GOLDEN") == "1"  # regenerate tests/data/convert/golden/
 
