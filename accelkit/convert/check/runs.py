@@ -87,9 +87,13 @@ class Scratch:
 
 def original_spec(scratch: Scratch, script: Path, args: list[str], steps: int, world: int, replay: Path,
                   stall: float, timeout: float) -> RunSpec:
+    # a copy beside links to its folder's other files: what it writes next to itself (`__file__`) stays in scratch
+    folder = scratch.folder("original", script.resolve().parent, skip=(script.name,))
+    copy = folder / script.name
+    shutil.copyfile(script, copy)
     probe_dir = scratch.folder("probe-original")
     env = {ROLE_ENV: "original", REPLAY_ENV: str(replay), WORLD_ENV: str(world), MAX_STEPS_ENV: str(steps)}
-    return RunSpec("original", [sys.executable, "-m", BOOTSTRAP_MODULE, str(script.resolve()), *args],
+    return RunSpec("original", [sys.executable, "-m", BOOTSTRAP_MODULE, str(copy), *args],
                    scratch.folder("work-original", scratch.workdir), probe_dir, env, stall, timeout)
 
 
