@@ -9,8 +9,20 @@ metrics equal to the one-process value, each file written once, no hang).
     from accelkit.convert.check import CheckOptions, check_script
     outcome = check_script(Path("train.py"), ["--epochs", "1"], CheckOptions(steps=8))
     print(outcome.format())
+
+(Loaded on first use: the probe runs in every rank and needs none of the checking side.)
 """
 
-from accelkit.convert.check.api import CheckOptions, CheckOutcome, check_script
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["CheckOptions", "CheckOutcome", "check_script"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from accelkit.convert.check import api
+
+    return getattr(api, name)
