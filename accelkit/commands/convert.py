@@ -1,8 +1,9 @@
-"""`accelkit convert`: rewrite a single-device PyTorch training script as an Accelerate script."""
+"""`accelkit convert`: rewrite a single-device PyTorch training script as an Accelerate script, and prove it."""
 
 from __future__ import annotations
 
 import difflib
+import shlex
 from pathlib import Path
 
 import click
@@ -10,52 +11,84 @@ import click
 from accelkit.errors import AccelkitError
 
 BACKUP_SUFFIX = ".bak"
+CHECK_PROCESSES = 2
 
 
-@click.command(name="convert")
-@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.command(name="convert", context_settings={"ignore_unknown_options": True})
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the converted script (default: <name>_accelerate.py beside SCRIPT).")
 @click.option("--in-place", is_flag=True, help=f"Rewrite SCRIPT itself, keeping the original as SCRIPT{BACKUP_SUFFIX}.")
 @click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff and write nothing.")
+@click.option("--exit-code", is_flag=True,
+              help="With --diff: exit 1 when the script would be converted, 0 when there is nothing to do (for CI).")
 @click.option("--mixed-precision", type=click.Choice(["no", "fp16", "bf16"]), default=None,
               help="Hard-code Accelerator(mixed_precision=...). Default: keep the script's AMP setting, or let the "
                    "launch config decide.")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 when the script would be converted (for CI).")
+@click.option("--partial", is_flag=True,
+              help="Write the conversion even when some of it could not be done (the report lists what is left).")
+@click.option("--check", is_flag=True,
+              help="Run the original on 1 process and the conversion on 2 CPU processes and check that they train "
+                   "the same model (one PASS/FAIL line per invariant). Arguments after SCRIPT go to the script.")
+@click.option("--converted", "converted_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, metavar="FILE",
+              help="With --check: check FILE (a conversion you made or edited) instead of converting SCRIPT again.")
+@click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
+              help="With --check: optimizer steps of the 2-process run (the original runs 2*N).")
+@click.option("--stall-timeout", type=click.FloatRange(min=1), default=60, show_default=True, metavar="SECONDS",
+              help="With --check: a process making no progress this long (no step, batch or forward; 180 s before "
+                   "the first one) is a hang: the check stops and shows where each process was.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
-def command(script: Path, output: Path | None, in_place: bool, show_diff: bool, mixed_precision: str | None,
-            check: bool, force: bool) -> int:
+@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_place: bool, show_diff: bool,
+            exit_code: bool, mixed_precision: str | None, partial: bool, check: bool,
+            converted_file: Path | None, steps: int, stall_timeout: float, force: bool) -> int:
     """Convert SCRIPT (single GPU/CPU PyTorch training) into an Accelerate script and print what changed.
 
     \b
       accelkit convert train.py                  # writes train_accelerate.py
       accelkit convert train.py --diff           # show the changes only
       accelkit convert train.py --in-place       # rewrite, keep train.py.bak
-      accelkit convert train.py --check          # exit 1 if there is something to convert
+      accelkit convert --check train.py --lr 0.1 # prove it: 1 process vs 2, invariant by invariant
+      accelkit convert --check train.py -- --steps 5 # after --, everything goes to the script
+      accelkit convert train.py --diff --exit-code   # CI: exit 1 if there is something to convert
     """
+    if script_args[:1] == ("--",):
+        script_args = script_args[1:]
+    if sum([output is not None, in_place, show_diff, check]) > 1:
+        raise click.UsageError("use only one of -o/--output, --in-place, --diff and --check")
+    if exit_code and not show_diff:
+        raise click.UsageError("--exit-code goes with --diff")
+    if script_args and not check:
+        raise click.UsageError(f"unexpected argument {script_args[0]!r} (arguments after SCRIPT are passed to the "
+                               "script by --check only)")
+    if converted_file is not None and not check:
+        raise click.UsageError("--converted goes with --check")
+    if check:
+        return _check(script, list(script_args), steps, stall_timeout, converted_file)
+
     from accelkit.convert import ConvertOptions, convert_source
 
-    if sum([output is not None, in_place, show_diff]) > 1:
-        raise click.UsageError("use only one of -o/--output, --in-place and --diff")
-    try:
-        source = script.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise AccelkitError(f"{script} is not UTF-8 text", hint="convert a Python source file") from None
+    source = _read(script)
     result = convert_source(source, ConvertOptions(mixed_precision=mixed_precision), filename=script.name)
     report = result.report.format(script.name)
+    problems = result.report.problems
 
-    if check:
-        click.echo(report)
-        return 1 if result.changed else 0
     if show_diff:
         click.echo("".join(difflib.unified_diff(source.splitlines(keepends=True), result.code.splitlines(keepends=True),
                                                 fromfile=str(script), tofile=f"{script} (converted)")), nl=False)
         click.echo(report, err=True)
-        return 0
+        return 1 if exit_code and result.changed else 0
     if not result.changed:
         click.echo(report)
         click.echo("Nothing written.")
         return 0
+    if problems and not partial:
+        click.echo(report)
+        raise AccelkitError(f"{script.name} cannot be converted completely: {problems[0].format()}"
+                            + (f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""),
+                            hint="fix these in the original and convert again, or pass --partial to write the "
+                                 "conversion with them left to do; nothing was written")
     if in_place:
         backup = script.with_name(script.name + BACKUP_SUFFIX)
         if backup.exists() and not force:
@@ -64,6 +97,7 @@ def command(script: Path, output: Path | None, in_place: bool, show_diff: bool, 
         _write(script, result.code)
         click.echo(report)
         click.echo(f"Rewrote {script} (original kept in {backup}).")
+        click.echo(f"Try it: {try_it(script)}")
         return 0
     target = output if output is not None else script.with_name(f"{script.stem}_accelerate.py")
     if target.resolve() == script.resolve():
@@ -72,9 +106,46 @@ def command(script: Path, output: Path | None, in_place: bool, show_diff: bool, 
         raise AccelkitError(f"{target} already exists", hint="pass --force to overwrite it, or choose -o OUT")
     _write(target, result.code)
     click.echo(report)
-    click.echo(f"Wrote {target}. Try it: accelkit launch --cpu --num-processes 2 {target}")
+    click.echo(f"Wrote {target}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
+    click.echo(f"Try it: {try_it(target)}")
     return 0
 
+
+def try_it(path: Path) -> str:
+    """The command that runs a converted script on 2 CPU processes, exactly as it can be pasted."""
+    return shlex.join(["accelkit", "launch", "--cpu", "--num-processes", str(CHECK_PROCESSES), str(path)])
+
+
+def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None) -> int:
+    from accelkit.convert.check import CheckOptions, check_script
+
+    what = converted_file.name if converted_file is not None else "the conversion"
+    click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
+               f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s)...", err=True)
+    converted_code = _read(converted_file) if converted_file is not None else None
+    outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
+                                                      stall_seconds=stall_timeout), converted_code=converted_code)
+    if outcome.conversion_problems:
+        click.echo("The conversion left problems (NOT CONVERTED in its report):")
+        for problem in outcome.conversion_problems:
+            click.echo(f"  {problem}")
+    click.echo(outcome.format())
+    if outcome.passed:
+        click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
+                   "as the original on one.")
+        return 0
+    names = ", ".join(v.name for v in outcome.failed)
+    raise AccelkitError(f"the converted {script.name} failed {len(outcome.failed)} of {len(outcome.verdicts)} "
+                        f"checks: {names}",
+                        hint="the FAIL lines above give the evidence; `accelkit convert "
+                             f"{shlex.quote(str(script))}` prints what the conversion did")
+
+
+def _read(script: Path) -> str:
+    try:
+        return script.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AccelkitError(f"{script} is not UTF-8 text", hint="convert a Python source file") from None
 
 
 def _write(path: Path, text: str) -> None:

@@ -3,10 +3,26 @@
     from accelkit.convert import ConvertOptions, convert_source
     result = convert_source(open("train.py").read(), ConvertOptions(mixed_precision="bf16"))
     print(result.report.format("train.py"))
+
+The names are loaded on first use: the `--check` probe lives in this package and runs in every rank, which must not
+pay for importing libcst.
 """
 
-from accelkit.convert.api import MIXED_PRECISION_CHOICES, ConversionResult, ConvertOptions, convert_source
-from accelkit.convert.report import Change, LeftAlone, Report
+from __future__ import annotations
 
-__all__ = ["MIXED_PRECISION_CHOICES", "Change", "ConversionResult", "ConvertOptions", "LeftAlone", "Report",
-           "convert_source"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MIXED_PRECISION_CHOICES": "accelkit.convert.api", "ConversionResult": "accelkit.convert.api",
+    "ConvertOptions": "accelkit.convert.api", "convert_source": "accelkit.convert.api",
+    "Change": "accelkit.convert.report", "LeftAlone": "accelkit.convert.report", "Report": "accelkit.convert.report",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -41,6 +41,8 @@ class Tracked:
     statement: cst.SimpleStatementLine | None = None  # `key = <creation>` line
     small: cst.BaseSmallStatement | None = None  # the Assign/Return inside it
     returned: bool = False  # created in `return <creation>`
+    origin: str = "created"  # created | call (bound from a factory function's result) | alias (`model = self.model`)
+    factory: bool = False  # created in a function that hands it back to its caller (prepared there, not here)
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Facts:
     amp_enabled: cst.BaseExpression | None = None
     amp_dtype: str | None = None  # fp16 | bf16 when the script uses AMP
     model_classes: set[str] = field(default_factory=set)
+    factories: dict[str, list[str | None]] = field(default_factory=dict)  # function -> kind per returned position
+    optimizer_models: dict[int, list[str]] = field(default_factory=dict)  # id(optimizer Tracked) -> model names
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)
@@ -78,8 +82,12 @@ def analyze(ctx: Context) -> Facts:
     model_classes = _local_model_classes(ctx)
     facts.model_classes = model_classes
     _find_creations(ctx, facts, model_classes)
+    _propagate_aliases(ctx, facts)
+    _optimizers_by_use(ctx, facts)
     _models_from_optimizers(ctx, facts)
     _propagate_aliases(ctx, facts)
+    _factories(ctx, facts)
+    _loaders_into_parameters(ctx, facts)
     _find_devices_and_loops(ctx, facts)
     _find_amp(ctx, facts)
     return facts
@@ -143,6 +151,31 @@ def _find_refusals(ctx: Context, facts: Facts) -> None:
                 facts.uses_accelerate = True
 
 
+def bindings(small: cst.BaseSmallStatement) -> list[tuple[str, cst.BaseExpression | None, int | None]]:
+    """(dotted target, value, position) of each name an assignment binds: `a, b = x, y` -> (a, x, None), (b, y,
+    None); `a, b = f()` -> (a, f(), 0), (b, f(), 1); `a = b = v` -> (a, v, None), (b, v, None)."""
+    if isinstance(small, cst.AnnAssign):
+        key = dotted(small.target)
+        return [(key, small.value, None)] if key and small.value is not None else []
+    if not isinstance(small, cst.Assign):
+        return []
+    out: list[tuple[str, cst.BaseExpression | None, int | None]] = []
+    for target in small.targets:
+        node = target.target
+        if isinstance(node, (cst.Tuple, cst.List)):
+            names = [dotted(e.value) for e in node.elements]
+            value = small.value
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(names):
+                out += [(n, e.value, None) for n, e in zip(names, value.elements, strict=True) if n]
+            else:
+                out += [(n, value, i) for i, n in enumerate(names) if n]
+        else:
+            key = dotted(node)
+            if key:
+                out.append((key, small.value, None))
+    return out
+
+
 def assign_parts(small: cst.BaseSmallStatement) -> tuple[str | None, cst.BaseExpression | None]:
     """(dotted target or None, value) of `key = value` or `key: T = value`; (None, None) for anything else."""
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
@@ -161,8 +194,8 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
             key, value = None, small.value
         else:
             key, value = assign_parts(small)
-            if key is None:
-                continue
+            if key is None or ("." in key and not key.startswith("self.")):
+                continue  # `model.head = nn.Linear(...)` changes a model, it does not make a new one
         if value is None:
             continue
         kind = classify(ctx, value, model_classes)
@@ -182,24 +215,29 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
 
 
 def _models_from_optimizers(ctx: Context, facts: Facts) -> None:
-    """`optimizer = SGD(model.parameters())` makes `model` a model even when its constructor is unknown."""
+    """`optimizer = SGD(model.parameters())` (or `model.configure_optimizers(...)`) makes `model` a model even when
+    its constructor is unknown; where it is bound just before (`model = self.model`), that binding is tracked."""
     for item in list(facts.created):
         if item.kind != "optimizer" or item.statement is None:
             continue
         for node in ctx.descendants(item.value):
             if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                    and node.func.attr.value in {"parameters", "named_parameters"}):
+                    and node.func.attr.value in {"parameters", "named_parameters", "configure_optimizers"}):
                 continue
             key = dotted(node.func.value)
             if key is None or (isinstance(node.func.value, cst.Attribute) and key.split(".")[0] != "self"):
                 continue
-            if facts.kinds.get(key) == "model":
-                continue
+            known = facts.kinds.get(key) == "model"
             facts.kinds[key] = "model"
             creation = _last_assignment_before(ctx, item.statement, key)
-            if creation is not None:
-                value = strip_chain(assign_parts(creation)[1])
-                facts.created.append(Tracked(key, "model", value, ctx.parent(creation), creation))
+            if creation is None or any(t.small is creation and t.key == key for t in facts.created):
+                continue
+            value = next(v for k, v, _ in bindings(creation) if k == key)
+            value = strip_chain(value) if value is not None else value
+            origin = "alias" if dotted(value) is not None else "created"
+            if known and origin == "created" and classify(ctx, value, facts.model_classes) is None:
+                origin = "call"
+            facts.created.append(Tracked(key, "model", value, ctx.parent(creation), creation, origin=origin))
 
 
 def _last_assignment_before(ctx: Context, statement: cst.SimpleStatementLine, key: str):
@@ -210,7 +248,7 @@ def _last_assignment_before(ctx: Context, statement: cst.SimpleStatementLine, ke
     for line in reversed(body[: body.index(statement)]):
         if isinstance(line, cst.SimpleStatementLine):
             for small in line.body:
-                if assign_parts(small)[0] == key:
+                if any(k == key for k, _, _ in bindings(small)):
                     return small
     return None
 
@@ -288,3 +326,150 @@ def _find_amp(ctx: Context, facts: Facts) -> None:
                 facts.amp_enabled = arg.value
             if arg.keyword.value == "dtype" and "bfloat16" in ctx.code(arg.value):
                 facts.amp_dtype = "bf16"
+
+
+def _optimizers_by_use(ctx: Context, facts: Facts) -> None:
+    """`self.optimizer = model.configure_optimizers(cfg)`: an object whose `.step()` runs in a function that also
+    runs a backward pass is an optimizer, wherever it came from; its last assignment is its creation."""
+    has_backward: set[int] = set()
+    for call in ctx.of_type(cst.Call):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+            function = ctx.function(call)
+            if function is not None:
+                has_backward.add(id(function))
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+            continue
+        key = dotted(func.value)
+        function = ctx.function(call)
+        if key is None or key in facts.kinds or function is None or id(function) not in has_backward:
+            continue
+        if re.search(r"sched|lr|scaler", key.rsplit(".", 1)[-1], re.I):
+            continue
+        creation = _assignment_of(ctx, key, function)
+        if creation is None:
+            continue
+        value = next(v for k, v, _ in bindings(creation) if k == key)
+        if value is not None and facts.kind(strip_chain(value)) is not None:
+            continue  # `self.optimizer = optimizer`: the object is tracked under its first name
+        facts.kinds[key] = "optimizer"
+        facts.created.append(Tracked(key, "optimizer", value, ctx.parent(creation), creation))  # type: ignore
+
+
+def _assignment_of(ctx: Context, key: str, near: cst.FunctionDef):
+    """The last assignment of `key` in `near`, or (for `self.x`) in any method of `near`'s class."""
+    scopes: list[cst.CSTNode] = [near]
+    if key.startswith("self."):
+        owner = next((a for a in ctx.ancestors(near) if isinstance(a, cst.ClassDef)), None)
+        if owner is not None:
+            scopes = [owner]
+    found = None
+    for scope in scopes:
+        for node in ctx.descendants(scope):
+            if isinstance(node, (cst.Assign, cst.AnnAssign)) and any(k == key for k, _, _ in bindings(node)):
+                found = node
+    return found
+
+
+def _factories(ctx: Context, facts: Facts) -> None:
+    """Functions that create models/optimizers/loaders and return them: their objects are prepared where the
+    caller binds the result (`model, opt = build(args)`), after whatever the caller does to them first."""
+    created_in: dict[int, dict[str, Tracked]] = {}
+    for item in facts.created:
+        function = ctx.function(item.small) if item.small is not None else None
+        if function is not None and item.key:
+            created_in.setdefault(id(function), {})[item.key] = item
+    for ret in ctx.of_type(cst.Return):
+        function = ctx.function(ret)
+        if function is None or ret.value is None:
+            continue
+        values = list(ret.value.elements) if isinstance(ret.value, cst.Tuple) else [ret.value]
+        kinds: list[str | None] = []
+        for element in values:
+            expr = element.value if isinstance(element, cst.Element) else element
+            local = created_in.get(id(function), {}).get(dotted(expr) or "")
+            kinds.append(local.kind if local is not None else classify(ctx, expr, facts.model_classes)
+                         if isinstance(expr, cst.Call) else None)
+        if not any(k in PREPARABLE for k in kinds):
+            continue
+        facts.factories[function.name.value] = kinds
+        for element in values:
+            expr = element.value if isinstance(element, cst.Element) else element
+            local = created_in.get(id(function), {}).get(dotted(expr) or "")
+            if local is not None:
+                local.factory = True
+    for small in ctx.of_type(cst.Assign):
+        for key, value, position in bindings(small):
+            call = strip_chain(value) if value is not None else None
+            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)):
+                continue
+            kinds = facts.factories.get(call.func.value)
+            if not kinds:
+                continue
+            kind = kinds[position] if position is not None and position < len(kinds) else \
+                kinds[0] if position is None and len(kinds) == 1 else None
+            if kind not in PREPARABLE:
+                continue
+            facts.kinds.setdefault(key, kind)
+            facts.created.append(Tracked(key, kind, call, ctx.parent(small), small, origin="call"))  # type: ignore
+
+
+PREPARABLE = {"model", "optimizer", "loader", "scheduler"}
+
+
+def models_of(ctx: Context, facts: Facts, optimizer: Tracked) -> list[str]:
+    """The models an optimizer trains, by the names its creation uses: `SGD(model.parameters())`,
+    `model.configure_optimizers(...)`, `make_optimizer(model, ...)`, or `params` built from them just before."""
+
+    def variables(value: cst.CSTNode) -> list[cst.CSTNode]:
+        out = []
+        for node in ctx.descendants(value):
+            parent = ctx.parent(node)
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue  # `.model` in `self.model` is not a variable of its own
+            out.append(node)
+        return out
+
+    nodes = variables(optimizer.value)
+    function = ctx.function(optimizer.small) if optimizer.small is not None else None
+    # one level of indirection: `params = [p for p in model.parameters() if ...]; opt = AdamW(params)`
+    for node in list(nodes):
+        if type(node) is cst.Name and function is not None and facts.kinds.get(node.value) != "model":
+            creation = _assignment_of(ctx, node.value, function)
+            if creation is not None and creation is not optimizer.small:
+                nodes += [n for k, v, _ in bindings(creation) if k == node.value and v is not None
+                          for n in variables(v)]
+    found: list[str] = []
+    for node in nodes:
+        key = None
+        if isinstance(node, cst.Attribute) and node.attr.value in {"parameters", "named_parameters",
+                                                                     "configure_optimizers"}:
+            key = dotted(node.value)
+        elif isinstance(node, (cst.Name, cst.Attribute)) and facts.kinds.get(dotted(node) or "") == "model":
+            key = dotted(node)
+        if key and key not in found and facts.kinds.get(key) == "model":
+            found.append(key)
+    return found
+
+
+def _loaders_into_parameters(ctx: Context, facts: Facts) -> None:
+    """`evaluate(model, test_loader)` with `def evaluate(net, data)`: inside, `data` is a DataLoader too."""
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for function in ctx.of_type(cst.FunctionDef):
+        functions.setdefault(function.name.value, []).append(function)
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        for function in functions.get(name or "", []):
+            params = [p.name.value for p in function.params.params]
+            if params and params[0] == "self" and isinstance(func, cst.Attribute):
+                params = params[1:]
+            for position, arg in enumerate(call.args):
+                if facts.kind(arg.value) != "loader":
+                    continue
+                param = arg.keyword.value if arg.keyword is not None else \
+                    params[position] if position < len(params) else None
+                if param and param not in facts.kinds:
+                    facts.kinds[param] = "loader"

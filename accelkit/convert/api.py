@@ -11,6 +11,7 @@ from libcst.metadata import MetadataWrapper
 
 from accelkit.convert.analysis import analyze
 from accelkit.convert.context import Context
+from accelkit.convert.library import LazyAccelerator
 from accelkit.convert.plan import Plan, PlanApplier
 from accelkit.convert.report import Report
 from accelkit.convert.transforms import TRANSFORMS
@@ -67,6 +68,8 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
         return ConversionResult(source, Report(left_alone=plan.report.left_alone, status="unchanged"), False)
     dirty = {id(a) for node in plan.touched() for a in (node, *ctx.ancestors(node))}
     new_module = ctx.module.visit(PlanApplier(plan, dirty))
+    if plan.library:
+        new_module = new_module.visit(LazyAccelerator())
     new_module = _drop_unused_imports(new_module, source)
     code = new_module.code
     try:

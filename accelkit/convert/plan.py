@@ -25,6 +25,10 @@ class Plan:
         self.after: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
         self.body_start: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)  # suite -> leading stmts
         self.accelerator_uses: list[cst.CSTNode] = []  # original nodes whose new code names `accelerator`
+        self.library = False  # a library file: the Accelerator is made where used (see library.py)
+        self.accelerator_args: dict[str, str] = {}  # extra Accelerator(...) arguments, e.g. cpu=args.no_cuda
+        self.prepared: dict[str, str] = {}  # name -> where it is prepared ("line 77 (main)")
+        self.prepare_sites: dict[str, list[tuple[cst.CSTNode | None, int]]] = defaultdict(list)  # (function, line)
         self.report = Report()
 
     def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:

@@ -45,6 +45,7 @@ class StepClock:
 
     def __init__(self) -> None:
         self.step_callbacks: list[Callable[[StepEvent], None]] = []
+        self.before_callbacks: list[Callable[[object, bool], None]] = []
         self.finish_callbacks: list[Callable[[str], None]] = []
         self.max_steps: int | None = None
         self.clock_steps = 0
@@ -56,6 +57,11 @@ class StepClock:
     # -- what probes use -------------------------------------------------------------------------------------
     def on_step(self, callback: Callable[[StepEvent], None]) -> None:
         self.step_callbacks.append(callback)
+
+    def on_before_step(self, callback: Callable[[object, bool], None]) -> None:
+        """`callback(optimizer, is_clock)` runs just before a counted step updates the weights (after the step
+        limit check), e.g. to look at the weights and gradients the step starts from."""
+        self.before_callbacks.append(callback)
 
     def on_finish(self, callback: Callable[[str], None]) -> None:
         """`callback(reason)` runs once: at the step limit ("step limit") or when the script ends ("script end")."""
@@ -89,6 +95,8 @@ class StepClock:
         is_clock = self._clock_id is None or self._clock_id == id(optimizer)
         if is_clock and self.max_steps is not None and self.clock_steps >= self.max_steps:
             self._stop()
+        for callback in self.before_callbacks:
+            callback(optimizer, is_clock)
         return time.perf_counter()
 
     def _after(self, optimizer: object, started: float, source: str) -> None:

@@ -15,10 +15,12 @@ to the launcher, which prints it once for the whole job.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import runpy
 import sys
+import time
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, debug_enabled, report
@@ -61,6 +63,15 @@ def _install_from_env() -> None:
         importlib.import_module(name).install()
 
 
+def _settle_process_group() -> None:
+    """torch 2.13 + gloo: a gloo worker thread that drops its last work item while the interpreter is shutting down
+    aborts the process ("terminate called without an active exception", exit 134; seen at the end of about one DDP
+    run in eight on a loaded machine). Give those threads a moment while Python is still fully alive."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        time.sleep(0.3)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
@@ -75,6 +86,7 @@ def _run(argv: list[str] | None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(USAGE, file=sys.stderr)
         return 2
+    atexit.register(_settle_process_group)  # registered first, so it runs after the script's own exit handlers
     try:
         _install_from_env()
     except AccelkitError as error:

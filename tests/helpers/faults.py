@@ -35,7 +35,7 @@ import psutil
 
 RECORD_ENV = "ACCELKIT_FAULT_RECORD"
 TEMP_PATTERNS = (re.compile(r"\.accelkit-tmp-\d+$"), re.compile(r"\.accelkit-old-\d+$"),
-                 re.compile(r"^accelkit-launch-"))
+                 re.compile(r"^accelkit-launch-"), re.compile(r"^accelkit-check-"))
 
 
 def snapshot(root: Path) -> dict[str, str]:

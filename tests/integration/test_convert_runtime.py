@@ -1,22 +1,25 @@
-"""Converted corpus scripts really run: same losses as the originals on one process, and real 2-rank runs."""
+"""Converted corpus scripts really run: the same losses as the originals on one process, and the "Try it" command
+convert prints runs as printed (2-process runs of every corpus script are in test_convert_check.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import DATA
+from helpers import DATA, run_accelkit
 
 from accelkit.convert import convert_source
 
 CONVERT_DATA = DATA / "convert"
-CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py"))
-RESULT_LINE = re.compile(r"^[A-Z][A-Z-]+ ")  # LOSS ..., EVAL ..., SAMPLE ..., SAVED ... (not library warnings)
+CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py")) + sorted((CONVERT_DATA / "shapes").glob("*.py"))
+RESULT_LINE = re.compile(r"^[A-Z][A-Z-]+( |$)")  # LOSS ..., EVAL ..., SAMPLE ..., SAVED ... (not library warnings)
 
 
 @pytest.fixture(scope="session")
@@ -32,13 +35,16 @@ def _results(lines: list[str]) -> list[str]:
 
 
 def test_converted_scripts_print_the_same_losses_on_one_process(converted: Path, tmp_path: Path) -> None:
-    # one interpreter runs all originals, another all converted scripts (the two run at the same time)
-    env = {**os.environ, "CKPT_DIR": str(tmp_path)}
+    # one interpreter runs all originals, another all converted scripts (the two run at the same time, each in a
+    # folder of its own: several scripts write files)
     runs = {}
     for label, scripts in {"original": CORPUS, "converted": [converted / p.name for p in CORPUS]}.items():
         out = tmp_path / f"{label}.json"
+        cwd = tmp_path / label
+        cwd.mkdir()
+        env = {**os.environ, "CKPT_DIR": str(cwd), "MPLBACKEND": "Agg"}
         cmd = [sys.executable, str(CONVERT_DATA / "runner.py"), str(out), *map(str, scripts)]
-        runs[label] = (out, subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True))
+        runs[label] = (out, subprocess.Popen(cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True))
     results = {}
     for label, (out, proc) in runs.items():
         _, stderr = proc.communicate(timeout=300)
@@ -52,24 +58,21 @@ def test_converted_scripts_print_the_same_losses_on_one_process(converted: Path,
         assert _results(new["lines"]) == expected, script.name
 
 
-def test_converted_scripts_train_on_two_cpu_processes(converted: Path, tmp_path: Path) -> None:
-    procs = {
-        name: subprocess.Popen([sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", "ddp",
-                                "--num-processes", "2", str(converted / f"{name}.py")],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for name in ("mnist_style", "trainer_gpu_id")
-    }
-    outputs = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=400)
-        assert proc.returncode == 0, f"{name}\n{stdout}\n{stderr}"
-        outputs[name] = _results(stdout.splitlines())
-    mnist = outputs["mnist_style"]
-    # 48 training samples, batch 8, 2 ranks -> 3 steps per epoch, printed by the main process only
-    assert [line.split(" loss=")[0] for line in mnist if line.startswith("LOSS")] == [
-        f"LOSS epoch={e} step={s}" for e in (1, 2) for s in range(3)]
-    # gather_for_metrics: the evaluation covers all 16 test samples, not one rank's 8
-    evals = [line for line in mnist if line.startswith("EVAL")]
-    assert len(evals) == 2 and all(line.endswith("seen=16") for line in evals)
-    trainer = [line for line in outputs["trainer_gpu_id"] if line.startswith("LOSS")]
-    assert len(trainer) == 4  # 40 samples, batch 10, 2 ranks, 2 epochs
+def test_the_printed_try_it_command_works_as_printed(tmp_path: Path) -> None:
+    """A library and the script that uses it, converted as a user would; then the command convert prints."""
+    for name in ("trainlib.py", "train_main.py"):
+        shutil.copy(CONVERT_DATA / "library" / name, tmp_path / name)
+    run_accelkit("convert", "trainlib.py", "--in-place", cwd=tmp_path, check=True)
+    assert "\naccelerator = Accelerator()" not in (tmp_path / "trainlib.py").read_text()  # nothing at import time
+    proc = run_accelkit("convert", "train_main.py", cwd=tmp_path, check=True)
+    printed = next(line for line in proc.stdout.splitlines() if line.startswith("Try it: "))
+    command = shlex.split(printed[len("Try it: "):])
+    assert command == ["accelkit", "launch", "--cpu", "--num-processes", "2", "train_main_accelerate.py"]
+    run = subprocess.run([sys.executable, "-m", "accelkit", *command[1:]], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = _results(run.stdout.splitlines())
+    # 64 samples, batch 8, 2 processes: 4 steps per epoch, 2 epochs, printed by the main process only
+    assert len([line for line in lines if line.startswith("LOSS")]) == 8, run.stdout
+    assert lines[-1] == "DONE" and lines.count("DONE") == 1
+    assert (tmp_path / "trained.pt").is_file()

@@ -4,6 +4,7 @@ transforms removed, and the Accelerator is placed before every use the others in
 
 from __future__ import annotations
 
-from accelkit.convert.transforms import accelerator, devices, metrics, prepare, saving, training
+from accelkit.convert.transforms import accelerator, batches, decisions, devices, metrics, prepare, saving, training
 
-TRANSFORMS = [devices.apply, training.apply, saving.apply, metrics.apply, prepare.apply, accelerator.apply]
+TRANSFORMS = [devices.apply, training.apply, metrics.apply, prepare.apply, saving.apply, batches.apply,
+              decisions.apply, accelerator.apply]

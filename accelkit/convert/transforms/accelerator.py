@@ -14,6 +14,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context, names_in
+from accelkit.convert.library import is_library
 from accelkit.convert.plan import Plan
 
 IMPORT = "from accelerate import Accelerator\n"
@@ -21,6 +22,15 @@ IMPORT = "from accelerate import Accelerator\n"
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     if not plan.accelerator_uses:
+        return
+    if is_library(ctx):
+        plan.library = True
+        _insert_import(ctx, plan, ctx.module, len(ctx.module.body))
+        plan.report.change(0, "no module-level Accelerator: this is a library file (no `__main__` code), so the "
+                              "Accelerator is created where it is used (`self.accelerator = Accelerator()` in each "
+                              "class's __init__, `accelerator = Accelerator()` in functions)",
+                           "an Accelerator made at import time would pick devices and processes before the "
+                           "importing script's own setup")
         return
     parse = facts.parse_args
     function = ctx.function(parse) if parse is not None else None
@@ -34,7 +44,8 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         suite, anchor_index, first_use, needs_global = _at_module_level(ctx, plan, parse)
     body = list(suite.body)  # type: ignore[attr-defined]
     mixed, anchor_index, note = _mixed_precision(ctx, facts, options, suite, body, anchor_index, first_use, function)
-    args = f"mixed_precision={mixed}" if mixed else ""
+    args = ", ".join([*([f"mixed_precision={mixed}"] if mixed else []),
+                      *(f"{k}={v}" for k, v in plan.accelerator_args.items())])
     creation = cst.parse_statement(f"accelerator = Accelerator({args})\n")
     _insert_import(ctx, plan, suite, anchor_index)
     where: int

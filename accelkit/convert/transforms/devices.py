@@ -7,7 +7,7 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, assign_parts, classify, inside_class, strip_chain
+from accelkit.convert.analysis import Facts, assign_parts, bindings, classify, inside_class, strip_chain
 from accelkit.convert.context import Context, accel, dotted
 from accelkit.convert.plan import Plan
 
@@ -16,11 +16,20 @@ MOVE_METHODS = {"to", "cuda"}
 WHY_DEVICE = "Accelerate gives each process its own device; `accelerator.device` is it (cpu, cuda:N, mps, ...)"
 
 
+AVAILABILITY = re.compile(r"^torch\.(cuda|backends\.mps|accelerator|xpu|mps)\.is_available$")
+FACTORIES = {"torch.randn", "torch.rand", "torch.randint", "torch.zeros", "torch.ones", "torch.full", "torch.empty",
+             "torch.arange", "torch.linspace", "torch.eye", "torch.tensor", "torch.as_tensor", "torch.from_numpy",
+             "torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.stack", "torch.cat"}
+LOSS_CALL = re.compile(r"(loss|criterion|^F\.|functional\.)", re.I)
+
+
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _device_definitions(ctx, facts, plan)
     _set_device_calls(ctx, plan)
     _moves(ctx, facts, plan)
     _data_parallel(ctx, facts, plan)
+    _inputs_follow_the_device(ctx, facts, plan)
+    _numpy_from_cpu(ctx, plan)
 
 
 def _string_value(node: cst.CSTNode) -> str | None:
@@ -58,15 +67,230 @@ def _is_gpu_id(expr: cst.BaseExpression) -> bool:
     return key is not None and bool(re.search(r"gpu|device|rank|cuda", key.rsplit(".", 1)[-1]))
 
 
+def _is_cpu(ctx: Context, expr: cst.BaseExpression) -> bool:
+    if _string_value(expr) == "cpu":
+        return True
+    return isinstance(expr, cst.Call) and "torch.device" in ctx.qnames(expr) and bool(expr.args) and \
+        _string_value(expr.args[0].value) == "cpu"
+
+
 def _device_definitions(ctx: Context, facts: Facts, plan: Plan) -> None:
+    definitions = []
     for small in ctx.of_type(cst.Assign, cst.AnnAssign):
         key, value = assign_parts(small)
         if key is None or value is None or inside_class(ctx, small, facts.model_classes):
             continue
-        if is_device_expr(ctx, value) or (key in facts.device_names and _is_gpu_id(value)):
-            plan.edit(small, lambda u: u.with_changes(value=accel("device")))
-            plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = accelerator.device`",
-                               WHY_DEVICE)
+        definitions.append((small, key, value))
+    # a name the script moves tensors to, and that is an accelerator in some branch: every branch is the device
+    accelerated = {key for _, key, value in definitions if is_device_expr(ctx, value)}
+    for small, key, value in definitions:
+        explicit_cpu = _is_cpu(ctx, value) and key in facts.device_names
+        if not (is_device_expr(ctx, value) or (key in facts.device_names and _is_gpu_id(value)) or explicit_cpu):
+            continue
+        plan.edit(small, lambda u: u.with_changes(value=accel("device")))
+        plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = accelerator.device`",
+                           WHY_DEVICE)
+        flag = _device_flag(ctx, facts, small, value)
+        if flag is not None and "cpu" not in plan.accelerator_args:
+            plan.accelerator_args["cpu"] = flag
+            plan.report.change(ctx.line(small), f"the script's device switch is kept: `Accelerator(cpu={flag})`",
+                               "the script chose the CPU on request; Accelerate's `cpu=True` does the same on every "
+                               "process")
+        elif explicit_cpu and key not in accelerated:
+            plan.report.leave(ctx.line(small), f"the script sets `{key} = {ctx.code(value)}` explicitly; it is now "
+                                               "`accelerator.device`, which the launch chooses",
+                              "launch with `--cpu` (accelkit launch --cpu / accelerate launch --cpu) to keep "
+                              "training on the CPU, or pass `cpu=True` to Accelerator(...)")
+
+
+def _device_flag(ctx: Context, facts: Facts, small: cst.CSTNode, value: cst.BaseExpression) -> str | None:
+    """`Accelerator(cpu=...)` for a device chosen by a command-line flag: `torch.device("cuda" if use_cuda else
+    "cpu")` with `use_cuda = not args.no_cuda and torch.cuda.is_available()` gives `cpu=args.no_cuda`."""
+    tests: list[cst.BaseExpression] = []
+    if isinstance(value, cst.Call) and value.args:
+        value = value.args[0].value
+    if isinstance(value, cst.IfExp):
+        tests.append(value.test)
+    tests += [a.test for a in ctx.ancestors(small) if isinstance(a, (cst.If,))]
+    args_name = _parsed_args_name(facts)
+    for test in tests:
+        negated = False
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, negated = test.expression, True
+        expr = _resolve(ctx, test)
+        terms = [t for t in _conjuncts(expr) if not (isinstance(t, cst.Call) and
+                                                     any(AVAILABILITY.match(q) for q in ctx.qnames(t)))]
+        if len(terms) != 1 or args_name is None:
+            continue
+        term = terms[0]
+        inner = term.expression if isinstance(term, cst.UnaryOperation) and isinstance(term.operator, cst.Not) \
+            else None
+        flag = inner if inner is not None else term
+        if not (isinstance(flag, cst.Attribute) and isinstance(flag.value, cst.Name) and flag.value.value ==
+                args_name):
+            continue
+        uses_accelerator = (inner is not None) != negated  # `not args.no_cuda` selects the accelerator
+        return ctx.code(flag) if uses_accelerator else f"not {ctx.code(flag)}"
+    return None
+
+
+def _parsed_args_name(facts: Facts) -> str | None:
+    statement = facts.parse_args
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            key, _ = assign_parts(small)
+            if key:
+                return key
+    return None
+
+
+def _resolve(ctx: Context, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """A name bound once by an assignment (`use_cuda = ...`) stands for its value."""
+    if not isinstance(expr, cst.Name):
+        return expr
+    found = [v for s in ctx.of_type(cst.Assign) for k, v in [assign_parts(s)] if k == expr.value]
+    return found[0] if len(found) == 1 and found[0] is not None else expr
+
+
+def _conjuncts(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.And):
+        return [*_conjuncts(expr.left), *_conjuncts(expr.right)]
+    return [expr]
+
+
+def _numpy_from_cpu(ctx: Context, plan: Plan) -> None:
+    """`t.numpy()` fails on a GPU tensor: `t.cpu().numpy()` works on every device."""
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "numpy" and not call.args):
+            continue
+        receiver = func.value
+        if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) and \
+                receiver.func.attr.value in {"cpu", "to"}:
+            continue
+        if isinstance(receiver, cst.Name) and receiver.value in {"np", "numpy"}:
+            continue
+        plan.edit(func, lambda u: u.with_changes(value=cst.Call(func=cst.Attribute(value=u.value,
+                                                                                      attr=cst.Name("cpu")))),
+                  uses_accelerator=False)
+        plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `{ctx.code(receiver)}.cpu().numpy()`",
+                           "on a GPU the tensor lives on the device; .numpy() needs it on the CPU first")
+
+
+def _inputs_follow_the_device(ctx: Context, facts: Facts, plan: Plan) -> None:
+    """Tensors the script makes itself (not loader batches) and feeds to a model or a loss: moved to
+    `accelerator.device` where they are made, unless the script already moves them."""
+    models = facts.of_kind("model")
+    done: set[int] = set()
+    for call in ctx.of_type(cst.Call):
+        is_model = dotted(call.func) in models
+        is_loss = not is_model and bool(LOSS_CALL.search(ctx.code(call.func)))
+        if not (is_model or is_loss) or inside_class(ctx, call, facts.model_classes):
+            continue
+        for arg in call.args:
+            if isinstance(arg.value, cst.Name):
+                _move_where_made(ctx, facts, plan, call, arg.value.value, done)
+            elif _unplaced_factory(ctx, arg.value):
+                _move(ctx, plan, arg.value, done)
+        if is_model:  # `((model(x) - noise) ** 2).mean()`: what is combined with the output is an input too
+            statement = ctx.small_statement(call)
+            for name in {n.value for n in ctx.descendants(statement) if type(n) is cst.Name} if statement else ():
+                _move_where_made(ctx, facts, plan, call, name, done)
+
+
+def _unplaced_factory(ctx: Context, expr: cst.BaseExpression) -> bool:
+    if not isinstance(expr, cst.Call) or not ctx.qnames(expr) & FACTORIES:
+        return False
+    return not any(a.keyword is not None and a.keyword.value == "device" for a in expr.args)
+
+
+def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name: str, done: set[int]) -> None:
+    function = ctx.function(use)
+    scope = function if function is not None else ctx.module
+    statement = ctx.statement(use)
+    if name in _batch_names(ctx, facts, use):
+        return  # a batch of a prepared DataLoader: already on the device
+    made = None
+    made_by: cst.Call | None = None  # `xb, yb = get_batch()`: made by one of the script's functions
+    for node in ctx.descendants(scope):
+        if node is statement:
+            break
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) == name:
+            made, made_by = node, None
+        elif isinstance(node, cst.Assign):
+            for key, value, position in bindings(node):
+                if key == name and position is not None and isinstance(value, cst.Call):
+                    made, made_by = node, value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in {"to", "cuda"} and dotted(node.func.value) == name:
+            return  # moved by the script (now to accelerator.device)
+    if made is None or not _same_loop(ctx, made, use):
+        return  # data made once outside the loop (a dataset, a DataLoader's tensors): not an input moved per step
+    if made_by is not None:
+        _move_returned(ctx, plan, made_by, done)
+        return
+    value = made.value
+    if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in {"to", "cuda"}
+           for n in ctx.descendants(value)):
+        return
+    from_data = isinstance(value, cst.Subscript) or (isinstance(value, cst.Call) and (
+        ctx.qnames(value) & FACTORIES) and not any(a.keyword is not None and a.keyword.value == "device"
+                                                   for a in value.args))
+    if from_data:
+        _move(ctx, plan, value, done)
+
+
+def _move_returned(ctx: Context, plan: Plan, call: cst.Call, done: set[int]) -> None:
+    """A batch helper of the script (`def get_batch(): ...; return x, y`) that makes its tensors without a device:
+    what it returns is moved to `accelerator.device`."""
+    name = call.func.value if isinstance(call.func, cst.Name) else None
+    for function in (f for f in ctx.of_type(cst.FunctionDef) if f.name.value == name):
+        moved = {dotted(n.func.value) for n in ctx.descendants(function) if isinstance(n, cst.Call)
+                 and isinstance(n.func, cst.Attribute) and n.func.attr.value in {"to", "cuda"}}
+        for ret in (r for r in ctx.descendants(function) if isinstance(r, cst.Return) and r.value is not None):
+            elements = [e.value for e in ret.value.elements] if isinstance(ret.value, cst.Tuple) else [ret.value]
+            for element in elements:
+                key = dotted(element)
+                if key in moved:
+                    continue
+                origin = _binding_in(ctx, function, key) if key else element
+                if origin is not None and (isinstance(origin, cst.Subscript) or _unplaced_factory(ctx, origin)):
+                    _move(ctx, plan, element, done)
+
+
+def _binding_in(ctx: Context, function: cst.FunctionDef, key: str) -> cst.BaseExpression | None:
+    found = None
+    for node in ctx.descendants(function):
+        if isinstance(node, cst.Assign):
+            for target, value, position in bindings(node):
+                if target == key and position is None:
+                    found = value
+    return found
+
+
+def _same_loop(ctx: Context, made: cst.CSTNode, use: cst.CSTNode) -> bool:
+    """`made` runs in the loop around `use` (a tensor made per step), or both are outside any loop."""
+    def loop_of(node: cst.CSTNode):
+        for ancestor in ctx.ancestors(node):
+            if isinstance(ancestor, cst.FunctionDef):
+                return None
+            if isinstance(ancestor, (cst.For, cst.While)):
+                return ancestor
+        return None
+
+    loop = loop_of(made)
+    return loop is not None and any(a is loop for a in ctx.ancestors(use)) or loop_of(use) is None and loop is None
+
+
+def _move(ctx: Context, plan: Plan, value: cst.BaseExpression, done: set[int]) -> None:
+    if id(value) in done:
+        return
+    done.add(id(value))
+    plan.edit(value, lambda u: cst.Call(func=cst.Attribute(value=u, attr=cst.Name("to")), args=[cst.Arg(
+        accel("device"))]))
+    plan.report.change(ctx.line(value), f"`{ctx.code(value)}` -> `{ctx.code(value)}.to(accelerator.device)`",
+                       "a tensor the script makes itself reaches the model: it must be on the process's device "
+                       "(on a GPU the model is there, not on the CPU)")
 
 
 def _set_device_calls(ctx: Context, plan: Plan) -> None:

@@ -1,5 +1,13 @@
-"""Evaluation loops over a prepared DataLoader: gather predictions and labels with `gather_for_metrics`, so metrics
-summed over a sharded dataset are computed over all of it (and the duplicates padding the last batch are dropped)."""
+"""Metrics over a sharded dataset are reduced across processes.
+
+Evaluation loops over a prepared DataLoader (`out = model(x)`, no backward): predictions and labels are gathered
+with `gather_for_metrics` right after the forward, so everything the loop sums is summed over the whole dataset
+(and the duplicates Accelerate pads the last batch with are dropped). Where that is not possible (the labels cannot
+be told apart, the loss comes out of the model) and in training loops, the accumulators the script reads after the
+loop (`total_loss += ...`, `correct += ...`, `seen += y.size(0)`) are summed across processes when the loop ends,
+so "sum, then divide by len(loader.dataset)" prints the whole dataset's value; a division by `len(loader)` (this
+process's batches) then counts every process's batches.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +15,40 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context, dotted, names_of
+from accelkit.convert.flow import Flow
 from accelkit.convert.plan import Plan
+
+PYTHON_NUMBERS = ("item", "size", "numel", "__len__")
 
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+    flow = Flow(ctx, facts)
     models = facts.of_kind("model")
     for loop, batch_names in facts.loader_loops:
-        inside = ctx.descendants(loop.body)
-        if any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"} for n in inside):
-            continue  # a training loop: per-process losses are what the step needs
-        found = _model_call(loop.body, models)
-        if found is None:
+        training = flow.trains(loop) or any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"}
+                                            for n in ctx.descendants(loop.body))
+        if not training and _gather(ctx, plan, loop, batch_names, models):
             continue
-        line, output, call = found
-        inputs = names_of(ctx.descendants(call), ctx)
-        later = names_of(ctx.following(line, loop.body), ctx)
-        labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
-        if not labels:
-            plan.report.leave(ctx.line(line), "an evaluation loop whose labels could not be identified: metrics are "
-                                              "computed on each process's shard only",
-                              "gather predictions and labels with `accelerator.gather_for_metrics((preds, labels))` "
-                              "before computing the metric")
-            continue
-        names = ", ".join([output, *labels])
-        plan.insert_after(line, cst.parse_statement(f"{names} = accelerator.gather_for_metrics(({names}))\n"))
-        plan.report.change(ctx.line(line), f"added `{names} = accelerator.gather_for_metrics(({names}))` after it",
-                           "each process evaluates a shard; gathering makes the metric cover the whole dataset")
+        _reduce_accumulators(ctx, facts, plan, loop, training)
+
+
+def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], models: set[str]) -> bool:
+    found = _model_call(loop.body, models)
+    if found is None:
+        return False
+    line, output, call = found
+    inputs = names_of(ctx.descendants(call), ctx)
+    later = names_of(ctx.following(line, loop.body), ctx)
+    labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
+    if not labels:
+        return False
+    names = ", ".join([output, *labels])
+    plan.insert_after(line, cst.parse_statement(f"{names} = accelerator.gather_for_metrics(({names}))\n"))
+    plan.report.change(ctx.line(line), f"added `{names} = accelerator.gather_for_metrics(({names}))` after it",
+                       "each process evaluates a shard; gathering makes the metric cover the whole dataset")
+    plan.report.found_item("metric", ", ".join(_accumulators(ctx, loop)) or output, ctx.line(loop),
+                           "computed from predictions and labels gathered from every process (gather_for_metrics)")
+    return True
 
 
 def _model_call(block: cst.BaseSuite, models: set[str]):
@@ -53,3 +69,85 @@ def _model_call(block: cst.BaseSuite, models: set[str]):
                 if output is not None and "." not in output:
                     return line, output, small.value
     return None
+
+
+def _accumulators(ctx: Context, loop: cst.CSTNode) -> list[str]:
+    out = []
+    for node in ctx.descendants(loop):
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign) and \
+                isinstance(node.target, cst.Name) and node.target.value not in out:
+            out.append(node.target.value)
+    return out
+
+
+def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, training: bool) -> None:
+    if ctx.suite_of(loop) is None:
+        return
+    function = ctx.function(loop)
+    after = ctx.following(loop, function if function is not None else ctx.module)  # the rest of the function
+    read_after = names_of(after, ctx)
+    returned = set()
+    if function is not None:
+        for node in ctx.descendants(function):
+            if isinstance(node, cst.Return) and node.value is not None:
+                returned |= names_of(ctx.descendants(node.value), ctx)
+    statements = []
+    names = []
+    for name in _accumulators(ctx, loop):
+        if name not in read_after and name not in returned:
+            continue  # a running value logged and reset inside the loop: per process, like the loss
+        increments = [n for n in ctx.descendants(loop) if isinstance(n, cst.AugAssign)
+                      and isinstance(n.target, cst.Name) and n.target.value == name]
+        number = all(_python_number(ctx, n.value) for n in increments)
+        tail = ".item()" if number else ""
+        statements.append(cst.parse_statement(
+            f'{name} = accelerator.reduce(torch.as_tensor({name}, device=accelerator.device), "sum"){tail}\n'))
+        names.append(name)
+    if not statements:
+        return
+    for statement in statements:
+        plan.insert_after(loop, statement)
+    where = "training" if training else "evaluation"
+    plan.report.change(ctx.line(loop), f"after the {where} loop: {', '.join(f'`{n}`' for n in names)} summed over "
+                                       "all processes (accelerator.reduce)",
+                       "each process only saw its shard of the loader; the value read after the loop must cover "
+                       "every process's share")
+    plan.report.found_item("metric", ", ".join(names), ctx.line(loop),
+                           "summed across processes after the loop (a last batch padded by Accelerate for an "
+                           "uneven split is counted too)")
+    _scale_per_process_lengths(ctx, facts, plan, after)
+
+
+def _python_number(ctx: Context, value: cst.BaseExpression) -> bool:
+    """The increment is a Python number (`loss.item()`, `y.size(0)`, `len(x)`, `1`), not a tensor."""
+    if isinstance(value, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(value, cst.BinaryOperation):
+        return _python_number(ctx, value.left) or _python_number(ctx, value.right)
+    if isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Attribute) and func.attr.value in PYTHON_NUMBERS:
+            return True
+        if isinstance(func, cst.Name) and func.value in {"len", "int", "float"}:
+            return True
+    return isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and \
+        value.value.attr.value == "shape"
+
+
+def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: Plan, after: list[cst.CSTNode]) -> None:
+    """`total / len(loader)`: a prepared loader has this process's batches only; every process's count is
+    len(loader) * num_processes (prepared loaders give every process the same number of batches)."""
+    for node in after:
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "len"
+                and node.args and facts.kind(node.args[0].value) == "loader"):
+            continue
+        parent = ctx.parent(node)
+        if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide)
+                and parent.right is node):
+            continue
+        plan.edit(node, lambda u: cst.BinaryOperation(left=u, operator=cst.Multiply(),
+                                                      right=cst.parse_expression("accelerator.num_processes"),
+                                                      lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
+        plan.report.change(ctx.line(node), f"`{ctx.code(node)}` -> `({ctx.code(node)} * accelerator.num_processes)`",
+                           "the sum covers every process's batches now; so must the count")
+

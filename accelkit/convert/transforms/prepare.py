@@ -1,101 +1,406 @@
-"""`accelerator.prepare(...)` for models, optimizers, DataLoaders and LR schedulers.
+"""`accelerator.prepare(...)` for models, optimizers, DataLoaders and per-batch LR schedulers.
 
-Objects created in the same block are prepared together, right after the last of them is created and before any of
-them is used (creating the optimizer from `model.parameters()` or the scheduler from the optimizer is not a use).
-When a later object is created only after an earlier one is already in use, a second prepare call follows it.
-Objects built in a `return` statement are prepared where they are returned.
+Where: a model is prepared together with its optimizer, in the block (function, loop or module body) where the
+optimizer is created, under the name it has there (`model` in `Trainer.run` even when it was built in `main()` and
+handed over as `self.model`); objects built by a function that returns them are prepared where the caller binds
+them. When: right before the first statement that runs them (a loop, a forward call, handing them to a function
+that trains), so everything that changes a model first (custom init, `apply(init_fn)`, loading weights, freezing,
+a new head) happens before DDP copies rank 0's weights to every process. Schedulers: only those stepped with every
+optimizer step (a prepared scheduler steps once per process, which is right for them and N times too fast for one
+stepped per epoch); the others are left alone and the report says why.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, Tracked
-from accelkit.convert.context import Context, accel_call, names_in
+from accelkit.convert.analysis import Facts, Tracked, bindings, models_of
+from accelkit.convert.context import Context, dotted
+from accelkit.convert.flow import Flow, references
 from accelkit.convert.plan import Plan
 
 PREPARED = {"model", "optimizer", "loader", "scheduler"}
 KIND_ORDER = ["model", "optimizer", "loader", "scheduler"]
 WHY = ("prepare() wraps the model for the launched backend (DDP/FSDP/DeepSpeed) and places it, shards each "
        "DataLoader across processes, and makes optimizer/scheduler steps work with mixed precision")
+# method calls that change or inspect a model, optimizer or loader without running it: prepare goes after them
+NOT_RUNNING = re.compile(r"^(apply|load_state_dict|state_dict|requires_grad_|train|eval|to|cuda|cpu|float|half|double|"
+                         r"bfloat16|parameters|named_parameters|modules|named_modules|children|named_children|"
+                         r"buffers|named_buffers|register_\w+|add_\w+|zero_grad|configure_optimizers|"
+                         r"\w*init\w*|\w*reset\w*|\w*load\w*|\w*freeze\w*|tie_\w+|resize_\w+|gradient_checkpointing\w*|"
+                         r"num_parameters|get_\w+|param_groups|dataset|batch_size|sampler)$")
+HARMLESS_CALLS = {"len", "print", "isinstance", "type", "id", "repr", "str", "sum", "getattr", "hasattr", "setattr",
+                  "list", "tuple", "sorted", "filter", "map", "zip", "enumerate", "max", "min"}
+
+
+@dataclass
+class Member:
+    key: str
+    kind: str
+    item: Tracked | None  # None: bound outside this block (a parameter, a global, `self.x` set elsewhere)
+    index: int = -1  # top-level statement of the block holding its creation (-1: before the block)
+
+
+@dataclass
+class Group:
+    block: cst.CSTNode
+    members: list[Member] = field(default_factory=list)
 
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
-    by_suite: dict[int, tuple[cst.CSTNode, list[Tracked]]] = {}
+    flow = Flow(ctx, facts)
+    aliases = _alias_classes(ctx, facts, flow)
+    items = [t for t in facts.created if t.kind in PREPARED and t.statement is not None and not t.factory
+             and not t.returned]
     for item in facts.created:
-        if item.kind not in PREPARED or item.statement is None:
+        if item.returned and item.kind in PREPARED and not item.factory:
+            _prepare_returned(ctx, plan, item)
+    items = [t for t in items if t.kind != "scheduler" or _per_batch(ctx, facts, flow, plan, t)]
+    groups = _plan_groups(ctx, facts, flow, plan, items, aliases)
+    for group in groups:
+        _place(ctx, flow, plan, group)
+    _inventory(ctx, facts, plan, items)
+
+
+# -- schedulers -------------------------------------------------------------------------------------------------
+def _per_batch(ctx: Context, facts: Facts, flow: Flow, plan: Plan, item: Tracked) -> bool:
+    """Prepare a scheduler only when it steps with every optimizer step."""
+    calls = [c for c in ctx.of_type(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "step"
+             and dotted(c.func.value) in {item.key, item.key.split(".")[-1], f"self.{item.key}"}]
+    name = f"`{item.key}` ({ctx.code(item.value.func) if isinstance(item.value, cst.Call) else 'scheduler'})"
+    line = ctx.line(item.small)
+    if not calls:
+        plan.report.found_item("scheduler", item.key, line, "not prepared: no `.step()` call found (add it to "
+                               "accelerator.prepare only if it steps with every optimizer step)")
+        return False
+    cadences = {("metric" if c.args else flow.cadence(c)) for c in calls}
+    where = ", ".join(str(ctx.line(c)) for c in calls)
+    if cadences == {"batch"}:
+        plan.report.found_item("scheduler", item.key, line, f"prepared: stepped with every optimizer step "
+                                                            f"(line {where})")
+        return True
+    why = ("stepped with a metric (ReduceLROnPlateau-style)" if "metric" in cadences else
+           "stepped once per epoch, not with every optimizer step")
+    plan.report.found_item("scheduler", item.key, line, f"not prepared: {why} (line {where}); a prepared "
+                                                        "scheduler steps once per process, so on N processes it "
+                                                        "would move N times too fast")
+    plan.report.leave(line, f"scheduler {name} is not prepared: {why} (line {where})",
+                      "nothing: the epoch count is the same on every process, so it already follows the "
+                      "single-process schedule")
+    return False
+
+
+# -- which objects are the same object --------------------------------------------------------------------------
+def _alias_classes(ctx: Context, facts: Facts, flow: Flow) -> dict[str, str]:
+    """Names that hold the same object, merged: `self.model = model`, `model = self.model`, and arguments handed
+    to the script's own functions and classes (`Trainer(model)` -> `__init__(self, model)`)."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.get(key, key) != key:
+            key = parent[key]
+        return key
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    tracked = set(facts.kinds)
+    for small in ctx.of_type(cst.Assign):
+        for key, value, position in bindings(small):
+            source = dotted(_strip(value)) if value is not None and position is None else None
+            if source and (source in tracked or key in tracked):
+                union(key, source)
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if not name:
             continue
-        if item.returned:
-            plan.edit(item.small, lambda u: u.with_changes(value=accel_call("prepare", u.value)))
-            plan.report.change(ctx.line(item.small), f"`return {ctx.code(item.value)}` now returns it prepared", WHY)
+        targets = flow.functions.get(name, []) + flow.functions.get("__init__", []) if name[:1].isupper() else \
+            flow.functions.get(name, [])
+        if name[:1].isupper():  # a class: its __init__
+            targets = [f for f in targets if f.name.value == "__init__" and _class_name(ctx, f) == name]
+        for function in targets:
+            params = [p.name.value for p in function.params.params]
+            if params and params[0] == "self":
+                params = params[1:]
+            for position, arg in enumerate(call.args):
+                key = dotted(arg.value)
+                if key is None or key not in tracked:
+                    continue
+                if arg.keyword is not None:
+                    union(arg.keyword.value, key)
+                elif position < len(params):
+                    union(params[position], key)
+    for key in list(tracked):
+        if key.startswith("self."):
+            union(key, key[5:])
+    return {key: find(key) for key in {*parent, *tracked}}
+
+
+def _class_name(ctx: Context, function: cst.FunctionDef) -> str | None:
+    owner = next((a for a in ctx.ancestors(function) if isinstance(a, cst.ClassDef)), None)
+    return owner.name.value if owner is not None else None
+
+
+def _strip(value: cst.BaseExpression) -> cst.BaseExpression:
+    from accelkit.convert.analysis import strip_chain
+
+    return strip_chain(value)
+
+
+# -- groups -----------------------------------------------------------------------------------------------------
+def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list[Tracked],
+                 aliases: dict[str, str]) -> list[Group]:
+    groups: dict[int, Group] = {}
+
+    def group_of(block: cst.CSTNode) -> Group:
+        return groups.setdefault(id(block), Group(block))
+
+    optimized_in: dict[str, list[int]] = {}  # alias class of a model -> blocks where an optimizer trains it
+    for item in items:
+        block = flow.block_of(item.statement)
+        if block is None:
+            plan.report.problem(ctx.line(item.small), f"{item.kind} `{item.key}` is created in a one-line block "
+                                                       "and was not prepared",
+                                f"put it on its own line, or add `{item.key} = accelerator.prepare({item.key})`")
             continue
-        suite = ctx.suite_of(item.statement)
-        if suite is None:
-            plan.report.leave(ctx.line(item.statement), f"`{item.key}` is created in a one-line block",
-                              f"add `{item.key} = accelerator.prepare({item.key})` after it")
-            continue
-        by_suite.setdefault(id(suite), (suite, []))[1].append(item)
-    for suite, items in by_suite.values():
-        _prepare_block(ctx, plan, suite, items)
-    if not any(item.kind == "loader" for item in facts.created):
-        _note_manual_batching(ctx, plan)
-
-
-def _note_manual_batching(ctx: Context, plan: Plan) -> None:
-    for loop in ctx.of_type(cst.For):
-        if any(type(n) is cst.Name and n.value == "backward" for n in ctx.descendants(loop.body)):
-            plan.report.leave(ctx.line(loop), "the training loop batches its data by hand (no DataLoader): after "
-                                              "conversion every process trains on all of the data",
-                              "wrap the data in a torch.utils.data.DataLoader (TensorDataset for tensors) and add it "
-                              "to accelerator.prepare(...) so each process gets its own shard")
-            return
-
-
-def _prepare_block(ctx: Context, plan: Plan, suite: cst.CSTNode, items: list[Tracked]) -> None:
-    body = list(suite.body)  # type: ignore[attr-defined]
-    index = {id(line): i for i, line in enumerate(body)}
-    creation_lines = {id(item.statement) for item in items}
-    refs = [names_in(line, plan.removed) for line in body]
-
-    def first_use(item: Tracked, created_at: int) -> int:
-        for j in range(created_at + 1, len(body)):
-            line = body[j]
-            if id(line) in creation_lines or plan.is_removed(line):
+        group = group_of(block)
+        group.members.append(Member(item.key, item.kind, item))
+        if item.kind == "optimizer":
+            for model in models_of(ctx, facts, item):
+                optimized_in.setdefault(aliases.get(model, model), []).append(id(block))
+                model = _stored_alias(ctx, block, model) or model
+                if not any(m.key == model for m in group.members):
+                    group.members.append(Member(model, "model", None))
+    for group in groups.values():
+        kept = []
+        for member in group.members:
+            root = aliases.get(member.key, member.key)
+            elsewhere = [b for b in optimized_in.get(root, []) if b != id(group.block)]
+            if member.kind == "model" and elsewhere and id(group.block) not in optimized_in.get(root, []):
+                continue  # trained where its optimizer is: prepared there, with it
+            if member.kind == "model" and root not in optimized_in and not _run_here(ctx, aliases, root):
+                _handed_over(ctx, plan, member)
                 continue
-            if item.key in refs[j]:
+            kept.append(member)
+        # the latest binding of each name in the block is the one prepared
+        by_key: dict[str, Member] = {}
+        for member in kept:
+            if member.key not in by_key or member.item is not None:
+                by_key[member.key] = member
+        group.members = list(by_key.values())
+    return [g for g in groups.values() if any(m.item is not None for m in g.members)]
+
+
+def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:
+    """Is the model called by this script (under any of its names), rather than only handed to imported code?"""
+    names = {key for key, value in aliases.items() if value == root} | {root}
+    return any(dotted(call.func) in names for call in ctx.of_type(cst.Call))
+
+
+def _handed_over(ctx: Context, plan: Plan, member: Member) -> None:
+    line = ctx.line(member.item.small) if member.item is not None and member.item.small is not None else 0
+    plan.report.found_item("model", member.key, line, "not prepared here: this script never runs it, it only hands "
+                                                      "it to imported code (that code must prepare it, with its "
+                                                      "optimizer)")
+    plan.report.leave(line, f"model `{member.key}` is only handed to imported code, which trains it",
+                      "convert that code too (accelkit convert FILE), or prepare the model where its optimizer is "
+                      "made")
+
+
+def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
+    """`self.model = model` in the block: the object lives on as `self.model` (what other methods train), so that
+    is the name to prepare."""
+    for node in ctx.descendants(block):
+        if isinstance(node, cst.Assign):
+            for target, value, position in bindings(node):
+                if position is None and target.startswith("self.") and value is not None and \
+                        dotted(_strip(value)) == key:
+                    return target
+    return None
+
+
+# -- placement --------------------------------------------------------------------------------------------------
+def _place(ctx: Context, flow: Flow, plan: Plan, group: Group) -> None:
+    block = group.block
+    body = list(block.body)  # type: ignore[attr-defined]
+    index = {id(line): i for i, line in enumerate(body)}
+    for member in group.members:
+        if member.item is not None:
+            top = flow.top_statement(member.item.statement, block)
+            member.index = index[id(top)] if top is not None else -1
+        else:
+            member.index = _last_binding(ctx, body, member.key)
+    members = sorted(group.members, key=lambda m: m.index)
+    creations = {m.index for m in members if m.item is not None}
+
+    def first_use(member: Member) -> int:
+        for j in range(member.index + 1, len(body)):
+            if j in creations or plan.is_removed(body[j]):
+                continue
+            if _runs(ctx, flow, plan, body[j], member):
                 return j
         return len(body)
 
-    # the last creation of each name in this block is the one prepared
-    latest: dict[str, Tracked] = {}
-    for item in sorted(items, key=lambda t: index[id(t.statement)]):
-        latest[item.key] = item
-    ordered = sorted(latest.values(), key=lambda t: index[id(t.statement)])
-    group: list[Tracked] = []
+    batch: list[Member] = []
     bound = len(body)
-    for item in ordered:
-        created = index[id(item.statement)]
-        if group and created >= bound:
-            _emit(ctx, plan, body, index, group)
-            group, bound = [], len(body)
-        group.append(item)
-        bound = min(bound, first_use(item, created))
-    if group:
-        _emit(ctx, plan, body, index, group)
+    for member in members:
+        if batch and member.index >= bound:
+            _emit(ctx, flow, plan, block, body, batch, bound)
+            batch, bound = [], len(body)
+        batch.append(member)
+        bound = min(bound, first_use(member))
+    if batch:
+        _emit(ctx, flow, plan, block, body, batch, bound)
 
 
-def _emit(ctx: Context, plan: Plan, body: list, index: dict[int, int], group: list[Tracked]) -> None:
-    anchor = max((item.statement for item in group), key=lambda s: index[id(s)])
-    group = sorted(group, key=lambda item: KIND_ORDER.index(item.kind))
-    names = ", ".join(item.key for item in group)
+def _last_binding(ctx: Context, body: list, key: str) -> int:
+    found = -1
+    for i, line in enumerate(body):
+        for node in ctx.descendants(line):
+            if isinstance(node, (cst.Assign, cst.AnnAssign)) and any(k == key for k, _, _ in bindings(node)):
+                found = i
+    return found
+
+
+def _runs(ctx: Context, flow: Flow, plan: Plan, statement: cst.CSTNode, member: Member) -> bool:
+    """`statement` runs (or hands over) the object, rather than building, changing or inspecting it."""
+    for ref in references(ctx, statement, member.key):
+        if any(a in plan.removed for a in ctx.ancestors(ref)):
+            continue
+        if not _passive(ctx, flow, ref, member):
+            return True
+    return False
+
+
+def _passive(ctx: Context, flow: Flow, ref: cst.CSTNode, member: Member) -> bool:
+    """How the object is used at `ref`: read, changed or inspected (passive), or run / handed over (not)."""
+    node = ref
+    parent = ctx.parent(node)
+    # climb `model.fc.weight`, `model[0]`: what matters is what the whole expression is used for
+    while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
+        grand = ctx.parent(parent)
+        if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent:
+            return bool(NOT_RUNNING.match(parent.attr.value))  # a method call: `model.apply(f)` vs `model.generate()`
+        node, parent = parent, grand
+    if isinstance(parent, cst.Call) and parent.func is node:
+        return node is not ref  # `model(x)` runs it; `model.fc(x)` too, but `model[0](x)` is rare enough
+    if isinstance(parent, cst.Arg):
+        call = ctx.parent(parent)
+        if isinstance(call, cst.Call):
+            name = call.func.value if isinstance(call.func, cst.Name) else None
+            if name in HARMLESS_CALLS or any(q.startswith(("builtins.print", "torch.nn.init"))
+                                             for q in ctx.qnames(call)):
+                return True
+            if member.kind == "optimizer" and _creates_scheduler(ctx, call):
+                return True
+            local = flow.functions.get(name or "", [])
+            if local and not any(_runs_parameter(ctx, flow, f, call, parent) for f in local):
+                return True  # handed to the script's own init/load helper, which does not run it
+        return False
+    if isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is node:
+        return node is not ref  # `for p in model.parameters()` is passive; `for x in loader` runs the loader
+    return True  # read into a variable, assigned to, compared, returned: nothing runs
+
+
+def _creates_scheduler(ctx: Context, call: cst.Call) -> bool:
+    return any(q.startswith("torch.optim.lr_scheduler.") or re.search(r"get_\w*schedule", q) for q in ctx.qnames(call))
+
+
+def _runs_parameter(ctx: Context, flow: Flow, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> bool:
+    """Does the script's `function` run the object passed as `arg` (call it, step it, iterate it, train)?"""
+    params = [p.name.value for p in function.params.params]
+    if params and params[0] == "self":
+        params = params[1:]
+    if arg.keyword is not None:
+        name = arg.keyword.value
+    else:
+        position = list(call.args).index(arg)
+        if position >= len(params):
+            return True
+        name = params[position]
+    if flow.trains(function.body) or any(True for _ in flow.loops_in(function.body)):
+        return True
+    for ref in references(ctx, function.body, name):
+        parent = ctx.parent(ref)
+        if isinstance(parent, cst.Call) and parent.func is ref:
+            return True
+        if isinstance(parent, cst.Arg):
+            return True  # handed on: assume it runs
+    return False
+
+
+def _emit(ctx: Context, flow: Flow, plan: Plan, block: cst.CSTNode, body: list, batch: list[Member],
+          bound: int) -> None:
+    batch = sorted(batch, key=lambda m: (KIND_ORDER.index(m.kind), m.index))
+    names = ", ".join(m.key for m in batch)
+    depth = sum(isinstance(a, cst.IndentedBlock) for a in ctx.ancestors(body[0])) if body else 0
     code = f"{names} = accelerator.prepare({names})\n"
-    if len(code) + 4 * _depth(ctx, anchor) > 100:  # keep long lines readable
+    if len(code) + 4 * depth > 100:  # keep long lines readable
         code = f"{names} = accelerator.prepare(\n    {names}\n)\n"
-    plan.insert_after(anchor, cst.parse_statement(code))
-    kinds = ", ".join(f"{item.key} ({item.kind})" for item in group)
-    plan.report.change(ctx.line(anchor), f"added `{names} = accelerator.prepare({names})` after this line: {kinds}",
+    statement = cst.parse_statement(code)
+    last_creation = max(m.index for m in batch)
+    if bound < len(body):
+        plan.insert_before(body[bound], statement)
+        anchor_line = ctx.line(body[bound])
+        when = f"before line {anchor_line}, where they are first used"
+    else:
+        # nothing here runs them (they are stored for other methods): after the last statement that touches them
+        touched = [i for i, line in enumerate(body) if i > last_creation and not plan.is_removed(line)
+                   and any(references(ctx, line, m.key) for m in batch)]
+        anchor = body[max([last_creation, *touched])]
+        plan.insert_after(anchor, statement)
+        anchor_line = ctx.line(anchor)
+        when = f"after line {anchor_line}"
+    where = flow.block_name(block)
+    kinds = ", ".join(f"{m.key} ({m.kind})" for m in batch)
+    plan.report.change(anchor_line, f"added `{names} = accelerator.prepare({names})` {when} in {where}: {kinds}",
                        WHY)
+    function = ctx.function(body[0]) if body else None
+    for member in batch:
+        plan.prepared[member.key] = f"line {anchor_line} ({where})"
+        plan.prepare_sites[member.key].append((function, anchor_line))
 
 
-def _depth(ctx: Context, node: cst.CSTNode) -> int:
-    return sum(isinstance(a, cst.IndentedBlock) for a in ctx.ancestors(node))
+def _prepare_returned(ctx: Context, plan: Plan, item: Tracked) -> None:
+    plan.edit(item.small, lambda u: u.with_changes(value=cst.Call(
+        func=cst.Attribute(value=cst.Name("accelerator"), attr=cst.Name("prepare")), args=[cst.Arg(u.value)])))
+    plan.report.change(ctx.line(item.small), f"`return {ctx.code(item.value)}` now returns it prepared", WHY)
+    plan.prepared[f"return:{ctx.line(item.small)}"] = f"line {ctx.line(item.small)}"
+
+
+# -- the inventory: one line per object ------------------------------------------------------------------------
+def _inventory(ctx: Context, facts: Facts, plan: Plan, items: list[Tracked]) -> None:
+    reported = {(f.kind, f.name) for f in plan.report.found}
+    for item in facts.created:
+        if item.kind not in {"model", "optimizer", "loader"} or (item.kind, item.key) in reported:
+            continue
+        line = ctx.line(item.small) if item.small is not None else 0
+        if item.factory:
+            action = "built and returned by a function: prepared where the caller binds it"
+        elif item.returned:
+            action = "prepared where it is returned"
+        elif item.key in plan.prepared:
+            action = f"prepared at {plan.prepared[item.key]}"
+        else:
+            action = None
+        if action is None:
+            if item.kind == "model" and item.origin != "alias":
+                # trained elsewhere under another name, or never trained (evaluation only)
+                trained = [k for k in plan.prepared if k in _same(item.key)]
+                action = f"prepared as `{trained[0]}` at {plan.prepared[trained[0]]}" if trained else None
+            if action is None:
+                continue
+        reported.add((item.kind, item.key))
+        plan.report.found_item({"loader": "dataloader"}.get(item.kind, item.kind), item.key, line, action)
+
+
+def _same(key: str) -> set[str]:
+    short = key.split(".")[-1]
+    return {key, short, f"self.{short}"}

@@ -18,31 +18,170 @@ WRAPPER_SAFE = {
 }
 
 
+FILE_WRITERS = {"torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save", "numpy.savez",
+                "numpy.savez_compressed", "numpy.savetxt", "pickle.dump", "json.dump", "yaml.dump", "yaml.safe_dump",
+                "imageio.imwrite", "imageio.imsave", "cv2.imwrite", "matplotlib.pyplot.imsave",
+                "safetensors.torch.save_file", "torchaudio.save", "scipy.io.savemat"}
+WRITING_METHODS = {"savefig", "to_csv", "to_json", "to_parquet", "write_text", "write_bytes", "save_pretrained"}
+PROGRESS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"}
+MAIN_ONLY = "only the main process writes it: N processes writing one file race and may leave it corrupt"
+
+
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
-    _saves(ctx, plan)
-    _prints(ctx, plan)
+    _saves(ctx, facts, plan)
+    _file_writes(ctx, facts, plan)
+    _directories(ctx, plan)
+    _progress_bars(ctx, plan)
+    _prints(ctx, facts, plan)
     _unwrap(ctx, facts, plan)
 
 
-def _saves(ctx: Context, plan: Plan) -> None:
+def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
+    models = facts.of_kind("model")
     for call in ctx.of_type(cst.Call):
         if "torch.save" not in ctx.qnames(call):
             continue
         plan.edit(call, lambda u: u.with_changes(func=accel("save")))
         statement = ctx.statement(call)
-        if statement is not None:
+        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None:
+            # (a barrier inside `if rank == 0:` would wait forever for the processes that skip it)
             plan.insert_before(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
-        plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.wait_for_everyone()` + "
-                                           "`accelerator.save(...)`",
-                           "every process must finish its step before one process (the main one) writes the file")
+            plan.insert_after(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)` between two "
+                                               "`accelerator.wait_for_everyone()`",
+                               "every process finishes its step before the main process writes the file, and none "
+                               "reads it (or moves on) before it is written")
+        else:
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)`",
+                               "only the main process writes the file")
+        what = ctx.code(call.args[0].value) if call.args else "?"
+        if call.args and dotted(call.args[0].value) in models:
+            # torch.save(model, path) pickles the whole module: the DDP/FSDP wrapper must not end up in the file
+            plan.edit(call.args[0].value, lambda u: accel_call("unwrap_model", u))
+            plan.report.change(ctx.line(call), f"`{what}` -> `accelerator.unwrap_model({what})` in the save",
+                               "the file must hold the model itself, not the DDP/FSDP wrapper the process trains")
+            what = f"unwrapped `{what}`"
+        plan.report.found_item("file write", ctx.code(call.args[1].value) if len(call.args) > 1 else "",
+                               ctx.line(call), f"{what}: written by the main process only (accelerator.save), "
+                                               "after every process finished its step")
 
 
-def _prints(ctx: Context, plan: Plan) -> None:
+def _writes_file(ctx: Context, call: cst.Call) -> bool:
+    if ctx.qnames(call) & FILE_WRITERS:
+        return True
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        if func.attr.value in WRITING_METHODS:
+            return True
+        if func.attr.value == "save" and not any(q.startswith(("torch.", "accelerate.")) for q in ctx.qnames(call)) \
+                and (isinstance(func.value, cst.Call) or "im" in (dotted(func.value) or "").lower()):
+            return True  # `Image.fromarray(a).save(path)`, `img.save(path)`
+        if func.attr.value == "write" and isinstance(func.value, cst.Call) and _opens_for_writing(ctx, func.value):
+            return True
+    return False
+
+
+def _opens_for_writing(ctx: Context, call: cst.CSTNode) -> bool:
+    if not (isinstance(call, cst.Call) and ("builtins.open" in ctx.qnames(call) or
+                                            (isinstance(call.func, cst.Attribute) and call.func.attr.value == "open"))):
+        return False
+    modes = [a.value for a in call.args[1:2] if a.keyword is None] + \
+        [a.value for a in call.args if a.keyword is not None and a.keyword.value == "mode"]
+    return any(isinstance(m, cst.SimpleString) and set(str(m.evaluated_value)) & set("wax+") for m in modes)
+
+
+def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
+    """Already inside `if accelerator.is_main_process:`, `if rank == 0:` or similar."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in
+                                                ("main_process", "rank", "is_master", "local_main")):
+            return True
+    return False
+
+
+def _file_writes(ctx: Context, facts: Facts, plan: Plan) -> None:
+    wrapped: set[int] = set()
+    for node in ctx.of_type(cst.Call, cst.With):
+        if isinstance(node, cst.With):
+            if not any(_opens_for_writing(ctx, item.item) for item in node.items):
+                continue
+            statement: cst.CSTNode | None = node
+            what = ctx.code(node.items[0].item)
+        else:
+            if not _writes_file(ctx, node) or any(isinstance(a, cst.With) and id(a) in wrapped
+                                                  for a in ctx.ancestors(node)):
+                continue
+            statement = ctx.statement(node)
+            what = ctx.code(node)
+        if statement is None or id(statement) in wrapped or _guarded(ctx, node) or \
+                ctx.suite_of(statement) is None:  # type: ignore[arg-type]
+            continue
+        wrapped.add(id(statement))
+        plan.edit(statement, lambda u: cst.If(test=accel("is_main_process"), body=cst.IndentedBlock(
+            body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
+        plan.report.change(ctx.line(node), f"`{what}` now runs on the main process only "
+                                           "(`if accelerator.is_main_process:`)", MAIN_ONLY)
+        plan.report.found_item("file write", what, ctx.line(node), "main process only")
+
+
+def _directories(ctx: Context, plan: Plan) -> None:
+    """`os.mkdir(d)` on N processes: all but one fail with FileExistsError. `exist_ok=True` makes it a no-op."""
+    for call in ctx.of_type(cst.Call):
+        names = ctx.qnames(call)
+        method = call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
+        has_ok = any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args)
+        if has_ok or not call.args and "os.mkdir" in names:
+            continue
+        ok = cst.Arg(value=cst.Name("True"), keyword=cst.Name("exist_ok"),
+                     equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                           whitespace_after=cst.SimpleWhitespace("")))
+        if "os.mkdir" in names:
+            plan.edit(call, lambda u, ok=ok: u.with_changes(func=cst.parse_expression("os.makedirs"),
+                                                            args=[*u.args[:1], ok]), uses_accelerator=False)
+        elif "os.makedirs" in names or (method == "mkdir" and not names & {"os.mkdir"}):
+            plan.edit(call, lambda u, ok=ok: u.with_changes(args=[*u.args, ok] if not u.args else
+                                                            [*u.args[:-1], u.args[-1].with_changes(
+                                                                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(
+                                                                    " "))), ok]), uses_accelerator=False)
+        else:
+            continue
+        plan.report.change(ctx.line(call), f"`{ctx.code(call)}` now passes `exist_ok=True`",
+                           "every process creates the folder: without exist_ok all but the first fail with "
+                           "FileExistsError")
+
+
+def _progress_bars(ctx: Context, plan: Plan) -> None:
+    for call in ctx.of_type(cst.Call):
+        if not ctx.qnames(call) & PROGRESS:
+            continue
+        existing = next((a for a in call.args if a.keyword is not None and a.keyword.value == "disable"), None)
+        if existing is None:
+            arg = cst.Arg(value=cst.parse_expression("not accelerator.is_local_main_process"),
+                          keyword=cst.Name("disable"), equal=cst.AssignEqual(
+                              whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+            plan.edit(call, lambda u, a=arg: u.with_changes(args=[*u.args[:-1], u.args[-1].with_changes(
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))] + [a] if u.args else [a]))
+        else:
+            plan.edit(existing, lambda u: u.with_changes(value=cst.parse_expression(
+                f"({cst.Module([]).code_for_node(u.value)}) or not accelerator.is_local_main_process")))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` gets "
+                                           "`disable=not accelerator.is_local_main_process`",
+                           "one progress bar per machine, not one per process drawn over each other")
+
+
+def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
     lines: list[int] = []
+    models = facts.of_kind("model")
     for call in ctx.of_type(cst.Call):
         if isinstance(call.func, cst.Name) and call.func.value == "print" and "builtins.print" in ctx.qnames(call):
             plan.edit(call, lambda u: u.with_changes(func=accel("print")))
             lines.append(ctx.line(call))
+            for arg in call.args:
+                if dotted(arg.value) in models:  # print(model): the model, not the DDP wrapper around it
+                    plan.edit(arg.value, lambda u: accel_call("unwrap_model", u))
+                    plan.report.change(ctx.line(arg), f"`print({ctx.code(arg.value)})` prints "
+                                                      f"`accelerator.unwrap_model({ctx.code(arg.value)})`",
+                                       "after prepare() the variable holds the DDP/FSDP wrapper")
     if lines:
         listed = ", ".join(map(str, lines[:12])) + (", ..." if len(lines) > 12 else "")
         plural = "s" if len(lines) > 1 else ""
@@ -57,6 +196,10 @@ def _unwrap(ctx: Context, facts: Facts, plan: Plan) -> None:
         name = attr.attr.value
         if key not in models or name in WRAPPER_SAFE or inside_class(ctx, attr, facts.model_classes):
             continue
+        function, line = ctx.function(attr), ctx.line(attr)
+        if any(site_function is function and line < site_line for site_function, site_line in
+               plan.prepare_sites.get(key, ())):
+            continue  # still the plain model here: it is prepared further down
         if name == "module":  # `model.module` was the DataParallel way to reach the inner model
             plan.edit(attr, lambda u: accel_call("unwrap_model", u.value))
             plan.report.change(ctx.line(attr), f"`{ctx.code(attr)}` -> `accelerator.unwrap_model({key})`",

@@ -2,7 +2,9 @@
 
     python runner.py OUT.json script1.py script2.py ...
 
-Each script runs as `__main__` with `sys.argv = [script]`; its exit status and stdout lines go to OUT.json."""
+Each script runs as `__main__` with `sys.argv = [script]`, after `torch.manual_seed(0)` (so scripts that do not seed
+themselves, like custom_init.py, start from the same weights in both runs); its exit status and stdout lines go to
+OUT.json."""
 
 import contextlib
 import io
@@ -11,9 +13,12 @@ import runpy
 import sys
 import traceback
 
+import torch
+
 out_path, scripts = sys.argv[1], sys.argv[2:]
 results = {}
 for script in scripts:
+    torch.manual_seed(0)
     sys.argv = [script]
     buffer = io.StringIO()
     status = 0

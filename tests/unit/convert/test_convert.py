@@ -12,7 +12,9 @@ from accelkit.convert import ConvertOptions, convert_source
 from accelkit.errors import AccelkitError
 
 CONVERT_DATA = DATA / "convert"
-CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py"))
+# corpus/: one script per idiom of issue #16 and their combinations (also --checked on 2 ranks, see
+# tests/integration/test_convert_check.py); shapes/: more script shapes, pinned by golden output and 1-process runs
+CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py")) + sorted((CONVERT_DATA / "shapes").glob("*.py"))
 GOLDEN = CONVERT_DATA / "golden"
 UPDATE = os.environ.get("ACCELKIT_UPDATE_GOLDEN") == "1"  # regenerate tests/data/convert/golden/
 
@@ -46,7 +48,10 @@ def test_corpus_matches_golden_and_is_idempotent(script: Path) -> None:
 def test_corpus_covers_the_shapes_the_issue_lists() -> None:
     names = {p.stem for p in CORPUS}
     assert {"mnist_style", "trainer_gpu_id", "manual_batching", "manual_sgd", "gan", "amp_clip", "lbfgs",
-            "module_level", "global_device", "torch_accelerator"} <= names
+            "module_level", "global_device", "torch_accelerator",
+            # issue #16, idiom by idiom
+            "warmup_plateau", "custom_init", "trainer_class", "prebatched", "random_batches", "regression_numpy",
+            "eval_metrics", "side_effects", "dcgan"} <= names
 
 
 def test_untouched_code_keeps_formatting_and_comments() -> None:
@@ -107,8 +112,9 @@ def test_prepare_is_placed_before_first_use_and_split_when_needed() -> None:
               "    eval_loader = DataLoader([1, 2, 3])\n"
               "    evaluate(model, eval_loader)\n")
     out = convert(source)
-    assert ("    opt = torch.optim.Adam(model.parameters())\n    model, opt = accelerator.prepare(model, opt)\n"
-            "    model.train()\n") in out
+    # model.train() only sets a mode: prepare goes right before the model is handed to the training function
+    assert ("    opt = torch.optim.Adam(model.parameters())\n    model.train()\n"
+            "    model, opt = accelerator.prepare(model, opt)\n    train(model, opt)\n") in out
     assert "    eval_loader = DataLoader([1, 2, 3])\n    eval_loader = accelerator.prepare(eval_loader)\n" in out
 
 
@@ -204,13 +210,15 @@ def test_cli_diff_check_in_place(script: Path) -> None:
     proc = run_accelkit("convert", str(script), "--diff", check=True)
     assert "+from accelerate import Accelerator" in proc.stdout and "-    model.to(device)" in proc.stdout
     assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
-    assert run_accelkit("convert", str(script), "--check").returncode == 1
+    # CI use (was `--check` before --check meant running the conversion): exit 1 when there is something to do
+    assert run_accelkit("convert", str(script), "--diff", "--exit-code").returncode == 1
     assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
     run_accelkit("convert", str(script), "--in-place", check=True)
     assert script.with_name("train.py.bak").read_text() == original
     assert "Accelerator()" in script.read_text()
-    proc = run_accelkit("convert", str(script), "--check")
-    assert proc.returncode == 0 and "already uses Accelerate" in proc.stdout
+    proc = run_accelkit("convert", str(script), "--diff", "--exit-code")
+    assert proc.returncode == 0 and "already uses Accelerate" in proc.stderr
+    assert run_accelkit("convert", str(script), "--exit-code").returncode == 2  # only with --diff
     proc = run_accelkit("convert", str(script), "--diff", "-o", "x.py")
     assert proc.returncode == 2
 
@@ -231,9 +239,11 @@ def test_argument_helper_puts_the_accelerator_after_its_call() -> None:
     source = ("import argparse\nimport torch\n"
               "def get_args():\n    p = argparse.ArgumentParser()\n    return p.parse_args()\n"
               "def main():\n    args = get_args()\n    model = torch.nn.Linear(2, 1).cuda()\n"
-              "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    model(torch.ones(1, 2)).sum().backward()\n")
+              "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    model(torch.ones(1, 2)).sum().backward()\n"
+              "main()\n")
     out = convert(source)
     assert "    args = get_args()\n    accelerator = Accelerator()\n    model = torch.nn.Linear(2, 1)\n" in out
+    assert "model(torch.ones(1, 2).to(accelerator.device))" in out  # the input follows the model's device
     assert "return p.parse_args()\n" in out and out.count("Accelerator()") == 1
 
 
@@ -248,7 +258,8 @@ def test_objects_created_in_a_class_are_prepared_there() -> None:
               "        for x in self.loader:\n"
               "            self.model(x).sum().backward()\n"
               "            self.opt.step()\n"
-              "        return self.model.custom()\n")
+              "        return self.model.custom()\n"
+              "if __name__ == '__main__':\n    T('cuda').fit()\n")
     out = convert(source)
     assert ("        self.loader = DataLoader(list(range(10)), batch_size=2)\n"
             "        self.model, self.opt, self.loader = accelerator.prepare("

@@ -10,12 +10,10 @@ from accelerate import Accelerator
 def build(args):
     netG = nn.Sequential(nn.Linear(args.nz, 16), nn.ReLU(), nn.Linear(16, 2))
     netD = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
-    netG, netD = accelerator.prepare(netG, netD)
     return netG, netD
 
 
 def main():
-    global accelerator
     parser = argparse.ArgumentParser()
     parser.add_argument("--nz", type=int, default=4)
     parser.add_argument("--iters", type=int, default=2)
@@ -32,9 +30,11 @@ def main():
     criterion = nn.BCEWithLogitsLoss()
     optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-3, betas=(0.5, 0.999))
     optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-3, betas=(0.5, 0.999))
-    optimizerD, optimizerG, dataloader = accelerator.prepare(optimizerD, optimizerG, dataloader)
     noise_gen = torch.Generator().manual_seed(9)
 
+    netD, netG, optimizerD, optimizerG, dataloader = accelerator.prepare(
+        netD, netG, optimizerD, optimizerG, dataloader
+    )
     for it in range(args.iters):
         for i, (real,) in enumerate(dataloader):
             b = real.size(0)

@@ -54,8 +54,8 @@ def main():
     torch.manual_seed(0)
     model = TinyLM()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
     loader = get_loader()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     for step in range(3):
         model.train()
         for tokens, targets in loader:

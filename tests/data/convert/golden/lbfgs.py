@@ -16,8 +16,8 @@ def main():
     loader = DataLoader(TensorDataset(x, y), batch_size=32)
     model = nn.Sequential(nn.Linear(1, 12), nn.Tanh(), nn.Linear(12, 1))
     optimizer = optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     criterion = nn.MSELoss()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     for step in range(4):
         for xb, yb in loader:
 

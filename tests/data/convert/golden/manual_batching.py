@@ -18,12 +18,15 @@ def make_data(n=64):
 def main():
     torch.manual_seed(0)
     x, y = make_data()
+    # each process trains on an equal share of the samples (prepare() cannot shard hand-made batches)
+    shard = slice(accelerator.process_index, len(x) - len(x) % accelerator.num_processes, accelerator.num_processes)
+    x, y = x[shard], y[shard]
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model, opt = accelerator.prepare(model, opt)
     loss_fn = nn.MSELoss()
     batch_size = 16
     step = 0
+    model, opt = accelerator.prepare(model, opt)
     for epoch in range(2):
         for i in range(0, len(x), batch_size):
             xb = x[i:i + batch_size].to(device)

@@ -60,7 +60,7 @@ def main():
     parser.add_argument("--log-interval", type=int, default=1)
     parser.add_argument("--save-model", action="store_true", default=False)
     args = parser.parse_args()
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=args.no_cuda)
     use_cuda = not args.no_cuda and torch.cuda.is_available()
 
     torch.manual_seed(args.seed)
@@ -77,8 +77,8 @@ def main():
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
 
     scheduler = StepLR(optimizer, step_size=1, gamma=0.7)
-    model, optimizer, train_loader, test_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, test_loader, scheduler
+    model, optimizer, train_loader, test_loader = accelerator.prepare(
+        model, optimizer, train_loader, test_loader
     )
     for epoch in range(1, args.epochs + 1):
         train(args, model, device, train_loader, optimizer, epoch)
@@ -88,6 +88,7 @@ def main():
     if args.save_model:
         accelerator.wait_for_everyone()
         accelerator.save(accelerator.unwrap_model(model).state_dict(), "mnist_cnn.pt")
+        accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":

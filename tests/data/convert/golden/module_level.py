@@ -19,8 +19,8 @@ loader = DataLoader(dataset, batch_size=6, shuffle=True, generator=torch.Generat
 model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=12)
-model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
+model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 for epoch in range(2):
     model.train()
     for step, (inputs, labels) in enumerate(loader):
@@ -34,4 +34,5 @@ for epoch in range(2):
 out_dir = os.environ.get("CKPT_DIR", tempfile.gettempdir())
 accelerator.wait_for_everyone()
 accelerator.save({"model": accelerator.unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(out_dir, "ckpt.pt"))
+accelerator.wait_for_everyone()
 accelerator.print("SAVED", sorted(torch.load(os.path.join(out_dir, "ckpt.pt"))["model"].keys()))

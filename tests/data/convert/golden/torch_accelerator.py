@@ -22,8 +22,8 @@ def main():
     model = nn.Linear(4, 3)
     optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=4)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     bias = torch.zeros(3).to(device)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     for epoch in range(2):
         for step, (x, y) in enumerate(loader):
             loss = nn.functional.cross_entropy(model(x) + bias, y)

@@ -39,7 +39,6 @@ def load_train_objs():
     train_set = TensorDataset(torch.randn(40, 20, generator=g), torch.randint(0, 3, (40,), generator=g))
     model = torch.nn.Linear(20, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-1)
-    model, optimizer = accelerator.prepare(model, optimizer)
     return train_set, model, optimizer
 
 
@@ -48,7 +47,7 @@ def main(total_epochs, batch_size):
     gpu_id = accelerator.device
     dataset, model, optimizer = load_train_objs()
     train_data = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    train_data = accelerator.prepare(train_data)
+    model, optimizer, train_data = accelerator.prepare(model, optimizer, train_data)
     trainer = Trainer(model, train_data, optimizer, gpu_id)
     trainer.train(total_epochs)
 

@@ -1,0 +1,28 @@
+"""`accelkit convert --check`: prove a conversion by running it.
+
+The original script runs on one process and the converted one on 2 CPU ranks (DDP rehearsal), both with the
+probe in `probe.py` installed in every process; `invariants.py` then compares what the probes saw against the
+invariants of correct data parallelism (every trainable module wrapped, weights identical across ranks after every
+step, learning rates equal to the original's at the same point of training, each sample seen once per epoch,
+metrics equal to the one-process value, each file written once, no hang).
+
+    from accelkit.convert.check import CheckOptions, check_script
+    outcome = check_script(Path("train.py"), ["--epochs", "1"], CheckOptions(steps=8))
+    print(outcome.format())
+
+(Loaded on first use: the probe runs in every rank and needs none of the checking side.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CheckOptions", "CheckOutcome", "check_script"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from accelkit.convert.check import api
+
+    return getattr(api, name)

@@ -1,0 +1,150 @@
+"""`check_script`: convert a script, run the original on one process and the conversion on N CPU ranks, and judge
+the invariants of data parallelism (one verdict each)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, evaluate
+from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
+from accelkit.errors import AccelkitError
+
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    steps: int = 8  # optimizer steps of the converted run (the original runs world * steps)
+    processes: int = 2
+    stall_seconds: float = 60.0  # no progress this long in a process = a hang
+    timeout: float = 1800.0  # wall time limit of each run
+
+
+@dataclass
+class CheckOutcome:
+    script: str
+    verdicts: list[Verdict]
+    original: RunResult | None = None
+    converted: RunResult | None = None
+    conversion_problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(v.status != FAIL for v in self.verdicts)
+
+    @property
+    def failed(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status == FAIL]
+
+    def format(self) -> str:
+        lines = []
+        for verdict in self.verdicts:
+            lines.append(f"  {verdict.status}  {verdict.name:<13} {verdict.summary}")
+            lines += [f"{'':21}{e}" for e in verdict.evidence]
+        return "\n".join(lines)
+
+
+def check_script(script: Path, args: list[str], options: CheckOptions | None = None,
+                 workdir: Path | None = None, converted_code: str | None = None) -> CheckOutcome:
+    """Check `script`'s conversion (or `converted_code`, a conversion made or edited by hand) by running both."""
+    from accelkit.convert import convert_source
+
+    options = options or CheckOptions()
+    source = script.read_text(encoding="utf-8")
+    result = convert_source(source, filename=script.name)
+    if result.report.status == "already-accelerate":
+        raise AccelkitError(f"{script.name} already uses Accelerate: --check compares a single-device script with "
+                            "its conversion", hint="run `accelkit convert --check` on the single-device original")
+    iteration_based = result.report.iteration_based
+    code = result.code if converted_code is None else converted_code
+    with Scratch(workdir or Path.cwd()) as scratch:
+        converted = run(converted_spec(scratch, script, code, args, options.steps, options.processes,
+                                       options.stall_seconds, options.timeout), script.resolve().parent)
+        replay = converted_spec_probe_dir(scratch)
+        original = run(original_spec(scratch, script, args, options.processes * options.steps, options.processes,
+                                     replay, options.stall_seconds, options.timeout), script.resolve().parent)
+    runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
+                iteration_based)
+    verdicts = [_ran(original, converted, options.processes, script.name), *evaluate(runs),
+                _no_hang(original, converted, script.name)]
+    problems = [p.format() for p in result.report.problems] if converted_code is None else []
+    return CheckOutcome(script.name, verdicts, original, converted, problems)
+
+
+def converted_spec_probe_dir(scratch: Scratch) -> Path:
+    return scratch.root / "probe-converted"
+
+
+def _ran(original: RunResult, converted: RunResult, world: int, script: str) -> Verdict:
+    name = "ran"
+    evidence = []
+    if converted.status not in (0, None):
+        evidence.append(f"converted, {world} processes: exit status {converted.status}: {_last_error(converted)}")
+    if original.status not in (0, None):
+        evidence.append(f"original, 1 process: exit status {original.status}: {_last_error(original)}")
+    if len(converted.records) < world and converted.status == 0:
+        evidence.append(f"only {len(converted.records)} of {world} ranks reported")
+    if evidence:
+        return Verdict(name, FAIL, "a run failed", tuple(evidence))
+    if converted.status is None or original.status is None:
+        return Verdict(name, SKIP, "a run was stopped (see `no hang`)")
+    steps = max((len([s for s in r.steps if s.optimizer >= 0]) for r in converted.records), default=0)
+    return Verdict(name, PASS, f"original on 1 process ({original.seconds:.1f} s), converted on {world} CPU ranks "
+                               f"(DDP, {steps} optimizer step(s), {converted.seconds:.1f} s)")
+
+
+def _no_hang(original: RunResult, converted: RunResult, script: str) -> Verdict:
+    name = "no hang"
+    for label, result in (("converted", converted), ("original", original)):
+        if result.stalled or result.timed_out:
+            why = "made no progress" if result.stalled else "did not finish in time"
+            evidence = tuple(f"rank {rank}: {where}" for rank, where in sorted(_stuck_at(result).items()))
+            return Verdict(name, FAIL, f"the {label} run {why}: stopped after {result.seconds:.0f} s", evidence)
+    passes = {r.rank: r.backward_passes for r in converted.records}
+    if len(set(passes.values())) > 1:
+        counts = ", ".join(f"rank {rank}: {count}" for rank, count in sorted(passes.items()))
+        return Verdict(name, FAIL, "the processes left training at different steps (backward passes: "
+                                   f"{counts}): on GPUs the others wait for it in the next all-reduce forever",
+                       ("a stop decision (break, return) made from a value each process computes from its own "
+                        "batches; decide it together: accelerator.set_trigger() / accelerator.check_trigger()",))
+    return Verdict(name, PASS, f"every process finished ({converted.seconds:.1f} s on the ranks)")
+
+
+def _stuck_at(result: RunResult) -> dict[int, str]:
+    """Where each rank was, from its stack dump: the innermost line of the script, and what it was waiting in."""
+    from accelkit.convert.check.frames import is_user_code
+
+    where = {}
+    for rank, text in result.stacks.items():
+        threads = [block for block in text.split("\n\n") if "File " in block]
+        best = None
+        for block in threads:
+            frames = [m.groupdict() for m in map(FRAME.match, block.splitlines()) if m]
+            mine = [f for f in frames if is_user_code(f["file"])]
+            if mine:
+                inner = frames[0]
+                best = (f"{Path(mine[0]['file']).name}:{mine[0]['line']} in {mine[0]['func']}"
+                        + ("" if inner is mine[0] else f" (waiting in {inner['func']}, {Path(inner['file']).name}:"
+                                                       f"{inner['line']})"))
+                break
+        where[rank] = best or "no frame of the script on the stack"
+    for record in result.records:
+        where.setdefault(record.rank, f"finished ({record.reason})")
+    return where
+
+
+ERROR_LINE = re.compile(r"(?:^|\]:?\s*)((?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit)\b.*|Error: .*)$")
+
+
+def _last_error(result: RunResult) -> str:
+    """The last exception line of the run's stderr (rank prefixes such as `[rank1]: ` removed)."""
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    errors = [m.group(1) for m in map(ERROR_LINE.search, lines) if m and ":" in m.group(1)]
+    if errors:
+        return errors[-1][:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+__all__ = ["FAIL", "PASS", "SKIP", "CheckOptions", "CheckOutcome", "check_script"]

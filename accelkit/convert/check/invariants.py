@@ -1,0 +1,413 @@
+"""The invariants of correct data parallelism, judged from what the probes recorded in both runs.
+
+What can be compared between a 1-process and an N-process run, and what cannot: after a step the converted run's
+weights legitimately differ from the original's (its global batch is N times larger), so weights are compared
+across the ranks of the converted run only. Learning rates are compared with the original's at the same point of
+training: the same epoch and the same fraction of it (a per-batch scheduler prepared by Accelerate steps N times
+per step, so after k steps on N ranks it is where the original is after N*k). Samples are compared as sets of
+dataset indices per epoch. Metrics are compared at equal weights: the original loads the converted run's weights
+before each evaluation pass (see probe.py), so the numbers it prints are the one-process value for the same model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from accelkit.convert.check.record import Pass, Record, Step
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+LR_RTOL = 1e-6
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+TIME_UNIT = re.compile(r"^\s*(?:s|sec|secs|seconds|ms|it/s|s/it|samples/s)\b")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    status: str  # PASS | FAIL | SKIP
+    summary: str
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Runs:
+    original: Record | None
+    converted: list[Record]  # one per rank, by rank
+    world: int
+    iteration_based: bool  # no epochs (random batches): progress is the step count, not the fraction of an epoch
+
+
+def evaluate(runs: Runs) -> list[Verdict]:
+    return [wrapped(runs), weights(runs), learning_rates(runs), samples(runs), metrics(runs), side_effects(runs)]
+
+
+# -- every trainable module wrapped -----------------------------------------------------------------------------
+def wrapped(runs: Runs) -> Verdict:
+    name = "wrapped"
+    rank0 = runs.converted[0] if runs.converted else None
+    if rank0 is None or not rank0.steps:
+        return Verdict(name, SKIP, "no training step was reached, nothing to check")
+    if rank0.unwrapped:
+        evidence = []
+        for item in rank0.unwrapped:
+            owner = ", ".join(item["owners"]) or "a module the script does not hold in a variable at the step"
+            evidence.append(f"optimizer #{item['optimizer']} ({item['kind']}) updates {item['tensors']} parameter "
+                            f"tensor(s) ({item['numel']:,} values) that no DDP wrapper owns: {owner}")
+        return Verdict(name, FAIL, "a trained module was not prepared: each process trains its own copy",
+                       tuple(evidence))
+    trained = [m for m in rank0.models if m["trained"]]
+    bare = [m["name"] for m in trained if not m["wrapper"]]
+    if not rank0.optimizers and bare:
+        return Verdict(name, FAIL, "a trained module was not prepared: each process trains its own copy",
+                       tuple(f"{n} is trained (called with gradients) but not wrapped by DDP" for n in bare))
+    if not rank0.wrapped:
+        return Verdict(name, FAIL, "no module was wrapped by DDP")
+    optimizers = f", {len(rank0.optimizers)} optimizer(s)" if rank0.optimizers else ""
+    return Verdict(name, PASS, f"every trained module is wrapped by DDP: {', '.join(rank0.wrapped)}{optimizers}")
+
+
+# -- weights identical across ranks after every step ------------------------------------------------------------
+def _steps(record: Record) -> list[Step]:
+    real = [s for s in record.steps if s.optimizer >= 0]
+    return real if real else record.steps
+
+
+def weights(runs: Runs) -> Verdict:
+    name = "weights"
+    ranks = runs.converted
+    if len(ranks) < 2 or not ranks[0].steps:
+        return Verdict(name, SKIP, "no training step was reached on 2 ranks")
+    per_rank = [_steps(r) for r in ranks]
+    manual = per_rank[0][0].optimizer < 0
+    unit = "backward pass" if manual else "step"
+    for position, step in enumerate(per_rank[0]):
+        others = [(r, steps[position]) for r, steps in enumerate(per_rank) if position < len(steps)]
+        digests = {s.digest for _, s in others}
+        if len(digests) > 1 or len(others) < len(per_rank):
+            label = _step_label(step, manual)
+            evidence = [f"rank {r}: {s.digest}" for r, s in others]
+            if len(others) < len(per_rank):
+                counts = ", ".join(f"rank {r}: {len(s)}" for r, s in enumerate(per_rank))
+                return Verdict(name, FAIL, f"the ranks took different numbers of {unit}es ({counts})",
+                               tuple(evidence))
+            befores = {s.before for _, s in others if s.before is not None}
+            if len(befores) > 1:
+                why = ("the ranks started from different weights: the model was changed after accelerator.prepare() "
+                       "wrapped it (DDP copies rank 0's weights only when it wraps), or it was never wrapped")
+            elif manual:
+                why = "the ranks updated their weights differently (gradients not averaged across processes)"
+            else:
+                why = "the ranks applied different updates (gradients not averaged, or an unprepared model/optimizer)"
+            what = "before" if manual else "after"
+            return Verdict(name, FAIL, f"weights differ across ranks {what} {label}: {why}", tuple(evidence))
+    lengths = {len(s) for s in per_rank}
+    if len(lengths) > 1:
+        counts = ", ".join(f"rank {r}: {len(s)}" for r, s in enumerate(per_rank))
+        return Verdict(name, FAIL, f"the ranks took different numbers of {unit}es ({counts})")
+    count = len(per_rank[0])
+    what = f"before each of {count} backward passes" if manual else f"after each of {count} optimizer steps"
+    return Verdict(name, PASS, f"identical on all {len(ranks)} ranks {what}")
+
+
+def _step_label(step: Step, manual: bool) -> str:
+    if manual:
+        return f"backward pass {step.number}"
+    return f"step {step.number} (optimizer #{step.optimizer})"
+
+
+# -- learning rates equal to the original's at the same point of training ---------------------------------------
+def _both(runs: Runs) -> tuple[Record, Record] | None:
+    """The original's record and rank 0's, when both runs recorded something."""
+    if runs.original is None or not runs.converted:
+        return None
+    return runs.original, runs.converted[0]
+
+
+def learning_rates(runs: Runs) -> Verdict:
+    name = "lr"
+    both = _both(runs)
+    if both is None:
+        return Verdict(name, SKIP, "a run recorded nothing")
+    original, rank0 = both
+    ours = [s for s in rank0.steps if s.optimizer >= 0]
+    theirs = [s for s in original.steps if s.optimizer >= 0]
+    if not ours:
+        return Verdict(name, SKIP, "no optimizer step (weights updated by hand): no learning rate to compare")
+    by_optimizer: dict[int, list[Step]] = defaultdict(list)
+    for step in theirs:
+        by_optimizer[step.optimizer].append(step)
+    counts: Counter[int] = Counter()
+    compared = 0
+    first_last: dict[int, list[float]] = {}
+    for step in ours:
+        counts[step.optimizer] += 1
+        match, where = _aligned(step, counts[step.optimizer], by_optimizer[step.optimizer], runs)
+        if match is None:
+            continue
+        compared += 1
+        first_last.setdefault(step.optimizer, [step.lrs[0], step.lrs[0]])[1] = step.lrs[0]
+        if len(match.lrs) != len(step.lrs) or any(abs(a - b) > LR_RTOL * max(abs(a), abs(b), 1e-30)
+                                                  for a, b in zip(step.lrs, match.lrs, strict=False)):
+            ours_text = ", ".join(f"{v:.6g}" for v in step.lrs)
+            theirs_text = ", ".join(f"{v:.6g}" for v in match.lrs)
+            return Verdict(name, FAIL, f"step {counts[step.optimizer]} of optimizer #{step.optimizer} used lr "
+                                       f"{ours_text} on {runs.world} processes; the original used {theirs_text} at the "
+                                       f"same point of training ({where})",
+                           ("a prepared scheduler steps once per process per call: right for a per-batch scheduler, "
+                            f"{runs.world}x too fast for one stepped per epoch; an unprepared per-batch scheduler is "
+                            f"{runs.world}x too slow",))
+    if not compared:
+        return Verdict(name, SKIP, "the original did not reach the points of training the converted run did")
+    ranges = "; ".join(f"optimizer #{k}: {a:.6g} -> {b:.6g}" for k, (a, b) in sorted(first_last.items()))
+    return Verdict(name, PASS, f"equal to the original's at the same point of training at {compared} step(s) "
+                               f"({ranges})")
+
+
+def _aligned(step: Step, index: int, theirs: list[Step], runs: Runs) -> tuple[Step | None, str]:
+    """The original's step at the same point of training as the converted run's `index`-th step."""
+    progress = step.progress
+    if progress is not None and progress[3] > 0 and not runs.iteration_based:
+        loader, number, taken, length = progress
+        candidates = [s for s in theirs if s.progress and s.progress[0] == loader and s.progress[1] == number
+                      and s.progress[3] > 0]
+        if candidates:
+            ratio = candidates[0].progress[3] / length  # type: ignore[index]
+            target = round((taken - 1) * ratio) + 1  # batches seen before this one, scaled, plus this one
+            before = [s for s in candidates if s.progress[2] <= target]  # type: ignore[index]
+            if before:
+                match = max(before, key=lambda s: s.progress[2])  # type: ignore[index]
+                return match, (f"epoch {number + 1}, batch {match.progress[2]} of {match.progress[3]}; here batch "  # type: ignore[index]
+                               f"{taken} of {length} on each process")
+            return None, ""
+    target_index = index if runs.iteration_based else runs.world * (index - 1) + 1
+    if target_index <= len(theirs):
+        return theirs[target_index - 1], f"its step {target_index}"
+    return None, ""
+
+
+# -- each sample seen once per epoch across ranks ---------------------------------------------------------------
+def samples(runs: Runs) -> Verdict:
+    name = "samples"
+    ranks = runs.converted
+    if not ranks:
+        return Verdict(name, SKIP, "no run recorded anything")
+    keys = sorted({(p.loader, p.number) for r in ranks for p in r.passes})
+    if not keys:
+        return _fingerprints(runs)
+    original_passes = {(p.loader, p.number): p for p in runs.original.passes} if runs.original else {}
+    checked: list[str] = []
+    training_loaders: set[int] = set()
+    for key in keys:
+        passes = [next((p for p in r.passes if (p.loader, p.number) == key), None) for r in ranks]
+        present = [p for p in passes if p is not None]
+        if not present or not any(p.indices for p in present):
+            continue
+        if any(p.steps for p in present):
+            training_loaders.add(key[0])
+        problem = _pass_problem(key, passes, original_passes.get(key), runs.world)
+        if problem:
+            kind = "training" if any(p.steps for p in present) else "evaluation"
+            return Verdict(name, FAIL, f"{kind} loader #{key[0]}, epoch {key[1] + 1}: {problem[0]}", problem[1])
+        checked.append(f"{key[0]}:{key[1]}")
+    if not checked:
+        return _fingerprints(runs) if not training_loaders else Verdict(name, SKIP, "no sample index was recorded")
+    loaders = Counter(k.split(":")[0] for k in checked)
+    described = ", ".join(f"loader #{k} ({'training' if int(k) in training_loaders else 'evaluation'}, "
+                          f"{n} epoch(s))" for k, n in sorted(loaders.items()))
+    return Verdict(name, PASS, f"each sample seen once per epoch across the {runs.world} ranks: {described}")
+
+
+def _pass_problem(key, passes: list[Pass | None], original: Pass | None, world: int):
+    seen_by: dict[int, list[int]] = defaultdict(list)
+    for rank, p in enumerate(passes):
+        for index in (p.indices if p else ()):
+            seen_by[index].append(rank)
+    shared = sorted(i for i, rs in seen_by.items() if len(set(rs)) > 1)
+    complete = all(p is not None and p.complete for p in passes)
+    batch = max((p.batch_size for p in passes if p is not None), default=-1)
+    length = max((p.dataset_length for p in passes if p is not None), default=-1)
+    fetched = sum(len(p.indices) for p in passes if p is not None)
+    # Accelerate evens out the last batch of an epoch by repeating samples from its start (even_batches)
+    padding_allowed = 0
+    if batch > 0 and length > 0 and length % (world * batch) and fetched >= length:
+        padding_allowed = world * batch - length % (world * batch)
+    if len(shared) > padding_allowed:
+        example = shared[0]
+        ranks = sorted(set(seen_by[example]))
+        return (f"{len(shared)} sample(s) seen by more than one rank (sample {example}: ranks "
+                f"{', '.join(map(str, ranks))}): the data is not sharded across processes",
+                (f"{len(seen_by)} distinct samples, {sum(len(v) for v in seen_by.values())} fetched over "
+                 f"{len(passes)} ranks",))
+    if not complete:
+        return None
+    if original is not None and original.complete and original.indices:
+        expected = set(original.indices)
+    else:
+        length = max((p.dataset_length for p in passes if p is not None), default=-1)
+        expected = set(range(length)) if length > 0 else set(seen_by)
+    missing = sorted(expected - set(seen_by))
+    if missing:
+        return (f"{len(missing)} of {len(expected)} sample(s) never seen in the epoch (e.g. {missing[:5]})",
+                ("the original saw every one of them",))
+    return None
+
+
+def _fingerprints(runs: Runs) -> Verdict:
+    """No DataLoader: compare the training inputs themselves. Ranks in lockstep that feed the same inputs at the
+    same step train on the same batch (not sharded, or random batches drawn with one seed everywhere)."""
+    name = "samples"
+    ranks = runs.converted
+    steps = [r.step_inputs for r in ranks]
+    if len(ranks) < 2 or not any(any(s) for s in steps):
+        return Verdict(name, SKIP, "no DataLoader and no training input to compare")
+    compared = [j for j in range(min(len(s) for s in steps)) if all(s[j] for s in steps)]
+    same = [j for j in compared if len({s[j] for s in steps}) == 1]
+    union = len({key for r in ranks for key in r.fingerprints})
+    if compared and len(same) * 2 > len(compared):
+        return Verdict(name, FAIL, f"at {len(same)} of {len(compared)} steps every rank trained on the same inputs: "
+                                   "the hand-made batches are not sharded across processes (or random batches are "
+                                   "drawn with the same seed on every process)",
+                       (f"{union} distinct training inputs over {len(ranks)} ranks",))
+    return Verdict(name, PASS, f"no DataLoader: the ranks trained on different inputs at {len(compared) - len(same)} "
+                               f"of {len(compared)} steps ({union} distinct inputs)")
+
+
+# -- metrics equal to the one-process value ---------------------------------------------------------------------
+def metrics(runs: Runs) -> Verdict:
+    name = "metrics"
+    both = _both(runs)
+    if both is None:
+        return Verdict(name, SKIP, "a run recorded nothing")
+    original, rank0 = both
+    evaluations = [p for p in rank0.passes if p.complete and not p.steps and p.batches]
+    if not evaluations:
+        return Verdict(name, SKIP, "no evaluation pass (a DataLoader pass without optimizer steps) was reached")
+    compared = 0
+    for p in evaluations:
+        key = f"{p.loader}:{p.number}"
+        if key not in original.replayed:
+            continue
+        where = f"evaluation pass {p.number + 1} of loader #{p.loader} ({p.owner.split(':')[-1]})"
+        if key in rank0.returns and key in original.returns:
+            ours, theirs = rank0.returns[key], original.returns[key]
+            problem = _compare_values(ours, theirs)
+            if problem:
+                return Verdict(name, FAIL, f"{where} returned {problem} (same weights on both sides)",
+                               (f"{runs.world} processes: {ours!r}", f"1 process:   {theirs!r}"))
+            compared += 1
+        ours_lines = _lines_after(rank0, p)
+        theirs_lines = _lines_after(original, next((q for q in original.passes if (q.loader, q.number) ==
+                                                    (p.loader, p.number)), None))
+        for line, other in zip(ours_lines, theirs_lines, strict=False):
+            problem = _compare_line(line, other)
+            if problem:
+                return Verdict(name, FAIL, f"after {where}: {problem} (same weights on both sides)",
+                               (f"{runs.world} processes: {line}", f"1 process:   {other}"))
+            compared += 1
+        if len(ours_lines) != len(theirs_lines):
+            return Verdict(name, FAIL, f"after {where} the converted script printed {len(ours_lines)} line(s), the "
+                                       f"original {len(theirs_lines)}", tuple(ours_lines[:3]) + tuple(theirs_lines[:3]))
+    if not compared:
+        return Verdict(name, SKIP, "no evaluation pass printed or returned a metric")
+    return Verdict(name, PASS, f"{compared} metric(s) printed or returned after evaluation passes equal the "
+                               "one-process values at the same weights")
+
+
+def _compare_values(ours, theirs) -> str | None:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in sorted(set(ours) | set(theirs)):
+            problem = _compare_values(ours.get(key), theirs.get(key))
+            if problem:
+                return f"{key}: {problem}"
+        return None
+    if isinstance(ours, list) and isinstance(theirs, list):
+        if len(ours) != len(theirs):
+            return f"{len(ours)} values where one process returns {len(theirs)}"
+        for a, b in zip(ours, theirs, strict=True):
+            problem = _compare_values(a, b)
+            if problem:
+                return problem
+        return None
+    if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+        if abs(ours - theirs) > 1e-4 * max(abs(ours), abs(theirs)) + 1e-9:
+            return f"{ours:.6g} where one process returns {theirs:.6g}"
+        return None
+    if ours is None and theirs is None:
+        return None
+    return f"{ours!r} where one process returns {theirs!r}"
+
+
+def _lines_after(record: Record, p: Pass | None) -> list[str]:
+    if p is None:
+        return []
+    tag = f"{p.loader}:{p.number}:end"
+    return [text for line_tag, function, text in record.lines if line_tag == tag and function == p.owner]
+
+
+def _compare_line(ours: str, theirs: str) -> str | None:
+    if NUMBER.sub("#", ours) != NUMBER.sub("#", theirs):
+        return f"the lines differ: {ours!r} vs {theirs!r}"
+    for a, b, rest in zip(NUMBER.finditer(ours), NUMBER.finditer(theirs), _tails(ours), strict=False):
+        if TIME_UNIT.match(rest):
+            continue  # a duration, not a metric
+        x, y = a.group(), b.group()
+        if x == y:
+            continue
+        fx, fy = float(x), float(y)
+        places = max(_decimals(x), _decimals(y))
+        tolerance = max(1e-4 * max(abs(fx), abs(fy)), 1.01 * 10 ** -places if places else 0.0)
+        if abs(fx - fy) > tolerance:
+            return f"{x} on {_label(ours, a.start())}where one process prints {y}"
+    return None
+
+
+def _tails(text: str):
+    for match in NUMBER.finditer(text):
+        yield text[match.end():]
+
+
+def _decimals(number: str) -> int:
+    mantissa = number.lower().split("e")[0]
+    return len(mantissa.split(".")[1]) if "." in mantissa else 0
+
+
+def _label(text: str, start: int) -> str:
+    words = re.findall(r"[A-Za-z_][\w ]*", text[:start])
+    return f"`{words[-1].strip()}` " if words else ""
+
+
+# -- side effects on one process --------------------------------------------------------------------------------
+def side_effects(runs: Runs) -> Verdict:
+    name = "side effects"
+    ranks = runs.converted
+    writers: dict[str, list[int]] = defaultdict(list)
+    for record in ranks:
+        for path in record.files:
+            writers[path].append(record.rank)
+    shared = sorted(p for p, rs in writers.items() if len(rs) > 1)
+    problems = [f"{p} written by ranks {', '.join(map(str, writers[p]))}" for p in shared[:5]]
+    for record in ranks[1:]:
+        if record.stdout_lines:
+            first = record.lines[0] if record.lines else ["", "", ""]
+            where = f" from {first[1]}" if first[1] else ""
+            problems.append(f"rank {record.rank} printed {record.stdout_lines} line(s){where}, e.g. {first[2][:80]!r} "
+                            "(print only on the main process: accelerator.print)")
+        if record.progress_writes:
+            problems.append(f"rank {record.rank} drew a progress bar ({record.progress_writes} redraws): disable "
+                            "it on the other processes (disable=not accelerator.is_main_process)")
+    if problems:
+        what = f"{len(shared)} file(s) written by more than one process" if shared else "output on every process"
+        return Verdict(name, FAIL, what, tuple(problems))
+    written = sorted(writers)
+    missing = sorted(set(runs.original.files) - set(writers)) if runs.original is not None else []
+    summary = (f"each file written by one process ({len(written)} file(s): {', '.join(written[:4])}"
+               f"{', ...' if len(written) > 4 else ''})" if written else "no file written")
+    evidence = (f"the original also wrote: {', '.join(missing[:5])} (not reached in the converted run's steps, "
+                "or written elsewhere)",) if missing else ()
+    outside = sorted(p for p in {*writers, *(runs.original.files if runs.original else ())} if p.startswith("/"))
+    if outside:
+        evidence += (f"written outside the check's scratch folder, so the runs replaced them: "
+                     f"{', '.join(outside[:5])}",)
+    return Verdict(name, PASS, summary + "; output on the main process only", evidence)

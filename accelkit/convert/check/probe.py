@@ -1,0 +1,355 @@
+"""The per-process probe of `accelkit convert --check` (ACCELKIT_PROBES=accelkit.convert.check.probe).
+
+Installed by accelkit.rehearsal.bootstrap before the script runs, in the original's one process and in every rank
+of the converted run. It records, without changing what the script computes:
+- every optimizer step (accelkit.probes.steps): the learning rates it used, a digest of the weights right after it,
+  the digest before the first step of each optimizer, and the training pass it belongs to;
+- whether each optimizer's parameters belong to a module DDP wrapped (and if not, which variable holds it);
+- the modules the script calls at top level (its models), and fingerprints of their training inputs;
+- DataLoader passes and sample indices (probe_data), files written and lines printed (probe_io);
+- with $ACCELKIT_CHECK_STALL_SECONDS, a stack dump of every thread when the process stops making progress.
+
+Metrics at equal weights: rank 0 of the converted run saves the weights it evaluated with after each evaluation
+pass (a DataLoader pass without optimizer steps); the original run loads them right before its pass with the same
+number, so both print their metrics for the same model and the numbers can be compared.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from accelkit.convert.check.frames import is_user_code, qualname, user_frames
+from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
+from accelkit.convert.check.probe_io import OutputTracker
+from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, STALL_ENV, Pass, Record, Step, write_record
+from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+from accelkit.probes.imports import after_import
+from accelkit.probes.steps import StepEvent, clock
+
+WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
+ARM_EVERY = 0.5  # seconds between re-arming the stall watchdog
+FIRST_PROGRESS_GRACE = 180.0  # before the script's first step or batch (imports, data preparation) allow this long
+
+
+class CheckProbe:
+    def __init__(self) -> None:
+        self.folder = Path(os.environ.get(PROBE_DIR_ENV) or ".")
+        role = os.environ.get(ROLE_ENV, "original")
+        self.record = Record(rank=int(os.environ.get("RANK", "0")), world=int(os.environ.get("WORLD_SIZE", "1")),
+                             role=role)
+        self.main = self.record.rank == 0
+        self.optimizer_index: dict[int, int] = {}  # id(torch optimizer) -> index
+        self._keep: list[object] = []  # optimizers and models, alive, so ids are never reused
+        self.first_done: set[int] = set()
+        self.pending_before: dict[int, str] = {}
+        self.wrapped_params: set[int] = set()
+        self.models: list[object] = []
+        self.model_ids: set[int] = set()
+        self.depth = 0
+        self.max_steps = int(os.environ[MAX_STEPS_ENV]) if os.environ.get(MAX_STEPS_ENV) else None
+        self.stall = float(os.environ.get(STALL_ENV) or 0)
+        self.stall_file = None
+        self.last_arm = 0.0
+        self.finished = False
+        self.watching = 0  # frames whose return value is awaited
+        self.step_keys: list[str] = []  # input hashes since the last clock step
+        self.loaders = LoaderTracker(self.record, self.activity, self._pass_started, self._pass_ended)
+        ignore = [str(self.folder)]
+        self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
+
+    # -- installation ----------------------------------------------------------------------------------------
+    def install(self) -> None:
+        if self.stall > 0:
+            self.stall_file = open(self.folder / f"stall.rank{self.record.rank}.txt", "w")  # noqa: SIM115
+            faulthandler.register(signal.SIGUSR1, file=self.stall_file, all_threads=True)
+            self._arm(force=True)
+        steps = clock()
+        steps.on_before_step(self._before_step)
+        steps.on_step(self._after_step)
+        steps.on_finish(self.finish)
+        steps.install()
+        self.io.install()
+        after_import("torch", self._hook_torch)
+        after_import("torch.utils.data.dataloader", self.loaders.hook_torch)
+        after_import("torch.nn.parallel.distributed", self._hook_ddp)
+        after_import("accelerate.data_loader", self.loaders.hook_accelerate)
+        after_import("safetensors.torch", self.io.hook_safetensors)
+
+    def _hook_torch(self) -> None:
+        import torch
+
+        self.io.hook_torch()
+        probe = self
+        module_call = torch.nn.Module.__call__
+
+        def call(module, *args, **kwargs):
+            if probe.depth == 0:
+                probe._top_level_call(module, args)
+            probe.depth += 1
+            try:
+                return module_call(module, *args, **kwargs)
+            finally:
+                probe.depth -= 1
+
+        torch.nn.Module.__call__ = call
+        backward = torch.autograd.backward
+
+        def backward_and_note(*args, **kwargs):
+            probe._backward()
+            return backward(*args, **kwargs)
+
+        torch.autograd.backward = backward_and_note
+
+    def _hook_ddp(self) -> None:
+        from torch.nn.parallel.distributed import DistributedDataParallel
+
+        init = DistributedDataParallel.__init__
+        probe = self
+
+        def init_and_note(ddp, *args, **kwargs):
+            init(ddp, *args, **kwargs)
+            probe.wrapped_params |= {id(p) for p in ddp.module.parameters()}
+            probe.record.wrapped.append(type(ddp.module).__name__)
+
+        DistributedDataParallel.__init__ = init_and_note
+
+    # -- progress and the stall watchdog ---------------------------------------------------------------------
+    def activity(self) -> None:
+        self._arm()
+
+    def _arm(self, force: bool = False) -> None:
+        if self.stall <= 0 or self.finished:
+            return
+        now = time.monotonic()
+        if force or now - self.last_arm >= ARM_EVERY:
+            seconds = max(self.stall, FIRST_PROGRESS_GRACE) if force else self.stall
+            self.last_arm = now
+            faulthandler.dump_traceback_later(seconds, repeat=False, file=self.stall_file, exit=False)
+
+    # -- models ----------------------------------------------------------------------------------------------
+    def _top_level_call(self, module, args: tuple) -> None:
+        import torch
+
+        self.activity()
+        if id(module) not in self.model_ids and next(iter(module.parameters()), None) is not None:
+            self.model_ids.add(id(module))
+            self.models.append(module)
+            inner = unwrap(module)
+            self.record.models.append({"name": type(inner).__name__, "trained": False,
+                                       "wrapper": type(module).__name__ if inner is not module else ""})
+        if module.training and torch.is_grad_enabled() and id(module) in self.model_ids:  # a model, not a loss
+            self.record.models[self.models.index(module)]["trained"] = True
+            self.step_keys += fingerprint_rows(self.record, args)
+
+    # -- optimizer steps -------------------------------------------------------------------------------------
+    def _index(self, optimizer) -> int:
+        inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps the real one
+        index = self.optimizer_index.get(id(inner))
+        if index is None:
+            index = self.optimizer_index[id(inner)] = len(self.optimizer_index)
+            self._keep.append(inner)
+            self.record.optimizers.append(type(inner).__name__)
+        return index
+
+    def _before_step(self, optimizer, is_clock: bool) -> None:
+        self.activity()
+        index = self._index(optimizer)
+        if index in self.first_done:
+            return
+        self.first_done.add(index)
+        params = optimizer_params(optimizer)
+        self.pending_before[index] = digest(params)
+        if self.record.world > 1:
+            missing = [p for p in params if p.requires_grad and id(p) not in self.wrapped_params]
+            if missing:
+                self.record.unwrapped.append({
+                    "optimizer": index, "kind": type(getattr(optimizer, "optimizer", optimizer)).__name__,
+                    "tensors": len(missing), "numel": int(sum(p.numel() for p in missing)),
+                    "owners": owners(missing)})
+
+    def _after_step(self, event: StepEvent) -> None:
+        optimizer = event.optimizer
+        index = self._index(optimizer)
+        self.loaders.on_step()
+        if event.is_clock:
+            self.record.step_inputs.append(step_digest(self.step_keys))
+            self.step_keys = []
+        self.record.steps.append(Step(
+            number=event.clock_steps, optimizer=index, is_clock=event.is_clock,
+            lrs=[float(group["lr"]) for group in optimizer.param_groups],
+            digest=digest(optimizer_params(optimizer)), before=self.pending_before.pop(index, None),
+            progress=self.loaders.progress()))
+
+    def _backward(self) -> None:
+        """Scripts that update weights by hand have no optimizer step: each backward pass is their step."""
+        self.activity()
+        self.record.backward_passes += 1
+        if self.optimizer_index:
+            return
+        self.loaders.on_step()
+        self.record.step_inputs.append(step_digest(self.step_keys))
+        self.step_keys = []
+        params = [p for model in self.models for p in model.parameters()]
+        self.record.steps.append(Step(number=self.record.backward_passes, optimizer=-1, is_clock=True, lrs=[],
+                                      digest=digest(params), progress=self.loaders.progress()))
+        if self.max_steps is not None and self.record.backward_passes > self.max_steps:
+            self.record.steps.pop()
+            self.finish("step limit")
+            raise SystemExit(0)
+
+    # -- evaluation passes: weights for metrics at equal weights ---------------------------------------------
+    def _pass_started(self, record: Pass) -> None:
+        self.activity()
+        replay = os.environ.get(REPLAY_ENV)
+        if not replay or not self.models:
+            return
+        path = Path(replay) / eval_weights_name(record.loader, record.number)
+        if not path.exists():
+            return
+        import torch
+
+        states = torch.load(path, weights_only=True)
+        if len(states) != len(self.models):
+            self.record.notes.append(f"pass {record.loader}:{record.number}: {len(states)} models saved, "
+                                     f"{len(self.models)} here; weights not replayed")
+            return
+        try:
+            for model, state in zip(self.models, states, strict=True):
+                unwrap(model).load_state_dict(state)
+        except (RuntimeError, KeyError) as exc:
+            self.record.notes.append(f"pass {record.loader}:{record.number}: weights not replayed ({exc})")
+            return
+        self.record.replayed.append(f"{record.loader}:{record.number}")
+
+    def _pass_ended(self, record: Pass) -> None:
+        if not record.steps and record.batches:
+            self._watch_return(record)
+        if self.record.role != "converted" or not self.main or record.steps or not record.batches or not self.models:
+            return
+        import torch
+
+        states = [{k: v.detach().cpu() for k, v in unwrap(m).state_dict().items()} for m in self.models]
+        torch.save(states, self.folder / eval_weights_name(record.loader, record.number))
+        self.record.saved_eval_weights.append(f"{record.loader}:{record.number}")
+
+    def _watch_return(self, record: Pass) -> None:
+        """Note what the function iterating this loader returns (an evaluation function's metric), with a trace
+        function on that one frame; nothing is traced when the script (or a debugger) traces itself."""
+        frame = next(user_frames(2), None)
+        if frame is None or frame.f_code.co_name == "<module>" or sys.gettrace() is not None:
+            return
+        key = f"{record.loader}:{record.number}"
+        probe = self
+
+        def on_event(traced, event, arg):
+            if event == "return":
+                probe.record.returns.setdefault(key, plain(arg))
+                probe.watching -= 1
+                if not probe.watching:
+                    sys.settrace(None)
+            return on_event
+
+        frame.f_trace_lines = False
+        frame.f_trace = on_event
+        self.watching += 1
+        sys.settrace(_no_trace)  # tracing must be on for a frame's own trace function to run
+
+    # -- the end ---------------------------------------------------------------------------------------------
+    def finish(self, reason: str) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.stall > 0:
+            faulthandler.cancel_dump_traceback_later()
+        self.record.reason = reason
+        self.record.script = sys.argv[0] if sys.argv else ""
+        write_record(self.record)
+
+
+def _no_trace(frame, event, arg):
+    return None
+
+
+def plain(value, depth: int = 0):
+    """A JSON-able copy of a metric: numbers, 0-d tensors, and lists/tuples/dicts of them; None otherwise."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        return float(value.item())
+    if depth < 2 and isinstance(value, (list, tuple)):
+        items = [plain(v, depth + 1) for v in value]
+        return items if any(i is not None for i in items) else None
+    if depth < 2 and isinstance(value, dict):
+        items = {str(k): plain(v, depth + 1) for k, v in value.items()}
+        return items if any(i is not None for i in items.values()) else None
+    return None
+
+
+def unwrap(module):
+    while type(module).__name__ in WRAPPER_CLASSES:
+        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
+        if inner is None:
+            break
+        module = inner
+    return module
+
+
+def optimizer_params(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def digest(params) -> str:
+    import torch
+
+    sha = hashlib.sha256()
+    for p in params:
+        flat = p.detach().to("cpu").contiguous().reshape(-1)
+        sha.update(flat.view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()[:16]
+
+
+def eval_weights_name(loader: int, number: int) -> str:
+    return f"eval-weights-{loader}-{number}.pt"
+
+
+def owners(params: list) -> list[str]:
+    """Which of the script's variables hold the modules these parameters belong to: "`model` (Net) in
+    `Trainer.run` (train.py:57)", from the frames of the script's own code on the stack (the optimizer.step())."""
+    import torch
+
+    wanted = {id(p) for p in params}
+    found: list[str] = []
+    seen: set[int] = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if is_user_code(frame.f_code.co_filename):
+            where = f"`{qualname(frame)}` ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+            candidates: list[tuple[str, object]] = list(frame.f_locals.items())
+            owner = frame.f_locals.get("self")
+            if hasattr(owner, "__dict__"):
+                candidates += [(f"self.{k}", v) for k, v in vars(owner).items()]
+            for name, value in candidates:
+                if isinstance(value, torch.nn.Module) and id(value) not in seen and \
+                        any(id(p) in wanted for p in value.parameters()):
+                    seen.add(id(value))
+                    found.append(f"`{name}` ({type(value).__name__}) in {where}")
+        frame = frame.f_back
+    return found
+
+
+_PROBE: CheckProbe | None = None
+
+
+def install() -> None:
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = CheckProbe()
+        _PROBE.install()

@@ -1,0 +1,202 @@
+"""Where a process's data comes from: every pass over a DataLoader (which dataset, which sample indices, complete
+or not, how many optimizer steps ran during it) and, for scripts without DataLoaders, fingerprints of the inputs
+the models train on.
+
+Loaders are followed at the two levels that exist in every stack: the user-facing `iter(loader)` (torch's
+DataLoader, Accelerate's DataLoaderShard & co., patched per class) tells when a pass starts, how many batches the
+script took and whether it reached the end; torch's `_BaseDataLoaderIter._next_index` (in the main process, with
+or without workers) tells which dataset indices the sampler handed out, whatever sharding sits in between.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from accelkit.convert.check.frames import innermost_user_function
+from accelkit.convert.check.record import Pass, Record
+
+MAX_INDICES = 2_000_000  # per process: a check runs a few steps, this only guards against giant samplers
+MAX_FINGERPRINTS = 200_000
+MAX_FINGERPRINT_ELEMENTS = 16_000_000  # larger inputs are not fingerprinted (hashing would dominate the step)
+
+
+class LoaderTracker:
+    def __init__(self, record: Record, on_batch: Callable[[], None], on_start: Callable[[Pass], None],
+                 on_end: Callable[[Pass], None]) -> None:
+        self.record = record
+        self.on_batch = on_batch
+        self.on_start = on_start
+        self.on_end = on_end
+        self.loader_of: dict[int, int] = {}  # id(dataset) -> loader index (order of first pass)
+        self._keep: list[Any] = []  # the datasets, alive, so their ids are never reused
+        self.active: dict[int, Pass] = {}  # loader index -> its latest pass that has not ended
+        self.depth = 0  # > 0 while the outer iterator runs (inner DataLoaders are not new passes)
+        self.tag = ""  # "<loader>:<pass>:in" or "...:end": the last loader event, for printed lines
+        self.indices_kept = 0
+
+    # -- hooks -----------------------------------------------------------------------------------------------
+    def hook_torch(self) -> None:
+        from torch.utils.data import dataloader
+
+        self._patch_iter(dataloader.DataLoader)
+        original = dataloader._BaseDataLoaderIter._next_index
+        tracker = self
+
+        def _next_index(it):
+            index = original(it)
+            tracker._fetched(getattr(it, "_dataset", None), index)
+            return index
+
+        dataloader._BaseDataLoaderIter._next_index = _next_index
+
+    def hook_accelerate(self) -> None:
+        from accelerate import data_loader
+
+        for name in ("DataLoaderShard", "DataLoaderDispatcher", "SkipDataLoader"):
+            cls = getattr(data_loader, name, None)
+            if cls is not None and "__iter__" in cls.__dict__:
+                self._patch_iter(cls)
+
+    def _patch_iter(self, cls: type) -> None:
+        original = cls.__dict__["__iter__"]
+        if getattr(original, "_accelkit_check", False):
+            return
+        tracker = self
+
+        def __iter__(loader):
+            if tracker.depth:
+                return original(loader)
+            record = tracker._start(loader)
+            tracker.depth += 1
+            try:
+                inner = original(loader)
+            finally:
+                tracker.depth -= 1
+            return _PassIterator(tracker, record, inner)
+
+        __iter__._accelkit_check = True
+        cls.__iter__ = __iter__
+
+    # -- events ----------------------------------------------------------------------------------------------
+    def _start(self, loader) -> Pass:
+        dataset = getattr(loader, "dataset", None)
+        key = self.loader_of.get(id(dataset))
+        if key is None:
+            key = self.loader_of[id(dataset)] = len(self.loader_of)
+            self._keep.append(dataset)
+        number = sum(1 for p in self.record.passes if p.loader == key)
+        record = Pass(loader=key, number=number, length=_length(loader), dataset_length=_length(dataset),
+                      batch_size=_batch_size(loader), owner=innermost_user_function())
+        self.record.passes.append(record)
+        self.active[key] = record
+        self.tag = f"{key}:{number}:in"
+        self.on_start(record)
+        return record
+
+    def _fetched(self, dataset, index) -> None:
+        key = self.loader_of.get(id(dataset))
+        record = self.active.get(key) if key is not None else None
+        if record is None or index is None or self.indices_kept >= MAX_INDICES:
+            return
+        if isinstance(index, int):
+            record.indices.append(index)
+            self.indices_kept += 1
+        else:
+            try:
+                values = [int(i) for i in index]
+            except (TypeError, ValueError):
+                return
+            record.indices.extend(values)
+            self.indices_kept += len(values)
+
+    def _batch(self, record: Pass) -> None:
+        record.batches += 1
+        self.tag = f"{record.loader}:{record.number}:in"
+        self.on_batch()
+
+    def _end(self, record: Pass) -> None:
+        record.complete = True
+        if self.active.get(record.loader) is record:
+            del self.active[record.loader]
+        self.tag = f"{record.loader}:{record.number}:end"
+        self.on_end(record)
+
+    def on_step(self) -> None:
+        for record in self.active.values():
+            record.steps += 1
+
+    def progress(self) -> list[int] | None:
+        """[loader, pass, batches taken, batches in the pass] of the pass that is feeding the training now."""
+        if not self.active:
+            return None
+        record = self.active[max(self.active, key=lambda k: self.record.passes.index(self.active[k]))]
+        return [record.loader, record.number, record.batches, record.length]
+
+
+class _PassIterator:
+    """What `iter(loader)` returns under the probe: the real iterator, observed."""
+
+    def __init__(self, tracker: LoaderTracker, record: Pass, inner: Iterator) -> None:
+        self._tracker = tracker
+        self._record = record
+        self._inner = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self._tracker.depth += 1
+        try:
+            item = next(self._inner)
+        except StopIteration:
+            self._tracker._end(self._record)
+            raise
+        finally:
+            self._tracker.depth -= 1
+        self._tracker._batch(self._record)
+        return item
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def _length(obj) -> int:
+    try:
+        return int(len(obj))
+    except Exception:  # IterableDataset, generators: no length
+        return -1
+
+
+def _batch_size(loader) -> int:
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return int(size) if isinstance(size, int) else -1
+
+
+def fingerprint_rows(record: Record, args: tuple) -> list[str]:
+    """Count a short hash of each sample (row) of the first tensor a model is called with; return the hashes."""
+    import torch
+
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if tensor is None or tensor.dim() == 0 or tensor.numel() > MAX_FINGERPRINT_ELEMENTS:
+        return []
+    if len(record.fingerprints) >= MAX_FINGERPRINTS:
+        return []
+    rows = tensor.detach().to("cpu").contiguous().reshape(tensor.shape[0], -1)
+    if rows.dtype == torch.bfloat16:
+        rows = rows.float()
+    keys = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows.numpy()]
+    for key in keys:
+        record.fingerprints[key] = record.fingerprints.get(key, 0) + 1
+    return keys
+
+
+def step_digest(keys: list[str]) -> str:
+    """One hash for the set of inputs a step trained on (the same on two ranks = the same batch)."""
+    return hashlib.blake2b("".join(sorted(keys)).encode(), digest_size=8).hexdigest() if keys else ""

@@ -1,0 +1,95 @@
+"""What the check probe records in one process, and how the checking side reads it back.
+
+One `Record` per process (rank), written as JSON by the probe when the script ends (or hits the step limit) and read
+back by `invariants.py`. Plain data only: the checking side never imports torch to read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelkit.probes.results import read_results, write_rank_result
+
+PROBE_NAME = "convert-check"
+PROBE_MODULE = "accelkit.convert.check.probe"  # installed in every process of both runs
+BOOTSTRAP_MODULE = "accelkit.rehearsal.bootstrap"  # what each rank (and the original's one process) starts in
+LAUNCHER_MODULE = "accelkit.convert.check.launcher"  # the converted run: N ranks (see launcher.py)
+ROLE_ENV = "ACCELKIT_CHECK_ROLE"  # "original" (1 process) or "converted" (N ranks)
+STALL_ENV = "ACCELKIT_CHECK_STALL_SECONDS"  # dump every thread's stack when a rank makes no progress this long
+REPLAY_ENV = "ACCELKIT_CHECK_REPLAY_DIR"  # original run: load the converted run's weights before each eval pass
+WORLD_ENV = "ACCELKIT_CHECK_WORLD"  # converted run's world size, known to the original run (progress alignment)
+
+
+@dataclass
+class Step:
+    number: int  # steps the clock optimizer has completed (its own count; the other optimizers share it)
+    optimizer: int  # index of the stepping optimizer, in the order optimizers first stepped
+    is_clock: bool
+    lrs: list[float]  # learning rate of each param group, as the step used it
+    digest: str  # sha256 of the optimizer's parameters right after the step
+    before: str | None = None  # digest right before the step (first step of each optimizer only)
+    progress: list[int] | None = None  # [loader, pass, batches yielded, batches in the pass or -1] of the training pass
+
+
+@dataclass
+class Pass:
+    """One iteration over a DataLoader (an epoch of it), keyed by the loader's dataset in order of first use."""
+
+    loader: int
+    number: int  # 0 for the first pass over this dataset, 1 for the next, ...
+    length: int  # batches in the pass (len of the loader; -1 unknown)
+    dataset_length: int  # samples in the dataset (-1 unknown)
+    batch_size: int  # samples per batch as the loader was built (-1 unknown)
+    indices: list[int] = field(default_factory=list)  # dataset indices fetched by this process
+    batches: int = 0  # batches the script took
+    steps: int = 0  # optimizer steps taken while the pass was running
+    complete: bool = False  # the script iterated to the end
+    owner: str = ""  # "train.py:evaluate": the script's function that iterated the loader
+
+
+@dataclass
+class Record:
+    rank: int = 0
+    world: int = 1
+    role: str = "original"
+    script: str = ""
+    reason: str = ""  # "step limit" | "script end"
+    steps: list[Step] = field(default_factory=list)
+    optimizers: list[str] = field(default_factory=list)  # class names, by index
+    unwrapped: list[dict[str, Any]] = field(default_factory=list)  # optimizers whose params no DDP wrapper owns
+    wrapped: list[str] = field(default_factory=list)  # class names of the modules DDP wrapped
+    # modules the script called at top level, in order: {"name": class, "wrapper": DDP class or "", "trained": bool}
+    models: list[dict[str, Any]] = field(default_factory=list)
+    passes: list[Pass] = field(default_factory=list)
+    fingerprints: dict[str, int] = field(default_factory=dict)  # training inputs (a hash per row) -> times fed
+    step_inputs: list[str] = field(default_factory=list)  # per clock step: a hash of the inputs it trained on
+    # [tag, function, text] of each stdout line: tag = last loader event ("0:1:end"), function = who printed it
+    lines: list[list[str]] = field(default_factory=list)
+    stdout_lines: int = 0
+    progress_writes: int = 0  # carriage-return writes to stderr (progress bars)
+    files: dict[str, int] = field(default_factory=dict)  # path -> times this process wrote it
+    backward_passes: int = 0
+    returns: dict[str, Any] = field(default_factory=dict)  # "loader:pass" -> what the evaluating function returned
+    saved_eval_weights: list[str] = field(default_factory=list)  # converted rank 0: "loader:pass" weights saved
+    replayed: list[str] = field(default_factory=list)  # original: "loader:pass" weights loaded before the pass
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        record = cls(**{k: v for k, v in data.items() if k not in {"steps", "passes"}})
+        record.steps = [Step(**s) for s in data.get("steps", [])]
+        record.passes = [Pass(**p) for p in data.get("passes", [])]
+        return record
+
+
+def write_record(record: Record) -> None:
+    write_rank_result(PROBE_NAME, record.to_json())
+
+
+def read_records(folder: Path) -> list[Record]:
+    return [Record.from_json(data) for data in read_results(folder, PROBE_NAME)]

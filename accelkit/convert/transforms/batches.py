@@ -1,0 +1,300 @@
+"""Hand-made batches (no DataLoader): shard the data by process index, or seed random batches per process.
+
+A training step whose batches do not come from a DataLoader gets them from tensors the script holds: sliced in a
+loop (`x[i:i + bs]`), split into a list of batches, fed whole (full-batch training), or sampled at random
+(`ix = torch.randint(len(data) - block, (bs,))`, a `get_batch` helper). prepare() cannot shard those, so:
+- sliced / listed / whole data: the tensors are sharded once, before training, into equal shares (every
+  num_processes-th sample, the tail of at most num_processes-1 samples dropped so every process takes the same
+  number of steps); each process then slices its share exactly as the script did;
+- random batches: each process draws its own batches (the global batch grows N times, as with a DataLoader),
+  seeded with the script's seed plus the process index right before training, after the model is built.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from accelkit.convert.analysis import Facts, bindings
+from accelkit.convert.context import Context, dotted
+from accelkit.convert.flow import Flow
+from accelkit.convert.plan import Plan
+
+RANDOM_INDEX = {"torch.randint", "numpy.random.randint", "numpy.random.choice", "random.randint", "random.choice",
+                "random.sample", "random.choices", "numpy.random.default_rng"}
+TO_TENSOR = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tensor", "torch.FloatTensor",
+             "torch.LongTensor"}
+SEEDS = {"torch.manual_seed", "numpy.random.seed", "random.seed", "accelerate.utils.set_seed",
+         "transformers.set_seed", "transformers.trainer_utils.set_seed", "lightning.seed_everything",
+         "pytorch_lightning.seed_everything"}
+LOADER_NAME = re.compile(r"loader|_dl\b|\bdl\b|dataloader", re.I)
+SHARD_NOTE = "# each process trains on an equal share of the samples (prepare() cannot shard hand-made batches)"
+
+
+def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+    flow = Flow(ctx, facts)
+    done: set[int] = set()
+    for backward in flow.backward_calls:
+        loop = _batch_loop(ctx, flow, backward)
+        if loop is None or id(loop) in done or _fed_by_loader(ctx, facts, loop):
+            continue
+        done.add(id(loop))
+        _convert_loop(ctx, facts, flow, plan, loop)
+
+
+def _batch_loop(ctx: Context, flow: Flow, backward: cst.Call) -> cst.For | cst.While | None:
+    """The loop that runs one training step per iteration (around the backward, or around the call of the
+    function that does the backward)."""
+    loop = flow.innermost_loop(backward)
+    if loop is not None:
+        return loop
+    function = ctx.function(backward)
+    if function is None:
+        return None
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if name == function.name.value:
+            outer = flow.innermost_loop(call)
+            if outer is not None:
+                return outer
+    return None
+
+
+def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
+    """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one."""
+    if any(loop is known for known, _ in facts.loader_loops):
+        return True
+    if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
+        return True
+    for node in ctx.descendants(loop):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in {"next", "iter"} \
+                and node.args:
+            inner = node.args[0].value
+            if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name) and inner.func.value == "iter" \
+                    and inner.args:
+                inner = inner.args[0].value
+            if facts.kind(inner) == "loader" or "loader" in (dotted(inner) or "").lower():
+                return True
+            key = dotted(inner)
+            if key and _iterator_of_loader(ctx, facts, key):
+                return True
+    return False
+
+
+def _iterator_of_loader(ctx: Context, facts: Facts, key: str) -> bool:
+    for small in ctx.of_type(cst.Assign):
+        for name, value, _ in bindings(small):
+            if name == key and isinstance(value, cst.Call) and isinstance(value.func, cst.Name) \
+                    and value.func.value == "iter" and value.args and facts.kind(value.args[0].value) == "loader":
+                return True
+    return False
+
+
+def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode) -> None:
+    function = ctx.function(loop)
+    scope_nodes = [loop, *flow.callees(loop)]
+    random_draws = [n for node in scope_nodes for n in ctx.descendants(node)
+                    if isinstance(n, cst.Call) and ctx.qnames(n) & RANDOM_INDEX]
+    where = f"the training loop at line {ctx.line(loop)}"
+    if random_draws:
+        _seed_per_process(ctx, facts, flow, plan, loop, random_draws[0])
+        plan.report.iteration_based = True
+        return
+    roots = _roots(ctx, facts, flow, loop)
+    if not roots:
+        plan.report.problem(ctx.line(loop), f"{where} trains on batches that do not come from a DataLoader and "
+                                            "whose source could not be found: every process would train on all "
+                                            "of the data",
+                            "wrap the data in a torch.utils.data.DataLoader (TensorDataset for tensors) and add it "
+                            "to accelerator.prepare(...), or shard it by accelerator.process_index")
+        plan.report.found_item("batches", "", ctx.line(loop), "NOT sharded: source not found")
+        return
+    if _sliced(ctx, flow, loop, roots) and not _bounded_by_the_data(ctx, loop, roots):
+        names = ", ".join(f"`{r}`" for r in roots)
+        plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
+                                            "the data's length: sharding the data would leave steps without data",
+                            "loop over `range(0, len(data), batch_size)`, or shard the batch indices by "
+                            "accelerator.process_index (the same number on every process)")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: fixed loop bounds")
+        return
+    block, anchor, position = _shard_site(ctx, flow, loop, function, roots)
+    if block is None:
+        names = ", ".join(f"`{r}`" for r in roots)
+        plan.report.problem(ctx.line(loop), f"{where} slices {names}, bound at module level while the "
+                                            "Accelerator lives in a function: not sharded",
+                            f"shard {names} by accelerator.process_index before training")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: data bound at module "
+                                                                             "level")
+        return
+    first = roots[0]
+    shard = cst.parse_statement(
+        f"shard = slice(accelerator.process_index, len({first}) - len({first}) % accelerator.num_processes, "
+        "accelerator.num_processes)\n")
+    shard = shard.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(SHARD_NOTE))])
+    targets = ", ".join(roots)
+    values = ", ".join(f"{r}[shard]" for r in roots)
+    apply_shard = cst.parse_statement(f"{targets} = {values}\n")
+    if position == "before":
+        plan.insert_before(anchor, shard)
+        plan.insert_before(anchor, apply_shard)
+    elif position == "start":
+        plan.body_start[block].extend([shard, apply_shard])
+        plan.accelerator_uses.append(anchor)
+    else:
+        plan.insert_after(anchor, shard)
+        plan.insert_after(anchor, apply_shard)
+    line = ctx.line(anchor)
+    plan.report.change(line, f"shard the hand-made batches' data by process: `{targets} = {values}` "
+                             f"(every num_processes-th sample, at most num_processes-1 dropped)",
+                       "prepare() only shards DataLoaders; without this every process trains on all of the data "
+                       "(and equal shares keep every process at the same number of steps)")
+    plan.report.found_item("batches", targets, ctx.line(loop), f"sharded by process index before training "
+                                                                f"(line {line})")
+
+
+def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[str]:
+    """Names of the data the loop's batches are cut from: bound outside the loop, sliced or indexed in it (or in
+    the script's functions it calls), converted to tensors in it, or iterated by it as a list of batches."""
+    bound_inside = {k for n in ctx.descendants(loop) if isinstance(n, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+                    for k, _, _ in bindings(n)}
+    if isinstance(loop, cst.For):
+        bound_inside |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
+    skip = set(facts.kinds) | facts.device_names
+    models = facts.of_kind("model")
+    found: list[str] = []
+
+    def add(name: str | None) -> None:
+        if name and name not in bound_inside and name not in skip and name not in found and name.isidentifier():
+            found.append(name)
+
+    for node in [loop, *flow.callees(loop)]:
+        params = set()
+        if isinstance(node, cst.FunctionDef):
+            params = {p.name.value for p in node.params.params}
+        for n in ctx.descendants(node):
+            if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value not in params:
+                if any(isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.Integer,
+                                                                                     cst.SimpleString))
+                       for e in n.slice):
+                    continue  # `cfg["lr"]`, `shape[0]`: not a batch cut from data
+                add(n.value.value)
+            elif isinstance(n, cst.Call) and ctx.qnames(n) & TO_TENSOR and n.args and \
+                    isinstance(n.args[0].value, cst.Name):
+                add(n.args[0].value.value)
+            elif isinstance(n, cst.Call) and dotted(n.func) in models:  # full batch: `model(x)`
+                for arg in n.args:
+                    if isinstance(arg.value, cst.Name) and arg.value.value not in params:
+                        add(arg.value.value)
+    if not found and isinstance(loop, cst.For):
+        source = loop.iter
+        if isinstance(source, cst.Call) and ctx.code(source.func) in {"enumerate", "tqdm", "tqdm.tqdm"} \
+                and source.args:
+            source = source.args[0].value
+        if isinstance(source, cst.Call) and isinstance(source.func, cst.Name) and source.func.value == "zip":
+            for arg in source.args:
+                inner = arg.value
+                if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and \
+                        inner.func.attr.value in {"split", "chunk"}:
+                    add(dotted(inner.func.value))
+        elif isinstance(source, cst.Name) and _bound_to_a_list(ctx, loop, source.value):
+            add(source.value)
+    return [r for r in found if _looks_like_data(ctx, loop, r)]
+
+
+def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
+    """`batches = [...]`, `batches = make_batches(...)`, `list(zip(...))`: a list of batches the script made (a
+    parameter or anything else could be a DataLoader handed in)."""
+    function = ctx.function(loop)
+    scope = function if function is not None else ctx.module
+    for node in ctx.descendants(scope):
+        if isinstance(node, cst.Assign):
+            for key, value, position in bindings(node):
+                if key == name and position is None and isinstance(value, (cst.List, cst.ListComp, cst.Call)):
+                    return not (isinstance(value, cst.Call) and "DataLoader" in ctx.code(value.func))
+    return False
+
+
+def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:
+    """The batches are cut from the data by index (`x[i:i + bs]`), not fed whole."""
+    return any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots
+               for node in [loop, *flow.callees(loop)] for n in ctx.descendants(node))
+
+
+def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> bool:
+    """A loop over `range(...)` must take its bounds from the data (`len(x)`), so that it follows the shard."""
+    if isinstance(loop, cst.While):
+        test_names = {n.value for n in ctx.descendants(loop.test) if type(n) is cst.Name}
+        return bool(test_names & set(roots)) or not any(isinstance(n, cst.Subscript) for n in ctx.descendants(loop))
+    source = loop.iter  # type: ignore[attr-defined]
+    if isinstance(source, cst.Call) and ctx.code(source.func) == "enumerate" and source.args:
+        source = source.args[0].value
+    if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
+        return True
+    return any(type(n) is cst.Name and n.value in roots for n in ctx.descendants(source))  # type: ignore[attr-defined]
+
+
+def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
+    """Bound (before the loop) by something that makes data, not a number, a string or a config."""
+    function = ctx.function(loop)
+    scope = function if function is not None else ctx.module
+    for node in ctx.descendants(scope):
+        if isinstance(node, (cst.Assign, cst.AnnAssign)):
+            for key, value, _ in bindings(node):
+                if key == name and value is not None and isinstance(value, (cst.Integer, cst.Float,
+                                                                            cst.SimpleString, cst.Dict)):
+                    return False
+    return True
+
+
+def _shard_site(ctx: Context, flow: Flow, loop: cst.CSTNode, function: cst.FunctionDef | None, roots: list[str]):
+    """Where the shard goes: after the last binding of the data in the loop's function (or module), before the
+    statement of that block that contains the training loop; at the function's start for parameters."""
+    scope = function.body if function is not None else ctx.module
+    body = list(scope.body)  # type: ignore[attr-defined]
+    top = ctx.top_statement_in(loop, scope)  # type: ignore[arg-type]
+    if top is None:
+        return None, None, None
+    limit = body.index(top)
+    last = -1
+    for i, line in enumerate(body[:limit]):
+        for node in ctx.descendants(line):
+            if isinstance(node, (cst.Assign, cst.AnnAssign)) and any(k in roots for k, _, _ in bindings(node)):
+                last = i
+    if last >= 0:
+        return scope, body[last], "after"
+    params = {p.name.value for p in function.params.params} if function is not None else set()
+    if function is not None and all(r in params for r in roots):
+        return scope, top, "start"
+    return None, None, None
+
+
+def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode,
+                      draw: cst.Call) -> None:
+    seeds = [c for c in ctx.of_type(cst.Call) if ctx.qnames(c) & SEEDS and c.args and ctx.line(c) < ctx.line(loop)]
+    line = ctx.line(draw)
+    if not seeds:
+        plan.report.found_item("batches", "", line, "random batches drawn per process (the script does not seed, "
+                                                    "so each process already draws its own)")
+        return
+    scope = ctx.function(loop)
+    block = scope.body if scope is not None else ctx.module
+    top = ctx.top_statement_in(loop, block)  # type: ignore[arg-type]
+    if top is None:
+        return
+    calls: dict[str, str] = {}
+    for call in seeds:  # the last seed of each library the script seeds
+        calls[ctx.code(call.func)] = ctx.code(call.args[0].value)
+    added = [f"{func}({value} + accelerator.process_index)" for func, value in calls.items()]
+    block_code = "".join(f"    {code}\n" for code in added)
+    statement = cst.parse_statement(f"if accelerator.process_index > 0:\n{block_code}")
+    statement = statement.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        "# each process draws its own random batches; process 0 goes on with the script's own random stream"))])
+    plan.insert_before(top, statement)
+    plan.report.change(ctx.line(top), f"added `{'`, `'.join(added)}` on the other processes before training",
+                       f"the batches are drawn at random (line {line}); with the same seed every process would draw "
+                       "the same ones and train on duplicates")
+    plan.report.found_item("batches", "", line, "random batches: each process draws its own (seed + process index "
+                                                "before training); progress is counted in steps, not epochs")

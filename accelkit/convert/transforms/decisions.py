@@ -1,0 +1,127 @@
+"""Stop decisions made from per-process values become collective: `if loss.item() < eps: break` inside a training
+loop becomes Accelerate's trigger pattern, so every process leaves the loop at the same step.
+
+On N processes each rank sees its own batches, so its loss (and anything computed from it) differs: a rank that
+breaks out while the others go on leaves them waiting in the next gradient all-reduce forever. The rewrite:
+
+    if loss.item() < eps:            if loss.item() < eps:
+        print("converged")    ->         print("converged")
+        break                            accelerator.set_trigger()
+                                     if accelerator.check_trigger():
+                                         break
+
+`check_trigger()` is true on every process as soon as one of them set the trigger.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelkit.convert.analysis import Facts, bindings
+from accelkit.convert.context import Context, dotted
+from accelkit.convert.flow import Flow
+from accelkit.convert.plan import Plan
+
+EXITS = (cst.Break, cst.Continue, cst.Return)
+
+
+def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+    flow = Flow(ctx, facts)
+    loops = [loop for loop in ctx.of_type(cst.For, cst.While) if flow.trains(loop)]
+    seen: set[int] = set()
+    for loop in loops:
+        tainted = _per_process_values(ctx, facts, flow, loop)
+        if isinstance(loop, cst.While) and _names(ctx, loop.test) & tainted:
+            plan.report.problem(ctx.line(loop), f"the loop at line {ctx.line(loop)} runs while `{ctx.code(loop.test)}`"
+                                                ", a value each process computes from its own batches: processes "
+                                                "would stop at different steps and hang",
+                                "loop with `while True:` and decide the stop with accelerator.set_trigger() / "
+                                "accelerator.check_trigger()")
+        for node in ctx.descendants(loop.body):
+            if not isinstance(node, cst.If) or id(node) in seen or flow.innermost_loop(node) is None:
+                continue
+            exit_ = _exit_of(node)
+            if exit_ is None or not (_names(ctx, node.test) & tainted):
+                continue
+            seen.add(id(node))
+            _collective(ctx, plan, node, exit_)
+
+
+def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> set[str]:
+    """Names whose value depends on the process's own data: losses, model outputs, batches, and what is computed
+    from them (or assigned under a condition on them)."""
+    function = ctx.function(loop)
+    scope = function if function is not None else ctx.module
+    models = facts.of_kind("model")
+    tainted = set()
+    for call in flow.backward_calls:
+        if any(a is scope for a in ctx.ancestors(call)):
+            target = call.func.value  # type: ignore[attr-defined]
+            tainted |= _names(ctx, target)
+    for _, batch in facts.loader_loops:
+        tainted |= batch
+    if isinstance(loop, cst.For) and not _counts(ctx, loop):
+        tainted |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
+    assigns = [n for n in ctx.descendants(scope) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
+    for _ in range(4):
+        for node in assigns:
+            value = node.value
+            if value is None:
+                continue
+            runs_model = any(isinstance(c, cst.Call) and dotted(c.func) in models for c in ctx.descendants(value))
+            guarded = any(isinstance(a, cst.If) and _names(ctx, a.test) & tainted for a in ctx.ancestors(node))
+            if runs_model or guarded or _names(ctx, value) & tainted:
+                if isinstance(node, cst.AugAssign):
+                    key = dotted(node.target)
+                    if key:
+                        tainted.add(key)
+                else:
+                    tainted |= {k for k, _, _ in bindings(node)}
+    return tainted
+
+
+def _counts(ctx: Context, loop: cst.For) -> bool:
+    """`for it in range(...)`: the loop variable is a counter, the same on every process."""
+    return isinstance(loop.iter, cst.Call) and ctx.code(loop.iter.func) in {"range", "trange"}
+
+
+def _names(ctx: Context, node: cst.CSTNode) -> set[str]:
+    """Variables `node` reads, dotted (`self.loss`, `loss`): `self` alone in `self.loss` is not one of them."""
+    found = set()
+    for n in ctx.descendants(node):
+        parent = ctx.parent(n)
+        if type(n) is cst.Attribute and dotted(n):  # type: ignore[arg-type]
+            found.add(dotted(n))  # type: ignore[arg-type]
+        elif type(n) is cst.Name and not (isinstance(parent, cst.Attribute) and parent.attr is n) and \
+                n.value not in {"self", "cls"}:  # type: ignore[attr-defined]
+            found.add(n.value)  # type: ignore[attr-defined]
+    return found
+
+
+def _exit_of(node: cst.If) -> cst.BaseSmallStatement | None:
+    """The break/continue/return that ends the `if` body (the `else`, if any, must not exit)."""
+    body = node.body
+    statements = list(body.body)
+    if not statements:
+        return None
+    last = statements[-1]
+    small = last if isinstance(last, EXITS) else \
+        last.body[-1] if isinstance(last, cst.SimpleStatementLine) and last.body else None
+    if not isinstance(small, EXITS):
+        return None
+    if node.orelse is not None:
+        return None
+    return small
+
+
+def _collective(ctx: Context, plan: Plan, node: cst.If, exit_: cst.BaseSmallStatement) -> None:
+    plan.edit(exit_, lambda u: cst.Expr(cst.parse_expression("accelerator.set_trigger()")))
+    check = cst.If(test=cst.parse_expression("accelerator.check_trigger()"),
+                   body=cst.IndentedBlock(body=[cst.SimpleStatementLine([exit_.deep_clone()])]))
+    plan.insert_after(node, check)
+    kind = type(exit_).__name__.lower()
+    plan.report.change(ctx.line(node), f"`if {ctx.code(node.test)}: ... {kind}` -> set a trigger, then "
+                                       f"`if accelerator.check_trigger(): {kind}`",
+                       "the condition depends on each process's own batches: decided alone, one process would "
+                       f"{kind} while the others wait for it in the next all-reduce (a hang); check_trigger() "
+                       "makes every process stop together")

@@ -1,0 +1,59 @@
+"""nanoGPT-style training without a DataLoader: random windows of a token stream (get_batch), a learning rate set
+by hand from the iteration number, and an early stop once the loss is low enough."""
+import math
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+block_size = 8
+batch_size = 6
+max_iters = 40
+learning_rate = 0.3
+target_loss = 2.2
+device = "cuda" if torch.cuda.is_available() else "cpu"
+
+torch.manual_seed(1337)
+data = torch.randint(0, 9, (400,))
+data[::3] = 4  # some structure to learn
+
+
+def get_batch():
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([data[i:i + block_size] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+    x, y = x.to(device), y.to(device)
+    return x, y
+
+
+def get_lr(it, warmup=4):
+    if it < warmup:
+        return learning_rate * (it + 1) / warmup
+    return learning_rate * 0.5 * (1 + math.cos(math.pi * (it - warmup) / (max_iters - warmup)))
+
+
+class Bigram(nn.Module):
+    def __init__(self, vocab=9):
+        super().__init__()
+        self.table = nn.Embedding(vocab, vocab)
+
+    def forward(self, idx, targets):
+        logits = self.table(idx)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+model = Bigram().to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+for it in range(max_iters):
+    lr = get_lr(it)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    xb, yb = get_batch()
+    loss = model(xb, yb)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    print(f"LOSS iter={it} loss={loss.item():.6f} lr={lr:.6f}")
+    if loss.item() < target_loss:
+        print(f"STOP reached loss {loss.item():.4f} at iter {it}")
+        break

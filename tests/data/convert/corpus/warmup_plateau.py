@@ -1,0 +1,62 @@
+"""Two schedulers on one optimizer: a linear warmup stepped with every batch, and ReduceLROnPlateau stepped once
+per epoch with the validation loss (the fine-tuning recipe of many tutorials)."""
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_split(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 12, generator=g)
+    y = (x[:, :3].sum(dim=1) > 0).long()
+    return TensorDataset(x, y)
+
+
+def validate(model, loader, device):
+    model.eval()
+    total, seen = 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            logits = model(x)
+            total += F.cross_entropy(logits, y, reduction="sum").item()
+            seen += y.size(0)
+    return total / seen
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--warmup", type=int, default=6)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    train_loader = DataLoader(make_split(64, 1), batch_size=8, shuffle=True)
+    val_loader = DataLoader(make_split(32, 2), batch_size=8)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 2)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+
+    for epoch in range(args.epochs):
+        model.train()
+        for step, (x, y) in enumerate(train_loader):
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            warmup.step()
+            print(f"LOSS epoch={epoch} step={step} loss={loss.item():.6f} lr={optimizer.param_groups[0]['lr']:.6f}")
+        val_loss = validate(model, val_loader, device)
+        plateau.step(val_loss)
+        print(f"EVAL epoch={epoch} val_loss={val_loss:.6f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""`accelkit convert --check` on 2 CPU ranks, both directions.
+
+Every corpus script (one per idiom of issue #16, and their combinations) converts and passes every invariant; the
+naive conversions the issue measured (an epoch scheduler prepared, prepare before a custom init, the model never
+prepared, hand-made batches not sharded, a metric not reduced, an early stop decided per process, files written by
+every process) fail the invariant they break, with evidence. All checks run at the start of the module, two at a
+time, and each test reads its result.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import DATA
+
+from accelkit.convert import convert_source
+
+CORPUS_DIR = DATA / "convert" / "corpus"
+CORPUS = sorted(p.stem for p in CORPUS_DIR.glob("*.py"))
+PARALLEL = 2
+# the module's first test waits for every check (about 2 minutes on an idle 2-core machine, much longer when loaded)
+pytestmark = pytest.mark.timeout(3600)
+VERDICT = re.compile(r"^  (PASS|FAIL|SKIP)  (\S+(?: \S+)?)\s{2,}(.*)$")
+
+
+@dataclass
+class Checked:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def verdicts(self) -> dict[str, tuple[str, str]]:
+        found = {}
+        for line in self.stdout.splitlines():
+            match = VERDICT.match(line)
+            if match:
+                found[match.group(2).strip()] = (match.group(1), match.group(3))
+        return found
+
+    def text(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr[-4000:]}"
+
+
+def _converted(name: str) -> str:
+    return convert_source((CORPUS_DIR / f"{name}.py").read_text(), filename=f"{name}.py").code
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text, f"the conversion changed: {old!r} not found"
+    return text.replace(old, new)
+
+
+# The naive conversions issue #16 measured, made from our conversion by undoing one thing.
+def naive_epoch_scheduler_prepared() -> str:
+    return _replace(_converted("mnist_style"),
+                    "model, optimizer, train_loader, test_loader = accelerator.prepare(\n"
+                    "        model, optimizer, train_loader, test_loader\n    )",
+                    "model, optimizer, train_loader, test_loader, scheduler = accelerator.prepare(\n"
+                    "        model, optimizer, train_loader, test_loader, scheduler\n    )")
+
+
+def naive_prepare_before_init() -> str:
+    code = _replace(_converted("dcgan"), "netG = Generator(opt.nz)\n",
+                    "netG = Generator(opt.nz)\nnetG = accelerator.prepare(netG)\n")
+    return re.sub(r"netD, netG, (optimizerD, optimizerG, dataloader) = accelerator\.prepare\(\s*netD, netG, ",
+                  r"netD, \1 = accelerator.prepare(netD, ", code)
+
+
+def naive_model_not_prepared() -> str:
+    return _replace(_converted("trainer_class"),
+                    "model, self.optimizer, train_loader = accelerator.prepare(\n"
+                    "            model, self.optimizer, train_loader\n        )",
+                    "train_loader = accelerator.prepare(train_loader)")
+
+
+def naive_batches_not_sharded() -> str:
+    shard = r"\n    # each process trains on an equal share.*\n    shard = .*\n    x, y = x\[shard\], y\[shard\]"
+    return re.sub(shard, "", _converted("manual_batching"))
+
+
+def naive_metric_not_reduced() -> str:
+    code = _converted("eval_metrics")
+    return re.sub(r"\n        total_(loss|correct) = accelerator\.reduce\(.*\)", "", code)
+
+
+def naive_stop_per_process() -> str:
+    return _replace(_converted("random_batches"),
+                    "        accelerator.set_trigger()\n    if accelerator.check_trigger():\n        break",
+                    "        break")
+
+
+def naive_files_on_every_process() -> str:
+    return _replace(_converted("side_effects"), "    if accelerator.is_main_process:\n        plt.savefig",
+                    "    if True:\n        plt.savefig")
+
+
+NAIVE = {
+    # name: (original corpus script, naive conversion, invariant that must fail, words the evidence must hold)
+    "epoch_scheduler_prepared": ("mnist_style", naive_epoch_scheduler_prepared, "lr", "0.245"),
+    "prepare_before_init": ("dcgan", naive_prepare_before_init, "weights", "started from different weights"),
+    "model_not_prepared": ("trainer_class", naive_model_not_prepared, "wrapped", "`model` (TinyGPT) in `Trainer.run`"),
+    "batches_not_sharded": ("manual_batching", naive_batches_not_sharded, "samples", "trained on the same inputs"),
+    "metric_not_reduced": ("eval_metrics", naive_metric_not_reduced, "metrics", "EVAL validation loss"),
+    "stop_per_process": ("random_batches", naive_stop_per_process, "no hang", "left training at different steps"),
+    "files_on_every_process": ("side_effects", naive_files_on_every_process, "side effects", "loss.png"),
+}
+
+
+def _check(script: Path, workdir: Path, converted: Path | None = None) -> Checked:
+    args = [sys.executable, "-m", "accelkit", "convert", "--check", "--stall-timeout", "120"]
+    if converted is not None:
+        args += ["--converted", str(converted)]
+    proc = subprocess.run([*args, str(script)], cwd=workdir, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "CKPT_DIR": str(workdir)})
+    return Checked(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
+    jobs = {}
+    for name in CORPUS:
+        work = tmp_path_factory.mktemp(f"check-{name}")
+        jobs[name] = (CORPUS_DIR / f"{name}.py", work, None)
+    for name, (original, make, _, _) in NAIVE.items():
+        work = tmp_path_factory.mktemp(f"naive-{name}")
+        converted = work / f"{original}_naive.py"
+        converted.write_text(make())
+        jobs[f"naive:{name}"] = (CORPUS_DIR / f"{original}.py", work, converted)
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {key: pool.submit(_check, *job) for key, job in jobs.items()}
+        done = {key: future.result() for key, future in futures.items()}
+    dump = os.environ.get("ACCELKIT_CHECK_DUMP")  # a file to keep every check's output in, for debugging
+    if dump:
+        Path(dump).write_text("\n".join(f"===== {k}\n{v.text()}" for k, v in done.items()))
+    return done
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_the_converted_corpus_script_passes_every_invariant_on_two_ranks(name: str,
+                                                                         results: dict[str, Checked]) -> None:
+    checked = results[name]
+    verdicts = checked.verdicts()
+    assert checked.returncode == 0, checked.text()
+    assert set(verdicts) == {"ran", "wrapped", "weights", "lr", "samples", "metrics", "side effects", "no hang"}
+    assert not [k for k, (status, _) in verdicts.items() if status == "FAIL"], checked.text()
+    for invariant in ("ran", "wrapped", "weights", "samples", "side effects", "no hang"):
+        assert verdicts[invariant][0] == "PASS", f"{invariant}: {verdicts[invariant]}\n{checked.text()}"
+    assert "Check passed" in checked.stdout
+
+
+def test_the_checks_compare_what_each_idiom_is_about(results: dict[str, Checked]) -> None:
+    """Not vacuous passes: learning rates, metrics and samples were really compared where the idiom has them."""
+    for name in ("mnist_style", "warmup_plateau", "trainer_class", "dcgan", "custom_init", "eval_metrics"):
+        status, summary = results[name].verdicts()["lr"]
+        assert status == "PASS" and "step(s)" in summary, (name, summary)
+    for name in ("mnist_style", "eval_metrics", "warmup_plateau", "global_device"):
+        status, summary = results[name].verdicts()["metrics"]
+        assert status == "PASS", (name, summary, results[name].text())
+    for name, words in (("manual_batching", "trained on different inputs at 4 of 4 steps"),
+                        ("prebatched", "no DataLoader"), ("eval_metrics", "loader #2 (evaluation")):
+        status, summary = results[name].verdicts()["samples"]
+        assert status == "PASS" and words in summary, (name, summary)
+    _, summary = results["side_effects"].verdicts()["side effects"]
+    assert "model.pt" in summary and "loss.png" in summary
+
+
+@pytest.mark.parametrize("name", sorted(NAIVE))
+def test_the_naive_conversion_fails_the_invariant_it_breaks(name: str, results: dict[str, Checked]) -> None:
+    checked = results[f"naive:{name}"]
+    _, _, invariant, evidence = NAIVE[name]
+    verdicts = checked.verdicts()
+    assert checked.returncode == 1, checked.text()
+    assert verdicts[invariant][0] == "FAIL", f"{invariant}: {verdicts.get(invariant)}\n{checked.text()}"
+    failing_block = checked.stdout[checked.stdout.index(f"FAIL  {invariant}"):]
+    assert evidence in failing_block.split("\n  PASS")[0].split("\n  SKIP")[0], checked.text()
+    errors = [line for line in checked.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and invariant in errors[0] and "Traceback" not in checked.stderr

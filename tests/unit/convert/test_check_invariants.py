@@ -1,0 +1,136 @@
+"""How `convert --check` judges what the probes recorded: the alignment rules and tolerances, on hand-made records
+(the real runs are in tests/integration/test_convert_check.py)."""
+
+from __future__ import annotations
+
+from accelkit.convert.check.invariants import (
+    FAIL,
+    PASS,
+    SKIP,
+    Runs,
+    learning_rates,
+    metrics,
+    samples,
+    side_effects,
+    weights,
+    wrapped,
+)
+from accelkit.convert.check.record import Pass, Record, Step
+
+
+def _steps(lrs: list[float], per_epoch: int, world_len: int | None = None) -> list[Step]:
+    """One step per batch, `per_epoch` batches per epoch, learning rates as given."""
+    return [Step(number=i + 1, optimizer=0, is_clock=True, lrs=[lr], digest="d", progress=[0, i // per_epoch,
+                                                                                           i % per_epoch + 1,
+                                                                                           world_len or per_epoch])
+            for i, lr in enumerate(lrs)]
+
+
+def _runs(original: Record, ranks: list[Record], iteration_based: bool = False) -> Runs:
+    return Runs(original, ranks, len(ranks), iteration_based)
+
+
+def test_learning_rates_are_compared_at_the_same_point_of_training() -> None:
+    # the original: 8 batches per epoch; an epoch scheduler with gamma 0.5 -> lr 1.0 in epoch 1, 0.5 in epoch 2
+    original = Record(steps=_steps([1.0] * 8 + [0.5] * 8, per_epoch=8))
+    good = Record(steps=_steps([1.0] * 4 + [0.5] * 4, per_epoch=4))  # 4 batches per epoch on each of 2 ranks
+    assert learning_rates(_runs(original, [good, good])).status == PASS
+    twice_as_fast = Record(steps=_steps([1.0] * 4 + [0.25] * 4, per_epoch=4))  # the scheduler prepared
+    verdict = learning_rates(_runs(original, [twice_as_fast, twice_as_fast]))
+    assert verdict.status == FAIL and "used lr 0.25 on 2 processes; the original used 0.5" in verdict.summary
+    assert "(epoch 2, batch 1 of 8; here batch 1 of 4 on each process)" in verdict.summary
+    # a per-batch schedule prepared (stepped twice per call) lines up with the original's odd steps
+    per_batch = [1.0 - i / 16 for i in range(16)]
+    prepared = Record(steps=_steps(per_batch[::2], per_epoch=4))
+    assert learning_rates(_runs(Record(steps=_steps(per_batch, per_epoch=8)), [prepared, prepared])).status == PASS
+    not_prepared = Record(steps=_steps(per_batch[:8], per_epoch=4))
+    assert learning_rates(_runs(Record(steps=_steps(per_batch, 8)), [not_prepared] * 2)).status == FAIL
+
+
+def test_without_epochs_random_batches_compare_step_by_step() -> None:
+    lrs = [0.1 * (i + 1) for i in range(8)]
+    original = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs)])
+    same_per_step = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs[:4])])
+    assert learning_rates(_runs(original, [same_per_step] * 2, iteration_based=True)).status == PASS
+    assert learning_rates(_runs(original, [same_per_step] * 2, iteration_based=False)).status == FAIL
+
+
+def test_weights_must_match_on_every_rank_and_the_cause_is_named() -> None:
+    a = Record(rank=0, steps=[Step(1, 0, True, [1.0], "aaa", before="x")])
+    b = Record(rank=1, steps=[Step(1, 0, True, [1.0], "bbb", before="y")])
+    verdict = weights(_runs(Record(), [a, b]))
+    assert verdict.status == FAIL and "started from different weights" in verdict.summary
+    assert verdict.evidence == ("rank 0: aaa", "rank 1: bbb")
+    b.steps[0] = Step(1, 0, True, [1.0], "aaa", before="x")
+    assert weights(_runs(Record(), [a, b])).status == PASS
+
+
+def test_an_unwrapped_optimizer_names_the_variable() -> None:
+    owner = "`model` (Net) in `Trainer.run` (train.py:57)"
+    rank0 = Record(steps=[Step(1, 0, True, [1.0], "d")], optimizers=["AdamW"],
+                   unwrapped=[{"optimizer": 0, "kind": "AdamW", "tensors": 4, "numel": 1234, "owners": [owner]}])
+    verdict = wrapped(_runs(Record(), [rank0, rank0]))
+    assert verdict.status == FAIL and owner in verdict.evidence[0] and "1,234 values" in verdict.evidence[0]
+    assert wrapped(_runs(Record(), [Record()])).status == SKIP
+
+
+def _pass(indices: list[int], complete: bool = True, steps: int = 2, length: int = 10, batch: int = 2) -> Pass:
+    return Pass(loader=0, number=0, length=-1, dataset_length=length, batch_size=batch, indices=indices,
+                batches=len(indices) // batch, steps=steps, complete=complete)
+
+
+def test_samples_once_per_epoch_with_room_only_for_the_padding_of_an_uneven_split() -> None:
+    original = Record(passes=[_pass(list(range(10)))])
+    sharded = [Record(rank=0, passes=[_pass([0, 1, 4, 5, 8, 9])]), Record(rank=1, passes=[_pass([2, 3, 6, 7])])]
+    assert samples(_runs(original, sharded)).status == PASS
+    # 9 samples, batch 2, 2 ranks: Accelerate repeats sample 0 to even out the last batch
+    padded = [Record(rank=0, passes=[_pass([0, 1, 4, 5, 8, 0], length=9)]),
+              Record(rank=1, passes=[_pass([2, 3, 6, 7], length=9)])]
+    assert samples(_runs(Record(passes=[_pass(list(range(9)), length=9)]), padded)).status == PASS
+    unsharded = [Record(rank=r, passes=[_pass(list(range(10)))]) for r in range(2)]
+    verdict = samples(_runs(original, unsharded))
+    assert verdict.status == FAIL and "seen by more than one rank" in verdict.summary
+    missing = [Record(rank=0, passes=[_pass([0, 1, 4, 5])]), Record(rank=1, passes=[_pass([2, 3, 6, 7])])]
+    assert "never seen" in samples(_runs(original, missing)).summary
+    truncated = [Record(rank=r, passes=[_pass([0, 1], complete=False)]) for r in range(2)]
+    assert samples(_runs(original, truncated)).status == FAIL  # the same batch on both ranks, even mid-epoch
+
+
+def test_samples_without_a_dataloader_compare_the_inputs_of_each_step() -> None:
+    same = [Record(rank=r, step_inputs=["a", "b", "c", "d"], fingerprints={"x": 4}) for r in range(2)]
+    verdict = samples(_runs(Record(), same))
+    assert verdict.status == FAIL and "at 4 of 4 steps every rank trained on the same inputs" in verdict.summary
+    split = [Record(rank=0, step_inputs=["a", "b", "c", "d"]), Record(rank=1, step_inputs=["e", "f", "g", "a"])]
+    verdict = samples(_runs(Record(), split))
+    assert verdict.status == PASS and "different inputs at 4 of 4 steps" in verdict.summary
+
+
+def _evaluated(lines: list[str], returned=None, replayed: bool = True) -> Record:
+    record = Record(passes=[Pass(0, 0, 4, 16, 4, list(range(16)), batches=4, steps=0, complete=True,
+                                 owner="train.py:test")],
+                    lines=[["0:0:end", "train.py:test", line] for line in lines], replayed=["0:0"] if replayed else [])
+    if returned is not None:
+        record.returns = {"0:0": returned}
+    return record
+
+
+def test_metrics_after_an_evaluation_pass_match_with_the_printed_precision() -> None:
+    original = _evaluated(["EVAL loss=1.422650 correct=6/16 took 3.2s"], returned=0.71)
+    close = _evaluated(["EVAL loss=1.422651 correct=6/16 took 9.9s"], returned=0.7100001)
+    assert metrics(_runs(original, [close])).status == PASS  # last digit and durations do not count
+    halved = _evaluated(["EVAL loss=0.711325 correct=6/16 took 3.2s"], returned=0.71)
+    verdict = metrics(_runs(original, [halved]))
+    assert verdict.status == FAIL and "0.711325 on `EVAL loss` where one process prints 1.422650" in verdict.summary
+    wrong_return = _evaluated(["EVAL loss=1.422650 correct=6/16 took 3.2s"], returned=0.355)
+    assert "returned 0.355 where one process returns 0.71" in metrics(_runs(original, [wrong_return])).summary
+    assert metrics(_runs(_evaluated([], replayed=False), [close])).status == SKIP
+
+
+def test_side_effects_one_writer_per_file_and_output_on_the_main_process() -> None:
+    rank0 = Record(rank=0, files={"model.pt": 1, "loss.png": 1})
+    rank1 = Record(rank=1, files={"loss.png": 1})
+    verdict = side_effects(_runs(Record(), [rank0, rank1]))
+    assert verdict.status == FAIL and "loss.png written by ranks 0, 1" in verdict.evidence
+    chatty = Record(rank=1, stdout_lines=3, lines=[["", "train.py:main", "LOSS 0.1"]])
+    assert "rank 1 printed 3 line(s) from train.py:main" in side_effects(_runs(Record(), [rank0, chatty])).evidence[0]
+    assert side_effects(_runs(Record(files={"model.pt": 1}), [rank0, Record(rank=1)])).status == PASS
