@@ -35,6 +35,7 @@ from accelkit.plan.shape import ModelShape
 STEP_BYTES = 4  # torch optimizers keep `step` as a float32 scalar tensor per parameter (per flat group in ZeRO)
 ZERO_ALIGNMENT_FACTOR = 2  # DeepSpeed: nccl_start_alignment_factor (4-byte alignment of 16-bit elements)
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed: stage3_param_persistence_threshold default
+SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed: zero_optimization.sub_group_size default (elements)
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -157,17 +158,42 @@ def zero12(shape: ModelShape, dt: Dtypes, optimizer: str, world: int, rank: int,
     return States(params + _frozen_bytes(shape, dt.param), grads, optim)
 
 
+def zero12_partitions(shape: ModelShape, world: int) -> list[int]:
+    """Each optimizer group's partition size (elements per rank) under ZeRO-1/2."""
+    alignment = ZERO_ALIGNMENT_FACTOR * world
+    return [math.ceil(sum(sizes) / alignment) * alignment // world for sizes in _groups(shape)]
+
+
+def zero3_subgroups(shape: ModelShape, world: int, sub_group_size: int = SUB_GROUP_SIZE) -> list[int]:
+    """Partition elements per rank of each ZeRO-3 sub-group: each optimizer group is cut, in parameter order,
+    once its partitions reach sub_group_size (`_create_fp16_sub_groups`); each sub-group has its own fp32 copy and
+    optimizer state, and the step converts one sub-group's gradients to fp32 at a time."""
+    if not shape.exact:
+        return [math.ceil(shape.parameters / world)]
+    out = []
+    for group in shape.groups or (tuple(i for i, t in enumerate(shape.tensors) if t.trainable),):
+        parts = [math.ceil(shape.tensors[i].numel / world) for i in group]
+        if sum(parts) <= sub_group_size:
+            out.append(sum(parts))
+            continue
+        current = 0
+        for index, part in enumerate(parts):
+            current += part
+            if current >= sub_group_size or index == len(parts) - 1:
+                out.append(current)
+                current = 0
+    return out
+
+
 def zero3(shape: ModelShape, dt: Dtypes, optimizer: str, world: int,
           persistence_threshold: int = PERSISTENCE_THRESHOLD) -> States:
-    if not shape.exact:
-        part = math.ceil(shape.parameters / world)
-        return States(part * dt.param, part * dt.grad, part * dt.master + optimizer_state(optimizer, (part,),
-                                                                                           dt.state))
-    params = grads = optim = 0
-    for group in shape.groups or (tuple(i for i, t in enumerate(shape.tensors) if t.trainable),):
-        partition = sum(math.ceil(shape.tensors[i].numel / world) for i in group)
+    grads = optim = 0
+    for partition in zero3_subgroups(shape, world):
         grads += partition * dt.grad
         optim += partition * dt.master + optimizer_state(optimizer, (partition,), dt.state)
+    if not shape.exact:
+        return States(math.ceil(shape.parameters / world) * dt.param, grads, optim)
+    params = 0
     for t in shape.tensors:
         partition = math.ceil(t.numel / world)
         params += partition * dt.param

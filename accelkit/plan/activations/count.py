@@ -42,16 +42,22 @@ class ActivationCount:
         return self.saved + self.outputs
 
 
-def storage_key(tensor) -> tuple[int, int] | None:
-    """(identity, bytes) of a tensor's storage; DTensors count their local shard. None for storage-less tensors."""
+def storage_of(tensor):
+    """A tensor's storage (DTensors: their local shard's), or None for storage-less tensors. Holding it keeps
+    the storage alive, so its identity cannot be reused by a later allocation while it is being counted."""
     local = getattr(tensor, "_local_tensor", None)
     if local is not None:
         tensor = local
     try:
-        storage = tensor.untyped_storage()
+        return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    return storage._cdata, storage.nbytes()
+
+
+def storage_key(tensor) -> tuple[int, int] | None:
+    """(identity, bytes) of a tensor's storage; None for storage-less tensors."""
+    storage = storage_of(tensor)
+    return None if storage is None else (storage._cdata, storage.nbytes())
 
 
 def parameter_link(tensor) -> str | None:
@@ -98,16 +104,24 @@ class ActivationCounter:
         self.saved: dict[int, int] = {}
         self.copies: dict[int, int] = {}
         self.outputs: dict[int, int] = {}
-        self.param_storages = {key[0] for p in model.parameters() if (key := storage_key(p)) is not None}
+        self._kept: list = []  # every storage counted or excluded, alive until the counter goes
+        self.param_storages = {self._keep(p)[0] for p in model.parameters() if storage_of(p) is not None}
         self._layer_stack: list[int] = []
         self._layer_bytes: dict[int, int] = {}
         self._layer_seen: dict[int, set[int]] = {}
         self._handles: list = []
         self._hooks = None
 
+    def _keep(self, tensor) -> tuple[int, int] | None:
+        storage = storage_of(tensor)
+        if storage is None:
+            return None
+        self._kept.append(storage)
+        return storage._cdata, storage.nbytes()
+
     # -- what autograd saves -----------------------------------------------------------------------------------
     def _pack(self, tensor):
-        key = storage_key(tensor)
+        key = self._keep(tensor)
         if key is None or key[0] in self.param_storages:
             return tensor
         link = parameter_link(tensor)
@@ -128,7 +142,7 @@ class ActivationCounter:
     def _held_input(self, module, args, kwargs) -> None:
         for value in (*args, *kwargs.values()):
             if isinstance(value, self._torch.Tensor) and parameter_link(value) is None:
-                key = storage_key(value)
+                key = self._keep(value)
                 if key is not None and key[0] not in self.param_storages:
                     self.saved.setdefault(*key)
 
@@ -160,9 +174,13 @@ class ActivationCounter:
     def hold(self, *values) -> None:
         """Outputs the script keeps until its backward (loss, logits): counted unless already saved."""
         for tensor in _tensors(values, self._torch.Tensor):
-            key = storage_key(tensor)
+            key = self._keep(tensor)
             if key is not None and key[0] not in self.saved and key[0] not in self.param_storages:
                 self.outputs.setdefault(*key)
+
+    def release(self) -> None:
+        """Let go of the storages held for counting (call once the result is taken)."""
+        self._kept.clear()
 
     def result(self) -> ActivationCount:
         return ActivationCount(saved=sum(self.saved.values()), outputs=sum(self.outputs.values()),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from functools import lru_cache
 
 from accelkit.plan.activations.count import ActivationCount, ActivationCounter
 
@@ -26,12 +25,12 @@ class Trace:
     count: ActivationCount
     checkpointed: bool  # activation checkpointing was applied
     kernels: tuple[tuple[str, int], ...]  # attention kernels used, with how many calls
+    recompute: int = 0  # with checkpointing: what one layer keeps while the backward recomputes it
 
     @property
     def activations(self) -> int:
         """Peak bytes: what the forward keeps, plus one layer's activations while it is recomputed."""
-        extra = self.count.largest_layer if self.checkpointed else 0
-        return self.count.total + extra
+        return self.count.total + self.recompute
 
 
 def layer_types(model) -> tuple[str, ...]:
@@ -80,39 +79,35 @@ def _unpacked_sequences():
         masking_utils.find_packed_sequence_indices = original
 
 
-@lru_cache(maxsize=8)
-def _meta_model(build, weights: str):
-    import torch
-
-    with torch.device("meta"):
-        model = build()
-    return model.to(getattr(torch, weights))
-
-
 def trace(spec, compute: Compute, micro_batch: int, seq_len: int, checkpointing: bool,
           device: str = "cuda") -> Trace:
     """Count the activations of one forward of `spec`'s model on a (micro_batch, seq_len) batch, run as `compute`
-    says on `device` ("cuda": what the plan is for; "cpu": what a CPU rehearsal really does)."""
+    says on `device` ("cuda": what the plan is for; "cpu": what a CPU rehearsal really does). With checkpointing,
+    a second trace without it measures the largest layer, which the backward holds again while recomputing."""
+    count, kernels, applied = _run(spec, compute, micro_batch, seq_len, checkpointing, device)
+    recompute = _run(spec, compute, micro_batch, seq_len, False, device)[0].largest_layer if applied else 0
+    return Trace(count, applied, kernels, recompute)
+
+
+def _run(spec, compute: Compute, micro_batch: int, seq_len: int, checkpointing: bool,
+         device: str) -> tuple[ActivationCount, tuple[tuple[str, int], ...], bool]:
     import torch
 
     from accelkit.plan.activations.emulate import DeviceEmulation
 
-    model = _meta_model(spec.build, compute.weights)
+    with torch.device("meta"):
+        model = spec.build()  # on meta: fractions of a second, no memory, whatever the size
+    model = model.to(getattr(torch, compute.weights))
     model.train()
-    if checkpointing:
-        checkpointing = enable_checkpointing(model)
-    try:
-        batch = spec.inputs(model, micro_batch, seq_len)
-        autocast = getattr(torch, compute.autocast) if compute.autocast else None
-        emulation = DeviceEmulation(device, autocast)
-        with _unpacked_sequences(), emulation, ActivationCounter(model, layer_types(model)) as counter:
-            loss, outputs = spec.step(model, batch)
-            if compute.fp32_outputs:
-                from accelerate.utils import convert_to_fp32
+    applied = enable_checkpointing(model) if checkpointing else False
+    batch = spec.inputs(model, micro_batch, seq_len)
+    autocast = getattr(torch, compute.autocast) if compute.autocast else None
+    emulation = DeviceEmulation(device, autocast)
+    with _unpacked_sequences(), emulation, ActivationCounter(model, layer_types(model)) as counter:
+        loss, outputs = spec.step(model, batch)
+        if compute.fp32_outputs:
+            from accelerate.utils import convert_to_fp32
 
-                outputs = convert_to_fp32(outputs)
-            counter.hold(loss, outputs)
-        return Trace(counter.result(), checkpointing, tuple(sorted(emulation.kernels.items())))
-    finally:
-        if checkpointing and getattr(model, "is_gradient_checkpointing", False):
-            model.gradient_checkpointing_disable()
+            outputs = convert_to_fp32(outputs)
+        counter.hold(loss, outputs)
+    return counter.result(), tuple(sorted(emulation.kernels.items())), applied

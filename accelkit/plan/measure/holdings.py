@@ -152,7 +152,11 @@ def full_shapes(module) -> list[tuple[str, list[int], bool]]:
 def describe(model, optimizer) -> dict[str, Any]:
     """Backend facts the plan needs to be compared with this rank: which strategy ran, with what settings."""
     module, engine = unwrap_engine(model)
-    info: dict[str, Any] = {"model": type(module).__name__}
+    inner = getattr(module, "module", module) if type(module).__name__ == "DistributedDataParallel" else module
+    name = type(inner).__name__
+    if hasattr(inner, "_get_fsdp_state") and name.startswith("FSDP"):  # fully_shard's dynamic subclass
+        name = name[len("FSDP"):]
+    info: dict[str, Any] = {"model": name}
     if engine is not None:
         info["backend"] = "deepspeed"
         info["zero_stage"] = int(engine.zero_optimization_stage())
@@ -168,13 +172,12 @@ def describe(model, optimizer) -> dict[str, Any]:
         # the gradients. Its sizes (bytes) are in DDP's own logging data.
         sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
         info["ddp_bucket_bytes"] = sum(int(size) for size in sizes.split(",") if size.strip().isdigit())
-        module = model.module
     elif hasattr(model, "_get_fsdp_state"):
         info["backend"] = "fsdp"
         info["fsdp_units"] = fsdp_units(model)
     else:
         info["backend"] = "torch"
-    info["first_param_dtype"] = str(next(module.parameters()).dtype).replace("torch.", "")
+    info["first_param_dtype"] = str(next(inner.parameters()).dtype).replace("torch.", "")
     return info
 
 

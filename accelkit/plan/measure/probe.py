@@ -31,6 +31,7 @@ class PlanProbe:
         self.gradients: dict[int, int] = {}  # id(model) -> most gradient bytes held (backward end or before step)
         self.buffers: dict[int, int] = {}  # id(model) -> most buffer bytes seen (reduce buckets)
         self.activations: dict[int, dict[str, int]] = {}  # id(model) -> its first forward's counts
+        self.inputs: dict[int, dict[str, Any]] = {}  # id(model) -> its first forward's input shapes
         self._counting: tuple[Any, Any] | None = None  # (model, counter) between a forward and its backward
         self._wrapped: set[int] = set()
 
@@ -85,7 +86,7 @@ class PlanProbe:
         if id(model) in self._wrapped:
             return
         self._wrapped.add(id(model))
-        from accelkit.plan.activations.count import ActivationCounter
+        from accelkit.plan.activations.count import ActivationCounter, is_checkpointed
         from accelkit.plan.activations.trace import layer_types
         from accelkit.plan.measure.holdings import unwrap_engine
 
@@ -96,6 +97,10 @@ class PlanProbe:
                 counter = ActivationCounter(module, layer_types(module))
                 counter.__enter__()
                 probe._counting = (model, counter)
+                probe.inputs[id(model)] = {
+                    "shapes": {str(k): list(v.shape) for k, v in [*enumerate(args), *kwargs.items()]
+                               if hasattr(v, "shape")},
+                    "checkpointed": any(is_checkpointed(m) for m in module.modules())}
 
         def after(mod, args, kwargs, output):
             if probe._counting is not None and probe._counting[0] is model:
@@ -111,6 +116,7 @@ class PlanProbe:
         self._counting = None
         counter.__exit__(None, None, None)
         result = counter.result()
+        counter.release()
         self.activations[id(model)] = {"saved": result.saved, "outputs": result.outputs,
                                        "weight_copies": result.weight_copies, "total": result.total}
 
@@ -162,6 +168,7 @@ class PlanProbe:
                 "optimizer": holdings.optimizer_bytes(inner),
                 "buffers": max(holdings.buffer_storages(inner).total, self.buffers.get(id(model), 0)),
                 "activations": self.activations.get(id(model)),
+                "inputs": self.inputs.get(id(model)),
                 "shapes": holdings.full_shapes(module),
                 "groups": holdings.group_names(module, inner),
                 "world_size": int(os.environ.get("WORLD_SIZE", "1")),

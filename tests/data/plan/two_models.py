@@ -1,42 +1,37 @@
 """Train a tiny Llama and a tiny BERT (built from configs) for one optimizer step each, with Accelerate.
 
-The measuring probe (accelkit.plan.measure.probe) records what every rank holds after each model's step; the
-models are trained one after the other in one launch (`accelerator.free_memory()` between them, so DeepSpeed
-builds a second engine), to measure two shapes for the price of one job.
+The measuring probe (accelkit.plan.measure.probe) records what every rank holds after each model's step. To
+measure many cases per launch (CPU rehearsals are slow on small machines), the script trains the models one after
+the other (`accelerator.free_memory()` between them) and can change the backend's setting between rounds:
+`--zero-stages 1,2` rebuilds DeepSpeed's engine with each ZeRO stage, `--fsdp-modes full,grad-op` switches FSDP2's
+reshard_after_forward. Each engine is built by Accelerate's own prepare() from the plugin's (changed) settings.
 """
 
 import argparse
 
 import torch
 from accelerate import Accelerator
+from tiny_models import build, embeddings_in_their_own_unit
 from torch.utils.data import DataLoader, TensorDataset
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig, LlamaConfig
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch", type=int, default=2)
 parser.add_argument("--seq", type=int, default=24)
 parser.add_argument("--models", default="llama,bert")
+parser.add_argument("--zero-stages", default="")
+parser.add_argument("--fsdp-modes", default="")
 args = parser.parse_args()
 
-CONFIGS = {
-    # vocab 258 and 4 layers: shapes that do not divide evenly among 4 ranks (FSDP2 and ZeRO padding show)
-    "llama": LlamaConfig(vocab_size=258, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
-    "bert": BertConfig(vocab_size=301, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                       num_attention_heads=4, max_position_embeddings=64, num_labels=3),
-}
-BUILD = {"llama": AutoModelForCausalLM.from_config, "bert": AutoModelForSequenceClassification.from_config}
-
 accelerator = Accelerator()
-for name in args.models.split(","):
+
+
+def train_one_step(name: str) -> None:
     torch.manual_seed(0)
-    model = BUILD[name](CONFIGS[name])
-    if accelerator.is_fsdp2:  # as accelkit's templates do: the embedding is a unit of its own
+    model = build(name)
+    if accelerator.is_fsdp2:
         accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = None  # the plugin remembers the last model's
-        embed = model.get_input_embeddings()
-        around = {type(m).__name__ for m in model.modules() if m is not embed and embed in list(m.modules())}
-        model._no_split_modules = [n for n in (model._no_split_modules or []) if n not in around]
-    no_decay = ("bias", "norm")
+        embeddings_in_their_own_unit(model)
+    no_decay = ("bias", "norm")  # the usual two groups (as accelkit's templates and the HF Trainer do)
     groups = [{"params": [p for n, p in model.named_parameters() if not any(k in n.lower() for k in no_decay)]},
               {"params": [p for n, p in model.named_parameters() if any(k in n.lower() for k in no_decay)],
                "weight_decay": 0.0}]
@@ -55,3 +50,17 @@ for name in args.models.split(","):
     accelerator.print(f"{name} loss {loss.item():.4f}", flush=True)
     del model, optimizer, loader, loss
     accelerator.free_memory()
+
+
+rounds = [None]
+if args.zero_stages:
+    rounds = [("zero", int(stage)) for stage in args.zero_stages.split(",")]
+elif args.fsdp_modes:
+    rounds = [("fsdp", mode) for mode in args.fsdp_modes.split(",")]
+for setting in rounds:
+    if setting and setting[0] == "zero":
+        accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"] = setting[1]
+    elif setting:
+        accelerator.state.fsdp_plugin.reshard_after_forward = setting[1] == "full"
+    for name in args.models.split(","):
+        train_one_step(name)

@@ -1,0 +1,91 @@
+"""The one place `accelkit plan` touches the config -> launch spine (ConfigOptions, build_config, write_config,
+LaunchRequest, run_request): a strategy becomes exactly the options `accelkit config` takes, the command that
+writes them, the file, and the launch that measures it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from accelkit.plan.catalog import Strategy
+from accelkit.plan.inputs import MIXED_PRECISION, Hardware, Training
+
+
+def config_options(strategy: Strategy, hardware: Hardware, training: Training, accumulation: int):
+    """The ConfigOptions `accelkit config` would build for this strategy on this hardware."""
+    from accelkit.configs import ConfigOptions
+
+    options = ConfigOptions(mixed_precision=MIXED_PRECISION[training.precision])
+    if not strategy.distributed:
+        options.backend, options.num_processes = "single", 1
+        return options
+    options.backend = {"torch": "ddp", "fsdp": "fsdp", "deepspeed": "deepspeed"}[strategy.family]
+    options.num_processes = hardware.gpus
+    if hardware.nodes > 1:
+        options.num_machines = hardware.nodes
+    if strategy.family == "fsdp":
+        options.sharding = strategy.sharding
+        if strategy.offload:
+            options.offload = True
+        if training.activation_checkpointing:
+            options.activation_checkpointing = True
+    elif strategy.family == "deepspeed":
+        options.zero_stage = strategy.zero_stage
+        if strategy.offload:
+            options.offload = True
+        if accumulation > 1:
+            options.gradient_accumulation_steps = accumulation
+    return options
+
+
+def config_command(options, output: Path | str) -> str:
+    from dataclasses import fields
+
+    from accelkit.configs.options import flag_name
+
+    parts = ["accelkit", "config"]
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if value is None or value == () or value is False:
+            continue
+        parts += [flag_name(f.name)] if value is True else [flag_name(f.name), str(value)]
+    return shlex.join([*parts, "-o", str(output)])
+
+
+def launch_command(config: Path | str, script: str, strategy: Strategy, accumulation: int) -> str:
+    parts = ["accelkit", "launch", "--config", str(config)]
+    if accumulation > 1 and strategy.family != "deepspeed":  # DeepSpeed keeps it in its config
+        parts += ["--gradient-accumulation-steps", str(accumulation)]
+    return shlex.join([*parts, script])
+
+
+def write_config_file(options, path: Path, command_line: str) -> None:
+    """Build through the same builder as `accelkit config` (Accelerate's own checks included) and write."""
+    from accelkit.configs import build_config, write_config
+
+    write_config(build_config(options), path, command_line)
+
+
+def run_measurement(options, script: str, args: tuple[str, ...], cpu: bool, probe_dir: Path, probe: str,
+                    max_steps: int, command_line: str) -> int:
+    """Launch the user's script with the plan's probe in every rank and a step limit; return the exit status."""
+    from accelkit.launch.plan import LaunchTarget
+    from accelkit.launch.prepare import check_target
+    from accelkit.launch.request import LaunchRequest
+    from accelkit.launch.run import run_request
+    from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+
+    target = LaunchTarget(script=script, args=tuple(args))
+    check_target(target)
+    request = LaunchRequest(target=target, options=options, cpu=cpu, probes=(probe,), command_line=command_line)
+    saved = {name: os.environ.get(name) for name in (PROBE_DIR_ENV, MAX_STEPS_ENV)}
+    os.environ[PROBE_DIR_ENV], os.environ[MAX_STEPS_ENV] = str(probe_dir), str(max_steps)
+    try:
+        return run_request(request)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
