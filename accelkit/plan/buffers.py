@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from accelkit.plan import states
 from accelkit.plan.catalog import Strategy
 from accelkit.plan.shape import ModelShape
-from accelkit.plan import states
 from accelkit.plan.states import Dtypes
 
 DDP_GRADIENT_AS_BUCKET_VIEW = False  # accelerate.utils.DistributedDataParallelKwargs

@@ -127,37 +127,33 @@ def looks_like_repo_id(text: str) -> bool:
 
 def spec_from_hub(repo_id: str) -> ModelSpec:
     """Fetch only config.json (cached by huggingface_hub like any download), with one clear error per failure."""
+    from huggingface_hub import errors as hub
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-    )
 
-    fetch_hint = (f"connect to the Hub, or fetch it once (`hf download {repo_id} config.json`) and pass the "
-                  f"folder, {SHAPE_HINT}")
+    fetch = (f"connect to the Hub, or fetch it once (`hf download {repo_id} config.json`) and pass the folder, "
+             f"{SHAPE_HINT}")
+    # Most specific first: a gated repo is a RepositoryNotFoundError, an offline miss an EntryNotFoundError.
+    failures = [
+        (hub.GatedRepoError, f"{repo_id} is a gated model on the Hugging Face Hub",
+         f"accept its terms on huggingface.co and log in (`hf auth login`), {SHAPE_HINT}"),
+        (hub.RepositoryNotFoundError, f"unknown model `{repo_id}`: not a local path, and no such repository on "
+                                      "the Hugging Face Hub",
+         f"check the spelling (private models need `hf auth login`), {SHAPE_HINT}"),
+        ((hub.LocalEntryNotFoundError, hub.OfflineModeIsEnabled),
+         f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: offline and not in the local cache",
+         fetch),
+        (hub.EntryNotFoundError, f"{repo_id} on the Hugging Face Hub has no config.json",
+         f"pass the config of the architecture it uses, {SHAPE_HINT}"),
+    ]
     try:
         path = hf_hub_download(repo_id, "config.json")
-    # LocalEntryNotFoundError (offline, not cached) is an EntryNotFoundError: test it first.
-    except GatedRepoError:
-        raise AccelkitError(f"{repo_id} is a gated model on the Hugging Face Hub",
-                            hint="accept its terms on huggingface.co and log in (`hf auth login`), " + SHAPE_HINT) from None
-    except RepositoryNotFoundError:
-        raise AccelkitError(f"unknown model `{repo_id}`: not a local path, and no such repository on the Hugging "
-                            "Face Hub", hint="check the spelling (private models need `hf auth login`), "
-                                             + SHAPE_HINT) from None
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        raise AccelkitError(f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: offline and not "
-                            "in the local cache", hint=fetch_hint) from None
-    except EntryNotFoundError:
-        raise AccelkitError(f"{repo_id} on the Hugging Face Hub has no config.json",
-                            hint="pass the config of the architecture it uses, " + SHAPE_HINT) from None
-    except (HfHubHTTPError, OSError) as exc:
-        raise AccelkitError(f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", hint=fetch_hint) from None
+    except Exception as exc:  # network, HTTP and cache errors: each named below, anything else as it is
+        for kinds, message, hint in failures:
+            if isinstance(exc, kinds):
+                raise AccelkitError(message, hint=hint) from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AccelkitError(f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: {first}",
+                            hint=fetch) from None
     return _hf_spec(f"{repo_id} (config.json from the Hugging Face Hub)", load_config(Path(path)))
 
 

@@ -80,8 +80,9 @@ def compute_for(family: str, precision: str) -> Compute:
     low = "bfloat16" if precision == "bf16-mixed" else "float16"
     if family == "torch":  # fp32 weights, autocast, outputs converted back to fp32
         return Compute("float32", low, True)
-    if family == "fsdp":  # MixedPrecisionPolicy(param_dtype=low) gathers 16-bit weights; Accelerate autocasts too
-        return Compute(low, low, True)
+    if family == "fsdp":  # MixedPrecisionPolicy(param_dtype=low) gathers 16-bit weights; Accelerate autocasts
+        # too, and FSDP2's output_dtype=low casts Accelerate's fp32 outputs back to 16 bits
+        return Compute(low, low, False)
     return Compute(low, None, False)  # DeepSpeed: 16-bit weights, no autocast
 
 
@@ -128,6 +129,7 @@ def make_plan(spec: ModelSpec, hardware: Hardware, training: Training, *, prefer
         if reason is not None:
             raise AccelkitError(f"--strategy {strategy} cannot run on {hardware.gpus} GPU(s) on "
                                 f"{hardware.nodes} machine(s): {reason}", hint=_alternative(strategy, hardware))
+    training.accumulation(hardware.gpus)  # a global batch that does not divide is refused before any tracing
     families = sorted({s.family for s in STRATEGIES})
     acts = {family: activations_for(spec, shape, training, family, device) for family in families}
     rows = [estimate(s, shape, hardware, training, acts[s.family].bytes, acts[s.family].weight_copies)

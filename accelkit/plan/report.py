@@ -32,11 +32,16 @@ def commands(plan: Plan, config_path: str | None = None, script: str | None = No
                                          chosen.strategy, chosen.accumulation), path)
 
 
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f}"
+def unit(plan: Plan) -> tuple[str, int]:
+    """The table's unit: GiB for real models, MiB or KiB for the tiny ones (so they do not read as all zeros)."""
+    largest = max((r.total for r in plan.rows if r.unavailable is None), default=0)
+    for name, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if largest >= size:
+            return name, size
+    return "KiB", 2**10
 
 
-def _fits(row: Estimate) -> str:
+def _fits(row: Estimate, size: int) -> str:
     if row.unavailable is not None:
         return "n/a"
     if row.headroom is None:
@@ -45,21 +50,26 @@ def _fits(row: Estimate) -> str:
     verdict = "yes" if row.fits else "no"
     if row.cpu_fits is False:
         verdict = "no (CPU)"
-    return f"{verdict} ({sign}{abs(row.headroom) / 2**30:.1f})"
+    return f"{verdict} ({sign}{abs(row.headroom) / size:.1f})"
 
 
 def table(plan: Plan) -> list[str]:
+    _, size = unit(plan)
+
+    def fmt(n: int | None) -> str:
+        return "-" if n is None else f"{n / size:.2f}"
+
     cells = [COLUMNS]
     for row in plan.rows:
         s = row.states
-        applicable = row.unavailable is None
+        if row.unavailable is not None:
+            cells.append((row.strategy.label, *["-"] * 7, "n/a", "-"))
+            continue
         cells.append((
             row.strategy.label + (" *" if plan.recommendation.strategy == row.strategy.name else ""),
-            _gib(s.parameters) if applicable else "-", _gib(s.gradients) if applicable else "-",
-            _gib(s.optimizer) if applicable else "-", _gib(row.activations) if applicable else "-",
-            _gib(row.buffers) if applicable else "-", _gib(row.total) if applicable else "-",
-            _gib(row.cpu_per_node) if applicable and row.cpu_per_node else "-", _fits(row),
-            _gib(row.traffic.network) if applicable else "-"))
+            fmt(s.parameters), fmt(s.gradients), fmt(s.optimizer), fmt(row.activations), fmt(row.buffers),
+            fmt(row.total), fmt(row.cpu_per_node) if row.cpu_per_node else "-", _fits(row, size),
+            fmt(row.traffic.network)))
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     lines = []
     for index, r in enumerate(cells):
@@ -94,13 +104,15 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None) 
     gpu = format_bytes(hw.gpu_memory) if hw.gpu_memory else "unknown"
     cpu = format_bytes(hw.cpu_memory) if hw.cpu_memory else "not checked (give --cpu-memory)"
     lines.append(f"Hardware:  {hw.gpus} GPU(s) x {gpu} ({src.get('gpu_memory', '')}) on {hw.nodes} machine(s); "
-                 f"CPU memory per machine: {cpu}" + (f" ({src['cpu_memory']})" if hw.cpu_memory else ""))
+                 f"CPU memory per machine: {cpu}" + (f" ({src.get('cpu_memory', '')})" if hw.cpu_memory else ""))
     ckpt = "activation checkpointing" if tr.activation_checkpointing else "no activation checkpointing"
-    lines.append(f"Training:  {tr.precision}, {tr.optimizer}, micro-batch {tr.micro_batch} x sequence {tr.seq_len}"
-                 f" per GPU, {ckpt}")
+    per_sample = f" x sequence {tr.seq_len}" if plan.spec.sequence_input else ""
+    lines.append(f"Training:  {tr.precision}, {tr.optimizer}, micro-batch {tr.micro_batch}{per_sample} per GPU, "
+                 f"{ckpt}")
     lines += ["", *table(plan), ""]
-    lines.append("GiB per GPU (the worst rank); fits: after keeping 1 GiB + 10% of each GPU for what is not "
-                 "modelled; comm: GiB sent per GPU per optimizer step.")
+    name, _ = unit(plan)
+    lines.append(f"{name} per GPU (the worst rank; CPU/node: per machine); fits: after keeping 1 GiB + 10% of "
+                 f"each GPU for what is not modelled; comm: {name} sent per GPU per optimizer step; * recommended.")
     for row in plan.rows:
         if row.unavailable is not None and row.strategy.name != "single":
             lines.append(f"  n/a {row.strategy.label}: {row.unavailable}")
@@ -172,7 +184,8 @@ def to_json(plan: Plan, config_path: str | None = None, script: str | None = Non
         "strategies": [_row_json(row) for row in plan.rows],
         "recommendation": {"strategy": plan.recommendation.strategy, "reason": plan.recommendation.reason,
                            "command": f"{cmd.config} && {cmd.launch}" if cmd else None,
-                           "config_command": cmd.config if cmd else None, "launch_command": cmd.launch if cmd else None},
+                           "config_command": cmd.config if cmd else None,
+                           "launch_command": cmd.launch if cmd else None},
         "learning_rate": None if lr is None else {"effective_batch": lr.effective_batch, "base_lr": lr.base_lr,
                                                   "base_batch": lr.base_batch, "linear": lr.linear, "sqrt": lr.sqrt},
         "headroom": {"cuda_reserve_bytes": CUDA_RESERVE, "fragmentation": FRAGMENTATION, "cpu_reserve": CPU_RESERVE},

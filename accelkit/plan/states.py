@@ -16,8 +16,8 @@ from the model's parameter shapes:
   its partition's padding as zeros.
 - ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3`): each parameter is padded to a multiple of N and split; small
   parameters (<= `stage3_param_persistence_threshold`, 1e5 elements by default) also stay gathered on every rank
-  after the first forward (in their padded all-gather buffer). Gradients live in one flat 16-bit partition buffer, the master weights and optimizer state
-  are fp32 partitions.
+  after the first forward (in their padded all-gather buffer). Gradients live in one flat 16-bit partition buffer,
+  the master weights and optimizer state are fp32 partitions.
 
 Where the ZeRO paper's accounting (2P weights + 2P gradients + 12P fp32 state, divided by N per stage) and these
 differ: Accelerate's mixed precision keeps DDP and FSDP2 parameters and gradients in fp32 (4P + 4P + 8P: the same

@@ -10,10 +10,10 @@ Where a step really updates weights depends on the stack, so three layers are ho
 
 The first optimizer that steps is the clock (a GAN's discriminator, say); every step of every optimizer is
 reported to the callbacks, each with the clock's step count. `on_before_step` callbacks run just before a counted
-step calls the optimizer (gradients are complete then, and not yet consumed or freed, e.g. by ZeRO). With a step limit, every rank stops when the clock is
-about to take step N+1: data-parallel ranks step in lockstep, so they all stop at the same point, after the same
-collectives; the stop is a SystemExit(0) raised from the hook (the script's `finally` blocks run), after the
-finish callbacks have written their results.
+step calls the optimizer (gradients are complete then, and not yet consumed or freed, e.g. by ZeRO). With a step
+limit, every rank stops when the clock is about to take step N+1: data-parallel ranks step in lockstep, so they
+all stop at the same point, after the same collectives; the stop is a SystemExit(0) raised from the hook (the
+script's `finally` blocks run), after the finish callbacks have written their results.
 """
 
 from __future__ import annotations

@@ -129,6 +129,8 @@ class DeviceEmulation(TorchFunctionMode):
         if kernel == "efficient" and key.shape[-3] != query.shape[-3]:
             repeat = query.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA turns a boolean mask into an additive one
+            attn_mask = attn_mask.new_empty(attn_mask.shape, dtype=query.dtype)
         length = query.shape[-2]
         if kernel == "efficient":
             length = math.ceil(length / EFFICIENT_LSE_BLOCK) * EFFICIENT_LSE_BLOCK

@@ -48,7 +48,12 @@ def enable_checkpointing(model) -> bool:
     """Checkpoint every layer the way the run would: transformers' own switch (non-reentrant), else torch's
     checkpoint_wrapper around each layer (what Accelerate's FSDP activation checkpointing does)."""
     if getattr(model, "supports_gradient_checkpointing", False):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed gradient_checkpointing_enable to activation_checkpointing_enable
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable()
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return True
     names = set(layer_types(model))
     if not names:
