@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import click
@@ -42,7 +41,8 @@ class PlanCommand(click.Command):
 @click.option("--gpu-memory", metavar="SIZE", help="Memory per GPU, e.g. 80GB or 24GiB. Default: detected; "
                                                    "required without GPUs.")
 @click.option("--cpu-memory", metavar="SIZE", help="Memory per machine for CPU offload, e.g. 512GB. Default: "
-                                                   "this machine's when it has GPUs, else not checked.")
+                                                   "this machine's when the GPUs are detected here, else not "
+                                                   "checked.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True)
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
 @click.option("--seq-len", type=int, help="Tokens per sample. Default: the project's, else 2048.")
@@ -85,7 +85,7 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
         raise click.UsageError(f"unexpected arguments {shlex.join(script_args)}: arguments after `--` go to the "
                                "script of --measure")
     result = run_plan(model=model, write_config=write_config, force=force, measure_script=measure_script,
-                      script_args=script_args, command_line=shlex.join(["accelkit", *sys.argv[1:]]), **options)
+                      script_args=script_args, command_line=_command_line(), **options)
     if as_json:
         click.echo(json.dumps(result.json, indent=2))
     else:
@@ -94,3 +94,22 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
     for line in result.messages:
         click.echo(line, err=True)
     return result.exit_code
+
+
+def _command_line() -> str:
+    """The accelkit command that reproduces this plan (every value given, in the options' order), for the header
+    of a written config."""
+    ctx = click.get_current_context()
+    parts = ["accelkit", "plan"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value is False or value == param.default:
+            continue
+        if isinstance(param, click.Argument):
+            parts.append(str(value))
+        elif value is True:
+            parts.append(param.opts[0])
+        else:
+            parts += [param.opts[0], str(value)]
+    script_args = ctx.meta.get("script_args", ())
+    return shlex.join([*parts, *(["--", *script_args] if script_args else [])])

@@ -26,35 +26,37 @@ class PlanResult:
     exit_code: int = 0
 
 
-def hardware_from(gpus: int | None, nodes: int, gpu_memory: str | None, cpu_memory: str | None) -> Hardware:
+def hardware_from(gpus: int | None, nodes: int, gpu_memory: int | None, cpu_memory: int | None,
+                  given: dict[str, str]) -> Hardware:
+    """Hardware from the flags, this machine filling what is missing (`given`: the flags' text, for the output)."""
     from accelkit.plan.detect import local_gpus, local_memory
 
     sources: dict[str, str] = {}
-    local = local_gpus() if gpus is None or gpu_memory is None or cpu_memory is None else None
+    if gpus is not None:
+        check_hardware(gpus, nodes)
+    # Explicit hardware (--gpus and --gpu-memory) is planned as given; only missing values come from this machine.
+    local = local_gpus() if gpus is None or gpu_memory is None else None
     if gpus is None:
         gpus = local.count * nodes if local.count else 1
         sources["gpus"] = f"this machine's {local.count} GPU(s) x {nodes}" if local.count else "default: 1"
+        check_hardware(gpus, nodes)
     else:
         sources["gpus"] = "--gpus"
-    check_hardware(gpus, nodes)
     if gpu_memory is not None:
-        memory = parse_bytes(gpu_memory, "--gpu-memory")
-        sources["gpu_memory"] = f"--gpu-memory {gpu_memory}"
+        sources["gpu_memory"] = f"--gpu-memory {given['gpu_memory']}"
     elif local.count:
-        memory = local.memory
+        gpu_memory = local.memory
         sources["gpu_memory"] = f"detected: {local.name}"
     else:
         raise AccelkitError("this machine has no GPU to read the memory of, and --gpu-memory was not given",
                             hint="give the memory of each GPU you plan for, e.g. --gpu-memory 80GB or "
                                  "--gpu-memory 24GiB")
-    cpu: int | None = None
     if cpu_memory is not None:
-        cpu = parse_bytes(cpu_memory, "--cpu-memory")
-        sources["cpu_memory"] = f"--cpu-memory {cpu_memory}"
+        sources["cpu_memory"] = f"--cpu-memory {given['cpu_memory']}"
     elif local is not None and local.count:
-        cpu = local_memory()
+        cpu_memory = local_memory()
         sources["cpu_memory"] = "this machine's RAM"
-    return Hardware(gpus=gpus, nodes=nodes, gpu_memory=memory, cpu_memory=cpu, sources=sources)
+    return Hardware(gpus=gpus, nodes=nodes, gpu_memory=gpu_memory, cpu_memory=cpu_memory, sources=sources)
 
 
 def training_from(spec, precision: str, optimizer: str, seq_len: int | None, micro_batch: int | None,
@@ -81,20 +83,27 @@ def run_plan(*, model: str | None, params: str | None, layers: int | None, hidde
              base_lr: float | None, base_batch: int | None, strategy: str | None, prefer: str,
              write_config: Path | None, force: bool, measure_script: str | None, script_args: tuple[str, ...],
              command_line: str) -> PlanResult:
-    # Cheap checks first: every bad value is reported before the model is built or anything is written.
+    # Cheap checks first: every bad value is reported before torch is imported, the model built or a file written.
     count = parse_count(params, "--params") if params is not None else None
+    gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
+    cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory is not None else None
+    if gpus is not None:
+        check_hardware(gpus, nodes)
+    check_training(Training(seq_len=1 if seq_len is None else seq_len,
+                            micro_batch=1 if micro_batch is None else micro_batch, global_batch=global_batch,
+                            base_lr=base_lr, base_batch=base_batch))
     if write_config is not None and write_config.exists() and not force:
         raise AccelkitError(f"{write_config} already exists", hint="pass --force to overwrite it, or choose another "
                                                                    "--write-config path")
     if measure_script is not None and not Path(measure_script).is_file():
         raise AccelkitError(f"script not found: {measure_script}", hint="--measure takes the training script to "
                                                                        "run, e.g. --measure train.py")
-    hardware = hardware_from(gpus, nodes, gpu_memory, cpu_memory)
     shape_flags = ShapeFlags(layers, hidden, heads, kv_heads, vocab, intermediate)
     for name, value in shape_flags.given().items():
         if value < 1:
             raise AccelkitError(f"--{name.replace('_', '-')} {value} must be at least 1",
                                 hint="shape flags describe a model: positive whole numbers")
+    hardware = hardware_from(gpus, nodes, gpu_bytes, cpu_bytes, {"gpu_memory": gpu_memory, "cpu_memory": cpu_memory})
     spec = resolve_model(model, shape_flags, count)
     training = training_from(spec, precision, optimizer, seq_len, micro_batch, activation_checkpointing,
                              global_batch, base_lr, base_batch)

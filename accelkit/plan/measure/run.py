@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, Terminated
 from accelkit.plan.measure.compare import Figure, state_figures
 
 PROBE_MODULE = "accelkit.plan.measure.probe"
@@ -38,6 +38,8 @@ def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision
         status = spine.run_measurement(options, script, args, cpu=cpu, probe_dir=Path(folder),
                                        probe=PROBE_MODULE, max_steps=1, command_line=command_line)
         results = read_results(Path(folder), "plan")
+    if status > 128:  # stopped by a signal (Ctrl-C, SIGTERM): the launch stopped every rank; say so, exit like it
+        raise Terminated(status - 128)
     if status != 0 and not results:
         raise AccelkitError(f"the measured run of {script} failed (exit status {status}) before its first "
                             "optimizer step", hint="run the same launch without --measure to see the script's error")
