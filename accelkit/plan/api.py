@@ -6,6 +6,7 @@ parse strictly, the model resolves, the hardware and batch add up, --write-confi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, 
     planner = _activations_planner(spec, plan, "cpu" if cpu else "cuda")
     comparisons = measuring.measure(options, script, args, cpu=cpu, precision=plan.training.precision,
                                     optimizer=plan.training.optimizer, activations_planner=planner,
-                                    command_line=command_line)
+                                    planned_peak=None if cpu else chosen.total, command_line=command_line)
     where = "CPU rehearsal" if cpu else "GPUs"
     result.lines += ["", f"Measured: {script}, one optimizer step, {chosen.strategy.label} on "
                          f"{plan.hardware.gpus} rank(s) ({where}); bytes per rank:", *measuring.table(comparisons)]
@@ -176,6 +177,8 @@ def _activations_planner(spec, plan, device: str):
     from accelkit.plan.planner import compute_for
 
     def planned(record: dict[str, Any]) -> int | None:
+        if sum(math.prod(shape) for _, shape, _ in record["shapes"]) != plan.shape.parameters:
+            return None  # the script trained another model than MODEL: its activations are not planned
         inputs = (record.get("inputs") or {}).get("shapes") or {}
         first = next(iter(inputs.values()), None)
         if not first:

@@ -4,8 +4,10 @@ writes them, the file, and the launch that measures it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from accelkit.plan.catalog import Strategy
@@ -81,11 +83,27 @@ def run_measurement(options, script: str, args: tuple[str, ...], cpu: bool, prob
     request = LaunchRequest(target=target, options=options, cpu=cpu, probes=(probe,), command_line=command_line)
     saved = {name: os.environ.get(name) for name in (PROBE_DIR_ENV, MAX_STEPS_ENV)}
     os.environ[PROBE_DIR_ENV], os.environ[MAX_STEPS_ENV] = str(probe_dir), str(max_steps)
+    with _script_output_to_stderr():
+        try:
+            return run_request(request)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _script_output_to_stderr():
+    """The ranks inherit file descriptor 1: point it at stderr while they run, so stdout carries only the plan
+    (and `--json` stays parseable)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
     try:
-        return run_request(request)
+        yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -28,9 +28,11 @@ class RankComparison:
 
 
 def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision: str, optimizer: str,
-            activations_planner=None, command_line: str = "accelkit plan --measure") -> list[RankComparison]:
+            activations_planner=None, planned_peak: int | None = None,
+            command_line: str = "accelkit plan --measure") -> list[RankComparison]:
     """Launch, read every rank's record, compare. `activations_planner(record) -> int | None` plans a rank's
-    activations for the batch it saw (None: not planned)."""
+    activations for the batch it saw (None: not planned); `planned_peak` is the plan's total per GPU, compared
+    with the allocator's peak on GPUs."""
     from accelkit.plan import spine
     from accelkit.probes.results import read_results
 
@@ -48,18 +50,20 @@ def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision
         raise AccelkitError(f"{script} ran, but no optimizer step of a model prepared by Accelerate was seen",
                             hint="--measure needs a script that calls accelerator.prepare(model, optimizer, ...) "
                                  "and steps the optimizer")
-    return [compare_record(r, precision, optimizer, activations_planner) for r in records]
+    return [compare_record(r, precision, optimizer, activations_planner, planned_peak) for r in records]
 
 
-def compare_record(record: dict[str, Any], precision: str, optimizer: str, activations_planner=None
-                   ) -> RankComparison:
+def compare_record(record: dict[str, Any], precision: str, optimizer: str, activations_planner=None,
+                   planned_peak: int | None = None) -> RankComparison:
     figures = state_figures(record, precision, optimizer)
     measured = record.get("activations") or {}
     planned = activations_planner(record) if activations_planner is not None else None
-    if planned is not None or measured:
-        figures.append(Figure("activations", planned if planned is not None else 0,
-                              measured.get("total") if measured else None))
-    return RankComparison(record["rank"], record["model"], figures, record.get("cuda_max_allocated"))
+    if planned is not None:
+        figures.append(Figure("activations", planned, measured.get("total") if measured else None))
+    peak = record.get("cuda_max_allocated")
+    if peak is not None and planned_peak is not None:  # GPUs: the allocator's peak against the plan's total
+        figures.append(Figure("GPU peak", planned_peak, peak))
+    return RankComparison(record["rank"], record["model"], figures, peak)
 
 
 def table(comparisons: list[RankComparison]) -> list[str]:
@@ -70,9 +74,6 @@ def table(comparisons: list[RankComparison]) -> list[str]:
             error = "-" if figure.error is None else f"{figure.error * 100:+.2f}%"
             lines.append(f"{comparison.rank:>4}  {comparison.model[:24]:24}  {figure.name:11}  "
                          f"{figure.planned:>14,}  {measured:>14}  {error:>8}")
-        if comparison.peak is not None:
-            lines.append(f"{comparison.rank:>4}  {comparison.model[:24]:24}  {'GPU peak':11}  {'':>14}  "
-                         f"{comparison.peak:>14,}  {'':>8}")
     return lines
 
 
