@@ -2,10 +2,10 @@
 
 1. The model fits on one GPU with DDP's replicas -> DDP (no sharding traffic; the fastest and simplest); on one
    GPU, the single-device run.
-2. Replicated parameters fit but not all of the states -> ZeRO-2 (shards gradients and optimizer states, same
-   traffic as DDP); with --prefer fsdp, FSDP grad-op.
-3. Several machines and a node's GPUs hold a full shard -> FSDP hybrid (shards within a machine, replicates
+2. Several machines and a machine's GPUs hold a full shard -> FSDP hybrid (shards within a machine, replicates
    across them: the slow inter-node links carry only an all-reduce of each shard).
+3. Replicated parameters fit but not all of the states -> ZeRO-2 (shards gradients and optimizer states, about
+   DDP's traffic); with --prefer fsdp, FSDP grad-op.
 4. A full shard fits -> FSDP full shard (or ZeRO-3 with --prefer deepspeed).
 5. Only offloading to CPU memory fits -> FSDP + CPU offload (or ZeRO-3 + CPU offload), the one that fits.
 6. Nothing fits -> what to change: activation checkpointing when activations dominate, a smaller micro-batch,
@@ -51,16 +51,16 @@ def recommend(estimates: list[Estimate], gpus: int, nodes: int, prefer: str, che
         return Recommendation("ddp", "Every GPU holds a full replica with room to spare, so plain data parallelism "
                                      "(no sharding traffic, the fastest and simplest) is the right choice.")
     else:
+        if nodes > 1 and _fits(rows, "fsdp-hybrid"):
+            return Recommendation("fsdp-hybrid", "A full replica does not fit, but one machine's GPUs hold a full "
+                                                 "shard: sharding within each machine and replicating across them "
+                                                 "keeps the slow inter-node links to one all-reduce of a shard.")
         second = ("fsdp-grad-op", "zero2") if prefer == "fsdp" else ("zero2", "fsdp-grad-op")
         for name in second:
             if _fits(rows, name):
                 return Recommendation(name, f"A full replica does not fit, but the parameters do: "
                                             f"{rows[name].strategy.label} shards only the gradients and optimizer "
-                                            "states, at DDP's communication cost.")
-        if nodes > 1 and _fits(rows, "fsdp-hybrid"):
-            return Recommendation("fsdp-hybrid", "One machine's GPUs hold a full shard, so sharding within a machine "
-                                                 "and replicating across machines keeps slow inter-node links "
-                                                 "to one all-reduce per step.")
+                                            "states, at about DDP's communication cost.")
         for name in (("fsdp-full", "zero3") if fsdp_first else ("zero3", "fsdp-full")):
             if _fits(rows, name):
                 return Recommendation(name, f"Parameters, gradients and optimizer states must all be sharded: "

@@ -3,7 +3,6 @@ usage errors), nothing written or changed, no temporary files, no processes left
 
 from __future__ import annotations
 
-import json
 import signal
 import tempfile
 from pathlib import Path
@@ -67,19 +66,6 @@ def test_offline_hub_id(tmp_path: Path) -> None:
     result.assert_refused(r"cannot fetch config.json of `meta-llama/Llama-2-7b-hf` from the Hugging Face Hub: "
                           r"offline", owned=[hub_home])
     assert "hf download meta-llama/Llama-2-7b-hf config.json" in result.stderr
-
-
-@pytest.mark.slow  # reading a config imports transformers (seconds per subprocess)
-@pytest.mark.parametrize("content, match", [
-    ("{not json", r"cannot read the model config"),
-    (json.dumps({"model_type": "my_custom", "architectures": ["MyCustomForCausalLM"],
-                 "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"}}),
-     r"cannot read the model config|custom code"),
-])
-def test_bad_model_configs(tmp_path: Path, content: str, match: str) -> None:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(content)
-    run_fault(["plan", str(tmp_path / "model"), *MEMORY], watch=[tmp_path]).assert_refused(match)
 
 
 def test_a_folder_that_is_not_a_model(tmp_path: Path) -> None:

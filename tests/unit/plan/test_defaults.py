@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from accelkit.plan import buffers, states
 
 
+@pytest.mark.slow  # imports DeepSpeed (seconds)
 def test_deepspeed_zero_defaults() -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
@@ -21,6 +24,7 @@ def test_deepspeed_zero_defaults() -> None:
     assert below3.parameter_alignment is False  # no per-parameter padding in the flat buffers
 
 
+@pytest.mark.slow
 def test_deepspeed_alignment_factor() -> None:
     from deepspeed.runtime.zero import stage_1_and_2
 

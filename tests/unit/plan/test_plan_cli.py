@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from accelkit.cli import cli
@@ -66,3 +67,21 @@ def test_a_local_config_and_a_bare_count(tmp_path: Path) -> None:
     counted = json.loads(run("--params", "1.3e9", "--gpus", "2", "--gpu-memory", "80GB", "--json").output)
     assert counted["model"]["parameters"] == 1_300_000_000 and counted["model"]["exact"] is False
     assert "not modelled" in counted["activations"]["torch"]["source"]
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "cannot read the model config"),
+    (json.dumps({"model_type": "my_custom", "architectures": ["MyCustomForCausalLM"],
+                 "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"}}),
+     "cannot read the model config"),  # transformers refuses an unknown model_type without remote code
+    (json.dumps({"model_type": "llama", "architectures": ["MyLlamaForCausalLM"],
+                 "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyLlamaForCausalLM"}}),
+     "custom code shipped with the model"),
+])
+def test_configs_that_cannot_be_planned(tmp_path: Path, content: str, match: str) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(content)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = run(str(tmp_path / "model"), "--gpus", "1", "--gpu-memory", "80GB")
+    assert result.exit_code == 1 and match in result.output and "Hint:" in result.output
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

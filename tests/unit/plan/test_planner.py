@@ -76,8 +76,9 @@ def test_when_only_the_optimizer_states_do_not_fit_zero2_or_fsdp_grad_op() -> No
     assert preferred.recommendation.strategy == "fsdp-grad-op"
 
 
-def test_several_machines_prefer_hybrid_sharding_when_a_machine_holds_a_full_shard(llama7b) -> None:
-    plan = plan_for(llama7b, gpus=16, nodes=2, seq_len=2048, activation_checkpointing=True)
+def test_several_machines_prefer_hybrid_sharding_when_a_machine_holds_a_full_shard() -> None:
+    plan = plan_for(spec_from_shape(MODEL_1B), gpus=16, nodes=2, gpu=6 * GiB, seq_len=512,
+                    activation_checkpointing=True)
     assert plan.row("zero2").fits is False and plan.row("fsdp-hybrid").fits is True
     assert plan.recommendation.strategy == "fsdp-hybrid"
     commands = report.commands(plan)
