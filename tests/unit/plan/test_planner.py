@@ -132,3 +132,11 @@ def test_json_has_the_names_the_issue_lists_with_integer_bytes(classic) -> None:
         assert isinstance(row["name"], str)
     rec = data["recommendation"]
     assert rec["strategy"] == "fsdp-offload" and rec["reason"] and rec["command"].startswith("accelkit config")
+
+
+def test_the_readme_shows_the_classic_case_as_it_is(classic) -> None:
+    from helpers import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    for line in report.table(classic):
+        assert line in readme, line
