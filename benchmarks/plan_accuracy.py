@@ -21,8 +21,6 @@ The last line reads `worst error: model states X%, activations Y%` (accelkit's p
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,51 +29,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "plan"
 sys.path.insert(0, str(DATA))
-LAUNCH = """
-import sys
-from accelkit.configs import ConfigOptions
-from accelkit.launch.plan import LaunchTarget
-from accelkit.launch.request import LaunchRequest
-from accelkit.launch.run import run_request
-backend, processes, stage, script, *args = sys.argv[1:]
-options = ConfigOptions(backend=backend, num_processes=int(processes), mixed_precision="bf16",
-                        zero_stage=int(stage) if stage != "-" else None)
-sys.exit(run_request(LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True, options=options,
-                                   probes=("accelkit.plan.measure.probe",))))
-"""
 LAUNCHES = [("ddp", "-", ()), ("fsdp", "-", ("--fsdp-modes", "full,grad-op")),
             ("deepspeed", "1", ("--zero-stages", "1,2,3"))]
 PRECISION = "bf16-mixed"
 
 
 def run_launches(ranks: list[int], folder: Path) -> list[dict]:
-    from accelkit.probes.results import read_results
+    from rehearse import rehearse
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "torch_extensions" / "accelkit-tests-plan")}
     records = []
     for world in ranks:
         for backend, stage, args in LAUNCHES:
-            out = folder / f"{backend}-{world}"
-            out.mkdir()
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", LAUNCH, backend, str(world), stage,
-                                   str(DATA / "two_models.py"), *args], env={**env, "ACCELKIT_PROBE_DIR": str(out)},
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"{backend} on {world} ranks failed:\n{proc.stderr[-3000:]}")
+            records += rehearse(backend, world, stage, args, folder / f"{backend}-{world}")
             print(f"  measured {backend} on {world} CPU ranks in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-            records += [r for result in read_results(out, "plan") for r in result["records"]]
     return records
 
 
-def strategy(record: dict) -> str:
-    if record["backend"] == "deepspeed":
-        return f"ZeRO-{record['zero_stage']}"
-    if record["backend"] == "fsdp":
-        layers = [u["reshard_after_forward"] for u in record["fsdp_units"] if ".layer" in u["params"][0]]
-        return "FSDP full" if any(layers) else "FSDP grad-op"
-    return "DDP"
+STRATEGY = {"ddp": "DDP", "fsdp-full": "FSDP full", "fsdp-grad-op": "FSDP grad-op", "zero1": "ZeRO-1",
+            "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
 def peers(name: str, world: int) -> dict[str, int]:
@@ -109,6 +81,7 @@ def main() -> None:
     ranks = [int(r) for r in args.ranks.split(",")]
 
     import tiny_models
+    from rehearse import case
 
     from accelkit.plan.activations.formula import korthikanti
     from accelkit.plan.activations.trace import trace
@@ -123,7 +96,7 @@ def main() -> None:
     rows: dict[tuple, dict] = {}
     for record in records:
         name = tiny_models.CLASSES[record["model"]]
-        key = (name, strategy(record), record["world_size"])
+        key = (name, STRATEGY[case(record)], record["world_size"])
         states = state_figures(record, PRECISION)
         planned = sum(f.planned for f in states)
         measured = sum(f.measured for f in states)

@@ -8,8 +8,6 @@ Goals from the issue: model states within 2% (they are exact), activations withi
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -23,24 +21,12 @@ from accelkit.plan.catalog import BY_NAME
 from accelkit.plan.measure.compare import shape_of, state_figures
 from accelkit.plan.models import hf_inputs, hf_step
 from accelkit.plan.planner import compute_for
-from accelkit.probes.results import read_results
 
 PLAN_DATA = DATA / "plan"
 sys.path.insert(0, str(PLAN_DATA))
 import tiny_models  # noqa: E402
+from rehearse import case, rehearse  # noqa: E402
 
-LAUNCH = """
-import sys
-from accelkit.configs import ConfigOptions
-from accelkit.launch.plan import LaunchTarget
-from accelkit.launch.request import LaunchRequest
-from accelkit.launch.run import run_request
-backend, processes, stage, script, *args = sys.argv[1:]
-options = ConfigOptions(backend=backend, num_processes=int(processes), mixed_precision="bf16",
-                        zero_stage=int(stage) if stage != "-" else None)
-sys.exit(run_request(LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True, options=options,
-                                   probes=("accelkit.plan.measure.probe",))))
-"""
 # name: (backend, ranks, ZeRO stage of the config, script arguments, the (backend detail) cases measured)
 LAUNCHES = {
     "ddp-2": ("ddp", 2, "-", (), {"ddp"}),
@@ -55,34 +41,13 @@ PRECISION = "bf16-mixed"
 @cache
 def _records(name: str, folder: str) -> tuple[dict, ...]:
     backend, ranks, stage, args, _ = LAUNCHES[name]
-    out = Path(folder) / name
-    out.mkdir(parents=True)
-    env = {**os.environ, "ACCELKIT_PROBE_DIR": str(out),
-           # a private DeepSpeed op cache: a stale lock left in the shared one by a killed build would hang us
-           "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "torch_extensions" / "accelkit-tests-plan")}
-    proc = subprocess.run([sys.executable, "-c", LAUNCH, backend, str(ranks), stage,
-                           str(PLAN_DATA / "two_models.py"), *args], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    results = read_results(out, "plan")
-    assert len(results) == ranks and all(r["reason"] == "script end" for r in results)
-    return tuple(record for result in results for record in result["records"])
+    return tuple(rehearse(backend, ranks, stage, args, Path(folder) / name))
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("plan-measured"))
     return lambda name: _records(name, folder)
-
-
-def case(record: dict) -> str:
-    """Which strategy a record measured: the ZeRO stage, or FSDP's mode as the layers' units show it."""
-    if record["backend"] == "deepspeed":
-        return f"zero{record['zero_stage']}"
-    if record["backend"] == "fsdp":
-        layers = [u["reshard_after_forward"] for u in record["fsdp_units"] if ".layer" in u["params"][0]]
-        return "fsdp-full" if any(layers) else "fsdp-grad-op"
-    return record["backend"]
 
 
 def model_name(record: dict) -> str:

@@ -88,27 +88,24 @@ def is_zero(optimizer) -> bool:
     return type(optimizer).__module__.startswith("deepspeed.runtime.zero")
 
 
-def _attributes(optimizer, names: tuple[str, ...]):
-    return [getattr(optimizer, name) for name in names if getattr(optimizer, name, None) is not None]
+def _with_zero(found: Storages, optimizer, names: tuple[str, ...]) -> Storages:
+    """`found` plus the tensors in these attributes of a ZeRO optimizer (nothing for other optimizers)."""
+    if is_zero(optimizer):
+        found.add_all([getattr(optimizer, n) for n in names if getattr(optimizer, n, None) is not None])
+    return found
 
 
 def buffer_storages(optimizer) -> Storages:
-    found = Storages()
-    if is_zero(optimizer):
-        found.add_all(_attributes(optimizer, DS_BUFFERS))
-    return found
+    return _with_zero(Storages(), optimizer, DS_BUFFERS)
 
 
 def parameter_storages(module, optimizer) -> Storages:
     found = Storages()
     for param in module.parameters():
         found.add(param)
-        ds_tensor = getattr(param, "ds_tensor", None)
-        if ds_tensor is not None:
-            found.add(ds_tensor)
-    if is_zero(optimizer):
-        found.add_all(_attributes(optimizer, DS_PARAMS))
-    return found
+        if getattr(param, "ds_tensor", None) is not None:  # ZeRO-3's partition of it
+            found.add(param.ds_tensor)
+    return _with_zero(found, optimizer, DS_PARAMS)
 
 
 def gradient_bytes(module, optimizer) -> int:
@@ -116,17 +113,12 @@ def gradient_bytes(module, optimizer) -> int:
     for param in module.parameters():
         if param.grad is not None:
             found.add(param.grad)
-    if is_zero(optimizer):
-        found.add_all(_attributes(optimizer, DS_GRADS))
-    return found.without(buffer_storages(optimizer))
+    return _with_zero(found, optimizer, DS_GRADS).without(buffer_storages(optimizer))
 
 
 def optimizer_bytes(optimizer) -> int:
-    found = Storages()
-    torch_optimizer = optimizer
-    if is_zero(optimizer):
-        found.add_all(_attributes(optimizer, DS_MASTER))
-        torch_optimizer = optimizer.optimizer
+    found = _with_zero(Storages(), optimizer, DS_MASTER)
+    torch_optimizer = optimizer.optimizer if is_zero(optimizer) else optimizer
     found.add_all(list(torch_optimizer.state.values()))
     return found.total
 
