@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from accelkit.errors import AccelkitError
 from accelkit.plan import buffers, states
 from accelkit.plan.catalog import Strategy
 from accelkit.plan.inputs import Hardware, Training
@@ -56,9 +57,11 @@ class Estimate:
 
     @property
     def fits(self) -> bool | None:
-        """True/False when judged; None when the GPU memory is unknown or the strategy cannot run here."""
-        if self.unavailable is not None or self.gpu_usable is None:
-            return None if self.unavailable is None else False
+        """False when the strategy cannot run here; None when the GPU memory is unknown."""
+        if self.unavailable is not None:
+            return False
+        if self.gpu_usable is None:
+            return None
         return self.total <= self.gpu_usable and self.cpu_fits is not False
 
 
@@ -96,7 +99,7 @@ def estimate(strategy: Strategy, shape: ModelShape, hardware: Hardware, training
     shard_world = hardware.gpus_per_node if strategy.sharding == "hybrid" else world
     try:
         accumulation = training.accumulation(world)
-    except Exception:
+    except AccelkitError:
         if strategy.distributed:
             raise
         accumulation = 1  # the one-GPU reference row of a multi-GPU plan

@@ -33,7 +33,7 @@ class ModelSpec:
     seq_len: int | None = None  # the project's default sequence length
     micro_batch: int | None = None  # the project's default per-device batch
     script: Path | None = None  # the project's train.py
-    sequence_input: bool = True  # False: the input size is fixed by the model (images)
+    sequence_input: bool = True  # False: the input size is fixed by the model (images; set when it is built)
     notes: list[str] = field(default_factory=list)
 
 
@@ -94,9 +94,7 @@ def hf_step(model, batch: dict):
 
 
 def _hf_spec(label: str, config, notes: list[str] | None = None) -> ModelSpec:
-    vision = getattr(config, "model_type", "") in {"vit", "deit", "beit", "convnext", "swin", "resnet", "dinov2"}
-    return ModelSpec(label=label, build=hf_build(config), inputs=hf_inputs, step=hf_step,
-                     sequence_input=not vision, notes=list(notes or []))
+    return ModelSpec(label=label, build=hf_build(config), inputs=hf_inputs, step=hf_step, notes=list(notes or []))
 
 
 def load_config(path: Path):

@@ -93,6 +93,8 @@ def build_shape(spec: ModelSpec) -> ModelShape:
 
     with torch.device("meta"):
         model = spec.build()
+    if getattr(model, "main_input_name", "input_ids") != "input_ids":  # images, audio: no sequence length to set
+        spec.sequence_input = False
     return shape_from_model(model, spec.label)
 
 
