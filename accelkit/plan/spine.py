@@ -18,27 +18,26 @@ def config_options(strategy: Strategy, hardware: Hardware, training: Training, a
     """The ConfigOptions `accelkit config` would build for this strategy on this hardware."""
     from accelkit.configs import ConfigOptions
 
-    options = ConfigOptions(mixed_precision=MIXED_PRECISION[training.precision])
+    given: dict = {"mixed_precision": MIXED_PRECISION[training.precision]}
     if not strategy.distributed:
-        options.backend, options.num_processes = "single", 1
-        return options
-    options.backend = {"torch": "ddp", "fsdp": "fsdp", "deepspeed": "deepspeed"}[strategy.family]
-    options.num_processes = hardware.gpus
+        return ConfigOptions(backend="single", num_processes=1, **given)
+    given["backend"] = {"torch": "ddp", "fsdp": "fsdp", "deepspeed": "deepspeed"}[strategy.family]
+    given["num_processes"] = hardware.gpus
     if hardware.nodes > 1:
-        options.num_machines = hardware.nodes
+        given["num_machines"] = hardware.nodes
     if strategy.family == "fsdp":
-        options.sharding = strategy.sharding
+        given["sharding"] = strategy.sharding
         if strategy.offload:
-            options.offload = True
+            given["offload"] = True
         if training.activation_checkpointing:
-            options.activation_checkpointing = True
+            given["activation_checkpointing"] = True
     elif strategy.family == "deepspeed":
-        options.zero_stage = strategy.zero_stage
+        given["zero_stage"] = strategy.zero_stage
         if strategy.offload:
-            options.offload = True
-        if accumulation > 1:
-            options.gradient_accumulation_steps = accumulation
-    return options
+            given["offload"] = True
+        if accumulation > 1:  # DeepSpeed's config holds it; the other backends get it at launch
+            given["gradient_accumulation_steps"] = accumulation
+    return ConfigOptions(**given)
 
 
 def config_command(options, output: Path | str) -> str:

@@ -13,14 +13,14 @@ from helpers.faults import run_fault
 
 
 @pytest.fixture(autouse=True)
-def private_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The command's temporary files go to a folder of this test, which the harness checks for leftovers: other
-    jobs on a shared machine create their own temporary folders in the system one at the same time."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
+def private_temp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The command's temporary files go to a folder of this test (outside the watched tree), which the harness
+    checks for leftovers: other jobs on a shared machine fill the system one at the same time."""
+    folder = tmp_path_factory.mktemp("plan-fault-tmp")
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     monkeypatch.setenv("TMPDIR", str(folder))
     return folder
+
 
 MEMORY = ["--gpu-memory", "80GB", "--gpus", "1"]  # explicit hardware: no GPU detection (no torch import)
 SEVEN_B = ["--params", "7B", *MEMORY]
@@ -98,11 +98,23 @@ def test_script_arguments_without_measure_are_a_usage_error(tmp_path: Path) -> N
 
 
 @pytest.mark.slow  # a real 2-rank launch, stopped with SIGTERM
-def test_sigterm_during_measure_stops_every_rank_and_leaves_nothing(tmp_path: Path, private_temp: Path) -> None:
+def test_sigterm_during_measure_stops_every_rank_and_leaves_nothing(tmp_path: Path) -> None:
     script = DATA / "plan" / "wait_before_step.py"  # its ranks wait, measuring, until the signal comes
     args = ["plan", "--params", "1M", "--gpu-memory", "80GB", "--gpus", "2", "--strategy", "ddp", "--measure",
             str(script)]
     result = run_fault(args, watch=[tmp_path], cwd=tmp_path, send_signal=("READY rank", signal.SIGTERM),
                        expect="signal", kind="signal")
     assert result.returncode == 143 and "Terminated (signal 15)" in result.stderr, result.stderr[-2000:]
-    result.assert_clean(owned=[private_temp])  # torchrun's own torchelastic_* folder; accelkit's would be found
+    result.assert_clean()
+
+
+@pytest.mark.slow  # a real 2-rank launch
+def test_a_script_that_fails_before_its_first_step(tmp_path: Path) -> None:
+    result = run_fault(["plan", "--params", "1M", "--gpu-memory", "80GB", "--gpus", "2", "--strategy", "ddp",
+                        "--measure", str(DATA / "plan" / "crash_before_step.py")], watch=[tmp_path], cwd=tmp_path)
+    # The script's own traceback (from its ranks) is shown, as `accelkit launch` shows it; then accelkit's one line.
+    assert result.returncode == 1 and "lossss is not defined" in result.stderr
+    (line,) = result.error_lines
+    assert "crash_before_step.py failed (exit status 1) before its first optimizer step" in line
+    assert "Hint: run the same launch without --measure" in result.stderr
+    result.assert_clean()

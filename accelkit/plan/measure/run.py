@@ -42,10 +42,10 @@ def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision
         results = read_results(Path(folder), "plan")
     if status > 128:  # stopped by a signal (Ctrl-C, SIGTERM): the launch stopped every rank; say so, exit like it
         raise Terminated(status - 128)
-    if status != 0 and not results:
+    records = [r for result in results for r in result.get("records", [])]
+    if status != 0 and not records:
         raise AccelkitError(f"the measured run of {script} failed (exit status {status}) before its first "
                             "optimizer step", hint="run the same launch without --measure to see the script's error")
-    records = [r for result in results for r in result.get("records", [])]
     if not records:
         raise AccelkitError(f"{script} ran, but no optimizer step of a model prepared by Accelerate was seen",
                             hint="--measure needs a script that calls accelerator.prepare(model, optimizer, ...) "
