@@ -45,10 +45,11 @@ class Training:
         if self.global_batch % per_step:
             lower = self.global_batch // per_step * per_step
             options = " or ".join(str(v) for v in (lower, lower + per_step) if v > 0)
+            micro = f"micro-batch {self.micro_batch}" + (f" ({self.sources['micro_batch']})"
+                                                         if "micro_batch" in self.sources else "")
             raise AccelkitError(
                 f"--global-batch {self.global_batch} is not a whole number of steps of {per_step} samples "
-                f"(--micro-batch {self.micro_batch} x {data_parallel} GPUs): accumulation would be "
-                f"{self.global_batch / per_step:g}",
+                f"({micro} x {data_parallel} GPUs): accumulation would be {self.global_batch / per_step:g}",
                 hint=f"use --global-batch {options}, or change --micro-batch")
         return self.global_batch // per_step
 

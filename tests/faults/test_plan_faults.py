@@ -35,6 +35,7 @@ SEVEN_B = ["--params", "7B", *MEMORY]
     (["--params", "7X", *MEMORY], r"--params '7X' is not a count"),
     (["--params", "0", *MEMORY], r"--params '0' must be a whole number of at least 1"),
     (["--params", "7B", "--gpus", "3", "--nodes", "2"], r"--gpus 3 does not divide evenly over --nodes 2"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--nodes", "2"], r"--nodes 2 needs --gpus \(the total"),
     ([*SEVEN_B, "--base-lr", "3e-4"], r"--base-lr needs --base-batch too"),
     ([*SEVEN_B, "--seq-len", "0"], r"--seq-len 0 must be at least 1"),
     (["--layers", "32", *MEMORY], r"a model shape needs --hidden, --heads too"),

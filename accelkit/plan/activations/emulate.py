@@ -24,7 +24,8 @@ from torch.overrides import TorchFunctionMode
 T = torch.Tensor
 _MATMULS = {F.linear, torch.matmul, T.matmul, T.__matmul__, T.__rmatmul__, torch.mm, T.mm, torch.bmm, T.bmm,
             torch.baddbmm, T.baddbmm, torch.addmm, T.addmm, torch.addbmm, T.addbmm, F.conv1d, F.conv2d, F.conv3d,
-            F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu}
+            F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
+            *[f for f in (getattr(torch, "_grouped_mm", None),) if f is not None]}  # mixture-of-experts matmuls
 _CUDA_ONLY_LOWER = {torch.addmv, T.addmv, torch.addr, T.addr, torch.mv, T.mv, torch.chain_matmul}
 _LOSSES = {F.cross_entropy, F.nll_loss, F.mse_loss, F.binary_cross_entropy, F.binary_cross_entropy_with_logits,
            F.kl_div, F.smooth_l1_loss, F.huber_loss, F.margin_ranking_loss, F.soft_margin_loss,

@@ -140,3 +140,29 @@ def test_the_readme_shows_the_classic_case_as_it_is(classic) -> None:
     readme = (REPO_ROOT / "README.md").read_text()
     for line in report.table(classic):
         assert line in readme, line
+
+
+def test_a_forward_that_cannot_run_on_meta_falls_back_and_says_so() -> None:
+    import torch
+
+    from accelkit.plan.models import ModelSpec
+
+    class DataDependent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.sum() > 0:  # needs the data: impossible on meta tensors
+                x = x * 2
+            return self.linear(x)
+
+    spec = ModelSpec(label="custom", build=DataDependent, step=lambda m, batch: (m(**batch).sum(), None),
+                     inputs=lambda m, b, s: {"x": torch.zeros(b, 8, device="meta")})
+    plan = plan_for(spec, gpus=2, gpu=8 * GiB)
+    assert plan.activations["torch"].bytes is None
+    assert plan.activations["torch"].source.startswith("not modelled (tracing failed:")
+    llama = spec_from_shape(ShapeFlags(layers=2, hidden=256, heads=4, vocab=1000))
+    llama.step = spec.step  # a Llama whose step fails on meta: the formula steps in, from its config
+    fallback = plan_for(llama, gpus=2, gpu=8 * GiB, seq_len=128).activations["torch"]
+    assert fallback.bytes > 0 and fallback.source.startswith("Korthikanti et al. formula (tracing failed:")
