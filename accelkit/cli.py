@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "launch": "launch",
     "merge-ckpt": "merge_ckpt",
     "convert": "convert",
+    "plan": "plan",
     "bench": "bench",
     "env": "env",
 }

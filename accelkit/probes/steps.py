@@ -9,10 +9,11 @@ Where a step really updates weights depends on the stack, so three layers are ho
   ignored while one of the layers above is running.
 
 The first optimizer that steps is the clock (a GAN's discriminator, say); every step of every optimizer is
-reported to the callbacks, each with the clock's step count. With a step limit, every rank stops when the clock is
-about to take step N+1: data-parallel ranks step in lockstep, so they all stop at the same point, after the same
-collectives; the stop is a SystemExit(0) raised from the hook (the script's `finally` blocks run), after the
-finish callbacks have written their results.
+reported to the callbacks, each with the clock's step count. `on_before_step` callbacks run just before a counted
+step calls the optimizer (gradients are complete then, and not yet consumed or freed, e.g. by ZeRO). With a step
+limit, every rank stops when the clock is about to take step N+1: data-parallel ranks step in lockstep, so they
+all stop at the same point, after the same collectives; the stop is a SystemExit(0) raised from the hook (the
+script's `finally` blocks run), after the finish callbacks have written their results.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ EXIT_GRACE_SECONDS = 60.0  # after a stop, force the exit if interpreter shutdow
 
 
 @dataclass(frozen=True)
+class BeforeStep:
+    clock_steps: int  # steps the clock optimizer has completed before this one
+    is_clock: bool  # False for a second optimizer before the clock is known, too
+    source: str  # "deepspeed" | "accelerate" | "torch"
+    optimizer: object
+
+
+@dataclass(frozen=True)
 class StepEvent:
     clock_steps: int  # steps the clock optimizer has completed, this one included when `is_clock`
     is_clock: bool
@@ -45,7 +54,7 @@ class StepClock:
 
     def __init__(self) -> None:
         self.step_callbacks: list[Callable[[StepEvent], None]] = []
-        self.before_callbacks: list[Callable[[object, bool], None]] = []
+        self.before_step_callbacks: list[Callable[[BeforeStep], None]] = []
         self.finish_callbacks: list[Callable[[str], None]] = []
         self.max_steps: int | None = None
         self.clock_steps = 0
@@ -58,10 +67,9 @@ class StepClock:
     def on_step(self, callback: Callable[[StepEvent], None]) -> None:
         self.step_callbacks.append(callback)
 
-    def on_before_step(self, callback: Callable[[object, bool], None]) -> None:
-        """`callback(optimizer, is_clock)` runs just before a counted step updates the weights (after the step
-        limit check), e.g. to look at the weights and gradients the step starts from."""
-        self.before_callbacks.append(callback)
+    def on_before_step(self, callback: Callable[[BeforeStep], None]) -> None:
+        """`callback(BeforeStep)` runs right before each counted optimizer step (after the step-limit check)."""
+        self.before_step_callbacks.append(callback)
 
     def on_finish(self, callback: Callable[[str], None]) -> None:
         """`callback(reason)` runs once: at the step limit ("step limit") or when the script ends ("script end")."""
@@ -91,12 +99,14 @@ class StepClock:
     def _inside(self) -> int:
         return getattr(self._depth, "value", 0)
 
-    def _before(self, optimizer: object) -> float:
+    def _before(self, optimizer: object, source: str) -> float:
         is_clock = self._clock_id is None or self._clock_id == id(optimizer)
         if is_clock and self.max_steps is not None and self.clock_steps >= self.max_steps:
             self._stop()
-        for callback in self.before_callbacks:
-            callback(optimizer, is_clock)
+        if self.before_step_callbacks:
+            event = BeforeStep(self.clock_steps, is_clock, source, optimizer)
+            for callback in self.before_step_callbacks:
+                callback(event)
         return time.perf_counter()
 
     def _after(self, optimizer: object, started: float, source: str) -> None:
@@ -129,7 +139,7 @@ class StepClock:
                     return original(self, *args, **kwargs)
                 finally:
                     clock._depth.value -= 1
-            started = clock._before(self)
+            started = clock._before(self, source)
             clock._depth.value = clock._inside() + 1
             try:
                 result = original(self, *args, **kwargs)
@@ -159,7 +169,7 @@ class StepClock:
 
         def pre(optimizer, args, kwargs) -> None:
             if not self._inside():
-                started[id(optimizer)] = self._before(optimizer)
+                started[id(optimizer)] = self._before(optimizer, "torch")
 
         def post(optimizer, args, kwargs) -> None:
             if not self._inside():

@@ -157,7 +157,8 @@ class CheckProbe:
             self.record.optimizers.append(type(inner).__name__)
         return index
 
-    def _before_step(self, optimizer, is_clock: bool) -> None:
+    def _before_step(self, event) -> None:
+        optimizer = event.optimizer
         self.activity()
         index = self._index(optimizer)
         if index in self.first_done:

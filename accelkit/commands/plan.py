@@ -1,0 +1,115 @@
+"""`accelkit plan`: which backend, how many GPUs, will it fit: memory per GPU for every strategy, checked against
+measurement with --measure."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import click
+
+# Kept literal (this module imports only click at load); tests/unit/plan/test_plan_cli.py checks they match.
+STRATEGY_NAMES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid", "zero1", "zero2", "zero3",
+                  "fsdp-offload", "zero3-offload")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
+
+
+class PlanCommand(click.Command):
+    """Everything after `--` belongs to the script of --measure, whatever it looks like."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            split = args.index("--")
+            args, ctx.meta["script_args"] = args[:split], tuple(args[split + 1:])
+        return super().parse_args(ctx, args)
+
+
+@click.command(name="plan", cls=PlanCommand)
+@click.argument("model", required=False, metavar="[MODEL] [-- SCRIPT_ARGS]")
+@click.option("--params", metavar="COUNT", help="Parameter count instead of a model, e.g. 7B or 1.3e9 "
+                                                "(model states only).")
+@click.option("--layers", type=int, help="Shape flags (a Llama-shaped model): decoder layers.")
+@click.option("--hidden", type=int, help="Hidden size.")
+@click.option("--heads", type=int, help="Attention heads.")
+@click.option("--kv-heads", type=int, help="Key/value heads (grouped-query attention). Default: --heads.")
+@click.option("--vocab", type=int, help="Vocabulary size. Default 32000.")
+@click.option("--intermediate", type=int, help="MLP width. Default: Llama's 8h/3 rounded up to 256.")
+@click.option("--gpus", type=int, help="Total GPUs. Default: the GPUs of this machine x --nodes, else 1.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Machines.")
+@click.option("--gpu-memory", metavar="SIZE", help="Memory per GPU, e.g. 80GB or 24GiB. Default: detected; "
+                                                   "required without GPUs.")
+@click.option("--cpu-memory", metavar="SIZE", help="Memory per machine for CPU offload, e.g. 512GB. Default: "
+                                                   "this machine's when the GPUs are detected here, else not "
+                                                   "checked.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--seq-len", type=int, help="Tokens per sample. Default: the project's, else 2048.")
+@click.option("--micro-batch", type=int, help="Samples per GPU per forward. Default: the project's, else 1.")
+@click.option("--activation-checkpointing", is_flag=True, help="Recompute each layer in the backward.")
+@click.option("--global-batch", type=int, metavar="B", help="Samples per optimizer step across all GPUs: derives "
+                                                            "the gradient accumulation.")
+@click.option("--base-lr", type=float, metavar="LR", help="A learning rate known to work at --base-batch.")
+@click.option("--base-batch", type=int, metavar="B0", help="The batch --base-lr was tuned for.")
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), help="Recommend (write, measure) this strategy "
+                                                                    "instead of the decision tree's.")
+@click.option("--prefer", type=click.Choice(("any", "fsdp", "deepspeed")), default="any", show_default=True,
+              help="Backend to pick where FSDP and DeepSpeed both fit.")
+@click.option("--write-config", "write_config", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write the recommended Accelerate config (built like `accelkit config`).")
+@click.option("--force", is_flag=True, help="With --write-config: overwrite FILE.")
+@click.option("--measure", "measure_script", metavar="SCRIPT",
+              help="Run SCRIPT for one optimizer step under the recommended launch (CPU rehearsal without GPUs) "
+                   "and print planned vs measured per rank. Script arguments go after `--`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes as integers).")
+def command(model: str | None, as_json: bool, write_config: Path | None, force: bool, measure_script: str | None,
+            **options) -> int:
+    """Plan memory per GPU for every strategy (single, DDP, FSDP, ZeRO, offload), and recommend one.
+
+    \b
+    MODEL: a model directory or config.json, a Hugging Face Hub id (only config.json is fetched), a project made
+    by `accelkit init`, or nothing with --params / --layers --hidden --heads.
+    \b
+      accelkit plan meta-llama/Llama-2-7b-hf --gpus 4 --gpu-memory 24GiB --cpu-memory 256GB
+      accelkit plan ./my-model --gpus 8 --gpu-memory 80GB --seq-len 4096 --activation-checkpointing --json
+      accelkit plan --layers 32 --hidden 4096 --heads 32 --gpus 4 --gpu-memory 24GiB
+      accelkit plan my-run --gpus 2 --gpu-memory 24GiB --measure my-run/train.py -- --max-steps 2
+      accelkit plan --params 70B --gpus 64 --nodes 8 --gpu-memory 80GB --global-batch 1024 \\
+          --base-lr 3e-4 --base-batch 256
+    """
+    from accelkit.plan.api import run_plan
+
+    script_args = click.get_current_context().meta.get("script_args", ())
+    if script_args and measure_script is None:
+        raise click.UsageError(f"unexpected arguments {shlex.join(script_args)}: arguments after `--` go to the "
+                               "script of --measure")
+    result = run_plan(model=model, write_config=write_config, force=force, measure_script=measure_script,
+                      script_args=script_args, command_line=_command_line(), **options)
+    if as_json:
+        click.echo(json.dumps(result.json, indent=2))
+    else:
+        for line in result.lines:
+            click.echo(line)
+    for line in result.messages:
+        click.echo(line, err=True)
+    return result.exit_code
+
+
+def _command_line() -> str:
+    """The accelkit command that reproduces this plan (every value given, in the options' order), for the header
+    of a written config."""
+    ctx = click.get_current_context()
+    parts = ["accelkit", "plan"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value is False or value == param.default:
+            continue
+        if isinstance(param, click.Argument):
+            parts.append(str(value))
+        elif value is True:
+            parts.append(param.opts[0])
+        else:
+            parts += [param.opts[0], str(value)]
+    script_args = ctx.meta.get("script_args", ())
+    return shlex.join([*parts, *(["--", *script_args] if script_args else [])])

@@ -1,0 +1,195 @@
+"""`run_plan`: the command line's values in, the plan out (text lines, JSON, files written, measurement).
+
+Everything the user gave is checked here, before anything heavy runs or any file is written: sizes and counts
+parse strictly, the model resolves, the hardware and batch add up, --write-config does not clobber a file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelkit.errors import AccelkitError
+from accelkit.plan.inputs import Hardware, Training, check_hardware, check_training
+from accelkit.plan.models import ShapeFlags, resolve_model
+from accelkit.plan.sizes import parse_bytes, parse_count
+
+DEFAULT_SEQ_LEN = 2048
+
+
+@dataclass
+class PlanResult:
+    lines: list[str]
+    json: dict[str, Any]
+    messages: list[str] = field(default_factory=list)  # for stderr
+    exit_code: int = 0
+
+
+def hardware_from(gpus: int | None, nodes: int, gpu_memory: int | None, cpu_memory: int | None,
+                  given: dict[str, str]) -> Hardware:
+    """Hardware from the flags, this machine filling what is missing (`given`: the flags' text, for the output)."""
+    from accelkit.plan.detect import local_gpus, local_memory
+
+    sources: dict[str, str] = {}
+    if gpus is not None:
+        check_hardware(gpus, nodes)
+    # Explicit hardware (--gpus and --gpu-memory) is planned as given; only missing values come from this machine.
+    local = local_gpus() if gpus is None or gpu_memory is None else None
+    if gpus is None:
+        if not local.count and nodes > 1:
+            raise AccelkitError(f"--nodes {nodes} needs --gpus (the total over all machines): this machine has no "
+                                "GPU to count", hint=f"e.g. --gpus {8 * nodes} for {nodes} machines of 8 GPUs")
+        gpus = local.count * nodes if local.count else 1
+        sources["gpus"] = f"this machine's {local.count} GPU(s) x {nodes}" if local.count else "default: 1"
+    else:
+        sources["gpus"] = "--gpus"
+    if gpu_memory is not None:
+        sources["gpu_memory"] = f"--gpu-memory {given['gpu_memory']}"
+    elif local.count:
+        gpu_memory = local.memory
+        sources["gpu_memory"] = f"detected: {local.name}"
+    else:
+        raise AccelkitError("this machine has no GPU to read the memory of, and --gpu-memory was not given",
+                            hint="give the memory of each GPU you plan for, e.g. --gpu-memory 80GB or "
+                                 "--gpu-memory 24GiB")
+    if cpu_memory is not None:
+        sources["cpu_memory"] = f"--cpu-memory {given['cpu_memory']}"
+    elif local is not None and local.count:
+        cpu_memory = local_memory()
+        sources["cpu_memory"] = "this machine's RAM"
+    return Hardware(gpus=gpus, nodes=nodes, gpu_memory=gpu_memory, cpu_memory=cpu_memory, sources=sources)
+
+
+def training_from(spec, precision: str, optimizer: str, seq_len: int | None, micro_batch: int | None,
+                  activation_checkpointing: bool, global_batch: int | None, base_lr: float | None,
+                  base_batch: int | None) -> Training:
+    sources = {}
+    if seq_len is None:
+        seq_len = spec.seq_len or DEFAULT_SEQ_LEN
+        sources["seq_len"] = "the project's default" if spec.seq_len else f"default {DEFAULT_SEQ_LEN}"
+    if micro_batch is None:
+        micro_batch = spec.micro_batch or 1
+        sources["micro_batch"] = "the project's default" if spec.micro_batch else "default 1"
+    training = Training(precision=precision, optimizer=optimizer, seq_len=seq_len, micro_batch=micro_batch,
+                        activation_checkpointing=activation_checkpointing, global_batch=global_batch,
+                        base_lr=base_lr, base_batch=base_batch, sources=sources)
+    check_training(training)
+    return training
+
+
+def run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,
+             kv_heads: int | None, vocab: int | None, intermediate: int | None, gpus: int | None, nodes: int,
+             gpu_memory: str | None, cpu_memory: str | None, precision: str, optimizer: str, seq_len: int | None,
+             micro_batch: int | None, activation_checkpointing: bool, global_batch: int | None,
+             base_lr: float | None, base_batch: int | None, strategy: str | None, prefer: str,
+             write_config: Path | None, force: bool, measure_script: str | None, script_args: tuple[str, ...],
+             command_line: str) -> PlanResult:
+    # Cheap checks first: every bad value is reported before torch is imported, the model built or a file written.
+    count = parse_count(params, "--params") if params is not None else None
+    gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
+    cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory is not None else None
+    if gpus is not None:
+        check_hardware(gpus, nodes)
+    check_training(Training(seq_len=1 if seq_len is None else seq_len,
+                            micro_batch=1 if micro_batch is None else micro_batch, global_batch=global_batch,
+                            base_lr=base_lr, base_batch=base_batch))
+    if write_config is not None and write_config.exists() and not force:
+        raise AccelkitError(f"{write_config} already exists", hint="pass --force to overwrite it, or choose another "
+                                                                   "--write-config path")
+    if measure_script is not None and not Path(measure_script).is_file():
+        raise AccelkitError(f"script not found: {measure_script}", hint="--measure takes the training script to "
+                                                                       "run, e.g. --measure train.py")
+    shape_flags = ShapeFlags(layers, hidden, heads, kv_heads, vocab, intermediate)
+    for name, value in shape_flags.given().items():
+        if value < 1:
+            raise AccelkitError(f"--{name.replace('_', '-')} {value} must be at least 1",
+                                hint="shape flags describe a model: positive whole numbers")
+    hardware = hardware_from(gpus, nodes, gpu_bytes, cpu_bytes, {"gpu_memory": gpu_memory, "cpu_memory": cpu_memory})
+    spec = resolve_model(model, shape_flags, count)
+    training = training_from(spec, precision, optimizer, seq_len, micro_batch, activation_checkpointing,
+                             global_batch, base_lr, base_batch)
+
+    from accelkit.plan import report
+    from accelkit.plan.planner import make_plan
+
+    plan = make_plan(spec, hardware, training, prefer=prefer, strategy=strategy)
+    script = measure_script or (str(spec.script) if spec.script else None)
+    config_path = str(write_config) if write_config is not None else None
+    result = PlanResult(lines=report.text(plan, config_path, script), json=report.to_json(plan, config_path, script))
+    if write_config is not None:
+        _write(plan, write_config, command_line, result)
+    if measure_script is not None:
+        _measure(plan, spec, measure_script, script_args, command_line, result)
+    return result
+
+
+def _write(plan, path: Path, command_line: str, result: PlanResult) -> None:
+    from accelkit.plan import spine
+
+    chosen = plan.chosen
+    if chosen is None:
+        raise AccelkitError("nothing fits, so there is no config to write", hint=plan.recommendation.reason)
+    options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
+    spine.write_config_file(options, path, command_line)
+    result.messages.append(f"Wrote {path} ({chosen.strategy.label}, {plan.hardware.gpus} process(es)).")
+    result.json["written_config"] = str(path)
+
+
+def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, result: PlanResult) -> None:
+    from accelkit.plan import spine
+    from accelkit.plan.measure import run as measuring
+
+    chosen = plan.chosen
+    if chosen is None:
+        raise AccelkitError("nothing fits, so there is no launch to measure",
+                            hint="pick one with --strategy NAME to measure it anyway")
+    from accelkit.plan.detect import local_gpus
+
+    cpu = local_gpus().count == 0  # no GPU here: rehearse the launch on CPU processes
+    if cpu and chosen.strategy.sharding == "hybrid":
+        raise AccelkitError("a CPU rehearsal runs on one machine, and hybrid sharding needs 2 or more",
+                            hint="measure --strategy fsdp-full instead; it holds the same per-GPU shard sizes "
+                                 "within a node")
+    options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
+    planner = _activations_planner(spec, plan, "cpu" if cpu else "cuda")
+    comparisons = measuring.measure(options, script, args, cpu=cpu, precision=plan.training.precision,
+                                    optimizer=plan.training.optimizer, activations_planner=planner,
+                                    planned_peak=None if cpu else chosen.total, command_line=command_line)
+    where = "CPU rehearsal" if cpu else "GPUs"
+    result.lines += ["", f"Measured: {script}, one optimizer step, {chosen.strategy.label} on "
+                         f"{plan.hardware.gpus} rank(s) ({where}); bytes per rank:", *measuring.table(comparisons)]
+    states = measuring.worst(comparisons, ("parameters", "gradients", "optimizer"))
+    activations = measuring.worst(comparisons, ("activations",))
+    result.lines.append(f"worst error: model states {states * 100:.2f}%, activations {activations * 100:.2f}%")
+    result.json["measurement"] = {
+        "script": script, "strategy": chosen.strategy.name, "device": "cpu" if cpu else "cuda",
+        "ranks": [{"rank": c.rank, "model": c.model, "gpu_peak_bytes": c.peak,
+                   "figures": {f.name: {"planned": f.planned, "measured": f.measured, "error": f.error}
+                               for f in c.figures}} for c in comparisons],
+        "worst_error": {"model_states": states, "activations": activations}}
+
+
+def _activations_planner(spec, plan, device: str):
+    """Plan a rank's activations for the batch its first forward saw, with the device's kernels."""
+    if spec.build is None:
+        return None
+    from accelkit.plan.activations.trace import trace
+    from accelkit.plan.planner import compute_for
+
+    def planned(record: dict[str, Any]) -> int | None:
+        if sum(math.prod(shape) for _, shape, _ in record["shapes"]) != plan.shape.parameters:
+            return None  # the script trained another model than MODEL: its activations are not planned
+        inputs = (record.get("inputs") or {}).get("shapes") or {}
+        first = next(iter(inputs.values()), None)
+        if not first:
+            return None
+        micro_batch = first[0]
+        seq_len = first[1] if len(first) > 1 and spec.sequence_input else plan.training.seq_len
+        family = {"deepspeed": "deepspeed", "fsdp": "fsdp"}.get(record["backend"], "torch")
+        checkpointed = bool((record.get("inputs") or {}).get("checkpointed"))
+        return trace(spec, compute_for(family, plan.training.precision), micro_batch, seq_len, checkpointed,
+                     device=device).activations
+
+    return planned

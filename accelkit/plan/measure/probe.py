@@ -1,0 +1,212 @@
+"""The per-rank probe of `accelkit plan --measure` (ACCELKIT_PROBES=accelkit.plan.measure.probe).
+
+In every rank, around the user's unmodified script:
+- the first forward of each prepared model runs under the ActivationCounter (what it keeps for the backward, and
+  the outputs it returns), until its backward starts;
+- when each backward ends (before DeepSpeed's epilogue reduces anything), the gradients held are counted: the
+  peak the step consumes (ZeRO-1 still has every full gradient then);
+- after each optimizer step: parameters, optimizer states and DeepSpeed's buffers, and on GPUs the allocator's
+  peak (`torch.cuda.max_memory_allocated`);
+then each rank writes $ACCELKIT_PROBE_DIR/plan.rank<R>.json. With $ACCELKIT_PROBE_MAX_STEPS=1 (what --measure sets)
+the step clock stops every rank cleanly after the first step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from accelkit.probes.imports import after_import
+from accelkit.probes.results import write_rank_result
+from accelkit.probes.steps import clock
+
+PROBE_NAME = "plan"
+
+
+class PlanProbe:
+    def __init__(self) -> None:
+        self._models: list[Any] = []  # weak references to prepared models
+        self._optimizers: list[Any] = []  # weak references to prepared optimizers
+        self.records: list[dict[str, Any]] = []
+        self.gradients: dict[int, int] = {}  # id(model) -> most gradient bytes held (backward end or before step)
+        self.buffers: dict[int, int] = {}  # id(model) -> most buffer bytes seen (reduce buckets)
+        self.activations: dict[int, dict[str, int]] = {}  # id(model) -> its first forward's counts
+        self.inputs: dict[int, dict[str, Any]] = {}  # id(model) -> its first forward's input shapes
+        self._counting: tuple[Any, Any] | None = None  # (model, counter) between a forward and its backward
+        self._wrapped: set[int] = set()
+
+    # -- finding the models --------------------------------------------------------------------------------------
+    def _hook_accelerate(self) -> None:
+        from accelerate.accelerator import Accelerator
+
+        original_prepare = Accelerator.prepare
+        probe = self
+
+        def prepare(self, *args, **kwargs):
+            result = original_prepare(self, *args, **kwargs)
+            probe._prepared(tuple(result) if isinstance(result, (tuple, list)) else (result,))
+            return result
+
+        Accelerator.prepare = prepare
+
+    def _prepared(self, objects: tuple) -> None:
+        """Remember (weakly: a freed model must be freed) every model and optimizer `prepare` returned."""
+        import weakref
+
+        import torch
+
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                self._models.append(weakref.ref(obj))
+                self._watch(obj)
+            elif hasattr(obj, "step") and hasattr(obj, "param_groups"):
+                self._optimizers.append(weakref.ref(obj))
+
+    def _pairs(self):
+        """(model, optimizer) of each prepared model still alive: DeepSpeed's engine owns its optimizer, otherwise
+        the optimizer is the one stepping the model's parameters."""
+        from accelkit.plan.measure.holdings import inner_optimizer, unwrap_engine
+
+        optimizers = [o for ref in self._optimizers if (o := ref()) is not None]
+        for ref in self._models:
+            model = ref()
+            if model is None:
+                continue
+            if type(model).__name__ == "DeepSpeedEngine":
+                yield model, model.optimizer
+                continue
+            params = {id(p) for p in unwrap_engine(model)[0].parameters()}
+            for optimizer in optimizers:
+                if any(id(p) in params for g in inner_optimizer(optimizer).param_groups for p in g["params"]):
+                    yield model, optimizer
+                    break
+
+    # -- activations: the first forward of each prepared model ---------------------------------------------------
+    def _watch(self, model) -> None:
+        if id(model) in self._wrapped:
+            return
+        self._wrapped.add(id(model))
+        from accelkit.plan.activations.count import ActivationCounter, is_checkpointed
+        from accelkit.plan.activations.trace import layer_types
+        from accelkit.plan.measure.holdings import unwrap_engine
+
+        probe, module = self, unwrap_engine(model)[0]
+
+        def before(mod, args, kwargs):
+            if id(model) not in probe.activations and probe._counting is None and mod.training:
+                counter = ActivationCounter(module, layer_types(module))
+                counter.__enter__()
+                probe._counting = (model, counter)
+                probe.inputs[id(model)] = {
+                    "shapes": {str(k): list(v.shape) for k, v in [*enumerate(args), *kwargs.items()]
+                               if hasattr(v, "shape")},
+                    "checkpointed": any(is_checkpointed(m) for m in module.modules())}
+
+        def after(mod, args, kwargs, output):
+            if probe._counting is not None and probe._counting[0] is model:
+                probe._counting[1].hold(output)
+
+        model.register_forward_pre_hook(before, with_kwargs=True)
+        model.register_forward_hook(after, with_kwargs=True)
+
+    def _end_counting(self) -> None:
+        if self._counting is None:
+            return
+        model, counter = self._counting
+        self._counting = None
+        counter.__exit__(None, None, None)
+        result = counter.result()
+        counter.release()
+        self.activations[id(model)] = {"saved": result.saved, "outputs": result.outputs,
+                                       "weight_copies": result.weight_copies, "total": result.total}
+
+    # -- gradients: when each backward ends -----------------------------------------------------------------------
+    def _hook_backward(self) -> None:
+        import sys
+
+        autograd = sys.modules["torch.autograd"]  # torch itself may still be importing
+        original = autograd.backward
+        probe = self
+
+        def backward(*args, **kwargs):
+            probe._end_counting()
+            result = original(*args, **kwargs)
+            probe._count_gradients()
+            return result
+
+        backward.__wrapped__ = original
+        autograd.backward = backward
+
+    def _count_gradients(self, event=None) -> None:
+        """Gradients peak either when the backward ends (ZeRO-1: every full gradient, before its reduction) or
+        just before the step (ZeRO-2: the partition buffer, once the last bucket was reduced): keep the larger."""
+        from accelkit.plan.measure.holdings import buffer_storages, gradient_bytes, inner_optimizer, unwrap_engine
+
+        for model, optimizer in self._pairs():
+            if any(r["model_id"] == id(model) for r in self.records):
+                continue
+            inner = inner_optimizer(optimizer)
+            held = gradient_bytes(unwrap_engine(model)[0], inner)
+            self.gradients[id(model)] = max(held, self.gradients.get(id(model), 0))
+            buffers = buffer_storages(inner).total
+            self.buffers[id(model)] = max(buffers, self.buffers.get(id(model), 0))
+
+    # -- after a step ------------------------------------------------------------------------------------------------
+    def _after_step(self, event) -> None:
+        from accelkit.plan.measure import holdings
+
+        stepped = holdings.inner_optimizer(event.optimizer)
+        for model, optimizer in self._pairs():
+            inner = holdings.inner_optimizer(optimizer)
+            if inner is not stepped or any(r["model_id"] == id(model) for r in self.records):
+                continue
+            module = holdings.unwrap_engine(model)[0]
+            record = {
+                "model_id": id(model), "step": event.clock_steps, **holdings.describe(model, optimizer),
+                "parameters": holdings.parameter_storages(module, inner).total,
+                "gradients": self.gradients.get(id(model)),
+                "optimizer": holdings.optimizer_bytes(inner),
+                "buffers": max(holdings.buffer_storages(inner).total, self.buffers.get(id(model), 0)),
+                "activations": self.activations.get(id(model)),
+                "inputs": self.inputs.get(id(model)),
+                "shapes": holdings.full_shapes(module),
+                "groups": holdings.group_names(module, inner),
+                "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                "rank": int(os.environ.get("RANK", "0")),
+            }
+            if record.get("ddp_bucket_bytes"):
+                record["buffers"] = record["ddp_bucket_bytes"]
+            record.update(_cuda_peak())
+            self.records.append(record)
+
+    def finish(self, reason: str) -> None:
+        write_rank_result(PROBE_NAME, {"reason": reason, "records": self.records})
+
+    def install(self) -> None:
+        after_import("accelerate.accelerator", self._hook_accelerate)
+        after_import("torch.autograd", self._hook_backward)
+        steps = clock()
+        steps.on_before_step(self._count_gradients)
+        steps.on_step(self._after_step)
+        steps.on_finish(self.finish)
+        steps.install()
+
+
+def _cuda_peak() -> dict[str, int]:
+    """On GPUs, the allocator's view: the peak since start and what is allocated after the step."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"cuda_max_allocated": int(torch.cuda.max_memory_allocated()),
+            "cuda_allocated": int(torch.cuda.memory_allocated())}
+
+
+_PROBE: PlanProbe | None = None
+
+
+def install() -> None:
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = PlanProbe()
+        _PROBE.install()

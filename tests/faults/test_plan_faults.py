@@ -1,0 +1,121 @@
+"""`accelkit plan` on bad input: one `Error:` line naming the problem, a `Hint:` with the fix, exit 1 (2 for click
+usage errors), nothing written or changed, no temporary files, no processes left."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+from helpers import DATA
+from helpers.faults import run_fault
+
+
+@pytest.fixture(autouse=True)
+def private_temp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The command's temporary files go to a folder of this test (outside the watched tree), which the harness
+    checks for leftovers: other jobs on a shared machine fill the system one at the same time."""
+    folder = tmp_path_factory.mktemp("plan-fault-tmp")
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+MEMORY = ["--gpu-memory", "80GB", "--gpus", "1"]  # explicit hardware: no GPU detection (no torch import)
+SEVEN_B = ["--params", "7B", *MEMORY]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["./no-such-model", *MEMORY], r"unknown model `\./no-such-model`: no such file or directory"),
+    (["--params", "7B"], r"no GPU to read the memory of, and --gpu-memory was not given"),
+    (["--params", "7B", "--gpu-memory", "80G"], r"--gpu-memory '80G' is not a size"),
+    (["--params", "7B", "--gpu-memory", "eighty"], r"--gpu-memory 'eighty' is not a size"),
+    (["--params", "7B", *MEMORY, "--cpu-memory", "-1GB"], r"--cpu-memory '-1GB' is not a size"),
+    (["--params", "7X", *MEMORY], r"--params '7X' is not a count"),
+    (["--params", "0", *MEMORY], r"--params '0' must be a whole number of at least 1"),
+    (["--params", "7B", "--gpus", "3", "--nodes", "2"], r"--gpus 3 does not divide evenly over --nodes 2"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--nodes", "2"], r"--nodes 2 needs --gpus \(the total"),
+    ([*SEVEN_B, "--base-lr", "3e-4"], r"--base-lr needs --base-batch too"),
+    ([*SEVEN_B, "--seq-len", "0"], r"--seq-len 0 must be at least 1"),
+    (["--layers", "32", *MEMORY], r"a model shape needs --hidden, --heads too"),
+    (["model-dir", "--params", "7B", *MEMORY], r"MODEL and --params both describe the model"),
+    ([*SEVEN_B, "--measure", "missing.py"], r"script not found: missing.py"),
+])
+def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str], match: str) -> None:
+    run_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path).assert_refused(match)
+
+
+@pytest.mark.parametrize("args, match, hint", [
+    (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--strategy", "fsdp-hybrid"],
+     r"needs --nodes 2 or more", "fsdp-full"),
+    ([*SEVEN_B, "--strategy", "zero2"], r"ZeRO-2 on 1 GPU shards nothing .* no memory saved", "zero3-offload"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--micro-batch", "2", "--global-batch", "20"],
+     r"--global-batch 20 is not a whole number of steps of 8 samples .* accumulation would be 2\.5", "16 or 24"),
+])
+def test_impossible_combinations_say_why_and_what_works(tmp_path: Path, args: list[str], match: str,
+                                                        hint: str) -> None:
+    result = run_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(match)
+    assert hint in result.stderr
+
+
+def test_offline_hub_id(tmp_path: Path) -> None:
+    hub_home = tmp_path / "hf-home"  # an empty cache: nothing to fall back on
+    result = run_fault(["plan", "meta-llama/Llama-2-7b-hf", *MEMORY], watch=[tmp_path], cwd=tmp_path,
+                       env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(hub_home)})
+    result.assert_refused(r"cannot fetch config.json of `meta-llama/Llama-2-7b-hf` from the Hugging Face Hub: "
+                          r"offline", owned=[hub_home])
+    assert "hf download meta-llama/Llama-2-7b-hf config.json" in result.stderr
+
+
+def test_a_folder_that_is_not_a_model(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    run_fault(["plan", str(tmp_path / "empty"), *MEMORY], watch=[tmp_path]).assert_refused(
+        r"holds neither config.json nor an accelkit project")
+
+
+def test_an_existing_config_is_not_overwritten(tmp_path: Path) -> None:
+    target = tmp_path / "plan.yaml"
+    target.write_text("mine\n")
+    run_fault(["plan", *SEVEN_B, "--write-config", str(target)], watch=[tmp_path]).assert_refused(
+        r"plan.yaml already exists")
+    assert target.read_text() == "mine\n"
+
+
+def test_a_read_only_folder_names_the_cause(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    result = run_fault(["plan", "--params", "7B", "--gpu-memory", "80GB", "--gpus", "8", "--write-config",
+                        str(folder / "plan.yaml")],
+                       watch=[tmp_path], readonly=folder)
+    assert str(folder) in result.assert_refused(r"read-only")
+
+
+def test_script_arguments_without_measure_are_a_usage_error(tmp_path: Path) -> None:
+    result = run_fault(["plan", *SEVEN_B, "--", "--lr", "1"], watch=[tmp_path])
+    assert result.returncode == 2 and "arguments after `--` go to the script of --measure" in result.stderr
+    result.assert_clean()
+
+
+@pytest.mark.slow  # a real 2-rank launch, stopped with SIGTERM
+def test_sigterm_during_measure_stops_every_rank_and_leaves_nothing(tmp_path: Path) -> None:
+    script = DATA / "plan" / "wait_before_step.py"  # its ranks wait, measuring, until the signal comes
+    args = ["plan", "--params", "1M", "--gpu-memory", "80GB", "--gpus", "2", "--strategy", "ddp", "--measure",
+            str(script)]
+    result = run_fault(args, watch=[tmp_path], cwd=tmp_path, send_signal=("READY rank", signal.SIGTERM),
+                       expect="signal", kind="signal")
+    assert result.returncode == 143 and "Terminated (signal 15)" in result.stderr, result.stderr[-2000:]
+    result.assert_clean()
+
+
+@pytest.mark.slow  # a real 2-rank launch
+def test_a_script_that_fails_before_its_first_step(tmp_path: Path) -> None:
+    result = run_fault(["plan", "--params", "1M", "--gpu-memory", "80GB", "--gpus", "2", "--strategy", "ddp",
+                        "--measure", str(DATA / "plan" / "crash_before_step.py")], watch=[tmp_path], cwd=tmp_path)
+    # The script's own traceback (from its ranks) is shown, as `accelkit launch` shows it; then accelkit's one line.
+    assert result.returncode == 1 and "lossss is not defined" in result.stderr
+    (line,) = result.error_lines
+    assert "crash_before_step.py failed (exit status 1) before its first optimizer step" in line
+    assert "Hint: run the same launch without --measure" in result.stderr
+    result.assert_clean()

@@ -1,0 +1,87 @@
+"""`accelkit plan` on the command line: JSON for machines, a config written through `accelkit config`'s builder,
+the command's choices in step with the library, MODEL from a local config, a project or a bare count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from accelkit.cli import cli
+from accelkit.commands import plan as plan_command
+from accelkit.plan.catalog import STRATEGIES
+from accelkit.plan.inputs import OPTIMIZERS, PRECISIONS
+
+TINY = ["--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "512", "--seq-len", "64"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["plan", *args], catch_exceptions=False)
+
+
+def test_choices_are_the_library_s() -> None:
+    assert tuple(s.name for s in STRATEGIES) == plan_command.STRATEGY_NAMES
+    assert plan_command.PRECISIONS == PRECISIONS and plan_command.OPTIMIZERS == OPTIMIZERS
+
+
+def test_json_output(tmp_path: Path) -> None:
+    result = run(*TINY, "--gpus", "2", "--gpu-memory", "24GiB", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    mlp = 512  # Llama's 8h/3 rounded up to a multiple of 256
+    assert data["model"]["parameters"] == 2 * (4 * 128 * 128 + 3 * 128 * mlp + 2 * 128) + 128 + 2 * 512 * 128
+    assert [s["name"] for s in data["strategies"]] == [s.name for s in STRATEGIES]
+    assert data["recommendation"]["strategy"] == "ddp"
+    assert data["hardware"]["gpu_memory_bytes"] == 24 * 2**30
+
+
+def test_write_config_goes_through_the_config_builder(tmp_path: Path) -> None:
+    from accelkit.configs import check_config
+
+    out = tmp_path / "zero.yaml"
+    result = run("--params", "7B", "--gpus", "8", "--gpu-memory", "80GB", "--strategy", "zero3", "--global-batch",
+                 "32", "--write-config", str(out))
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert text.startswith("# Written by: accelkit plan --params 7B --gpus 8 --gpu-memory 80GB --global-batch 32 "
+                           "--strategy zero3 --write-config")
+    assert "zero_stage: 3" in text and "num_processes: 8" in text and "gradient_accumulation_steps: 4" in text
+    assert not [f for f in check_config(out) if f.severity == "error"]
+    assert f"accelkit launch --config {out}" in result.output
+    again = run("--params", "7B", "--gpus", "8", "--gpu-memory", "80GB", "--write-config", str(out))
+    assert again.exit_code == 1 and "already exists" in again.output and out.read_text() == text
+
+
+def test_a_local_config_and_a_bare_count(tmp_path: Path) -> None:
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=128).save_pretrained(tmp_path / "gpt")
+    from_dir = json.loads(run(str(tmp_path / "gpt"), "--gpu-memory", "8GiB", "--seq-len", "64", "--json").output)
+    from_file = json.loads(run(str(tmp_path / "gpt" / "config.json"), "--gpu-memory", "8GiB", "--seq-len", "64",
+                               "--json").output)
+    assert from_dir["model"]["name"] == "GPT2LMHeadModel"
+    assert from_dir["model"]["parameters"] == from_file["model"]["parameters"] > 0
+    assert from_dir["recommendation"]["strategy"] == "single"  # one GPU by default without GPUs here
+    counted = json.loads(run("--params", "1.3e9", "--gpus", "2", "--gpu-memory", "80GB", "--json").output)
+    assert counted["model"]["parameters"] == 1_300_000_000 and counted["model"]["exact"] is False
+    assert "not modelled" in counted["activations"]["torch"]["source"]
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "cannot read the model config"),
+    (json.dumps({"model_type": "my_custom", "architectures": ["MyCustomForCausalLM"],
+                 "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"}}),
+     "cannot read the model config"),  # transformers refuses an unknown model_type without remote code
+    (json.dumps({"model_type": "llama", "architectures": ["MyLlamaForCausalLM"],
+                 "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyLlamaForCausalLM"}}),
+     "custom code shipped with the model"),
+])
+def test_configs_that_cannot_be_planned(tmp_path: Path, content: str, match: str) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(content)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = run(str(tmp_path / "model"), "--gpus", "1", "--gpu-memory", "80GB")
+    assert result.exit_code == 1 and match in result.output and "Hint:" in result.output
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
