@@ -166,12 +166,16 @@ def run_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str
                timeout: float | None) -> LaunchOutcome:
     """Run one supervised launch (accelkit.launch.run's supervisor: no rank outlives it) with the probe's settings
     in the ranks' environment; the output goes to `log_path` unless it is None."""
-    from accelkit.launch.run import WORKER_MODULE, Supervisor
+    from accelkit.launch.run import supervised
 
     full_env = {**os.environ, **env, PROBE_DIR_ENV: str(probe_dir)}
     if max_steps is not None:
         full_env[MAX_STEPS_ENV] = str(max_steps)
-    supervisor = Supervisor([sys.executable, "-m", WORKER_MODULE, request.to_json()], full_env)
+    with supervised(request, env=full_env) as supervisor:
+        return _run_with_timeout(supervisor, log_path, timeout)
+
+
+def _run_with_timeout(supervisor, log_path: Path | None, timeout: float | None) -> LaunchOutcome:
     timed_out, finished = threading.Event(), threading.Event()
 
     def expire() -> None:  # the supervisor stops the job on SIGTERM exactly as when a user sends it

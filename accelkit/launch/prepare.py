@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelkit.configs.choices import Backend
-from accelkit.configs.resolved import ResolvedConfig
+from accelkit.configs.resolved import FILE, ResolvedConfig
 from accelkit.errors import AccelkitError
 from accelkit.launch import ports
 from accelkit.launch.plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
@@ -68,9 +68,11 @@ def check_gpus(config: ResolvedConfig) -> None:
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     per_machine = config.processes_per_machine
     if available == 0:
+        source = config.source("backend")
+        same = f"--config {source.label}" if source.kind == FILE else f"--backend {config.backend.value}"
         raise AccelkitError(f"{config.said_backend()} runs on GPUs, and this machine has none",
-                            hint=f"add --cpu to rehearse {config.backend} on {per_machine} CPU processes "
-                                 f"(`accelkit launch --cpu ...` with the same options)")
+                            hint=f"add --cpu to rehearse it on {per_machine} CPU processes "
+                                 f"(`accelkit launch --cpu {same} ...`)")
     if available < per_machine:
         raise AccelkitError(f"{per_machine} processes per machine need {per_machine} GPUs; this machine has "
                             f"{available}", hint=f"pass --num-processes {available * config.num_machines}")

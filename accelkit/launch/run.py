@@ -258,13 +258,23 @@ def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: f
     from accelkit.launch.preflight import check_syntax
 
     check_syntax(request.target)  # once here, not N tracebacks from N ranks
+    with supervised(request, grace=grace, stall_timeout=stall_timeout) as supervisor:
+        return supervisor.run()
+
+
+@contextlib.contextmanager
+def supervised(request: LaunchRequest, *, env: dict[str, str] | None = None, grace: float = 15.0,
+               stall_timeout: float | None = None):
+    """A Supervisor for `request` (not started: call `.run()`), with the launch folder it owns, which is removed
+    when the block ends, however it ends. `env`: the launcher's environment (default: this process's)."""
     launch_dir = create_launch_dir()
     try:
         # Every rank starts with the watch probe: stacks on demand and on fatal signals, optimizer step counts.
         request = replace(request, probes=(*request.probes, WATCH_PROBE))
-        env = {**launcher_env(launch_dir, dict(os.environ)), WATCH_DIR_ENV: str(launch_dir)}
+        full_env = {**launcher_env(launch_dir, dict(os.environ if env is None else env)),
+                    WATCH_DIR_ENV: str(launch_dir)}
         argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
         watch = WatchSettings(watch_dir=launch_dir, timeout=stall_timeout)
-        return Supervisor(argv, env, grace=grace, watch=watch).run()
+        yield Supervisor(argv, full_env, grace=grace, watch=watch)
     finally:
         remove_path(launch_dir)

@@ -142,7 +142,7 @@ def test_gpu_config_on_a_machine_without_gpus_says_cpu_rehearses_it(tmp_path):
                      expect="ok")
     assert made.returncode == 0, made.stderr
     result = launch(tmp_path, "launch", "--config", "ddp.yaml", str(FAULTS), "sleep")
-    line = result.assert_refused(r"ddp\.yaml is a ddp config, which needs GPUs, and this machine has none")
+    line = result.assert_refused(r"the ddp config ddp\.yaml runs on GPUs, and this machine has none")
     assert re.search(r"Hint: add --cpu to rehearse it on 2 CPU processes \(`accelkit launch --cpu --config ddp\.yaml",
                      result.stderr), line
 
