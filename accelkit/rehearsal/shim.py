@@ -38,7 +38,7 @@ import os
 
 from accelkit.configs.choices import Backend
 from accelkit.errors import AccelkitError
-from accelkit.rehearsal.import_hooks import after_import
+from accelkit.probes.imports import after_import
 
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
 STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type
@@ -202,7 +202,7 @@ def install(backend: str) -> None:
     from accelkit.rehearsal.versions import check_versions
 
     check_versions(backend)
-    after_import(STATE_MODULE, functools.partial(_apply, backend))
+    after_import(STATE_MODULE, functools.partial(_apply, backend), required=True)
     after_import("torch", cuda_calls.install)
     if backend == "ddp":
         after_import("accelerate.accelerator", _patch_join_uneven_inputs)
