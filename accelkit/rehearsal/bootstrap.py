@@ -16,11 +16,12 @@ to the launcher, which prints it once for the whole job.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import runpy
 import sys
-import time
+import threading
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, debug_enabled, report
@@ -63,15 +64,6 @@ def _install_from_env() -> None:
         importlib.import_module(name).install()
 
 
-def _settle_process_group() -> None:
-    """torch 2.13 + gloo: a gloo worker thread that drops its last work item while the interpreter is shutting down
-    aborts the process ("terminate called without an active exception", exit 134; seen at the end of about one DDP
-    run in eight on a loaded machine). Give those threads a moment while Python is still fully alive."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        time.sleep(0.3)
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
@@ -86,7 +78,6 @@ def _run(argv: list[str] | None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(USAGE, file=sys.stderr)
         return 2
-    atexit.register(_settle_process_group)  # registered first, so it runs after the script's own exit handlers
     try:
         _install_from_env()
     except AccelkitError as error:
@@ -106,6 +97,8 @@ def _run(argv: list[str] | None) -> int:
         sys.path[0] = os.path.dirname(os.path.abspath(script))
         runpy.run_path(script, run_name="__main__")
         return 0
+    except SystemExit as stop:  # the script's own sys.exit(): its status, then the same way out as a return
+        return _exit_status(stop)
     except AccelkitError as error:  # raised by the shim when the script imports Accelerate
         return _fail(error)
     except Exception as exc:  # the script's own failure: explained when it is one we know, else untouched
@@ -117,5 +110,30 @@ def _run(argv: list[str] | None) -> int:
         return _fail(error)
 
 
+def end_rank(status: int) -> None:
+    """Leave the rank as a normal exit would (the script's exit handlers run, logging and output flushed), but
+    without the interpreter's teardown, where torch 2.13's gloo threads now and then abort a rank whose job has
+    succeeded ("terminate called without an active exception", then SIGABRT or SIGBUS, even after
+    destroy_process_group: about one DDP run in eight on a loaded machine). A script that leaves non-daemon threads
+    running gets the normal exit, which waits for them."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _exit_status(stop: SystemExit) -> int:
+    """The status `python SCRIPT` exits with after `sys.exit(code)` (a message is printed, status 1)."""
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main())

@@ -129,10 +129,11 @@ def test_counts_and_times_match_the_scripts_own_and_comm_predicts_the_step(tmp_p
                              str(DATA / "bench" / "direct_allreduce.py"), str(size), str(iters)], capture_output=True,
                             text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
     assert direct.returncode == 0, direct.stderr[-3000:]
-    seconds = float(re.search(r"SECONDS ([\d.e-]+)", direct.stdout).group(1))
-    direct_busbw = size / seconds / 1e9  # x 2(N-1)/N = 1
-    # The same collective timed two ways on a shared machine: the same order of magnitude, not the same figure.
-    assert direct_busbw / 3 < rows[("all_reduce", size)]["busbw_gbs"] < direct_busbw * 3
+    fastest, _, slowest = (float(v) for v in re.search(r"SECONDS (\S+) (\S+) (\S+)", direct.stdout).groups())
+    # busbw = size / time (x 2(N-1)/N = 1). The same collective timed two ways on a shared machine: within 3x of
+    # the range the direct timing itself spans, not the same figure.
+    low, high = size / slowest / 1e9, size / fastest / 1e9
+    assert low / 3 < rows[("all_reduce", size)]["busbw_gbs"] < high * 3, (low, high)
 
 
 def test_data_bound_and_compute_bound_are_told_apart(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, STALL_ENV, Pass,
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 from accelkit.probes.imports import after_import
 from accelkit.probes.steps import StepEvent, clock
+from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 ARM_EVERY = 0.5  # seconds between re-arming the stall watchdog
@@ -60,7 +61,8 @@ class CheckProbe:
         self.watching = 0  # frames whose return value is awaited
         self.step_keys: list[str] = []  # input hashes since the last clock step
         self.loaders = LoaderTracker(self.record, self.activity, self._pass_started, self._pass_ended)
-        ignore = [str(self.folder)]
+        # the probe's own files, and the launch's per-rank watch files (accelkit.rehearsal.watch), not the script's
+        ignore = [str(self.folder), *filter(None, [os.environ.get(WATCH_DIR_ENV)])]
         self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
 
     # -- installation ----------------------------------------------------------------------------------------
