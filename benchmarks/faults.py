@@ -39,7 +39,9 @@ def classify(row: dict) -> dict[str, int]:
     expect, code = row["expect"], row["returncode"]
     counts = dict.fromkeys(COLUMNS, 0)
     counts["tried"] = 1
-    clear = len(row["error_lines"]) == 1 and "Hint:" in row["stderr"] and not row["traceback"]
+    # one Error: line with a Hint:, or click's usage error (exit 2: the usage line stands for the hint)
+    clear = (len(row["error_lines"]) == 1 and ("Hint:" in row["stderr"] or code == 2)
+             and not row["traceback"])
     if expect == "refused":
         counts["refused clearly"] = int(code != 0 and clear)
         counts["silent wrong outputs"] = int(code == 0)
@@ -93,6 +95,11 @@ def main() -> int:
     print(f"pytest: {summary}\n")
     print(table(rows))
     bad = offenders(rows)
+    unclassified = [f"{row['test']}: expect {row['expect']}, exit {row['returncode']}, {row['error_lines'][:1]}"
+                    for row in rows if not any(classify(row)[c] for c in COLUMNS[1:])]
+    if unclassified:
+        print("\nruns in no column but `tried` (e.g. a refusal without a Hint:):")
+        print("\n".join(f"- {line}" for line in unclassified))
     if bad:
         print("\nruns counted in the last four columns:")
         print("\n".join(f"- {line}" for line in bad))

@@ -74,6 +74,20 @@ def _temp_leftovers(roots: list[Path], private_tmp: Path) -> list[str]:
     return found
 
 
+def _script_traceback(block: str) -> bool:
+    frames = []
+    for line in block.splitlines()[1:]:
+        line = re.sub(r"^\[rank\d+\]:", "", line)  # torchrun's prefix on a rank's error output
+        if not line.startswith(" "):
+            break  # the exception line ends the frames
+        match = re.match(r'\s+File "([^"]+)"', line)
+        if match:
+            frames.append(match.group(1))
+    stdlib = os.path.dirname(os.__file__)
+    return any("/accelkit/" not in path and "site-packages" not in path and not path.startswith(stdlib)
+               and not path.startswith("<") for path in frames)
+
+
 def _orphans(marker: str) -> list[str]:
     """Processes still alive whose environment carries this run's marker (set on the command we started)."""
     alive = []
@@ -103,7 +117,10 @@ class FaultResult:
 
     @property
     def traceback(self) -> bool:
-        return "Traceback (most recent call last)" in self.stderr + self.stdout
+        """A Python traceback of accelkit's own. The traceback of the user's script (one with a frame in a file
+        outside accelkit, site-packages and the standard library), shown as `python SCRIPT` shows it, is not."""
+        text = self.stderr + self.stdout
+        return any(not _script_traceback(block) for block in text.split("Traceback (most recent call last)")[1:])
 
     @property
     def error_lines(self) -> list[str]:
@@ -149,8 +166,12 @@ def _record(result: FaultResult, kind: str, expect: str) -> None:
     row = {"kind": kind, "expect": expect, "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
            **asdict(result), "traceback": result.traceback, "error_lines": result.error_lines}
     row["stdout"], row["stderr"] = row["stdout"][-2000:], row["stderr"][-2000:]
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row) + "\n")
+    # one write() on an O_APPEND file: rows from parallel test workers never interleave
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
