@@ -13,7 +13,9 @@ the step clock stops every rank cleanly after the first step.
 
 from __future__ import annotations
 
+import itertools
 import os
+import weakref
 from typing import Any
 
 from accelkit.probes.imports import after_import
@@ -28,12 +30,21 @@ class PlanProbe:
         self._models: list[Any] = []  # weak references to prepared models
         self._optimizers: list[Any] = []  # weak references to prepared optimizers
         self.records: list[dict[str, Any]] = []
-        self.gradients: dict[int, int] = {}  # id(model) -> most gradient bytes held (backward end or before step)
-        self.buffers: dict[int, int] = {}  # id(model) -> most buffer bytes seen (reduce buckets)
-        self.activations: dict[int, dict[str, int]] = {}  # id(model) -> its first forward's counts
-        self.inputs: dict[int, dict[str, Any]] = {}  # id(model) -> its first forward's input shapes
+        self.gradients: dict[int, int] = {}  # key(model) -> most gradient bytes held (backward end or before step)
+        self.buffers: dict[int, int] = {}  # key(model) -> most buffer bytes seen (reduce buckets)
+        self.activations: dict[int, dict[str, int]] = {}  # key(model) -> its first forward's counts
+        self.inputs: dict[int, dict[str, Any]] = {}  # key(model) -> its first forward's input shapes
         self._counting: tuple[Any, Any] | None = None  # (model, counter) between a forward and its backward
         self._wrapped: set[int] = set()
+        # A number per model that is never reused: id() is, once a model measured earlier has been freed, and the
+        # next model would then pass for it (skipped, or credited with the other's counts).
+        self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._numbers = itertools.count(1)
+
+    def key(self, model: Any) -> int:
+        if model not in self._keys:
+            self._keys[model] = next(self._numbers)
+        return self._keys[model]
 
     # -- finding the models --------------------------------------------------------------------------------------
     def _hook_accelerate(self) -> None:
@@ -83,9 +94,9 @@ class PlanProbe:
 
     # -- activations: the first forward of each prepared model ---------------------------------------------------
     def _watch(self, model) -> None:
-        if id(model) in self._wrapped:
+        if self.key(model) in self._wrapped:
             return
-        self._wrapped.add(id(model))
+        self._wrapped.add(self.key(model))
         from accelkit.plan.activations.count import ActivationCounter, is_checkpointed
         from accelkit.plan.activations.trace import layer_types
         from accelkit.plan.measure.holdings import unwrap_engine
@@ -93,11 +104,11 @@ class PlanProbe:
         probe, module = self, unwrap_engine(model)[0]
 
         def before(mod, args, kwargs):
-            if id(model) not in probe.activations and probe._counting is None and mod.training:
+            if probe.key(model) not in probe.activations and probe._counting is None and mod.training:
                 counter = ActivationCounter(module, layer_types(module))
                 counter.__enter__()
                 probe._counting = (model, counter)
-                probe.inputs[id(model)] = {
+                probe.inputs[probe.key(model)] = {
                     "shapes": {str(k): list(v.shape) for k, v in [*enumerate(args), *kwargs.items()]
                                if hasattr(v, "shape")},
                     "checkpointed": any(is_checkpointed(m) for m in module.modules())}
@@ -117,7 +128,7 @@ class PlanProbe:
         counter.__exit__(None, None, None)
         result = counter.result()
         counter.release()
-        self.activations[id(model)] = {"saved": result.saved, "outputs": result.outputs,
+        self.activations[self.key(model)] = {"saved": result.saved, "outputs": result.outputs,
                                        "weight_copies": result.weight_copies, "total": result.total}
 
     # -- gradients: when each backward ends -----------------------------------------------------------------------
@@ -143,13 +154,13 @@ class PlanProbe:
         from accelkit.plan.measure.holdings import buffer_storages, gradient_bytes, inner_optimizer, unwrap_engine
 
         for model, optimizer in self._pairs():
-            if any(r["model_id"] == id(model) for r in self.records):
+            if any(r["model_id"] == self.key(model) for r in self.records):
                 continue
             inner = inner_optimizer(optimizer)
             held = gradient_bytes(unwrap_engine(model)[0], inner)
-            self.gradients[id(model)] = max(held, self.gradients.get(id(model), 0))
+            self.gradients[self.key(model)] = max(held, self.gradients.get(self.key(model), 0))
             buffers = buffer_storages(inner).total
-            self.buffers[id(model)] = max(buffers, self.buffers.get(id(model), 0))
+            self.buffers[self.key(model)] = max(buffers, self.buffers.get(self.key(model), 0))
 
     # -- after a step ------------------------------------------------------------------------------------------------
     def _after_step(self, event) -> None:
@@ -158,17 +169,17 @@ class PlanProbe:
         stepped = holdings.inner_optimizer(event.optimizer)
         for model, optimizer in self._pairs():
             inner = holdings.inner_optimizer(optimizer)
-            if inner is not stepped or any(r["model_id"] == id(model) for r in self.records):
+            if inner is not stepped or any(r["model_id"] == self.key(model) for r in self.records):
                 continue
             module = holdings.unwrap_engine(model)[0]
             record = {
-                "model_id": id(model), "step": event.clock_steps, **holdings.describe(model, optimizer),
+                "model_id": self.key(model), "step": event.clock_steps, **holdings.describe(model, optimizer),
                 "parameters": holdings.parameter_storages(module, inner).total,
-                "gradients": self.gradients.get(id(model)),
+                "gradients": self.gradients.get(self.key(model)),
                 "optimizer": holdings.optimizer_bytes(inner),
-                "buffers": max(holdings.buffer_storages(inner).total, self.buffers.get(id(model), 0)),
-                "activations": self.activations.get(id(model)),
-                "inputs": self.inputs.get(id(model)),
+                "buffers": max(holdings.buffer_storages(inner).total, self.buffers.get(self.key(model), 0)),
+                "activations": self.activations.get(self.key(model)),
+                "inputs": self.inputs.get(self.key(model)),
                 "shapes": holdings.full_shapes(module),
                 "groups": holdings.group_names(module, inner),
                 "world_size": int(os.environ.get("WORLD_SIZE", "1")),
