@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
-from accelkit.errors import AccelkitError
 
 
 def command_line(options, output: Path | None) -> str:
