@@ -122,8 +122,11 @@ def run_worker(case: dict, device: str, folder: Path, memory_fraction: float | N
     payload = json.dumps({"case": case, "device": device, "folder": str(folder), "fraction": memory_fraction})
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
            "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu" if device == "cpu" else "cuda"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", payload], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", payload], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the case took longer than {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]}
@@ -245,7 +248,13 @@ def section_plan(cpu: bool, root: Path, device_memory: int | None) -> list[dict]
     budget = device_memory or 80 * 10**9  # CPU plumbing: plan for an 80 GB device, nothing is measured against it
     for case in plan_cases(cpu):
         folder = model_dir(case["model"], root)
-        row = {**case, **planned(case, folder, budget)}
+        row = dict(case)
+        try:
+            row.update(planned(case, folder, budget))
+        except Exception as exc:  # noqa: BLE001 - a case plan refuses is a row, not the end of the run
+            row["error"] = f"plan: {type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+            continue
         row.update(run_worker(case, "cpu" if cpu else "cuda", folder))
         if row.get("allocated_bytes"):
             row["error_allocated_pct"] = 100 * (row["planned_bytes"] - row["allocated_bytes"]) / row["allocated_bytes"]
@@ -469,6 +478,12 @@ def format_result(result: dict) -> str:
              f"mode {result['mode']}" + ("" if result["gpu_figures"] else ": no GPU figure was measured")]
     if result.get("provenance"):
         lines.append(f"provenance: {result['provenance']}")
+    sections = {}
+    for name, rows in result["sections"].items():  # a section that failed as a whole: one row with only its error
+        failed = [r for r in rows if set(r) == {"error"}]
+        lines += [f"{name}: error: {r['error']}" for r in failed if name not in ("bench", "nccl")]
+        sections[name] = [r for r in rows if r not in failed or name in ("bench", "nccl")]
+    result = {**result, "sections": sections}
     plan = result["sections"].get("plan") or []
     if plan:
         lines += ["", "| model | strategy | precision | seq | mb | AC | optimizer | planned GiB | allocated GiB | "
@@ -548,16 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for section in sections:
             print(f"gpu_truth: {section} ...", file=sys.stderr)
-            if section == "plan":
-                result["sections"]["plan"] = section_plan(cpu, work / "models", device["memory_bytes"])
-            elif section == "templates":
-                result["sections"]["templates"] = section_templates(cpu, work)
-            elif section == "bench":
-                result["sections"]["bench"] = section_bench(cpu, work, None if cpu else peak_for(device["name"]))
-            elif section == "nccl":
-                result["sections"]["nccl"] = section_nccl(cpu, work)
-            elif section == "scaling":
-                result["sections"]["scaling"] = section_scaling(device["gpus"], work)
+            try:
+                result["sections"][section] = run_section(section, cpu, work, device)
+            except Exception as exc:  # noqa: BLE001 - one broken section must not lose the others' results
+                result["sections"][section] = [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -566,6 +575,18 @@ def main(argv: list[str] | None = None) -> int:
     print(format_result(result))
     print(f"\nwritten: {args.out}", file=sys.stderr)
     return 0
+
+
+def run_section(section: str, cpu: bool, work: Path, device: dict) -> list[dict]:
+    if section == "plan":
+        return section_plan(cpu, work / "models", device["memory_bytes"])
+    if section == "templates":
+        return section_templates(cpu, work)
+    if section == "bench":
+        return section_bench(cpu, work, None if cpu else peak_for(device["name"]))
+    if section == "nccl":
+        return section_nccl(cpu, work)
+    return section_scaling(device["gpus"], work)
 
 
 def _json_default(value):

@@ -30,7 +30,8 @@ def test_cpu_plumbing_runs_the_harness_and_claims_no_gpu_figure(tmp_path: Path) 
         assert "error_allocated_pct" not in row
     [collective] = result["sections"]["nccl"]
     assert collective["backend"] == "gloo" and collective["all_reduce_ok"] is True
-    assert collective["flight_recorder_env"] is True  # launch sets it on CPU too
+    # launch sets the NCCL flight-recorder variables for GPU launches only (gpu_debug_env); the GPU mode checks them
+    assert collective["flight_recorder_env"] is False and "TORCH_NCCL_TRACE_BUFFER_SIZE" in collective["env"]
     [template] = result["sections"]["templates"]
     assert template["ok"] is True and template["equal_tensors"] > 0, template
     assert "no GPU figure was measured" in done.stdout and "not measured" in done.stdout

@@ -65,3 +65,12 @@ def test_no_gpu_without_cpu_plumbing_is_refused(tmp_path: Path) -> None:
                            str(tmp_path / "r.json")], capture_output=True, text=True)
     assert done.returncode == 2 and "no CUDA GPU here" in done.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_section_that_failed_as_a_whole_is_one_error_line() -> None:
+    result = {"date": "2026-11-24", "mode": "gpu", "gpu_figures": True,
+              "device": {"kind": "cuda", "name": "NVIDIA H100", "gpus": 1},
+              "sections": {"plan": [{"error": "ImportError: no deepspeed"}], "nccl": [{"error": "exit 1"}]}}
+    text = harness().format_result(result)
+    assert "plan: error: ImportError: no deepspeed" in text
+    assert "collectives: backend None, all-reduce ok: None" in text and "error: exit 1" in text
