@@ -94,8 +94,12 @@ def _value(archive: TorchArchive, reader: RecordReader, value: object) -> object
 
 
 def _collect_optimizer_file(path: Path, reader: RecordReader, counters: FolderCounters) -> None:
-    """`optimizer.bin` (torch's optimizer state dict): the largest step over its parameters, each group's lr."""
-    archive = TorchArchive.open(path, [])
+    """`optimizer.bin` (torch's optimizer state dict): the largest step over its parameters, each group's lr. An
+    optimizer that cannot be read with weights_only (a custom one) carries no counter merge can use: skipped."""
+    try:
+        archive = TorchArchive.open(path, [])
+    except AccelkitError:
+        return
     state = archive.obj if isinstance(archive.obj, dict) else {}
     steps = [_value(archive, reader, s.get("step")) for s in (state.get("state") or {}).values() if isinstance(s, dict)]
     steps = [float(s) for s in steps if isinstance(s, (int, float))]
