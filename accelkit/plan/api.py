@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.errors import AccelkitError
-from accelkit.plan.inputs import Hardware, Training, check_hardware, check_training
+from accelkit.plan.inputs import Hardware, Training, check_hardware, check_sizes, check_training
 from accelkit.plan.models import ShapeFlags, resolve_model
 from accelkit.plan.sizes import parse_bytes, parse_count
 
@@ -76,6 +76,12 @@ def training_from(spec, precision: str, optimizer: str, seq_len: int | None, mic
                         activation_checkpointing=activation_checkpointing, global_batch=global_batch,
                         base_lr=base_lr, base_batch=base_batch, sources=sources)
     check_training(training)
+    if spec.max_positions is not None and training.seq_len > spec.max_positions and spec.sequence_input:
+        given = "--seq-len" if "seq_len" not in sources else "the sequence length"
+        raise AccelkitError(f"{given} {training.seq_len} is beyond the model's max_position_embeddings "
+                            f"{spec.max_positions} (its config): it was not built for sequences that long",
+                            hint=f"use --seq-len {spec.max_positions} or less, or plan a config with a longer "
+                                 "context (a larger max_position_embeddings, with its rope scaling)")
     return training
 
 
@@ -90,6 +96,7 @@ def run_plan(*, model: str | None, params: str | None, layers: int | None, hidde
     count = parse_count(params, "--params") if params is not None else None
     gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
     cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory is not None else None
+    check_sizes(count, gpu_bytes, cpu_bytes, {"params": params, "gpu_memory": gpu_memory, "cpu_memory": cpu_memory})
     if gpus is not None:
         check_hardware(gpus, nodes)
     check_training(Training(seq_len=1 if seq_len is None else seq_len,
