@@ -1,7 +1,7 @@
 """A bare parameter count -> the Llama shape of that size (what `plan --params N` plans).
 
 The hidden size, heads and vocabulary come from the published Llama-family model closest in size (SmolLM 135M,
-TinyLlama 1.1B, Llama 2 7B/13B/70B, Llama 3.1 405B; two small test-sized shapes below them); the layer count is what
+TinyLlama 1.1B, Llama 2 7B/13B/70B, Llama 3.1 405B; small test-sized shapes below them); the layer count is what
 that width needs for N, and the MLP width is solved so that the shape has N parameters (to within one MLP column
 per layer). Beyond 405B the hidden size doubles until the layer count is at most 128.
 """
@@ -27,7 +27,9 @@ class Rung:
 
 LADDER = (
     Rung("test-sized", 32, 2, 2, 256, 2, 96),
+    Rung("test-sized", 64, 4, 4, 1024, 2, 176),
     Rung("test-sized", 128, 4, 4, 2048, 4, 384),
+    Rung("test-sized", 256, 4, 4, 8192, 4, 688),
     Rung("SmolLM 135M", 576, 9, 3, 49152, 30, 1536),
     Rung("TinyLlama 1.1B", 2048, 32, 4, 32000, 22, 5632),
     Rung("Llama 2 7B", 4096, 32, 32, 32000, 32, 11008),
