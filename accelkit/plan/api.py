@@ -6,7 +6,10 @@ parse strictly, the model resolves, the hardware and batch add up, --write-confi
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +88,40 @@ def training_from(spec, precision: str, optimizer: str, seq_len: int | None, mic
     return training
 
 
-def run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,
+@contextlib.contextmanager
+def no_empty_inductor_folder():
+    """Importing transformers imports torch._dynamo, which creates `<temp>/torchinductor_<user>` at import time
+    (its compile cache; the plan compiles nothing): remove it again when this plan created it and left it empty."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    folder = Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    existed = folder.exists()
+    try:
+        yield
+    finally:
+        if not existed:
+            with contextlib.suppress(OSError):  # not empty (something compiled there), or gone: leave it
+                for sub in sorted(folder.rglob("*"), reverse=True):
+                    sub.rmdir()
+                folder.rmdir()
+            if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == str(folder):
+                del os.environ["TORCHINDUCTOR_CACHE_DIR"]  # torch set it to the folder it made
+
+
+def run_plan(**options) -> PlanResult:
+    with no_empty_inductor_folder():
+        return _run_plan(**options)
+
+
+def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,
              kv_heads: int | None, vocab: int | None, intermediate: int | None, gpus: int | None, nodes: int,
              gpu_memory: str | None, cpu_memory: str | None, precision: str, optimizer: str, seq_len: int | None,
              micro_batch: int | None, activation_checkpointing: bool, global_batch: int | None,

@@ -155,3 +155,36 @@ def test_configs_that_would_plan_the_wrong_model(tmp_path: Path, config: dict, a
     result = run_fault(["plan", str(tmp_path / "model"), *MEMORY, *args], watch=[tmp_path], cwd=tmp_path)
     line = result.assert_refused(match)
     assert hint in result.stderr and "Strict" not in line and "Error:" not in line[len("Error:"):]
+
+
+@pytest.mark.parametrize("template", ["seq-classification", "image-classification"])
+def test_planning_a_project_loads_no_data_set_and_leaves_no_folder(tmp_path: Path, template: str) -> None:
+    """The project's model needs its labels (and words), not the datasets machinery: no cache written under
+    HF_HOME, no progress bar, and no empty torchinductor_* folder (torch makes one at import) in the temp dir."""
+    from accelkit.scaffold import init_project
+
+    init_project(tmp_path / "run", template)
+    hf_home, temp = tmp_path / "hf-home", tmp_path.parent / f"{tmp_path.name}-tmp"
+    hf_home.mkdir()
+    temp.mkdir()
+    result = run_fault(["plan", str(tmp_path / "run"), *MEMORY], watch=[tmp_path], cwd=tmp_path, expect="ok",
+                       env={"HF_HOME": str(hf_home), "TMPDIR": str(temp)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(accelkit project, template " in result.stdout
+    assert "examples/s" not in result.stderr and "Generating" not in result.stderr, result.stderr[-2000:]
+    result.assert_clean()  # HF_HOME is inside the watched tree: nothing created there
+    assert list(temp.iterdir()) == []
+
+
+def test_a_project_whose_data_is_on_the_hub_is_not_downloaded(tmp_path: Path) -> None:
+    from accelkit.scaffold import init_project
+
+    init_project(tmp_path / "run", "seq-classification")
+    train_py = tmp_path / "run" / "train.py"
+    source = train_py.read_text()
+    train_py.write_text(source.replace('"--dataset", default=None', '"--dataset", default="stanfordnlp/imdb"'))
+    assert train_py.read_text() != source
+    hf_home = tmp_path / "hf-home"
+    result = run_fault(["plan", str(tmp_path / "run"), *MEMORY], watch=[tmp_path], cwd=tmp_path,
+                       env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"})
+    result.assert_refused(r"data set `stanfordnlp/imdb` is not local files, and the plan does not download")
