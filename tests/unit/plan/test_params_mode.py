@@ -24,7 +24,6 @@ GB = 10**9
 SHAPES = {
     "tiny": (64, 2, 4, 4, 176, 1000),
     "small": (256, 6, 8, 4, 704, 8000),
-    "TinyLlama-1.1B": (2048, 22, 32, 4, 5632, 32000),
     "Llama-2-7B": (4096, 32, 32, 32, 11008, 32000),
     "Llama-2-70B": (8192, 80, 64, 8, 28672, 32000),
 }
@@ -93,10 +92,9 @@ def test_params_mode_of_a_small_model_with_grouped_query_attention(tmp_path: Pat
     assert_modes_agree(tmp_path, "small", precisions=("bf16-mixed", "fp32"), zero3_tolerance=0.08)
 
 
-@pytest.mark.slow  # TinyLlama and a 70B model, each traced twice on the meta device (about 28 s here)
-@pytest.mark.parametrize("name", ["TinyLlama-1.1B", "Llama-2-70B"])
-def test_params_mode_agrees_with_the_config_for_larger_models(tmp_path: Path, name: str) -> None:
-    assert_modes_agree(tmp_path, name)
+@pytest.mark.slow  # a 70B model traced twice on the meta device (about 20 s on the build machine)
+def test_params_mode_agrees_with_the_config_at_70b(tmp_path: Path) -> None:
+    assert_modes_agree(tmp_path, "Llama-2-70B")
 
 
 def test_the_issue_s_case_grad_op_does_not_fit_in_params_mode() -> None:
