@@ -37,6 +37,11 @@ def recommend(estimates: list[Estimate], gpus: int, nodes: int, prefer: str, che
     rows = {e.strategy.name: e for e in estimates}
     if chosen is not None:
         row = rows[chosen]
+        if row.gpu_fits and row.cpu_fits is not True:  # an offload row: the CPU side is what is short or unknown
+            cpu = "not known: give --cpu-memory" if row.cpu_fits is None else "more than the CPU memory given"
+            return Recommendation(chosen, f"{row.strategy.label} was asked for (--strategy); it fits the GPUs "
+                                          f"({format_bytes(row.total)} per GPU) but needs "
+                                          f"{format_bytes(row.cpu_per_node)} of CPU memory per machine ({cpu}).")
         verdict = {True: "fits", False: "does not fit", None: "cannot be judged (no GPU memory given)"}[row.fits]
         return Recommendation(chosen, f"{row.strategy.label} was asked for (--strategy); it {verdict} "
                                       f"({format_bytes(row.total)} per GPU).")

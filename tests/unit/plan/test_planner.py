@@ -74,6 +74,9 @@ def test_offload_never_fits_when_the_cpu_memory_is_unknown(classic) -> None:
     lines = report.text(unknown)
     assert any("no (CPU?)" in line and line.startswith("FSDP + CPU offload") for line in lines)
     assert any(line.strip().startswith("no (CPU?): CPU memory not known") for line in lines)
+    asked = recommend(rows, gpus=4, nodes=1, prefer="any", checkpointing=False, chosen="fsdp-offload")
+    assert "it fits the GPUs" in asked.reason and "CPU memory per machine (not known: give --cpu-memory)" \
+        in asked.reason
 
 
 def test_a_small_model_gets_ddp() -> None:
