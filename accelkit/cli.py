@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
     except Terminated as exc:
-        click.echo(f"Terminated (signal {exc.signum}).", err=True)
+        import signal
+
+        # SIGINT reaches here when a supervised child (plan --measure's ranks) was stopped by Ctrl-C: say it as
+        # Ctrl-C is said everywhere else
+        click.echo("Interrupted." if exc.signum == signal.SIGINT else f"Terminated (signal {exc.signum}).", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug or an environment problem we did not anticipate
         if debug_enabled():

@@ -28,8 +28,8 @@ class PlanCommand(click.Command):
 
 @click.command(name="plan", cls=PlanCommand)
 @click.argument("model", required=False, metavar="[MODEL] [-- SCRIPT_ARGS]")
-@click.option("--params", metavar="COUNT", help="Parameter count instead of a model, e.g. 7B or 1.3e9 "
-                                                "(model states only).")
+@click.option("--params", metavar="COUNT", help="Parameter count instead of a model, e.g. 7B or 1.3e9: "
+                                                "planned as the Llama shape of that size (named in the output).")
 @click.option("--layers", type=int, help="Shape flags (a Llama-shaped model): decoder layers.")
 @click.option("--hidden", type=int, help="Hidden size.")
 @click.option("--heads", type=int, help="Attention heads.")
@@ -40,9 +40,9 @@ class PlanCommand(click.Command):
 @click.option("--nodes", type=int, default=1, show_default=True, help="Machines.")
 @click.option("--gpu-memory", metavar="SIZE", help="Memory per GPU, e.g. 80GB or 24GiB. Default: detected; "
                                                    "required without GPUs.")
-@click.option("--cpu-memory", metavar="SIZE", help="Memory per machine for CPU offload, e.g. 512GB. Default: "
-                                                   "this machine's when the GPUs are detected here, else not "
-                                                   "checked.")
+@click.option("--cpu-memory", metavar="SIZE", help="Memory per machine for CPU offload, e.g. 512GB (10^9 bytes) or "
+                                                   "512GiB (2^30). Default: this machine's when the GPUs are "
+                                                   "detected here, else unknown (offload rows then never fit).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True)
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
 @click.option("--seq-len", type=int, help="Tokens per sample. Default: the project's, else 2048.")
@@ -71,7 +71,7 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
     MODEL: a model directory or config.json, a Hugging Face Hub id (only config.json is fetched), a project made
     by `accelkit init`, or nothing with --params / --layers --hidden --heads.
     \b
-      accelkit plan meta-llama/Llama-2-7b-hf --gpus 4 --gpu-memory 24GiB --cpu-memory 256GB
+      accelkit plan meta-llama/Llama-2-7b-hf --gpus 4 --gpu-memory 24GiB --cpu-memory 256GiB
       accelkit plan ./my-model --gpus 8 --gpu-memory 80GB --seq-len 4096 --activation-checkpointing --json
       accelkit plan --layers 32 --hidden 4096 --heads 32 --gpus 4 --gpu-memory 24GiB
       accelkit plan my-run --gpus 2 --gpu-memory 24GiB --measure my-run/train.py -- --max-steps 2

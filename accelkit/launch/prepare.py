@@ -71,7 +71,8 @@ def check_gpus(config: ResolvedConfig) -> None:
         source = config.source("backend")
         same = f"--config {source.label}" if source.kind == FILE else f"--backend {config.backend.value}"
         raise AccelkitError(f"{config.said_backend()} runs on GPUs, and this machine has none",
-                            hint=f"add --cpu to rehearse it on {per_machine} CPU processes "
+                            hint=f"add --cpu to rehearse it on {per_machine} CPU "
+                                 f"{'process' if per_machine == 1 else 'processes'} "
                                  f"(`accelkit launch --cpu {same} ...`)")
     if available < per_machine:
         raise AccelkitError(f"{per_machine} processes per machine need {per_machine} GPUs; this machine has "

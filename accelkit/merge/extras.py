@@ -9,7 +9,6 @@ shared_params, storage shared inside a `.bin`) or from the model class that conf
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
@@ -46,28 +45,33 @@ def find_side_files(input_path: Path, config_from: Path | None) -> tuple[Path | 
     return None, []
 
 
-def tied_pairs_from_config(config_file: Path) -> dict[str, str]:
-    """alias -> kept name for the weights the model class of config.json ties (empty when nothing is tied)."""
-    try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(raw, dict) or "model_type" not in raw or raw.get("tie_word_embeddings") is False:
-        return {}  # nothing is tied (or transformers would not know the model): no need to import it
-    import torch
-    import transformers
+def tied_pairs_from_config(config_file: Path, notes: list[str] | None = None) -> dict[str, str]:
+    """alias -> kept name for the weights the model class of config.json ties (empty when nothing is tied).
+
+    The class is built on the meta device by accelkit's one model loader, which never runs a model folder's own
+    code: a config with custom code (auto_map) is copied as it is, and its ties are then taken from the checkpoint
+    only (a note says so)."""
+    from accelkit import hfmodel
 
     try:
-        config = transformers.AutoConfig.from_pretrained(str(config_file.parent))
-        archs = [getattr(transformers, a, None) for a in raw.get("architectures") or []]
+        raw = hfmodel.read_raw(config_file)
+    except AccelkitError:
+        return {}
+    if "model_type" not in raw or raw.get("tie_word_embeddings") is False:
+        return {}  # nothing is tied (or transformers would not know the model): no need to import it
+    try:
+        hfmodel.refuse_custom_code(raw, config_file)
+    except hfmodel.CustomCodeRefused:
+        if notes is not None:
+            notes.append(f"{config_file.name} names custom code ({hfmodel.custom_code_entry(raw)}), which accelkit "
+                         "never runs: tied weights are taken from the checkpoint only")
+        return {}
+    import torch
+
+    try:
+        config = hfmodel.load_config(config_file)
         with torch.device("meta"):
-            if archs and archs[0] is not None:
-                model = archs[0](config)
-            else:
-                try:
-                    model = transformers.AutoModelForCausalLM.from_config(config)
-                except ValueError:
-                    model = transformers.AutoModel.from_config(config)
+            model = hfmodel.model_builder(config)()
     except Exception:
         return {}  # a model type this transformers does not know: keep every tensor
     pairs = getattr(model, "all_tied_weights_keys", None)

@@ -202,7 +202,7 @@ def _plan(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | Non
     dropped = dict(source.aliases)
     config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
     if config is not None and source.ties_from_config:
-        for alias, target in extras.tied_pairs_from_config(config).items():
+        for alias, target in extras.tied_pairs_from_config(config, notes).items():
             if alias in source.entry_by_name and target in source.entry_by_name:
                 if stream.same_values(target, alias):
                     dropped[alias] = target

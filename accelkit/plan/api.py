@@ -6,13 +6,16 @@ parse strictly, the model resolves, the hardware and batch add up, --write-confi
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accelkit.errors import AccelkitError
-from accelkit.plan.inputs import Hardware, Training, check_hardware, check_training
+from accelkit.plan.inputs import Hardware, Training, check_hardware, check_sizes, check_training
 from accelkit.plan.models import ShapeFlags, resolve_model
 from accelkit.plan.sizes import parse_bytes, parse_count
 
@@ -76,10 +79,49 @@ def training_from(spec, precision: str, optimizer: str, seq_len: int | None, mic
                         activation_checkpointing=activation_checkpointing, global_batch=global_batch,
                         base_lr=base_lr, base_batch=base_batch, sources=sources)
     check_training(training)
+    if spec.max_positions is not None and training.seq_len > spec.max_positions and spec.sequence_input:
+        given = "--seq-len" if "seq_len" not in sources else "the sequence length"
+        raise AccelkitError(f"{given} {training.seq_len} is beyond the model's max_position_embeddings "
+                            f"{spec.max_positions} (its config): it was not built for sequences that long",
+                            hint=f"use --seq-len {spec.max_positions} or less, or plan a config with a longer "
+                                 "context (a larger max_position_embeddings, with its rope scaling)")
     return training
 
 
-def run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,
+@contextlib.contextmanager
+def no_empty_inductor_folder():
+    """Importing transformers imports torch._dynamo, which creates `<temp>/torchinductor_<user>` at import time
+    (its compile cache; the plan compiles nothing): remove it again when this plan created it and left it empty."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    folder = Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    existed = folder.exists()
+    try:
+        yield
+    finally:
+        if not existed:
+            with contextlib.suppress(OSError):  # not empty (something compiled there), or gone: leave it
+                for sub in sorted(folder.rglob("*"), reverse=True):
+                    sub.rmdir()
+                folder.rmdir()
+            if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == str(folder):
+                del os.environ["TORCHINDUCTOR_CACHE_DIR"]  # torch set it to the folder it made
+
+
+def run_plan(**options) -> PlanResult:
+    with no_empty_inductor_folder():
+        return _run_plan(**options)
+
+
+def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,
              kv_heads: int | None, vocab: int | None, intermediate: int | None, gpus: int | None, nodes: int,
              gpu_memory: str | None, cpu_memory: str | None, precision: str, optimizer: str, seq_len: int | None,
              micro_batch: int | None, activation_checkpointing: bool, global_batch: int | None,
@@ -90,6 +132,7 @@ def run_plan(*, model: str | None, params: str | None, layers: int | None, hidde
     count = parse_count(params, "--params") if params is not None else None
     gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
     cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory is not None else None
+    check_sizes(count, gpu_bytes, cpu_bytes, {"params": params, "gpu_memory": gpu_memory, "cpu_memory": cpu_memory})
     if gpus is not None:
         check_hardware(gpus, nodes)
     check_training(Training(seq_len=1 if seq_len is None else seq_len,

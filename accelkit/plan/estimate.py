@@ -56,13 +56,18 @@ class Estimate:
         return None if self.cpu_usable is None else self.cpu_per_node <= self.cpu_usable
 
     @property
+    def gpu_fits(self) -> bool | None:
+        return None if self.gpu_usable is None else self.total <= self.gpu_usable
+
+    @property
     def fits(self) -> bool | None:
-        """False when the strategy cannot run here; None when the GPU memory is unknown."""
+        """False when the strategy cannot run here, or needs CPU memory that is short or not known (an offload
+        row is never judged to fit on an unknown machine); None when the GPU memory is unknown."""
         if self.unavailable is not None:
             return False
         if self.gpu_usable is None:
             return None
-        return self.total <= self.gpu_usable and self.cpu_fits is not False
+        return self.gpu_fits is True and self.cpu_fits is True
 
 
 def usable_gpu(memory: int | None) -> int | None:

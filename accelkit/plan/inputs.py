@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 
 from accelkit.errors import AccelkitError
 
+# Beyond these, a value is a typo (a missing unit, an extra zero), not a plan: refused with the limit.
+MAX_PARAMS = 10**13  # the largest models trained so far have a few trillion parameters
+MAX_GPUS = 2**20  # the largest clusters have a few hundred thousand GPUs
+MAX_GPU_MEMORY = 4 * 2**40  # per GPU; the largest hold under 300 GB
+MAX_CPU_MEMORY = 2**50  # per machine; the largest servers hold a few tens of TB
+
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
 # Accelerate's mixed_precision value for each precision (pure bf16: the script casts the model itself).
@@ -62,6 +68,11 @@ def check_hardware(gpus: int, nodes: int) -> None:
         raise AccelkitError(f"--gpus {gpus} must be at least 1", hint="--gpus is the total number of GPUs")
     if nodes < 1:
         raise AccelkitError(f"--nodes {nodes} must be at least 1", hint="--nodes is the number of machines")
+    for option, value, what in (("--gpus", gpus, "the total number of GPUs over all machines"),
+                                ("--nodes", nodes, "the number of machines")):
+        if value > MAX_GPUS:
+            raise AccelkitError(f"{option} {value:,} is more than any cluster has (the plan stops at {MAX_GPUS:,})",
+                                hint=f"check {option}: {what}")
     if gpus % nodes:
         raise AccelkitError(f"--gpus {gpus} does not divide evenly over --nodes {nodes}",
                             hint="--gpus is the total across machines: give a multiple of --nodes, e.g. "
@@ -85,3 +96,20 @@ def check_training(training: Training) -> None:
         raise AccelkitError(f"--base-lr {training.base_lr:g} must be positive", hint="e.g. --base-lr 3e-4")
     if training.base_batch is not None and training.base_batch < 1:
         raise AccelkitError(f"--base-batch {training.base_batch} must be at least 1", hint="e.g. --base-batch 256")
+
+
+def check_sizes(parameters: int | None, gpu_memory: int | None, cpu_memory: int | None,
+                given: dict[str, str]) -> None:
+    """Refuse values no real model or machine has: they are typos, and a plan for them would read as advice."""
+    if parameters is not None and parameters > MAX_PARAMS:
+        raise AccelkitError(f"--params {given['params']} ({parameters:,} parameters) is beyond any model trained "
+                            "so far (the plan stops at 10 trillion)",
+                            hint="check the count: 7B is 7e9, 70B is 7e10, 1T is 1e12")
+    if gpu_memory is not None and gpu_memory > MAX_GPU_MEMORY:
+        raise AccelkitError(f"--gpu-memory {given['gpu_memory']} is more than any GPU holds (the largest hold under "
+                            f"300 GB; the plan stops at 4 TiB)",
+                            hint="give the memory of one GPU, e.g. --gpu-memory 80GB or --gpu-memory 24GiB")
+    if cpu_memory is not None and cpu_memory > MAX_CPU_MEMORY:
+        raise AccelkitError(f"--cpu-memory {given['cpu_memory']} is more than any machine holds (the plan stops at "
+                            "1 PiB per machine)",
+                            hint="give the memory of one machine, e.g. --cpu-memory 512GB or --cpu-memory 512GiB")

@@ -7,7 +7,6 @@ bare parameter count.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,32 +33,16 @@ class ModelSpec:
     micro_batch: int | None = None  # the project's default per-device batch
     script: Path | None = None  # the project's train.py
     sequence_input: bool = True  # False: the input size is fixed by the model (images; set when it is built)
+    max_positions: int | None = None  # the config's max_position_embeddings (None: not limited, or not known)
     notes: list[str] = field(default_factory=list)
 
 
 # -- transformers models --------------------------------------------------------------------------------------------
 def hf_build(config) -> Callable[[], Any]:
-    """Build the class config.json names (else the causal-LM or base auto class) from the config, weights unset."""
-    import transformers
+    """Build the class config.json names from the config, weights unset (see accelkit.hfmodel: no custom code)."""
+    from accelkit.hfmodel import model_builder
 
-    architectures = getattr(config, "architectures", None) or []
-    cls = next((getattr(transformers, name) for name in architectures if hasattr(transformers, name)), None)
-    if cls is None and architectures and getattr(config, "auto_map", None):
-        raise AccelkitError(f"{architectures[0]} is custom code shipped with the model (trust_remote_code), which "
-                            "accelkit does not run", hint=f"pass a config of a transformers architecture, {SHAPE_HINT}")
-
-    def build():
-        if cls is not None:
-            return cls(config)
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-            try:
-                return auto.from_config(config)
-            except ValueError:
-                continue
-        raise AccelkitError(f"transformers has no model class for model_type `{config.model_type}`",
-                            hint=f"upgrade transformers, {SHAPE_HINT}")
-
-    return build
+    return model_builder(config)
 
 
 def hf_inputs(model, micro_batch: int, seq_len: int) -> dict:
@@ -97,22 +80,36 @@ def _hf_spec(label: str, config, notes: list[str] | None = None) -> ModelSpec:
     return ModelSpec(label=label, build=hf_build(config), inputs=hf_inputs, step=hf_step, notes=list(notes or []))
 
 
-def load_config(path: Path):
-    from transformers import AutoConfig
+def spec_from_config_file(path: Path, label: str) -> ModelSpec:
+    """A transformers config read by accelkit's one loader (custom code refused), checked for missing sizes."""
+    from accelkit import hfmodel
 
-    try:
-        return AutoConfig.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AccelkitError(f"cannot read the model config {path}: {first}",
-                            hint="give a transformers config.json (or its directory), " + SHAPE_HINT) from None
+    config = hfmodel.load_config(path)
+    raw = hfmodel.read_raw(path)
+    defaulted = hfmodel.defaulted_shape_fields(raw, config)
+    if len(defaulted) == len(hfmodel.SHAPE_FIELDS):
+        raise AccelkitError(f"{hfmodel.config_file(path)} gives none of {', '.join(defaulted)}: transformers would "
+                            f"fill them with {type(config).__name__}'s defaults, a model nobody asked for",
+                            hint="give the config.json of the model you train (with its sizes), " + SHAPE_HINT)
+    notes = [f"config.json does not give {', '.join(defaulted)}: {type(config).__name__}'s defaults are used ("
+             + ", ".join(f"{name} {_text(config, name)}" for name in defaulted) + ")"] if defaulted else []
+    spec = _hf_spec(label, config, notes)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    spec.max_positions = positions if isinstance(positions, int) and positions > 0 else None
+    return spec
+
+
+def _text(config, name: str):
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, name, None)
 
 
 def spec_from_local(path: Path) -> ModelSpec:
     if path.is_dir() and not (path / "config.json").is_file():
         raise AccelkitError(f"{path} holds neither config.json nor an accelkit project (train.py from a template)",
                             hint="point MODEL at a model directory or its config.json, " + SHAPE_HINT)
-    return _hf_spec(f"{path} (config.json)", load_config(path))
+    return spec_from_config_file(path, f"{path} (config.json)")
 
 
 # -- the Hub ---------------------------------------------------------------------------------------------------------
@@ -152,7 +149,7 @@ def spec_from_hub(repo_id: str) -> ModelSpec:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AccelkitError(f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: {first}",
                             hint=fetch) from None
-    return _hf_spec(f"{repo_id} (config.json from the Hugging Face Hub)", load_config(Path(path)))
+    return spec_from_config_file(Path(path), f"{repo_id} (config.json from the Hugging Face Hub)")
 
 
 # -- shape flags -----------------------------------------------------------------------------------------------------
@@ -174,6 +171,21 @@ def llama_intermediate(hidden: int) -> int:
     return 256 * -(-int(8 * hidden / 3) // 256)
 
 
+def _llama_spec(label: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, intermediate: int,
+                notes: list[str], max_positions: int = 4096) -> ModelSpec:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, vocab_size=vocab, intermediate_size=intermediate,
+                         max_position_embeddings=max_positions, architectures=["LlamaForCausalLM"])
+    return _hf_spec(label, config, notes)
+
+
+def _shape_words(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int) -> str:
+    return (f"{layers} layers, hidden {hidden}, {heads} heads ({kv_heads} kv), MLP {intermediate}, "
+            f"vocab {vocab}")
+
+
 def spec_from_shape(flags: ShapeFlags) -> ModelSpec:
     missing = [f"--{name}" for name in ("layers", "hidden", "heads") if getattr(flags, name) is None]
     if missing:
@@ -187,8 +199,6 @@ def spec_from_shape(flags: ShapeFlags) -> ModelSpec:
     if flags.heads % kv_heads:
         raise AccelkitError(f"--heads {flags.heads} is not a multiple of --kv-heads {kv_heads}",
                             hint="grouped-query attention shares each key/value head among heads/kv-heads heads")
-    from transformers import LlamaConfig
-
     notes = []
     intermediate = flags.intermediate or llama_intermediate(flags.hidden)
     if flags.intermediate is None:
@@ -196,16 +206,25 @@ def spec_from_shape(flags: ShapeFlags) -> ModelSpec:
     vocab = flags.vocab or 32000
     if flags.vocab is None:
         notes.append("--vocab not given: 32000 (Llama 2's tokenizer)")
-    config = LlamaConfig(num_hidden_layers=flags.layers, hidden_size=flags.hidden, num_attention_heads=flags.heads,
-                         num_key_value_heads=kv_heads, vocab_size=vocab, intermediate_size=intermediate,
-                         max_position_embeddings=4096, architectures=["LlamaForCausalLM"])
-    label = (f"Llama-shaped: {flags.layers} layers, hidden {flags.hidden}, {flags.heads} heads ({kv_heads} kv), "
-             f"MLP {intermediate}, vocab {vocab}")
-    return _hf_spec(label, config, notes)
+    label = "Llama-shaped: " + _shape_words(flags.layers, flags.hidden, flags.heads, kv_heads, intermediate, vocab)
+    return _llama_spec(label, flags.layers, flags.hidden, flags.heads, kv_heads, vocab, intermediate, notes)
 
 
 def spec_from_count(parameters: int) -> ModelSpec:
-    return ModelSpec(label=f"{parameters:,} parameters (--params)", parameters=parameters)
+    """A bare count planned as the Llama shape of that size (llama_shape_for): model states then come from real
+    tensors (FSDP padding, ZeRO partitions, Adafactor's factors, ZeRO-3's persistent parameters), and unit sizes,
+    gather buffers and activations from that shape, which the output names."""
+    from accelkit.plan.llama_sizes import llama_shape_for
+
+    shape = llama_shape_for(parameters)
+    words = _shape_words(shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.intermediate, shape.vocab)
+    note = (f"--params gives no architecture: unit sizes, gather buffers and activations are those of a Llama shape "
+            f"of {shape.parameters:,} parameters ({words}; {shape.basis}); give the model's config.json for its own")
+    spec = _llama_spec(f"{parameters:,} parameters (--params), planned as a Llama shape: {words}", shape.layers,
+                       shape.hidden, shape.heads, shape.kv_heads, shape.vocab, shape.intermediate, [note],
+                       max_positions=1 << 20)
+    spec.parameters = parameters
+    return spec
 
 
 # -- MODEL -----------------------------------------------------------------------------------------------------------

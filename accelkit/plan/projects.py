@@ -59,6 +59,10 @@ def _needs(module, train_py: Path, *names: str) -> None:
 def spec_from_project(directory: Path, template: str) -> ModelSpec:
     train_py = directory / "train.py"
     module = _load(train_py)
+    if hasattr(module, "load_dataset"):  # the model needs labels and words, not the datasets machinery
+        from accelkit.plan.project_data import load_in_memory
+
+        module.load_dataset = load_in_memory
     _needs(module, train_py, "parse_args")
     args = module.parse_args([])
     label = f"{directory} (accelkit project, template {template})"

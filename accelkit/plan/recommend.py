@@ -37,6 +37,11 @@ def recommend(estimates: list[Estimate], gpus: int, nodes: int, prefer: str, che
     rows = {e.strategy.name: e for e in estimates}
     if chosen is not None:
         row = rows[chosen]
+        if row.gpu_fits and row.cpu_fits is not True:  # an offload row: the CPU side is what is short or unknown
+            cpu = "not known: give --cpu-memory" if row.cpu_fits is None else "more than the CPU memory given"
+            return Recommendation(chosen, f"{row.strategy.label} was asked for (--strategy); it fits the GPUs "
+                                          f"({format_bytes(row.total)} per GPU) but needs "
+                                          f"{format_bytes(row.cpu_per_node)} of CPU memory per machine ({cpu}).")
         verdict = {True: "fits", False: "does not fit", None: "cannot be judged (no GPU memory given)"}[row.fits]
         return Recommendation(chosen, f"{row.strategy.label} was asked for (--strategy); it {verdict} "
                                       f"({format_bytes(row.total)} per GPU).")
@@ -80,13 +85,21 @@ def recommend(estimates: list[Estimate], gpus: int, nodes: int, prefer: str, che
 
 def _nothing_fits(estimates: list[Estimate], checkpointing: bool) -> str:
     runnable = [e for e in estimates if e.unavailable is None]
+    cpu_bound = [e for e in runnable if e.gpu_fits and e.cpu_fits is not True]
+    if cpu_bound:  # the GPUs would hold it with offload: CPU memory is what is short, or not known
+        row = min(cpu_bound, key=lambda e: e.cpu_per_node)
+        needs = (f"Nothing fits in GPU memory without offload; {row.strategy.label} fits the GPUs "
+                 f"({format_bytes(row.total)} per GPU) but needs {format_bytes(row.cpu_per_node)} of CPU memory "
+                 "per machine")
+        if row.cpu_fits is None:
+            return f"{needs}, and the CPU memory is not known: give --cpu-memory (each machine's RAM) to check it."
+        return (f"{needs}, more than the {format_bytes(row.cpu_usable)} usable of the CPU memory given: CPU memory "
+                "is the limit; use machines with more memory, or more machines (--nodes), which split the "
+                "offloaded states.")
     best = min(runnable, key=lambda e: e.total)
     activations = best.activations or 0
     if not checkpointing and activations > best.total / 3:
         fix = "add --activation-checkpointing (activations are the largest part)"
-    elif best.cpu_fits is False:
-        fix = "add CPU memory (--cpu-memory) or GPUs"
     else:
         fix = "use more GPUs or GPUs with more memory, or a smaller --micro-batch with gradient accumulation"
-    return (f"Nothing fits: the smallest option, {best.strategy.label}, needs {format_bytes(best.total)} per GPU"
-            f"{' and more CPU memory than given' if best.cpu_fits is False else ''}; {fix}.")
+    return f"Nothing fits: the smallest option, {best.strategy.label}, needs {format_bytes(best.total)} per GPU; {fix}."

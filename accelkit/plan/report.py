@@ -50,6 +50,8 @@ def _fits(row: Estimate, size: int) -> str:
     verdict = "yes" if row.fits else "no"
     if row.cpu_fits is False:
         verdict = "no (CPU)"
+    elif row.cpu_fits is None:
+        verdict = "no (CPU?)"
     return f"{verdict} ({sign}{abs(row.headroom) / size:.1f})"
 
 
@@ -113,6 +115,13 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None) 
     name, _ = unit(plan)
     lines.append(f"{name} per GPU (the worst rank; CPU/node: per machine); fits: after keeping 1 GiB + 10% of "
                  f"each GPU for what is not modelled; comm: {name} sent per GPU per optimizer step; * recommended.")
+    cpu_rows = [r for r in plan.rows if r.unavailable is None and r.cpu_per_node]
+    if any(r.cpu_fits is None for r in cpu_rows):
+        lines.append("  no (CPU?): CPU memory not known, so offload is not judged to fit: give --cpu-memory "
+                     "(each machine's RAM).")
+    if any(r.cpu_fits is False for r in cpu_rows):
+        lines.append("  no (CPU): the offloaded states need more than the usable CPU memory per machine (90% of "
+                     "it).")
     for row in plan.rows:
         if row.unavailable is not None and row.strategy.name != "single":
             lines.append(f"  n/a {row.strategy.label}: {row.unavailable}")

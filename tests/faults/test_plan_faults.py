@@ -41,6 +41,13 @@ SEVEN_B = ["--params", "7B", *MEMORY]
     (["--layers", "32", *MEMORY], r"a model shape needs --hidden, --heads too"),
     (["model-dir", "--params", "7B", *MEMORY], r"MODEL and --params both describe the model"),
     ([*SEVEN_B, "--measure", "missing.py"], r"script not found: missing.py"),
+    # values no model or machine has: typos, refused with the limit instead of planned
+    (["--params", "1e15", *MEMORY], r"--params 1e15 \(1,000,000,000,000,000 parameters\) is beyond any model"),
+    (["--params", "7B", "--gpus", "1", "--gpu-memory", "1e30GB"], r"--gpu-memory 1e30GB is more than any GPU"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "100000000000"],
+     r"--gpus 100,000,000,000 is more than any cluster has"),
+    ([*SEVEN_B, "--cpu-memory", "1e30GB"], r"--cpu-memory 1e30GB is more than any machine holds"),
+    (["--params", "5000", *MEMORY], r"--params 5,000 is smaller than the smallest Llama shape"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str], match: str) -> None:
     run_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path).assert_refused(match)
@@ -119,3 +126,65 @@ def test_a_script_that_fails_before_its_first_step(tmp_path: Path) -> None:
     assert "crash_before_step.py failed (exit status 1) before its first optimizer step" in line
     assert "Hint: run the same launch without --measure" in result.stderr
     result.assert_clean()
+
+
+def test_a_gpu_count_that_is_not_a_whole_number_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_fault(["plan", "--params", "7B", "--gpu-memory", "80GB", "--gpus", "1e11"], watch=[tmp_path],
+                       cwd=tmp_path)
+    result.assert_refused(r"'1e11' is not a valid integer", exit_code=2, hint=False)
+
+
+@pytest.mark.parametrize("config, args, match, hint", [
+    ({"model_type": "llama"}, [], r"gives none of hidden_size, num_hidden_layers, num_attention_heads, vocab_size: "
+                                  r"transformers would fill them with LlamaConfig's defaults", "--params"),
+    ({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 300, "n_positions": 128},
+     ["--seq-len", "256"], r"--seq-len 256 is beyond the model's max_position_embeddings 128", "--seq-len 128"),
+    ({"model_type": "llama", "hidden_size": "big"}, [],
+     r"config.json: Field 'hidden_size' expected int, got str \(value: 'big'\)$", "fix that field"),
+    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 7}, [],
+     r"The hidden size \(64\) is not a multiple of the number of attention heads \(7\)", "fix that field"),
+])
+def test_configs_that_would_plan_the_wrong_model(tmp_path: Path, config: dict, args: list[str], match: str,
+                                                 hint: str) -> None:
+    """A config without sizes (transformers' defaults: a 6.74B Llama), a sequence the model was not built for, a
+    field of the wrong type: refused, in words (no exception class names)."""
+    import json
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    result = run_fault(["plan", str(tmp_path / "model"), *MEMORY, *args], watch=[tmp_path], cwd=tmp_path)
+    line = result.assert_refused(match)
+    assert hint in result.stderr and "Strict" not in line and "Error:" not in line[len("Error:"):]
+
+
+@pytest.mark.parametrize("template", ["seq-classification", "image-classification"])
+def test_planning_a_project_loads_no_data_set_and_leaves_no_folder(tmp_path: Path, template: str) -> None:
+    """The project's model needs its labels (and words), not the datasets machinery: no cache written under
+    HF_HOME, no progress bar, and no empty torchinductor_* folder (torch makes one at import) in the temp dir."""
+    from accelkit.scaffold import init_project
+
+    init_project(tmp_path / "run", template)
+    hf_home, temp = tmp_path / "hf-home", tmp_path.parent / f"{tmp_path.name}-tmp"
+    hf_home.mkdir()
+    temp.mkdir()
+    result = run_fault(["plan", str(tmp_path / "run"), *MEMORY], watch=[tmp_path], cwd=tmp_path, expect="ok",
+                       env={"HF_HOME": str(hf_home), "TMPDIR": str(temp)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(accelkit project, template " in result.stdout
+    assert "examples/s" not in result.stderr and "Generating" not in result.stderr, result.stderr[-2000:]
+    result.assert_clean()  # HF_HOME is inside the watched tree: nothing created there
+    assert list(temp.iterdir()) == []
+
+
+def test_a_project_whose_data_is_on_the_hub_is_not_downloaded(tmp_path: Path) -> None:
+    from accelkit.scaffold import init_project
+
+    init_project(tmp_path / "run", "seq-classification")
+    train_py = tmp_path / "run" / "train.py"
+    source = train_py.read_text()
+    train_py.write_text(source.replace('"--dataset", default=None', '"--dataset", default="stanfordnlp/imdb"'))
+    assert train_py.read_text() != source
+    hf_home = tmp_path / "hf-home"
+    result = run_fault(["plan", str(tmp_path / "run"), *MEMORY], watch=[tmp_path], cwd=tmp_path,
+                       env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"})
+    result.assert_refused(r"data set `stanfordnlp/imdb` is not local files, and the plan does not download")

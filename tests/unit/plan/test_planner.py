@@ -58,8 +58,25 @@ def test_the_classic_case_needs_sharding_plus_cpu_offload(classic) -> None:
 def test_the_classic_case_without_enough_cpu_memory_fits_nowhere(classic) -> None:
     rows = [replace(row, cpu_usable=usable_cpu(64 * GiB)) for row in classic.rows]  # the same plan, 64 GiB of RAM
     choice = recommend(rows, gpus=4, nodes=1, prefer="any", checkpointing=False)
-    assert choice.strategy is None and "more CPU memory than given" in choice.reason
-    assert next(r for r in rows if r.strategy.name == "fsdp-offload").cpu_fits is False
+    assert choice.strategy is None and "CPU memory is the limit" in choice.reason
+    assert "activation checkpointing" not in choice.reason  # the fix named is the real limit
+    offload = next(r for r in rows if r.strategy.name == "fsdp-offload")
+    assert offload.cpu_fits is False and offload.fits is False
+
+
+def test_offload_never_fits_when_the_cpu_memory_is_unknown(classic) -> None:
+    rows = [replace(row, cpu_usable=None) for row in classic.rows]  # the same plan, CPU memory not given
+    offload = next(r for r in rows if r.strategy.name == "fsdp-offload")
+    assert offload.gpu_fits is True and offload.cpu_fits is None and offload.fits is False
+    choice = recommend(rows, gpus=4, nodes=1, prefer="any", checkpointing=False)
+    assert choice.strategy is None and "CPU memory is not known: give --cpu-memory" in choice.reason
+    unknown = replace(classic, rows=rows, recommendation=choice)
+    lines = report.text(unknown)
+    assert any("no (CPU?)" in line and line.startswith("FSDP + CPU offload") for line in lines)
+    assert any(line.strip().startswith("no (CPU?): CPU memory not known") for line in lines)
+    asked = recommend(rows, gpus=4, nodes=1, prefer="any", checkpointing=False, chosen="fsdp-offload")
+    assert "it fits the GPUs" in asked.reason and "CPU memory per machine (not known: give --cpu-memory)" \
+        in asked.reason
 
 
 def test_a_small_model_gets_ddp() -> None:
