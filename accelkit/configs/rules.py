@@ -84,6 +84,12 @@ def _cpu_limits(cfg: ResolvedConfig) -> Iterator[Finding]:
             yield _finding("nvme-on-cpu", ERROR, f"NVMe offload of {what} does not run on CPU (it needs DeepSpeed's "
                            "async-io op and a GPU)", "offload to cpu or none on CPU (--offload-optimizer cpu, "
                            "--offload-params cpu); keep nvme for GPU runs", option)
+    p = cfg.parallelism
+    if p is not None and p.cp > 1:
+        # Measured on torch 2.13: context_parallel() raises NotImplementedError for the CPU attention kernel.
+        yield _finding("cp-on-cpu", ERROR, f"{cfg.said('cp_size')}: context parallelism does not run on CPU (torch's "
+                       "context_parallel has no sharding rule for aten._scaled_dot_product_flash_attention_for_cpu)",
+                       "rehearse the rest of the layout with --cp-size 1 on CPU; run CP on GPUs", "cp_size")
 
 
 def _multi_machine(cfg: ResolvedConfig) -> Iterator[Finding]:
