@@ -86,3 +86,33 @@ def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
     assert result["distributed_type"].endswith("FSDP")
     assert_same_run(result, reference)
     check_merge(work)
+
+
+def test_causal_lm_template_loads_its_model_with_the_tp_plan_and_resumes(tmp_path: Path):
+    """The causal-lm template under tp 2 reads the layout, loads the model split by its TP plan (transformers'
+    DistributedConfig), trains like one process, checkpoints with DCP and resumes to the same final weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    template = Path(__file__).resolve().parents[2] / "templates" / "causal-lm"
+    project = tmp_path / "project"
+    shutil.copytree(template, project)
+    common = ("--max-steps", "4", "--checkpoint-every", "2", "--block-size", "64", "--eval-every", "0")
+    one = subprocess.run([sys.executable, str(project / "train.py"), *common, "--output-dir", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    tp = ("launch", "--cpu", "--backend", "ddp", "--num-processes", "2", "--tp-size", "2", str(project / "train.py"))
+    run = run_accelkit(*tp, *common, "--output-dir", str(tmp_path / "tp"), timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "x 1 data-parallel processes" in run.stdout + run.stderr
+    (tmp_path / "tp" / "final").rename(tmp_path / "tp-final")
+    resumed = run_accelkit(*tp, *common, "--output-dir", str(tmp_path / "tp"), "--resume-from-checkpoint",
+                           str(tmp_path / "tp" / "checkpoint-2"), timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    single = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    split = load_file(str(tmp_path / "tp-final" / "model.safetensors"))
+    again = load_file(str(tmp_path / "tp" / "final" / "model.safetensors"))
+    assert sorted(single) == sorted(split) == sorted(again)
+    for key, tensor in single.items():
+        assert torch.allclose(split[key], tensor, rtol=1e-4, atol=1e-6), key
+        assert torch.equal(again[key], split[key]), key  # resuming from checkpoint-2 changes nothing

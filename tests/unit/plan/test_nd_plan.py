@@ -75,3 +75,20 @@ def test_hsdp_keeps_a_shard_per_machine_and_all_reduces_across():
 def test_nothing_fits_names_the_smallest_layout():
     advice = nd.advise(LLAMA_70B, gpus=8, nodes=1, gpu_memory=24 * 10**9, seq_len=131072)
     assert advice.best is None and "no layout fits" in advice.reason and "needs" in advice.reason
+
+
+@pytest.mark.parametrize("seq_len", [8192, 131072])
+def test_recommended_commands_pass_the_config_rules(seq_len, monkeypatch):
+    """The plan's commands are ones `accelkit config` accepts (the one rule set), version checks aside."""
+    from accelkit.configs import ConfigOptions, compat, hardware
+    from accelkit.configs.resolve import resolve_config
+
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(compat, "gaps", lambda **_: iter(()))
+    words = nd.advise(LLAMA_70B, seq_len=seq_len, **CLUSTER).commands[0].split()[2:-2]
+    given = {}
+    for flag, value in zip(words[::2], words[1::2], strict=True):
+        name = flag[2:].replace("-", "_")
+        given[name] = value if name in ("backend", "main_process_ip") else int(value)
+    config = resolve_config(ConfigOptions(**given))
+    assert config.parallelism is not None and config.parallelism.total in (32, config.parallelism.sp)
