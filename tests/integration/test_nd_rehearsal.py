@@ -38,12 +38,13 @@ def base(tmp_path_factory) -> Path:
     return root
 
 
-def run_layout(base: Path, name: str, *flags: str) -> tuple[dict, dict, Path]:
+def run_layout(base: Path, name: str, layout: str, *flags: str) -> tuple[dict, dict, Path]:
     work = base / name
     work.mkdir()
     shutil.copytree(base / "base", work / "base")
     proc = run_accelkit("launch", "--cpu", *flags, str(SCRIPT), str(work), cwd=work, timeout=500)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"layout={layout}" in proc.stderr  # the launch summary names the layout
     reference = json.loads((base / "one" / "result.json").read_text())
     return json.loads((work / "result.json").read_text()), reference, work
 
@@ -73,15 +74,16 @@ def assert_same_run(result: dict, reference: dict) -> None:
 
 
 def test_tensor_parallel_2_matches_one_process_resumes_and_merges(base: Path):
-    result, reference, work = run_layout(base, "tp2", "--backend", "ddp", "--num-processes", "2", "--tp-size", "2")
+    result, reference, work = run_layout(base, "tp2", "tp 2", "--backend", "ddp", "--num-processes", "2",
+                                         "--tp-size", "2")
     assert result["mesh"] == {"tp": 2} and result["dtensor"]
     assert_same_run(result, reference)
     check_merge(work)
 
 
 def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
-    result, reference, work = run_layout(base, "hsdp", "--backend", "fsdp", "--num-processes", "4",
-                                         "--dp-replicate-size", "2", "--dp-shard-size", "2")
+    result, reference, work = run_layout(base, "hsdp", "dp_replicate 2 x dp_shard 2", "--backend", "fsdp",
+                                         "--num-processes", "4", "--dp-replicate-size", "2", "--dp-shard-size", "2")
     assert result["mesh"] == {"dp_replicate": 2, "dp_shard": 2} and result["dtensor"]
     assert result["distributed_type"].endswith("FSDP")
     assert_same_run(result, reference)

@@ -191,3 +191,17 @@ def test_env_names_the_gap_in_one_line(monkeypatch):
 def test_path_helper_finds_files_without_importing(tmp_path):
     assert compat._package_file("accelkit", "configs", "compat.py") == Path(compat.__file__)
     assert compat._package_file("no_such_package_here") is None
+
+
+def test_cpu_rehearsal_refuses_cp_and_warns_about_sp_numbers(versions_work):
+    from dataclasses import replace
+
+    from accelkit.configs import rules
+
+    cp = resolve(backend="fsdp", num_processes=4, cp_size=2)
+    found = rules.check(replace(cp, use_cpu=True))
+    assert any(f.code == "cp-on-cpu" and f.is_error for f in found)
+    sp = resolve(backend="deepspeed", num_processes=2, sp_size=2)
+    found = rules.check(replace(sp, use_cpu=True))
+    assert [f.code for f in found if f.code.startswith("sp-")] == ["sp-on-cpu"]
+    assert not any(f.is_error for f in found)
