@@ -67,6 +67,16 @@ def check_merge(work: Path) -> None:
     assert torch.equal(model.state_dict()["lm_head.weight"], full["lm_head.weight"])
 
 
+def assert_plan_predicts_the_states(result: dict, layout) -> None:
+    """`accelkit plan`'s N-D row for the layout gives rank 0's measured parameters, gradients and moments (2%)."""
+    from accelkit.plan import nd
+
+    model = nd.Model.llama(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, intermediate=64)
+    row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16)
+    measured = sum(result["state_bytes"].values())
+    assert row.states == pytest.approx(measured, rel=0.02), (row.states, result["state_bytes"])
+
+
 def assert_same_run(result: dict, reference: dict) -> None:
     for got, want in zip(result["losses"], reference["losses"], strict=True):
         assert math.isclose(got, want, rel_tol=1e-5), (result["losses"], reference["losses"])
@@ -78,6 +88,9 @@ def test_tensor_parallel_2_matches_one_process_resumes_and_merges(base: Path):
                                          "--tp-size", "2")
     assert result["mesh"] == {"tp": 2} and result["dtensor"]
     assert_same_run(result, reference)
+    from accelkit.plan import nd
+
+    assert_plan_predicts_the_states(result, nd.Layout("ddp", tp=2))
     check_merge(work)
 
 
@@ -87,6 +100,9 @@ def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
     assert result["mesh"] == {"dp_replicate": 2, "dp_shard": 2} and result["dtensor"]
     assert result["distributed_type"].endswith("FSDP")
     assert_same_run(result, reference)
+    from accelkit.plan import nd
+
+    assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_replicate=2, dp_shard=2))
     check_merge(work)
 
 

@@ -34,11 +34,32 @@ generator = torch.Generator().manual_seed(0)
 batches = [torch.randint(0, 64, (4, 16), generator=generator) for _ in range(3)]
 
 
+measured: dict[str, int] = {}
+
+
+def local_bytes(tensor) -> int:
+    """Bytes this rank holds of a tensor (its shard of a DTensor)."""
+    if tensor is None:
+        return 0
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.numel() * tensor.element_size()
+
+
+def measure_states() -> None:
+    """This rank's parameters, gradients and optimizer moments, as `accelkit plan`'s N-D rows predict them."""
+    params = list(model.parameters())
+    moments = [value for state in optimizer.state.values() for key, value in state.items() if key != "step"]
+    measured.update(parameters=sum(local_bytes(p) for p in params), gradients=sum(local_bytes(p.grad) for p in params),
+                    optimizer=sum(local_bytes(m) for m in moments))
+
+
 def step(ids: torch.Tensor) -> float:
     rows = ids.chunk(dp_size)[dp_rank]
     loss = model(input_ids=rows, labels=rows).loss
     accelerator.backward(loss)
     optimizer.step()
+    if not measured:
+        measure_states()
     optimizer.zero_grad()
     mean = loss.detach().clone()
     if dist.is_initialized():
@@ -96,6 +117,7 @@ mesh = accelerator.torch_device_mesh
 if accelerator.is_main_process:
     param = next(model.parameters())
     (work / "result.json").write_text(json.dumps({
-        "losses": losses, "resumed": resumed, "distributed_type": str(accelerator.distributed_type),
+        "losses": losses, "resumed": resumed, "state_bytes": measured,
+        "distributed_type": str(accelerator.distributed_type),
         "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)) if mesh is not None else None,
         "dtensor": type(param).__name__ == "DTensor" or type(getattr(param, "data", None)).__name__ == "DTensor"}))
