@@ -34,7 +34,10 @@ MOMENTS = {"adamw": 2, "sgd-momentum": 1, "sgd": 0, "adafactor": 1}
 SHARDED_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "local_colwise", "local_rowwise",
                   "packed_colwise",
                    "packed_rowwise", "colwise_gather_output", "rowwise_split_input", "embedding_rowwise")
-LLAMA_TP_PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+# Llama's plan as transformers 5.x applies it: its config's base_model_tp_plan, the head's, and the input embedding
+# (DistributedConfig adds `embedding_rowwise` for a model's nn.Embedding whenever the plan is not empty).
+LLAMA_TP_PLAN = {"embed_tokens": "embedding_rowwise",
+                 "layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
                  "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
                  "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
                  "layers.*.mlp.down_proj": "rowwise", "lm_head": "colwise_gather_output"}
@@ -181,21 +184,25 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
     if why is not None:
         return Row(layout, why)
     tp, group = layout.tp, layout.shard_group
-    per_element = 4 + 4 + 4 * MOMENTS[optimizer]  # fp32 weights, gradients, moments (Accelerate mixed precision)
+    weight, grad, moments = 4, 4, 4 * MOMENTS[optimizer]  # fp32 (Accelerate mixed precision)
     if layout.backend == "deepspeed":
-        per_element = 2 + 2 + 4 + 4 * MOMENTS[optimizer]  # 16-bit weights/gradients, fp32 master and moments
-    sharded = replicated = local = 0
+        weight, grad, moments = 2, 2, 4 + 4 * MOMENTS[optimizer]  # 16-bit weights/gradients, fp32 master + moments
+    sharded = replicated = local = whole_grads = 0
     for name, shape in model.tensors:
         numel = math.prod(shape)
         style = _plan_style(name, tp_plan) if tp > 1 else None
         if style in SHARDED_STYLES:
             sharded += numel
+            if style == "embedding_rowwise" and group == 1:
+                # Measured (transformers 5.23, torch 2.13, TP alone): the embedding's gradient stays whole on each rank.
+                whole_grads += numel - math.ceil(shape[0] / tp) * math.prod(shape[1:])
             # colwise splits a Linear's output rows (dim 0), rowwise its input columns (last dim); padded to whole
             dim = len(shape) - 1 if "rowwise" in style and style != "embedding_rowwise" and len(shape) > 1 else 0
             numel = numel // shape[dim] * math.ceil(shape[dim] / tp)
         else:
             replicated += numel
         local += math.ceil(numel / group)
+    states = local * (weight + grad + moments) + whole_grads * grad
     s = seq_len / layout.sequence_split
     b, h = micro_batch, model.hidden
     inner = 34 / tp if layout.sequence_parallel else 10 + 24 / tp
@@ -205,7 +212,7 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
     activations = (checkpoints + per_layer if checkpointing else model.layers * per_layer) + logits
     layer_params = model.parameters / max(model.layers, 1) / tp
     gathered = int(2 * layer_params * 2) if group > 1 else 0  # the gathered unit and the prefetched one, 16-bit
-    return Row(layout, None, states=local * per_element, activations=int(activations), gathered=gathered,
+    return Row(layout, None, states=states, activations=int(activations), gathered=gathered,
                tp_sharded=sharded, tp_replicated=replicated,
                traffic=_traffic(layout, model, local, s, b, checkpointing), usable=usable_gpu(gpu_memory))
 

@@ -20,6 +20,8 @@ def tp_plan_of(class_name: str) -> Mapping[str, str]:
         cls = getattr(transformers, class_name)
         plan = dict(getattr(cls.config_class(), "base_model_tp_plan", None) or {})
         plan.update(getattr(cls, "_tp_plan", None) or {})
+        if plan:  # transformers 5.x splits the input embedding too (DistributedConfig adds it to any plan)
+            plan = {"embed_tokens": "embedding_rowwise", **plan}
     except Exception:  # a class transformers does not export, or a config that cannot be built without arguments
         return nd.LLAMA_TP_PLAN
     return plan or nd.LLAMA_TP_PLAN

@@ -47,14 +47,18 @@ def test_tp_across_machines_is_refused():
 
 def test_tp_plan_splits_the_planned_weights_and_replicates_the_rest():
     row = nd.row(nd.Layout("fsdp", dp_shard=16, tp=2), LLAMA_70B, seq_len=8192, **CLUSTER)
-    embed = 128256 * 8192
     norms = 8192 * (2 * 80 + 1)
-    assert row.tp_replicated == embed + norms  # the embedding and the norms are not in Llama's TP plan
-    assert row.tp_sharded == LLAMA_70B.parameters - embed - norms
+    assert row.tp_replicated == norms  # the norms are not in the plan; transformers 5.x splits the embedding too
+    assert row.tp_sharded == LLAMA_70B.parameters - norms
     plain = nd.row(nd.Layout("fsdp", dp_shard=32), LLAMA_70B, seq_len=8192, **CLUSTER)
-    # Each rank holds 1/32 of the sharded weights either way; the replicated ones cost tp times more.
-    assert row.states > plain.states
-    assert row.states - plain.states == pytest.approx((embed + norms) * 16 * (1 / 16 - 1 / 32), rel=1e-3)
+    # Each rank holds 1/32 of the split weights either way; the replicated norms cost tp times more.
+    assert row.states - plain.states == norms * 16 * (1 / 16 - 1 / 32)
+
+
+def test_tp_alone_keeps_the_embedding_gradient_whole_as_measured():
+    tiny = nd.Model.llama(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, intermediate=64)
+    row = nd.row(nd.Layout("ddp", tp=2), tiny, gpus=2, nodes=1, gpu_memory=None, seq_len=16)
+    assert row.states == 45696 + 49792 + 91392  # rank 0's parameters, gradients, moments in the TP 2 rehearsal
 
 
 def test_sequence_parallelism_in_tp_splits_the_rest_of_the_activations():
