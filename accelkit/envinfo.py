@@ -77,7 +77,15 @@ def collect() -> dict:
         "gpu_count": len(torch_info["gpus"]),
         "gpus": torch_info["gpus"],
         "accelerate_default_config": _default_accelerate_config(),
+        "nd_layouts": _nd_layouts(),
     }
+
+
+def _nd_layouts() -> list[dict]:
+    """The N-D layouts the installed packages cannot run, one line each with the versions that work."""
+    from accelkit.configs.compat import installed_layout_gaps
+
+    return [{"layout": gap.layout, "problem": gap.message, "works": gap.hint} for gap in installed_layout_gaps()]
 
 
 def format_text(info: dict) -> str:
@@ -98,6 +106,11 @@ def format_text(info: dict) -> str:
     lines.append(f"{'gpus':<16}{info['gpu_count']}")
     for gpu in info["gpus"]:
         lines.append(f"  [{gpu['index']}] {gpu['name']}, {gpu['memory_gib']} GiB")
+    gaps = info.get("nd_layouts") or []
+    lines.append(f"{'n-d layouts':<16}" + ("every layout's packages are present" if not gaps else
+                                           f"{len(gaps)} cannot run here:"))
+    for gap in gaps:
+        lines.append(f"  {gap['problem']}; {gap['works']}")
     default = info["accelerate_default_config"]
     if default["exists"]:
         lines.append(f"accelerate default config: {default['path']}")

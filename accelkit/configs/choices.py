@@ -106,6 +106,12 @@ _ACCELERATE_SPELLING: dict[tuple[type, str], str] = {
 }
 FSDP_VERSIONS = (1, 2)
 ZERO_STAGES = (0, 1, 2, 3)
+# The backends Accelerate's launcher offers for context and sequence parallelism (`--parallelism_config_cp_backend`,
+# `--parallelism_config_sp_backend`); a unit test keeps them equal to the installed Accelerate's choices.
+CP_BACKENDS = ("torch",)
+SP_BACKENDS = ("deepspeed",)
+# The N-D dimensions, in the order Accelerate lays out its device mesh (outermost first, tp innermost).
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 
 
 def from_accelerate(kind: type[Choice], text: object) -> Choice | None:

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.configs.choices import (
+    CP_BACKENDS,
     FSDP_VERSIONS,
+    SP_BACKENDS,
     ZERO_STAGES,
     Backend,
     MixedPrecision,
@@ -109,6 +111,29 @@ class ConfigOptions:
         "Write a full DeepSpeed JSON (\"auto\" values) here and reference it from the YAML.",
         key="deepspeed_config.deepspeed_config_file", kind="path", group="deepspeed")
 
+    # N-D parallelism (Accelerate's ParallelismConfig): the product of the sizes is the number of processes.
+    dp_replicate_size: int | None = _option(
+        "N-D: replicas of the model (DDP-like all-reduce across them). With --dp-shard-size > 1: HSDP.",
+        key="parallelism_config.parallelism_config_dp_replicate_size", kind="int", metavar="N")
+    dp_shard_size: int | None = _option(
+        "N-D: processes FSDP2 shards the model over. Default under fsdp: what the other sizes leave.",
+        key="parallelism_config.parallelism_config_dp_shard_size", kind="int", metavar="N")
+    tp_size: int | None = _option(
+        "N-D: tensor parallelism (the model's TP plan splits each layer's weights over N processes of one machine).",
+        key="parallelism_config.parallelism_config_tp_size", kind="int", metavar="N")
+    cp_size: int | None = _option(
+        "N-D: context parallelism (torch ring attention splits the sequence over N processes; needs fsdp v2).",
+        key="parallelism_config.parallelism_config_cp_size", kind="int", metavar="N")
+    cp_backend: str | None = _option("N-D: context parallelism backend.",
+                                     key="parallelism_config.parallelism_config_cp_backend", kind="choice",
+                                     choices=CP_BACKENDS)
+    sp_size: int | None = _option(
+        "N-D: sequence parallelism (DeepSpeed Ulysses/ALST splits the sequence over N processes; needs deepspeed).",
+        key="parallelism_config.parallelism_config_sp_size", kind="int", metavar="N")
+    sp_backend: str | None = _option("N-D: sequence parallelism backend.",
+                                     key="parallelism_config.parallelism_config_sp_backend", kind="choice",
+                                     choices=SP_BACKENDS)
+
     def given(self) -> dict[str, object]:
         """The fields the user actually set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
@@ -131,6 +156,10 @@ class ConfigOptions:
 
 
 OPTION_FIELDS = {f.name: f for f in fields(ConfigOptions)}
+# The N-D sizes, by mesh dimension, in Accelerate's mesh order (outermost first).
+ND_SIZES = {"dp_replicate": "dp_replicate_size", "dp_shard": "dp_shard_size", "cp": "cp_size", "sp": "sp_size",
+            "tp": "tp_size"}
+ND_OPTIONS = (*ND_SIZES.values(), "cp_backend", "sp_backend")
 
 
 def flag_name(field_name: str) -> str:

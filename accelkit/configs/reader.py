@@ -19,8 +19,15 @@ from accelkit.configs import schema
 from accelkit.configs.choices import Backend, Choice, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
 from accelkit.configs.choices import from_accelerate as choice_from
 from accelkit.configs.findings import ERROR, WARNING, Finding
-from accelkit.configs.options import ConfigOptions, flag_name
-from accelkit.configs.resolved import ABSENT, DeepSpeedSettings, FsdpSettings, ResolvedConfig, Source
+from accelkit.configs.options import ND_SIZES, ConfigOptions, flag_name
+from accelkit.configs.resolved import (
+    ABSENT,
+    DeepSpeedSettings,
+    FsdpSettings,
+    ParallelismSettings,
+    ResolvedConfig,
+    Source,
+)
 from accelkit.errors import AccelkitError
 
 # Top-level keys accelkit models; any other key of a file is kept as it is.
@@ -56,6 +63,7 @@ class ConfigLayer:
     extra: dict[str, Any] = field(default_factory=dict)  # top-level keys accelkit does not model
     fsdp_extra: dict[str, Any] = field(default_factory=dict)
     deepspeed_extra: dict[str, Any] = field(default_factory=dict)
+    parallelism_extra: dict[str, Any] = field(default_factory=dict)  # e.g. parallelism_config_cp_comm_strategy
     findings: list[Finding] = field(default_factory=list)  # what the file gets wrong (see the module docstring)
     unmodeled: list[Finding] = field(default_factory=list)  # values accelkit cannot carry into a config it writes
 
@@ -164,7 +172,35 @@ def read_layer(raw: Mapping[str, Any], origin: Source, *, relative_to: Path | No
         _fsdp(reader, raw)
     elif layer.backend is Backend.DEEPSPEED:
         _deepspeed(reader, raw, relative_to, json_content)
+    _parallelism(reader, raw)
     return layer
+
+
+def _parallelism(reader: _Reader, raw: Mapping[str, Any]) -> None:
+    """parallelism_config's sizes as options. An FSDP2 hybrid section of the shape accelkit writes for
+    `--sharding hybrid` (replicate = machines, shard = processes per machine, nothing else) stays `sharding
+    hybrid`, so it follows the machine count when a launch changes it."""
+    layer, opts = reader.layer, reader.layer.options
+    section = schema.section(raw, "parallelism_config")
+    if not section:
+        return
+    prefix = "parallelism_config_"
+    sizes = {name: reader.integer(section, f"{prefix}{name}", f"parallelism_config.{prefix}{name}")
+             for name in ND_SIZES.values()}
+    backends = {name: section.get(f"{prefix}{name}") for name in ("cp_backend", "sp_backend")}
+    machines = opts.num_machines or 1
+    legacy_hybrid = (layer.backend is Backend.FSDP and opts.sharding == Sharding.HYBRID.value
+                     and all((sizes[n] or 1) == 1 for n in ("tp_size", "cp_size", "sp_size"))
+                     and sizes["dp_replicate_size"] == machines and opts.num_processes is not None
+                     and sizes["dp_shard_size"] == opts.num_processes // machines
+                     and not any(backends.values()))
+    if not legacy_hybrid:
+        for name, value in sizes.items():
+            setattr(opts, name, value)
+        for name, value in backends.items():
+            setattr(opts, name, None if value is None else str(value))
+    modeled = {f"{prefix}{name}" for name in (*ND_SIZES.values(), "cp_backend", "sp_backend")}
+    layer.parallelism_extra = {key: value for key, value in section.items() if key not in modeled}
 
 
 def _structure(reader: _Reader) -> None:
@@ -183,7 +219,7 @@ def _structure(reader: _Reader) -> None:
         if raw.get(name) is not None and not isinstance(raw[name], dict):
             reader.find("not-a-mapping", ERROR, f"`{name}` must be a mapping of keys, not {raw[name]!r}",
                         f"write `{name}:` followed by indented `key: value` lines, or remove it", key=name)
-    for name in ("fsdp_config", "deepspeed_config"):
+    for name in ("fsdp_config", "deepspeed_config", "parallelism_config"):
         valid_nested = schema.nested_keys(name) or frozenset()
         for key in sorted(schema.section(raw, name), key=str):
             spelled = str(key) if name != "fsdp_config" or str(key).startswith("fsdp_") else f"fsdp_{key}"
@@ -384,6 +420,7 @@ def as_written(layer: ConfigLayer) -> ResolvedConfig:
                                                    MixedPrecision.NO),
         gradient_accumulation_steps=opts.gradient_accumulation_steps,
         use_cpu=given("use_cpu", values.get("use_cpu"), False), fsdp=fsdp, deepspeed=deepspeed,
+        parallelism=ParallelismSettings.of(opts, layer.parallelism_extra),
         compute_environment=values.get("compute_environment"), extra=dict(layer.extra), sources=sources,
         findings=tuple(f for f in layer.findings if not f.is_error))
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from accelkit.configs import hardware, rules
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
 from accelkit.configs.deepspeed_json import deepspeed_json_content
 from accelkit.configs.findings import raise_first_error
-from accelkit.configs.options import ConfigOptions, flag_name
+from accelkit.configs.options import ND_OPTIONS, ND_SIZES, ConfigOptions, flag_name
 from accelkit.configs.reader import ConfigLayer, read_layer
 from accelkit.configs.resolved import (
     DEFAULT,
@@ -30,6 +31,7 @@ from accelkit.configs.resolved import (
     PRESET,
     DeepSpeedSettings,
     FsdpSettings,
+    ParallelismSettings,
     ResolvedConfig,
     Source,
 )
@@ -181,7 +183,22 @@ def _fill(m: ConfigOptions, sources: dict[str, Source], keeps_json: bool) -> Con
             default("zero3_save_16bit_model", False)
         if r.deepspeed_json is None and not keeps_json:
             default("gradient_accumulation_steps", 1)
+    if any(getattr(r, name) is not None for name in ND_OPTIONS):
+        _fill_parallelism(r, backend, default)
     return r
+
+
+def _fill_parallelism(r: ConfigOptions, backend: Backend, default: Any) -> None:
+    """Sizes not given are 1, except the data-parallel dimension of the backend (FSDP's dp_shard, DDP's
+    dp_replicate), which takes the processes the others leave: `--tp-size 2` on 8 GPUs = dp_shard 4 x tp 2."""
+    rest = "dp_shard_size" if backend is Backend.FSDP else "dp_replicate_size" if backend is Backend.DDP else None
+    if rest is not None and getattr(r, rest) is None:
+        others = math.prod(getattr(r, name) or 1 for name in ND_SIZES.values() if name != rest)
+        if others > 0 and r.num_processes % others == 0:
+            default(rest, r.num_processes // others, f"the processes left by the other sizes: {r.num_processes} / "
+                    f"{others}")
+    for name in ND_SIZES.values():
+        default(name, 1)
 
 
 def _backend_default_reason(r: ConfigOptions) -> str:
@@ -204,7 +221,8 @@ def _assemble(r: ConfigOptions, layer: ConfigLayer | None, sources: dict[str, So
         main_process_ip=r.main_process_ip or None, main_process_port=r.main_process_port,
         mixed_precision=None if r.mixed_precision is None else MixedPrecision(r.mixed_precision),
         gradient_accumulation_steps=r.gradient_accumulation_steps, use_cpu=backend is Backend.CPU, fsdp=fsdp,
-        deepspeed=deepspeed, extra=dict(layer.extra) if layer else {}, sources=dict(sources), per_machine=per_machine)
+        deepspeed=deepspeed, parallelism=ParallelismSettings.of(r, layer.parallelism_extra if layer else None),
+        extra=dict(layer.extra) if layer else {}, sources=dict(sources), per_machine=per_machine)
 
 
 def _fsdp_settings(r: ConfigOptions, layer: ConfigLayer | None) -> FsdpSettings:

@@ -8,15 +8,29 @@ the one place that spells it as Accelerate's config keys, for the YAML renderer 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
+from accelkit.configs.choices import (
+    CP_BACKENDS,
+    MESH_ORDER,
+    SP_BACKENDS,
+    Backend,
+    MixedPrecision,
+    OffloadDevice,
+    Sharding,
+    StateDict,
+    WrapPolicy,
+)
 from accelkit.configs.findings import Finding
 from accelkit.configs.options import config_key, flag_name
 
+# option name -> ParallelismSettings field
+ND_FIELDS = {"dp_replicate_size": "dp_replicate", "dp_shard_size": "dp_shard", "tp_size": "tp", "cp_size": "cp",
+             "sp_size": "sp", "cp_backend": "cp_backend", "sp_backend": "sp_backend"}
 FLAG, FILE, PRESET, DEFAULT, ABSENT, LABEL = "flag", "file", "preset", "default", "absent", "label"
 
 
@@ -71,6 +85,58 @@ class DeepSpeedSettings:
 
 
 @dataclass(frozen=True)
+class ParallelismSettings:
+    """Accelerate's ParallelismConfig: the size of each mesh dimension (1 = not used) and the CP/SP backends."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: int = 1
+    cp_backend: str | None = None
+    sp_backend: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # parallelism_config keys accelkit does not model
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Dimension -> size, in Accelerate's mesh order (outermost first, tp innermost)."""
+        return {name: getattr(self, name) for name in MESH_ORDER}
+
+    @property
+    def total(self) -> int:
+        return math.prod(self.sizes.values())
+
+    @property
+    def active(self) -> dict[str, int]:
+        """The dimensions in use (size > 1), in mesh order: the names Accelerate gives its mesh dimensions."""
+        return {name: size for name, size in self.sizes.items() if size > 1}
+
+    @property
+    def model_parallel(self) -> bool:
+        """Anything beyond data parallelism (TP, CP or SP)."""
+        return self.tp > 1 or self.cp > 1 or self.sp > 1
+
+    @property
+    def inner_group(self) -> int:
+        """Consecutive ranks that must share a machine: the tp group and the cp/sp groups around it (mesh order puts
+        them innermost, so they are neighbouring ranks)."""
+        return self.tp * self.cp * self.sp
+
+    @classmethod
+    def of(cls, options: Any, extra: Mapping[str, Any] | None = None) -> ParallelismSettings | None:
+        """The N-D settings a ConfigOptions asks for (sizes not given are 1), or None when it sets none of them."""
+        values = {name: getattr(options, option) for option, name in ND_FIELDS.items()}
+        if all(value is None for value in values.values()):
+            return None
+        return cls(**{name: (1 if value is None else value) if name in MESH_ORDER else value
+                      for name, value in values.items()}, extra=dict(extra or {}))
+
+    def describe(self) -> str:
+        """`dp_shard 2 x tp 2` (or `1 process` when nothing is split)."""
+        return " x ".join(f"{name} {size}" for name, size in self.active.items()) or "no split"
+
+
+@dataclass(frozen=True)
 class ResolvedConfig:
     backend: Backend
     num_processes: int  # total across machines
@@ -83,6 +149,7 @@ class ResolvedConfig:
     use_cpu: bool = False
     fsdp: FsdpSettings | None = None
     deepspeed: DeepSpeedSettings | None = None
+    parallelism: ParallelismSettings | None = None  # N-D sizes (Accelerate's parallelism_config), when given
     compute_environment: str | None = "LOCAL_MACHINE"
     extra: Mapping[str, Any] = field(default_factory=dict)  # top-level keys accelkit does not model, as given
     sources: Mapping[str, Source] = field(default_factory=dict)  # field name -> where its value came from
@@ -120,6 +187,8 @@ class ResolvedConfig:
             return self.fsdp.version
         if name == "deepspeed_json" and self.deepspeed is not None:
             return self.deepspeed.json_file
+        if self.parallelism is not None and name in ND_FIELDS:
+            return getattr(self.parallelism, ND_FIELDS[name])
         return None
 
     def said_backend(self) -> str:
@@ -176,13 +245,15 @@ class ResolvedConfig:
             out["use_cpu"] = self.use_cpu
         if self.fsdp is not None:
             out["fsdp_config"] = self._fsdp_dict(self.fsdp)
-            if self.fsdp.version == 2 and self.fsdp.sharding is Sharding.HYBRID:
+            if self.parallelism is None and self.fsdp.version == 2 and self.fsdp.sharding is Sharding.HYBRID:
                 out["parallelism_config"] = {
                     "parallelism_config_dp_replicate_size": self.num_machines,
                     "parallelism_config_dp_shard_size": self.processes_per_machine,
                     "parallelism_config_tp_size": 1, "parallelism_config_cp_size": 1}
         if self.deepspeed is not None:
             out["deepspeed_config"] = self._deepspeed_dict(self.deepspeed)
+        if self.parallelism is not None:
+            out["parallelism_config"] = self._parallelism_dict(self.parallelism)
         out.update({key: value for key, value in self.extra.items() if key not in out})
         return out
 
@@ -213,6 +284,19 @@ class ResolvedConfig:
             if value is not None:
                 out[key] = value
         out.update({key: value for key, value in f.extra.items() if key not in out})
+        return out
+
+    @staticmethod
+    def _parallelism_dict(p: ParallelismSettings) -> dict[str, Any]:
+        prefix = "parallelism_config_"
+        out: dict[str, Any] = {f"{prefix}{name}_size": size for name, size in
+                               (("dp_replicate", p.dp_replicate), ("dp_shard", p.dp_shard), ("tp", p.tp),
+                                ("cp", p.cp), ("sp", p.sp))}
+        if p.cp > 1 or p.cp_backend is not None:
+            out[f"{prefix}cp_backend"] = p.cp_backend or CP_BACKENDS[0]
+        if p.sp > 1 or p.sp_backend is not None:
+            out[f"{prefix}sp_backend"] = p.sp_backend or SP_BACKENDS[0]
+        out.update({key: value for key, value in p.extra.items() if key not in out})
         return out
 
     def _deepspeed_dict(self, d: DeepSpeedSettings) -> dict[str, Any]:

@@ -84,6 +84,19 @@ def _cpu_limits(cfg: ResolvedConfig) -> Iterator[Finding]:
             yield _finding("nvme-on-cpu", ERROR, f"NVMe offload of {what} does not run on CPU (it needs DeepSpeed's "
                            "async-io op and a GPU)", "offload to cpu or none on CPU (--offload-optimizer cpu, "
                            "--offload-params cpu); keep nvme for GPU runs", option)
+    p = cfg.parallelism
+    if p is not None and p.cp > 1:
+        # Measured on torch 2.13: context_parallel() raises NotImplementedError for the CPU attention kernel.
+        yield _finding("cp-on-cpu", ERROR, f"{cfg.said('cp_size')}: context parallelism does not run on CPU (torch's "
+                       "context_parallel has no sharding rule for aten._scaled_dot_product_flash_attention_for_cpu)",
+                       "rehearse the rest of the layout with --cp-size 1 on CPU; run CP on GPUs", "cp_size")
+    if p is not None and p.sp > 1:
+        # Measured (deepspeed 0.19.8, torch 2.13, tiny Llama, sp 2): the batch is split along the sequence as on GPUs
+        # and training steps, but the first loss differs from one process by 0.14%: not yet a numbers check.
+        yield _finding("sp-on-cpu", WARNING, f"{cfg.said('sp_size')} on CPU runs DeepSpeed's Ulysses code, but its "
+                       "losses differ from a one-process run by about 0.1% in accelkit's check", "use the CPU "
+                       "rehearsal of sequence parallelism for wiring (batches, checkpoints), not for loss values",
+                       "sp_size")
 
 
 def _multi_machine(cfg: ResolvedConfig) -> Iterator[Finding]:
@@ -155,7 +168,7 @@ def _fsdp(cfg: ResolvedConfig) -> Iterator[Finding]:
     if f.version == 2 and f.sharding is Sharding.NO:
         yield _finding("fsdp2-no-shard", ERROR, "FSDP2 has no NO_SHARD strategy",
                        "use --backend ddp (same thing, faster), or --fsdp-version 1", "sharding")
-    if f.version == 2 and f.sharding is Sharding.HYBRID and cfg.num_machines < 2:
+    if f.version == 2 and f.sharding is Sharding.HYBRID and cfg.num_machines < 2 and cfg.parallelism is None:
         yield _finding("fsdp2-hybrid-one-machine", ERROR, "--sharding hybrid with FSDP2 replicates across machines, "
                        "but there is only one machine", "use --sharding full on one machine, or set --num-machines; "
                        "--fsdp-version 1 keeps HYBRID_SHARD", "sharding")
@@ -192,14 +205,154 @@ def _deepspeed(cfg: ResolvedConfig) -> Iterator[Finding]:
                        "nvme_path")
 
 
-def check(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True) -> list[Finding]:
+# -- N-D parallelism (Accelerate's ParallelismConfig) -----------------------------------------------------------------
+_ND_HINT = ("--backend fsdp (FSDP2) composes dp_replicate, dp_shard, tp and cp; --backend ddp takes tp alone; "
+            "--backend deepspeed takes sp")
+
+
+def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p is None:
+        return
+    bad = [name for name, size in (("dp_replicate_size", p.dp_replicate), ("dp_shard_size", p.dp_shard),
+                                   ("tp_size", p.tp), ("cp_size", p.cp), ("sp_size", p.sp)) if size < 1]
+    if bad:
+        yield _finding("nd-size", ERROR, f"{cfg.said(bad[0])}: a parallelism size is at least 1", "use 1 for a "
+                       "dimension you do not split", bad[0])
+        return
+    if p.cp > 1 and p.sp > 1:
+        yield _finding("nd-cp-and-sp", ERROR, f"{cfg.said('cp_size')} and {cfg.said('sp_size')}: context and "
+                       "sequence parallelism both split the sequence and cannot be combined",
+                       "keep one: --cp-size N (FSDP2, torch) or --sp-size N (DeepSpeed Ulysses)", "sp_size")
+        return
+    crossing = list(_nd_machines(cfg, p))
+    yield from crossing
+    if not any(f.is_error for f in crossing):
+        yield from _nd_backend(cfg, p)
+        yield from _nd_product(cfg, p)
+
+
+def _nd_backend(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
+    """The layouts Accelerate composes for each backend, refused with Accelerate's reason."""
+    backend, said = cfg.backend, cfg.said_backend()
+    if backend in (Backend.SINGLE, Backend.CPU) and p.total > 1:
+        yield _finding("nd-backend", ERROR, f"{said} cannot split a model ({p.describe()}): Accelerate refuses a "
+                       "ParallelismConfig on plain CPU processes", f"{_ND_HINT} (add --cpu to rehearse on CPU)",
+                       "backend")
+    elif backend is Backend.FSDP and cfg.fsdp is not None and cfg.fsdp.version == 1 and p.total > 1:
+        yield _finding("nd-fsdp1", ERROR, f"{p.describe()} needs FSDP2: {cfg.said('fsdp_version')} cannot compose "
+                       "a device mesh", "use --fsdp-version 2", "fsdp_version")
+    elif backend is Backend.DDP:
+        if p.dp_shard > 1:
+            yield _finding("nd-ddp-shard", ERROR, f"{cfg.said('dp_shard_size')} with {said}: DDP replicates, it "
+                           "does not shard", "use --backend fsdp for dp_shard (or --dp-replicate-size for DDP)",
+                           "dp_shard_size")
+        elif p.cp > 1:
+            yield _finding("nd-cp-backend", ERROR, f"{cfg.said('cp_size')} with {said}: context parallelism "
+                           "needs FSDP2 (Accelerate shards the model over the cp dimension)",
+                           "use --backend fsdp --cp-size N", "cp_size")
+        elif p.sp > 1:
+            yield _finding("nd-sp-backend", ERROR, f"{cfg.said('sp_size')} with {said}: sequence parallelism is "
+                           "DeepSpeed's (Ulysses/ALST)", "use --backend deepspeed --sp-size N", "sp_size")
+        elif p.tp > 1 and p.dp_replicate > 1:
+            yield _finding("nd-ddp-tp", ERROR, f"{cfg.said('tp_size')} with {cfg.said('dp_replicate_size')}: "
+                           "Accelerate does not compose DDP with tensor parallelism", "use --backend fsdp "
+                           f"--dp-shard-size {p.dp_replicate} --tp-size {p.tp} (FSDP2 x TP), or --tp-size alone "
+                           "over every process", "tp_size")
+    elif backend is Backend.DEEPSPEED:
+        other = next((n for n, size in (("tp_size", p.tp), ("cp_size", p.cp), ("dp_shard_size", p.dp_shard),
+                                        ("dp_replicate_size", p.dp_replicate)) if size > 1), None)
+        if other:
+            yield _finding("nd-deepspeed", ERROR, f"{cfg.said(other)} with {said}: Accelerate composes only "
+                           "sequence parallelism (--sp-size) with DeepSpeed; ZeRO does the data-parallel sharding",
+                           f"drop {flag_name(other)} (or use --backend fsdp for tp/cp/dp_shard)", other)
+    elif backend is Backend.FSDP:
+        if p.sp > 1:
+            yield _finding("nd-sp-backend", ERROR, f"{cfg.said('sp_size')} with {said}: sequence parallelism is "
+                           "DeepSpeed's (Ulysses/ALST); FSDP2 splits the sequence with --cp-size",
+                           "use --cp-size N with fsdp, or --backend deepspeed --sp-size N", "sp_size")
+        elif (p.tp > 1 or p.cp > 1) and p.dp_replicate > 1 and p.dp_shard == 1:
+            yield _finding("nd-replicate-needs-shard", ERROR, f"{cfg.said('dp_replicate_size')} with dp_shard 1 "
+                           "under tp/cp: Accelerate composes TP/CP with FSDP (or HSDP), not with pure replication",
+                           "give --dp-shard-size 2 or more (HSDP x TP), or move the replicas to --dp-shard-size",
+                           "dp_shard_size")
+        elif p.dp_shard == 1 and p.cp == 1:
+            yield _finding("nd-nothing-to-shard", ERROR, f"{p.describe()} under {said} leaves FSDP nothing to "
+                           f"shard (dp_shard and cp are 1): Accelerate refuses it", "lower --tp-size so "
+                           "--dp-shard-size is 2 or more, or launch tensor parallelism alone with --backend ddp",
+                           "dp_shard_size")
+    for size, backend_name in (("cp", "cp_backend"), ("sp", "sp_backend")):
+        if getattr(p, backend_name) is not None and getattr(p, size) == 1:
+            yield _finding("nd-backend-unused", WARNING, f"{cfg.said(backend_name)} has no effect: {size}_size is "
+                           "1", f"drop it, or set --{size}-size N", backend_name)
+
+
+def _nd_product(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
+    procs = cfg.num_processes
+    if cfg.backend is Backend.DEEPSPEED and p.sp > 1:
+        if procs % p.sp:  # DeepSpeed builds its data-parallel groups from what sp leaves
+            yield _finding("nd-product", ERROR, f"{cfg.said('sp_size')} does not divide "
+                           f"{cfg.said('num_processes')}", "use an sp size that divides the number of processes",
+                           "sp_size")
+    elif p.total != procs and procs >= 1:
+        sizes = " x ".join(f"{n} {s}" for n, s in p.sizes.items() if s > 1) or "1"
+        others = p.total // max(p.dp_shard, 1)
+        fix = f"--dp-shard-size {procs // others}" if cfg.backend is Backend.FSDP and procs % others == 0 else \
+            f"sizes whose product is {procs}"
+        yield _finding("nd-product", ERROR, f"the parallelism sizes ({sizes} = {p.total}) do not multiply to "
+                       f"{cfg.said('num_processes')}", f"use {fix} (dp_replicate x dp_shard x tp x cp x sp = "
+                       "processes)", "num_processes")
+        return
+
+
+def _nd_machines(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
+    """TP and CP groups are neighbouring ranks (innermost in the mesh): they must fit in one machine."""
+    per_machine = cfg.processes_per_machine
+    inner = p.tp * p.cp
+    if inner > 1 and cfg.num_machines > 1 and per_machine % inner:
+        what = "tensor-parallel" if p.cp == 1 else "tensor/context-parallel" if p.tp > 1 else "context-parallel"
+        yield _finding("nd-cross-machine", ERROR, f"{what} groups of {inner} processes would span machines "
+                       f"({per_machine} per machine): every layer's all-reduce would cross the network",
+                       f"keep tp x cp within a machine: a divisor of {per_machine} (or fewer processes per group)",
+                       "tp_size" if p.tp > 1 else "cp_size")
+    elif inner > per_machine and cfg.num_machines > 1:
+        yield _finding("nd-cross-machine", ERROR, f"tensor/context-parallel groups of {inner} processes exceed the "
+                       f"{per_machine} processes of a machine: every layer's all-reduce would cross the network",
+                       f"keep tp x cp at most {per_machine}", "tp_size" if p.tp > 1 else "cp_size")
+    elif p.sp > per_machine and cfg.num_machines > 1:
+        yield _finding("nd-sp-cross-machine", WARNING, f"{cfg.said('sp_size')} spans machines ({per_machine} "
+                       "processes each): Ulysses' all-to-all per layer then crosses the network",
+                       f"keep --sp-size at most {per_machine} where you can", "sp_size")
+
+
+def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
+    """The layout needs what the installed packages lack (compat.py): one line with the versions that work."""
+    p = cfg.parallelism
+    if p is None or p.total <= 1:
+        return
+    from accelkit.configs.compat import gaps
+
+    fsdp2 = cfg.backend is Backend.FSDP and cfg.fsdp is not None and cfg.fsdp.version == 2
+    for gap in gaps(fsdp2=fsdp2, tp=p.tp, cp=p.cp, sp=p.sp):
+        yield _finding("nd-versions", severity, gap.message, gap.hint, "tp_size" if "TP" in gap.layout else "")
+
+
+def check(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True,
+          installed_matters: bool | None = None) -> list[Finding]:
     """Every finding for `cfg`, errors in the order a user should fix them. `given`: the options the user typed
     (to name flags given for another backend); `writes_file`: the config goes to a file (`accelkit config`), where
-    some settings have no key, rather than to a launch."""
+    some settings have no key, rather than to a launch. `installed_matters`: the layout runs here, so what the
+    installed packages lack is an error (default: yes, except for `accelkit config` writing a file, which may be for
+    another machine: there it is a warning)."""
+    if installed_matters is None:
+        installed_matters = not (given is not None and writes_file)
     found = [*_topology(cfg), *_cpu_limits(cfg)]
     if given is not None:
         found += misplaced_options(cfg, given, writes_file=writes_file)
-    return [*found, *_fsdp(cfg), *_deepspeed(cfg), *_multi_machine(cfg)]
+    layout = list(_parallelism(cfg))
+    if not any(f.is_error for f in layout):
+        layout += _installed(cfg, ERROR if installed_matters else WARNING)
+    return [*found, *_fsdp(cfg), *_deepspeed(cfg), *layout, *_multi_machine(cfg)]
 
 
 def problems(config: dict, deepspeed_json: dict | None = None, relative_to: Any = None) -> list[Finding]:

@@ -67,6 +67,8 @@ def nested_keys(section: str) -> frozenset[str] | None:
         return fsdp_keys()
     if section == "deepspeed_config":
         return deepspeed_keys()
+    if section == "parallelism_config":
+        return frozenset(d for d in _launch_dests() if d.startswith("parallelism_config_"))
     return None
 
 

@@ -36,6 +36,8 @@ def describe(request: Any, config: ResolvedConfig, plan: LaunchPlan, *, port_sou
         value = config.value(name)
         if value is not None:
             items.append(f"{label}={value} ({config.source(name)})")
+    if config.parallelism is not None:  # the N-D layout, as Accelerate names its mesh dimensions
+        items.append(f"layout={config.parallelism.describe()}")
     if config.backend is not Backend.DEEPSPEED and config.gradient_accumulation_steps is not None:
         items.append(f"gradient_accumulation_steps={config.gradient_accumulation_steps} "
                      f"({config.source('gradient_accumulation_steps')})")

@@ -153,7 +153,9 @@ def check(path: Path, metadata, fqns: set[str]) -> Layout:
                             "they come from a run with a different world size or step", hint=_ONE_SAVE)
     ranks = {int(m.group(1)) for rel in by_file if (m := DISTCP.match(rel))}
     layout.world_size = (max(ranks) + 1) if ranks else None
-    storage = {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()}
+    # Non-tensor items (an optimizer's step, param_groups) have no offset: only tensor chunks are looked up by it.
+    storage = {(index.fqn, tuple(offset)): info for index, info in metadata.storage_data.items()
+               if (offset := getattr(index, "offset", None)) is not None}
     items = 0
     for fqn in sorted(fqns):
         item = metadata.state_dict_metadata[fqn]

@@ -162,6 +162,12 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     script = measure_script or (str(spec.script) if spec.script else None)
     config_path = str(write_config) if write_config is not None else None
     result = PlanResult(lines=report.text(plan, config_path, script), json=report.to_json(plan, config_path, script))
+    from accelkit.plan.nd_report import nd_section
+
+    section = nd_section(plan)
+    if section is not None:  # nothing data-parallel fits: the layouts that split the model or the sequence
+        result.lines += section[0]
+        result.json["nd"] = section[1]
     if write_config is not None:
         _write(plan, write_config, command_line, result)
     if measure_script is not None:

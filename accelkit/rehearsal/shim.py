@@ -22,6 +22,8 @@ and makes the few places where the CPU type behaves differently from the GPU one
   are the same memory, so the state dict points at freed memory and the rank segfaults (or fails with "setStorage:
   ... out of bounds for storage of size 0"). In rehearsal the move is skipped when the parameters already are on
   the CPU, which is what offload_to_cpu=False does.
+- N-D parallelism (ddp): Accelerate validates a ParallelismConfig (tensor parallelism alone) only on multi-device
+  types and refuses MULTI_CPU; in rehearsal the check sees the ranks as multi-device, as on GPUs.
 - Hand-written GPU code (every backend): see cuda_calls.py (device ids, set_device, nccl, `.to(cuda)`).
 
 DeepSpeed needs nothing more: with cpu=False Accelerate initialises deepspeed.comm on gloo and switches to DEEPSPEED.
@@ -124,7 +126,8 @@ def _patch_fsdp_upgrade() -> None:
 
 
 class _AsMultiDevice:
-    """An accelerator, seen as a multi-device one by join_uneven_inputs (every other attribute is its own)."""
+    """An accelerator, seen as a multi-device one by join_uneven_inputs and the ParallelismConfig check (every other
+    attribute is its own)."""
 
     multi_device = True
 
@@ -155,6 +158,29 @@ def _patch_join_uneven_inputs() -> None:
         return join_uneven_inputs
 
     _replace(Accelerator, "join_uneven_inputs", wrap)
+
+
+def _patch_parallelism_validation() -> None:
+    """A ParallelismConfig (tensor parallelism without FSDP) on MULTI_CPU ranks is validated as on MULTI_GPU ranks.
+
+    Accelerate accepts a ParallelismConfig on multi-device types, FSDP2 and DeepSpeed, and refuses MULTI_CPU, the
+    type DDP ranks run as in rehearsal. Everything after the check (the device mesh, TP preparation, data sharding
+    over the data-parallel dimensions) is the same code on both types."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DistributedType
+
+    def wrap(original):
+        _require_signature(original, ("accelerator",), "ParallelismConfig._validate_accelerator")
+
+        @functools.wraps(original)
+        def validate(self, accelerator):
+            if accelerator.distributed_type == DistributedType.MULTI_CPU and accelerator.num_processes > 1:
+                return original(self, _AsMultiDevice(accelerator))
+            return original(self, accelerator)
+
+        return validate
+
+    _replace(ParallelismConfig, "_validate_accelerator", wrap)
 
 
 def _patch_fsdp1_offload_to_cpu() -> None:
@@ -206,5 +232,6 @@ def install(backend: str) -> None:
     after_import("torch", cuda_calls.install)
     if backend == "ddp":
         after_import("accelerate.accelerator", _patch_join_uneven_inputs)
+        after_import("accelerate.accelerator", _patch_parallelism_validation)
     if backend == "fsdp":
         after_import("torch.distributed.fsdp._flat_param", _patch_fsdp1_offload_to_cpu)

@@ -93,10 +93,32 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
-def build_tokenizer_and_model(args: argparse.Namespace):
+def tensor_parallel_kwargs(tp_size: int) -> dict:
+    """from_pretrained arguments that load the model split by its own TP plan over `tp_size` ranks, through the
+    API the installed transformers has: DistributedConfig (5.x), else tp_plan/tp_size (4.52 to 4.57)."""
+    if tp_size <= 1:
+        return {}
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError:
+        import inspect
+
+        import transformers
+
+        if "tp_size" not in inspect.getsource(transformers.PreTrainedModel.from_pretrained):
+            raise SystemExit(f"tensor parallelism (tp_size {tp_size}) needs transformers >= 4.52 (installed: "
+                             f"{transformers.__version__}): pip install 'transformers>=4.52'") from None
+        return {"tp_plan": "auto", "tp_size": tp_size}
+    return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+
+
+def build_tokenizer_and_model(args: argparse.Namespace, accelerator: Accelerator | None = None, tp_size: int = 1):
+    """The tokenizer and model; with tensor parallelism (Accelerate's parallelism_config tp_size) the model is
+    loaded already split by its TP plan, which Accelerate then prepares."""
+    tp = tensor_parallel_kwargs(tp_size if accelerator is not None else 1)
     if args.model:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, **tp)
         return tokenizer, model
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else byte_level_tokenizer()
     config = LlamaConfig(
@@ -111,7 +133,14 @@ def build_tokenizer_and_model(args: argparse.Namespace):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return tokenizer, AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config)
+    if tp:  # a TP model loads from saved weights: the main process saves the seeded initial model, all reload it
+        initial = Path(args.output_dir or Path(__file__).resolve().parent / "outputs") / "initial-model"
+        if accelerator.is_main_process:
+            model.save_pretrained(initial)
+        accelerator.wait_for_everyone()
+        model = AutoModelForCausalLM.from_pretrained(initial, **tp)
+    return tokenizer, model
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,6 +211,41 @@ def step_of(checkpoint: Path) -> int:
 
 
 # <<< shared block "checkpoint-discovery"
+
+
+def tensor_parallel_alone(accelerator: Accelerator) -> bool:
+    """Tensor parallelism without FSDP: Accelerate's save_state cannot write its DTensor weights (accelerate 1.15
+    passes them through safetensors: "invalid python storage"), so the template checkpoints it with torch's
+    distributed checkpoint, the idiom for a TP model (`accelkit merge-ckpt` reads it)."""
+    parallelism = accelerator.parallelism_config
+    return parallelism is not None and parallelism.tp_size > 1 and not accelerator.is_fsdp2
+
+
+def save_checkpoint(accelerator: Accelerator, model, optimizer, scheduler, checkpoint_dir: Path) -> None:
+    if not tensor_parallel_alone(accelerator):
+        accelerator.save_state(str(checkpoint_dir))
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(checkpoint_dir))
+    if accelerator.is_main_process:
+        torch.save(scheduler.state_dict(), checkpoint_dir / "scheduler.bin")
+
+
+def load_checkpoint(accelerator: Accelerator, model, optimizer, scheduler, checkpoint_dir: Path) -> None:
+    if not tensor_parallel_alone(accelerator):
+        accelerator.load_state(str(checkpoint_dir))
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(checkpoint_dir))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    scheduler.load_state_dict(torch.load(checkpoint_dir / "scheduler.bin", weights_only=True))
 
 
 # >>> shared block "manifest": the same in every template (source: templates/minimal/train.py; tested)
@@ -305,7 +369,9 @@ def main(argv: list[str] | None = None) -> None:
         log(accelerator, "--with-tracking: TensorBoard is not installed (pip install tensorboard); not tracking")
 
     # -- data and model --------------------------------------------------------------------------------------------
-    tokenizer, model = build_tokenizer_and_model(args)
+    parallelism = accelerator.parallelism_config
+    tp_size = parallelism.tp_size if parallelism is not None else 1
+    tokenizer, model = build_tokenizer_and_model(args, accelerator, tp_size)
     with accelerator.main_process_first():  # rank 0 fills the datasets cache, the others read it
         datasets = tokenize_and_pack(load_raw_datasets(args), tokenizer, args.text_column, args.block_size)
     train_set, eval_set = datasets["train"], datasets["validation"]
@@ -354,14 +420,16 @@ def main(argv: list[str] | None = None) -> None:
         if checkpoint is None:
             log(accelerator, f"no checkpoint in {output_dir}; starting from scratch")
         else:
-            accelerator.load_state(str(checkpoint))
+            load_checkpoint(accelerator, model, optimizer, scheduler, checkpoint)
             completed_steps = step_of(checkpoint)
             log(accelerator, f"resumed from {checkpoint} at step {completed_steps}")
     starting_epoch = completed_steps // steps_per_epoch
     batches_to_skip = (completed_steps % steps_per_epoch) * accumulation
 
     # -- start-up summary ------------------------------------------------------------------------------------------
-    effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
+    # Tensor/context/sequence-parallel ranks share one batch: only the data-parallel ranks add samples.
+    data_parallel = accelerator.num_processes // (parallelism.non_data_parallel_size if parallelism else 1)
+    effective_batch = args.per_device_batch_size * data_parallel * accumulation
     # ZeRO-3 partitions parameters (numel 0 here); ds_numel keeps the full size.
     num_params = sum(getattr(p, "ds_numel", p.numel()) for p in accelerator.unwrap_model(model).parameters())
     log(
@@ -369,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         f"backend {accelerator.distributed_type.value} | world size {accelerator.num_processes} | "
         f"device {accelerator.device} | mixed precision {accelerator.mixed_precision}\n"
         f"effective batch {effective_batch} = {args.per_device_batch_size} per device x "
-        f"{accelerator.num_processes} processes x {accumulation} accumulation "
+        f"{data_parallel} data-parallel processes x {accumulation} accumulation "
         f"({effective_batch * args.block_size} tokens) | learning rate {args.learning_rate:g} (warmup {warmup}, "
         f"{args.lr_scheduler}) | steps {max_steps} ({steps_per_epoch} per epoch) | {len(train_set)} train blocks | "
         f"{num_params:,} parameters",
@@ -409,7 +477,7 @@ def main(argv: list[str] | None = None) -> None:
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
                 checkpoint_dir = output_dir / f"checkpoint-{completed_steps}"
-                accelerator.save_state(str(checkpoint_dir))
+                save_checkpoint(accelerator, model, optimizer, scheduler, checkpoint_dir)
                 if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
                     accelerator.unwrap_model(model).config.save_pretrained(checkpoint_dir)
                     tokenizer.save_pretrained(checkpoint_dir)
@@ -424,8 +492,21 @@ def main(argv: list[str] | None = None) -> None:
     progress.close()
 
     # -- final model: config + safetensors + tokenizer, ready for AutoModelForCausalLM.from_pretrained --------------
+    full_tp_state = None
+    if tensor_parallel_alone(accelerator):  # every rank gathers its TP shards (a collective), rank 0 writes them
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full_tp_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def write_final_files(final_dir: Path, state_dict: dict) -> None:
-        accelerator.unwrap_model(model).save_pretrained(final_dir, state_dict=state_dict)
+        if full_tp_state is not None:
+            from safetensors.torch import save_file
+
+            accelerator.unwrap_model(model).config.save_pretrained(final_dir)
+            save_file({k: v.contiguous() for k, v in full_tp_state.items()}, str(final_dir / "model.safetensors"),
+                      metadata={"format": "pt"})
+        else:
+            accelerator.unwrap_model(model).save_pretrained(final_dir, state_dict=state_dict)
         tokenizer.save_pretrained(final_dir)
 
     load_with = "AutoModelForCausalLM.from_pretrained"

@@ -1,0 +1,126 @@
+"""Whether the installed libraries can run an N-D layout, found in their own source before any rank starts.
+
+Each check reads the installed packages' files (never importing them: `config --check` and `launch` stay fast) for
+the one thing a layout needs that a release removed or has not yet added, and says in one line which layout, which
+packages, and which versions work. The version table (measured on torch 2.13 CPU, 2026-11-24):
+
+    layout           needs                                                            works with
+    FSDP2 x TP       accelerate 1.10 to 1.15's FSDP2+TP preparation imports           transformers 4.52.x to 5.0.0
+                     transformers' `integrations.tensor_parallel.ReplicateParallel`:  (4.51.3 and 5.1.0+ lack it:
+                     added in 4.52, removed in 5.1.0                                   every 5.1 to 5.23 release)
+    TP (any)         accelerate >= 1.10 (ParallelismConfig)
+    CP               torch's `torch.distributed.tensor.experimental.context_parallel`  torch 2.13 (tested)
+    SP               DeepSpeed's `runtime.sequence_parallel.ulysses_sp` (ALST)         deepspeed 0.19.8 (tested)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelkit.envinfo import installed_version
+
+# The transformers releases that define ReplicateParallel (checked in the released wheels: 4.51.3 no, 4.52.4 to
+# 4.57.6 yes, 5.0.0 yes, 5.1.0 to 5.12.1 no).
+FSDP2_TP_WORKS = "transformers >=4.52,<5.1 (e.g. 'transformers==5.0.0' or '4.57.6') with accelerate 1.10 to 1.15"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One layout the installed packages cannot run."""
+
+    layout: str
+    message: str  # one line: layout, packages and versions installed, what is missing
+    hint: str  # the versions that work
+
+
+def _package_file(package: str, *parts: str) -> Path | None:
+    """A file inside an installed package, found without importing it (None when the package is missing)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root, *parts)
+        if path.exists():
+            return path
+    return None
+
+
+def _defines(path: Path | None, name: str) -> bool:
+    if path is None or not path.is_file():
+        return False
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return re.search(rf"^\s*(class|def)\s+{name}\b|^\s*{name}\s*=", text, re.MULTILINE) is not None
+
+
+def _imports(path: Path | None, name: str) -> bool:
+    if path is None or not path.is_file():
+        return False
+    return re.search(rf"\bimport\s+(\([^)]*)?\b{name}\b", path.read_text(encoding="utf-8", errors="replace")) \
+        is not None
+
+
+def _versions(*dists: str) -> str:
+    return " + ".join(f"{dist} {installed_version(dist) or 'not installed'}" for dist in dists)
+
+
+def fsdp2_tp_gap() -> Gap | None:
+    """Accelerate's FSDP2+TP preparation imports a transformers class the installed transformers lacks."""
+    accelerator = _package_file("accelerate", "accelerator.py")
+    if not _imports(accelerator, "ReplicateParallel"):
+        return None
+    tensor_parallel = _package_file("transformers", "integrations", "tensor_parallel.py")
+    if _defines(tensor_parallel, "ReplicateParallel"):
+        return None
+    return Gap("FSDP2 x TP", f"FSDP2 x TP cannot start with {_versions('accelerate', 'transformers')}: "
+               "Accelerate's FSDP2+TP preparation imports transformers.integrations.tensor_parallel.ReplicateParallel, "
+               "which this transformers no longer has (ImportError on every rank)", f"works with {FSDP2_TP_WORKS}; "
+               "or drop tensor parallelism (--tp-size 1) with these versions")
+
+
+def parallelism_config_gap() -> Gap | None:
+    if _package_file("accelerate", "parallelism_config.py") is not None:
+        return None
+    return Gap("N-D", f"N-D parallelism needs Accelerate's ParallelismConfig, which {_versions('accelerate')} lacks",
+               "pip install 'accelerate>=1.10'")
+
+
+def context_parallel_gap() -> Gap | None:
+    if _package_file("torch", "distributed", "tensor", "experimental", "_attention.py") is not None or \
+            _package_file("torch", "distributed", "tensor", "experimental", "_context_parallel") is not None:
+        return None
+    return Gap("CP", f"context parallelism needs torch's context_parallel, which {_versions('torch')} lacks",
+               "pip install 'torch>=2.13' (the version tested)")
+
+
+def sequence_parallel_gap() -> Gap | None:
+    if _package_file("deepspeed", "runtime", "sequence_parallel", "ulysses_sp.py") is not None:
+        return None
+    return Gap("SP", f"sequence parallelism needs DeepSpeed's Ulysses/ALST (runtime.sequence_parallel.ulysses_sp), "
+               f"which {_versions('deepspeed')} lacks", "pip install 'deepspeed>=0.19' (the version tested)")
+
+
+def gaps(*, fsdp2: bool, tp: int, cp: int, sp: int) -> Iterator[Gap]:
+    """What the installed packages lack for this layout (nothing: it can start)."""
+    if max(tp, cp, sp) > 1 or fsdp2:
+        found = parallelism_config_gap()
+        if found:
+            yield found
+            return
+    checks = ((fsdp2 and tp > 1, fsdp2_tp_gap), (cp > 1, context_parallel_gap), (sp > 1, sequence_parallel_gap))
+    for wanted, gap in checks:
+        found = gap() if wanted else None
+        if found:
+            yield found
+
+
+def installed_layout_gaps() -> list[Gap]:
+    """Every N-D layout the installed packages cannot run (for `accelkit env`)."""
+    checks = (parallelism_config_gap, fsdp2_tp_gap, context_parallel_gap, sequence_parallel_gap)
+    return [gap for gap in (check() for check in checks) if gap is not None]

@@ -1,0 +1,307 @@
+"""N-D rows of the plan: per-GPU memory and traffic of tensor, context and sequence parallelism (and HSDP), and
+the recommendation that adds them when data-parallel sharding alone cannot fit.
+
+A layout is Accelerate's ParallelismConfig (dp_replicate x dp_shard x cp x sp x tp = GPUs). Per GPU:
+
+- model states: every tensor the model's TP plan names (`colwise`/`rowwise`, matched like transformers matches
+  `base_model_tp_plan` keys, `layers.*.mlp.up_proj`) is split over tp ranks (padded to whole rows); the rest (norms,
+  embeddings unless the plan names them) stays replicated over tp. FSDP2 then shards each tensor over dp_shard x cp
+  (Accelerate's `dp_shard_cp` dimension); DeepSpeed ZeRO-3 with Ulysses SP over every rank. Bytes per element as
+  in states.py (Accelerate's mixed precision keeps fp32 weights, gradients and moments: 16 bytes with AdamW).
+- activations: Korthikanti et al. (activations/formula.py) on the rank's share of the sequence (seq / (cp x sp));
+  under TP without sequence parallelism the attention/MLP internals split over tp but layer inputs, norms and
+  dropouts do not (10 + 24/t of the 34 s*b*h per layer), with sequence parallelism everything splits (34/t); the
+  per-layer checkpoints (2 s*b*h) split only with sequence parallelism. transformers' TP plans gather the logits
+  (`colwise_gather_output`), so the fp32 logits are not split by tp.
+- FSDP's all-gathered layer (and the one prefetched) in 16-bit, split over tp.
+- traffic per step per mesh dimension, per GPU: TP two all-reduces of the layer output per layer in forward and two
+  in backward (one more forward with recomputation); CP the K/V ring (each rank receives cp-1 chunks of K and V per
+  layer, forward and backward); SP Ulysses' four all-to-alls per layer each way; FSDP all-gather twice and
+  reduce-scatter once of the rank's tp shard of the weights; HSDP an all-reduce of the shard across replicas.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from accelkit.plan.estimate import CUDA_RESERVE, usable_gpu
+from accelkit.plan.sizes import format_bytes
+
+MOMENTS = {"adamw": 2, "sgd-momentum": 1, "sgd": 0, "adafactor": 1}
+SHARDED_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "local_colwise", "local_rowwise",
+                  "packed_colwise",
+                   "packed_rowwise", "colwise_gather_output", "rowwise_split_input", "embedding_rowwise")
+# Llama's plan as transformers 5.x applies it: its config's base_model_tp_plan, the head's, and the input embedding
+# (DistributedConfig adds `embedding_rowwise` for a model's nn.Embedding whenever the plan is not empty).
+LLAMA_TP_PLAN = {"embed_tokens": "embedding_rowwise",
+                 "layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+                 "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+                 "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+                 "layers.*.mlp.down_proj": "rowwise", "lm_head": "colwise_gather_output"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    backend: str  # fsdp | deepspeed | ddp
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: int = 1
+    sequence_parallel: bool = False  # TP's sequence parallelism (norm/dropout activations split over tp)
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
+
+    @property
+    def sequence_split(self) -> int:
+        return self.cp * self.sp
+
+    @property
+    def shard_group(self) -> int:
+        """The ranks each tensor is sharded over: FSDP2's dp_shard x cp; ZeRO-3 with SP: every rank."""
+        if self.backend == "deepspeed":
+            return self.world
+        return self.dp_shard * self.cp if self.backend == "fsdp" else 1
+
+    def describe(self) -> str:
+        shard = "zero3" if self.backend == "deepspeed" else "dp_shard"
+        parts = [f"{name} {size}" for name, size in (("dp_replicate", self.dp_replicate), (shard, self.dp_shard),
+                                                      ("cp", self.cp), ("sp", self.sp), ("tp", self.tp)) if size > 1]
+        return f"{self.backend}: " + (" x ".join(parts) or "1 GPU")
+
+    def flags(self) -> str:
+        """The `accelkit config`/`launch` flags (DeepSpeed takes only --sp-size: ZeRO's data parallelism is the
+        rest of the ranks)."""
+        shard = 1 if self.backend == "deepspeed" else self.dp_shard
+        sizes = [f"--{name}-size {size}" for name, size in (("dp-replicate", self.dp_replicate),
+                                                             ("dp-shard", shard), ("tp", self.tp),
+                                                             ("cp", self.cp), ("sp", self.sp)) if size > 1]
+        backend = "--backend deepspeed --zero-stage 3" if self.backend == "deepspeed" else f"--backend {self.backend}"
+        return " ".join([backend, *sizes])
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the N-D arithmetic needs of a transformer: its tensors and dimensions."""
+
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+
+    @classmethod
+    def of(cls, shape) -> Model:
+        """From plan's ModelShape (a model built on the meta device)."""
+        dims = shape.dims
+        tensors = tuple((t.name, t.shape) for t in shape.tensors or ())
+        return cls(tensors, dims["num_hidden_layers"], dims["hidden_size"], dims["num_attention_heads"],
+                   dims.get("num_key_value_heads", dims["num_attention_heads"]), dims.get("vocab_size", 0))
+
+    @property
+    def parameters(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.tensors)
+
+    @classmethod
+    def llama(cls, *, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, intermediate: int) -> Model:
+        """A Llama's tensors by name, as LlamaForCausalLM names them (no model built: 70B-size shapes are instant)."""
+        head_dim = hidden // heads
+        kv = kv_heads * head_dim
+        per_layer = {"self_attn.q_proj.weight": (hidden, hidden), "self_attn.k_proj.weight": (kv, hidden),
+                     "self_attn.v_proj.weight": (kv, hidden),
+                     "self_attn.o_proj.weight": (hidden, hidden), "mlp.gate_proj.weight": (intermediate, hidden),
+                     "mlp.up_proj.weight": (intermediate, hidden), "mlp.down_proj.weight": (hidden, intermediate),
+                     "input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,)}
+        tensors = [("model.embed_tokens.weight", (vocab, hidden))]
+        tensors += [(f"model.layers.{i}.{name}", shape) for i in range(layers) for name, shape in per_layer.items()]
+        tensors += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+        return cls(tuple(tensors), layers, hidden, heads, kv_heads, vocab)
+
+
+@dataclass(frozen=True)
+class Row:
+    layout: Layout
+    unavailable: str | None
+    states: int = 0
+    activations: int = 0
+    gathered: int = 0
+    tp_sharded: int = 0  # parameters the TP plan splits
+    tp_replicated: int = 0  # parameters every tp rank keeps whole
+    traffic: Mapping[str, int] = field(default_factory=dict)  # mesh dimension -> bytes per GPU per step
+    usable: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.states + self.activations + self.gathered
+
+    @property
+    def fits(self) -> bool | None:
+        if self.unavailable is not None:
+            return False
+        return None if self.usable is None else self.total <= self.usable
+
+
+def _plan_style(name: str, plan: Mapping[str, str]) -> str | None:
+    """The TP style the plan gives the module owning tensor `name` (`model.layers.3.mlp.up_proj.weight`)."""
+    module = name.rsplit(".", 1)[0]
+    for pattern, style in plan.items():
+        if fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module, f"*.{pattern}"):
+            return style
+    return None
+
+
+def unavailable(layout: Layout, model: Model, gpus: int, nodes: int) -> str | None:
+    """Why Accelerate (or the model) cannot run this layout here, the rules of accelkit.configs.rules."""
+    per_node = gpus // nodes
+    if layout.world != gpus:
+        return f"the sizes multiply to {layout.world}, not {gpus} GPUs"
+    if layout.tp * layout.cp > per_node or per_node % (layout.tp * layout.cp):
+        return (f"tensor/context-parallel groups of {layout.tp * layout.cp} would span machines ({per_node} GPUs "
+                "each): refused")
+    if layout.tp > 1 and (model.heads % layout.tp or model.kv_heads % layout.tp):
+        return f"{model.heads} heads / {model.kv_heads} kv heads do not split over tp {layout.tp}"
+    if layout.sp > 1 and model.heads % layout.sp:
+        return f"{model.heads} heads do not split over sp {layout.sp} (Ulysses splits heads)"
+    if layout.cp > 1 and layout.sp > 1:
+        return "cp and sp cannot be combined"
+    if layout.backend == "deepspeed" and (layout.tp > 1 or layout.cp > 1):
+        return "DeepSpeed composes only sp"
+    if layout.backend == "fsdp" and layout.dp_shard * layout.cp == 1:
+        return "FSDP has nothing to shard"
+    return None
+
+
+def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int,
+        micro_batch: int = 1, checkpointing: bool = True, optimizer: str = "adamw",
+        tp_plan: Mapping[str, str] = LLAMA_TP_PLAN) -> Row:
+    why = unavailable(layout, model, gpus, nodes)
+    if why is not None:
+        return Row(layout, why)
+    tp, group = layout.tp, layout.shard_group
+    weight, grad, moments = 4, 4, 4 * MOMENTS[optimizer]  # fp32 (Accelerate mixed precision)
+    if layout.backend == "deepspeed":
+        weight, grad, moments = 2, 2, 4 + 4 * MOMENTS[optimizer]  # 16-bit weights/gradients, fp32 master + moments
+    sharded = replicated = local = whole_grads = 0
+    for name, shape in model.tensors:
+        numel = math.prod(shape)
+        style = _plan_style(name, tp_plan) if tp > 1 else None
+        if style in SHARDED_STYLES:
+            sharded += numel
+            if style == "embedding_rowwise" and group == 1:
+                # Measured (transformers 5.23, torch 2.13, TP alone): the embedding's gradient stays whole on each rank.
+                whole_grads += numel - math.ceil(shape[0] / tp) * math.prod(shape[1:])
+            # colwise splits a Linear's output rows (dim 0), rowwise its input columns (last dim); padded to whole
+            dim = len(shape) - 1 if "rowwise" in style and style != "embedding_rowwise" and len(shape) > 1 else 0
+            numel = numel // shape[dim] * math.ceil(shape[dim] / tp)
+        else:
+            replicated += numel
+        local += math.ceil(numel / group)
+    states = local * (weight + grad + moments) + whole_grads * grad
+    s = seq_len / layout.sequence_split
+    b, h = micro_batch, model.hidden
+    inner = 34 / tp if layout.sequence_parallel else 10 + 24 / tp
+    per_layer = s * b * h * inner
+    checkpoints = model.layers * 2 * s * b * h / (tp if layout.sequence_parallel else 1)
+    logits = s * b * model.vocab * 4
+    activations = (checkpoints + per_layer if checkpointing else model.layers * per_layer) + logits
+    layer_params = model.parameters / max(model.layers, 1) / tp
+    gathered = int(2 * layer_params * 2) if group > 1 else 0  # the gathered unit and the prefetched one, 16-bit
+    return Row(layout, None, states=states, activations=int(activations), gathered=gathered,
+               tp_sharded=sharded, tp_replicated=replicated,
+               traffic=_traffic(layout, model, local, s, b, checkpointing), usable=usable_gpu(gpu_memory))
+
+
+def _traffic(layout: Layout, model: Model, local: int, s: float, b: int, checkpointing: bool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    act = s * b * model.hidden * 2  # one layer's output, 16-bit
+    passes = 3 if checkpointing else 2  # forward, recomputed forward, backward
+    if layout.tp > 1:
+        out["tp"] = int(model.layers * 2 * passes * act * 2 * (layout.tp - 1) / layout.tp)
+    if layout.cp > 1:
+        kv = s * b * model.hidden * model.kv_heads / model.heads * 2 * 2  # K and V, 16-bit
+        out["cp"] = int(model.layers * passes * kv * (layout.cp - 1))
+    if layout.sp > 1:
+        out["sp"] = int(model.layers * 4 * passes * act * (layout.sp - 1) / layout.sp)
+    if layout.shard_group > 1:
+        name = "dp_shard_cp" if layout.backend == "fsdp" else "zero"
+        out[name] = int(3 * local * layout.shard_group * 2 * (layout.shard_group - 1) / layout.shard_group)
+    if layout.dp_replicate > 1:
+        out["dp_replicate"] = int(2 * local * 4 * (layout.dp_replicate - 1) / layout.dp_replicate)
+    return out
+
+
+@dataclass(frozen=True)
+class NdAdvice:
+    best: Row | None  # None: nothing fits
+    rows: tuple[Row, ...]
+    reason: str
+    commands: tuple[str, ...] = ()
+
+
+def candidates(gpus: int, nodes: int) -> list[Layout]:
+    """Data-parallel sharding first, then splitting the sequence (CP, then SP), then TP, smallest split first."""
+    per_node = gpus // nodes
+    splits = [n for n in (2, 4, 8, 16, 32, 64) if n <= gpus and gpus % n == 0]
+    out = [Layout("fsdp", dp_shard=gpus)]
+    if nodes > 1:
+        out.append(Layout("fsdp", dp_replicate=nodes, dp_shard=per_node))
+    out += [Layout("fsdp", dp_shard=gpus // c, cp=c) for c in splits if c <= per_node and c < gpus]
+    out += [Layout("deepspeed", dp_shard=gpus // s, sp=s) for s in splits]  # ZeRO-3's data parallelism: the rest
+    out += [Layout("fsdp", dp_shard=gpus // t, tp=t, sequence_parallel=False) for t in splits
+            if t <= per_node and t < gpus]
+    out += [Layout("fsdp", dp_shard=gpus // (t * c), tp=t, cp=c) for t in splits for c in splits
+            if t * c <= per_node and t * c < gpus]
+    return out
+
+
+def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int, micro_batch: int = 1,
+           checkpointing: bool = True, optimizer: str = "adamw",
+           tp_plan: Mapping[str, str] = LLAMA_TP_PLAN) -> NdAdvice:
+    """The first layout of `candidates` that fits, with the config/launch commands; rows for every candidate."""
+    rows = tuple(row(layout, model, gpus=gpus, nodes=nodes, gpu_memory=gpu_memory, seq_len=seq_len,
+                     micro_batch=micro_batch, checkpointing=checkpointing, optimizer=optimizer, tp_plan=tp_plan)
+                 for layout in candidates(gpus, nodes))
+    best = next((r for r in rows if r.fits), None)
+    if best is None:
+        smallest = min((r for r in rows if r.unavailable is None), key=lambda r: r.total, default=None)
+        need = f" (the smallest, {smallest.layout.describe()}, needs {format_bytes(smallest.total)} per GPU)" \
+            if smallest else ""
+        return NdAdvice(None, rows, f"no layout fits in {format_bytes(usable_gpu(gpu_memory) or 0)} per GPU{need}: "
+                                    "add GPUs, shorten the sequence, or offload")
+    first = rows[0]
+    if best is first or (nodes > 1 and best is rows[1]):
+        reason = (f"data-parallel sharding alone fits ({best.layout.describe()}, {format_bytes(best.total)} per "
+                  "GPU): no tensor, context or sequence parallelism needed")
+    elif best.layout.sequence_split > 1:
+        reason = (f"the {seq_len:,}-token activations do not fit with data-parallel sharding alone "
+                  f"({format_bytes(first.activations)} per GPU); splitting the sequence over "
+                  f"{best.layout.sequence_split} GPUs ({best.layout.describe()}) needs {format_bytes(best.total)}")
+    else:
+        reason = (f"one layer's weights and activations need splitting: {best.layout.describe()} needs "
+                  f"{format_bytes(best.total)} per GPU")
+    per_node = gpus // nodes
+    if best.layout.sp > per_node:
+        reason += (f"; sp {best.layout.sp} spans {best.layout.sp // per_node} machines, so Ulysses' all-to-all "
+                   "crosses the network (cp and tp stay within a machine)")
+    procs = f"--num-machines {nodes} --num-processes {gpus}" + (" --main-process-ip MACHINE0" if nodes > 1 else "")
+    commands = (f"accelkit config {best.layout.flags()} {procs} -o nd.yaml",
+                f"accelkit launch {best.layout.flags()} {procs} train.py")
+    return NdAdvice(best, rows, reason, commands)
+
+
+def describe_row(r: Row) -> str:
+    if r.unavailable:
+        return f"{r.layout.describe():<40} refused: {r.unavailable}"
+    verdict = {True: "fits", False: "does not fit", None: "?"}[r.fits]
+    split = f", TP splits {r.tp_sharded:,} params, {r.tp_replicated:,} replicated" if r.layout.tp > 1 else ""
+    return (f"{r.layout.describe():<40} states {format_bytes(r.states)}, activations {format_bytes(r.activations)}, "
+            f"gathered {format_bytes(r.gathered)}: {format_bytes(r.total)} per GPU, {verdict}{split}")
+
+
+__all__ = ["CUDA_RESERVE", "Layout", "Model", "NdAdvice", "Row", "advise", "candidates", "describe_row", "row"]
