@@ -60,6 +60,7 @@ class Facts:
     model_classes: set[str] = field(default_factory=set)
     factories: dict[str, list[str | None]] = field(default_factory=dict)  # function -> kind per returned position
     optimizer_models: dict[int, list[str]] = field(default_factory=dict)  # id(optimizer Tracked) -> model names
+    accelerator_devices: set[str] = field(default_factory=set)  # names set to `accelerator.device` by the conversion
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)

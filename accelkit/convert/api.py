@@ -15,6 +15,7 @@ from accelkit.convert.library import LazyAccelerator
 from accelkit.convert.plan import Plan, PlanApplier
 from accelkit.convert.report import Report
 from accelkit.convert.transforms import TRANSFORMS
+from accelkit.convert.verify import verify
 from accelkit.errors import AccelkitError
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
@@ -77,6 +78,8 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     except SyntaxError as exc:  # a bug in a transform: never hand the user a broken file
         raise AccelkitError(f"internal error: the converted {filename} does not compile ({exc.msg}, line "
                             f"{exc.lineno})", hint="please report this with the script; nothing was written") from None
+    for finding in verify(code):  # what --check would catch by running it, caught before anything is written
+        plan.report.problem(0, f"line {finding.line} of the converted script: {finding.what}", finding.todo)
     return ConversionResult(code, plan.report.sorted(), code != source)
 
 

@@ -16,11 +16,14 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, bindings
+from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.flow import Flow
 from accelkit.convert.plan import Plan
 
+NOISE = {"torch.randn", "torch.rand", "torch.randint", "torch.randn_like", "torch.rand_like", "torch.randint_like",
+         "torch.normal", "torch.bernoulli", "torch.multinomial", "torch.randperm", "numpy.random.randn",
+         "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "random.random", "random.gauss"}
 RANDOM_INDEX = {"torch.randint", "numpy.random.randint", "numpy.random.choice", "random.randint", "random.choice",
                 "random.sample", "random.choices", "numpy.random.default_rng"}
 TO_TENSOR = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tensor", "torch.FloatTensor",
@@ -37,10 +40,23 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     done: set[int] = set()
     for backward in flow.backward_calls:
         loop = _batch_loop(ctx, flow, backward)
-        if loop is None or id(loop) in done or _fed_by_loader(ctx, facts, loop):
+        if loop is None or id(loop) in done:
+            continue
+        if _fed_by_loader(ctx, facts, loop):
+            done.add(id(loop))
+            noise = _random_draws(ctx, facts, flow, loop, NOISE)
+            if noise:  # a GAN's latent noise, random masks: the same on every process unless seeded apart
+                _seed_per_process(ctx, facts, flow, plan, loop, noise[0], "noise tensors")
             continue
         done.add(id(loop))
         _convert_loop(ctx, facts, flow, plan, loop)
+
+
+def _random_draws(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode, kinds: set[str]) -> list[cst.Call]:
+    """Calls of `kinds` in the loop and the script's functions it calls, outside model classes (dropout-like
+    randomness inside a model is per process already)."""
+    return [n for node in [loop, *flow.callees(loop)] for n in ctx.descendants(node)
+            if type(n) is cst.Call and ctx.qnames(n) & kinds and not inside_class(ctx, n, facts.model_classes)]
 
 
 def _batch_loop(ctx: Context, flow: Flow, backward: cst.Call) -> cst.For | cst.While | None:
@@ -95,9 +111,7 @@ def _iterator_of_loader(ctx: Context, facts: Facts, key: str) -> bool:
 
 def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode) -> None:
     function = ctx.function(loop)
-    scope_nodes = [loop, *flow.callees(loop)]
-    random_draws = [n for node in scope_nodes for n in ctx.descendants(node)
-                    if isinstance(n, cst.Call) and ctx.qnames(n) & RANDOM_INDEX]
+    random_draws = _random_draws(ctx, facts, flow, loop, RANDOM_INDEX)
     where = f"the training loop at line {ctx.line(loop)}"
     if random_draws:
         _seed_per_process(ctx, facts, flow, plan, loop, random_draws[0])
@@ -185,9 +199,14 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
                     isinstance(n.args[0].value, cst.Name):
                 add(n.args[0].value.value)
             elif isinstance(n, cst.Call) and dotted(n.func) in models:  # full batch: `model(x)`
-                for arg in n.args:
-                    if isinstance(arg.value, cst.Name) and arg.value.value not in params:
-                        add(arg.value.value)
+                # and the targets beside it in the same statement: `loss = criterion(model(x), y)`
+                statement = ctx.small_statement(n) or n
+                for call in [n, *ctx.descendants(statement)]:
+                    if type(call) is not cst.Call or dotted(call.func) in models and call is not n:
+                        continue
+                    for arg in call.args:  # type: ignore[attr-defined]
+                        if isinstance(arg.value, cst.Name) and arg.value.value not in params:
+                            add(arg.value.value)
     if not found and isinstance(loop, cst.For):
         source = loop.iter
         if isinstance(source, cst.Call) and ctx.code(source.func) in {"enumerate", "tqdm", "tqdm.tqdm"} \
@@ -252,7 +271,7 @@ def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
 def _shard_site(ctx: Context, flow: Flow, loop: cst.CSTNode, function: cst.FunctionDef | None, roots: list[str]):
     """Where the shard goes: after the last binding of the data in the loop's function (or module), before the
     statement of that block that contains the training loop; at the function's start for parameters."""
-    scope = function.body if function is not None else ctx.module
+    scope = ctx.scope_body(loop)
     body = list(scope.body)  # type: ignore[attr-defined]
     top = ctx.top_statement_in(loop, scope)  # type: ignore[arg-type]
     if top is None:
@@ -272,29 +291,40 @@ def _shard_site(ctx: Context, flow: Flow, loop: cst.CSTNode, function: cst.Funct
 
 
 def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode,
-                      draw: cst.Call) -> None:
+                      draw: cst.Call, what: str = "batches") -> None:
+    """Each process gets its own random stream before training. torch starts every process from the same default
+    seed (seeded or not, every rank would draw the same batches or noise); numpy and `random` seed themselves from
+    the OS unless the script seeds them."""
     seeds = [c for c in ctx.of_type(cst.Call) if ctx.qnames(c) & SEEDS and c.args and ctx.line(c) < ctx.line(loop)]
     line = ctx.line(draw)
-    if not seeds:
-        plan.report.found_item("batches", "", line, "random batches drawn per process (the script does not seed, "
-                                                    "so each process already draws its own)")
-        return
-    scope = ctx.function(loop)
-    block = scope.body if scope is not None else ctx.module
+    block = ctx.scope_body(loop)
     top = ctx.top_statement_in(loop, block)  # type: ignore[arg-type]
-    if top is None:
+    if top is None or id(top) in plan.seeded:
         return
+    plan.seeded.add(id(top))
     calls: dict[str, str] = {}
     for call in seeds:  # the last seed of each library the script seeds
         calls[ctx.code(call.func)] = ctx.code(call.args[0].value)
     added = [f"{func}({value} + accelerator.process_index)" for func, value in calls.items()]
+    seeds_torch = any(ctx.qnames(c) & (SEEDS - {"numpy.random.seed", "random.seed"}) for c in seeds)
+    if not seeds_torch and "torch" in ctx.code(draw.func):
+        added.append("torch.manual_seed(torch.initial_seed() + accelerator.process_index)")
+    if not added:
+        plan.report.found_item(what, "", line, f"random {what} drawn per process (the script does not seed its "
+                                               "random generator, so each process already draws its own)")
+        return
     block_code = "".join(f"    {code}\n" for code in added)
     statement = cst.parse_statement(f"if accelerator.process_index > 0:\n{block_code}")
     statement = statement.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-        "# each process draws its own random batches; process 0 goes on with the script's own random stream"))])
+        f"# each process draws its own random {what}; process 0 goes on with the script's own random stream"))])
     plan.insert_before(top, statement)
     plan.report.change(ctx.line(top), f"added `{'`, `'.join(added)}` on the other processes before training",
-                       f"the batches are drawn at random (line {line}); with the same seed every process would draw "
-                       "the same ones and train on duplicates")
-    plan.report.found_item("batches", "", line, "random batches: each process draws its own (seed + process index "
-                                                "before training); progress is counted in steps, not epochs")
+                       f"the {what} are drawn at random (line {line}); every process starts from the same seed and "
+                       f"would draw the same ones (duplicated work instead of N times the {what})")
+    if what == "batches":
+        plan.report.found_item("batches", "", line, "random batches: each process draws its own (seed + process "
+                                                    "index before training); progress is counted in steps, not "
+                                                    "epochs")
+    else:
+        plan.report.found_item("random", "", line, f"{what}: drawn per process (seed + process index before "
+                                                   "training)")

@@ -42,6 +42,9 @@ def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], mode
     labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
     if not labels:
         return False
+    # inputs read after the forward (`loss * x.size(0)`) are gathered too: next to gathered outputs, a local
+    # batch would weigh a global batch's loss by this process's share only
+    labels += [n for n in sorted(batch_names) if n in inputs and n in later and n not in labels]
     names = ", ".join([output, *labels])
     plan.insert_after(line, cst.parse_statement(f"{names} = accelerator.gather_for_metrics(({names}))\n"))
     plan.report.change(ctx.line(line), f"added `{names} = accelerator.gather_for_metrics(({names}))` after it",

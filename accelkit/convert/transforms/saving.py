@@ -32,18 +32,25 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _file_writes(ctx, facts, plan)
     _directories(ctx, plan)
     _progress_bars(ctx, plan)
+    _stream_writes(ctx, plan)
+    _downloads(ctx, plan)
     _prints(ctx, facts, plan)
     _unwrap(ctx, facts, plan)
 
 
 def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
     models = facts.of_kind("model")
+    downloaded = {name for statement in _download_statements(ctx) for name in _called_names(ctx, statement)}
     for call in ctx.of_type(cst.Call):
         if "torch.save" not in ctx.qnames(call):
             continue
         plan.edit(call, lambda u: u.with_changes(func=accel("save")))
         statement = ctx.statement(call)
-        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None:
+        # `with open(path, "wb") as f: torch.save(model, f)`: the `with` becomes main-process only (see
+        # _file_writes), so the barriers go around it, never inside it
+        statement = _writing_with(ctx, call) or statement
+        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None \
+                and not _runs_under_main_process_first(ctx, call, downloaded):
             # (a barrier inside `if rank == 0:` would wait forever for the processes that skip it)
             plan.insert_before(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
             plan.insert_after(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
@@ -88,6 +95,17 @@ def _opens_for_writing(ctx: Context, call: cst.CSTNode) -> bool:
     modes = [a.value for a in call.args[1:2] if a.keyword is None] + \
         [a.value for a in call.args if a.keyword is not None and a.keyword.value == "mode"]
     return any(isinstance(m, cst.SimpleString) and set(str(m.evaluated_value)) & set("wax+") for m in modes)
+
+
+def _writing_with(ctx: Context, node: cst.CSTNode) -> cst.With | None:
+    """The outermost `with open(..., "w")` around `node`, if any."""
+    found = None
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.FunctionDef):
+            break
+        if isinstance(ancestor, cst.With) and any(_opens_for_writing(ctx, item.item) for item in ancestor.items):
+            found = ancestor
+    return found
 
 
 def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
@@ -167,6 +185,64 @@ def _progress_bars(ctx: Context, plan: Plan) -> None:
         plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` gets "
                                            "`disable=not accelerator.is_local_main_process`",
                            "one progress bar per machine, not one per process drawn over each other")
+
+
+def _stream_writes(ctx: Context, plan: Plan) -> None:
+    """A hand-made progress bar (`sys.stdout.write("\\r...")`) is drawn by every process over each other."""
+    for call in ctx.of_type(cst.Call):
+        if not ctx.qnames(call) & {"sys.stdout.write", "sys.stderr.write"}:
+            continue
+        statement = ctx.statement(call)
+        if statement is None or _guarded(ctx, call) or ctx.suite_of(statement) is None:
+            continue
+        plan.edit(statement, lambda u: cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(
+            body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on the local main process only",
+                           "a progress line written by N processes is drawn N times over itself")
+
+
+def _download_statements(ctx: Context) -> list[cst.BaseStatement]:
+    """Statements that call something with `download=True` (torchvision datasets and their look-alikes)."""
+    found: list[cst.BaseStatement] = []
+    for call in ctx.of_type(cst.Call):
+        if not any(a.keyword is not None and a.keyword.value == "download" and ctx.code(a.value) != "False"
+                   for a in call.args):
+            continue
+        statement = ctx.statement(call)
+        if statement is None or statement in found or ctx.suite_of(statement) is None or \
+                any(isinstance(a, cst.With) and "main_process_first" in ctx.code(a.items[0].item)
+                    for a in ctx.ancestors(call)):
+            continue
+        found.append(statement)
+    return found
+
+
+def _called_names(ctx: Context, statement: cst.CSTNode) -> set[str]:
+    return {dotted(c.func) or "" for c in ctx.descendants(statement) if type(c) is cst.Call}
+
+
+def _runs_under_main_process_first(ctx: Context, node: cst.CSTNode, downloaded: set[str]) -> bool:
+    """`node` is in a function (or a class's method) that a download statement calls: under main_process_first the
+    main process runs it alone first, so a barrier there would wait for processes still outside."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)) and ancestor.name.value in downloaded:
+            return True
+    return False
+
+
+def _downloads(ctx: Context, plan: Plan) -> None:
+    """`MNIST(root, download=True)` on N processes downloads N times into one folder at once (and may read a half
+    written file): the main process downloads first, the others then find the files."""
+    for statement in _download_statements(ctx):
+        call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and any(
+            a.keyword is not None and a.keyword.value == "download" for a in c.args))  # type: ignore[attr-defined]
+        plan.edit(statement, lambda u: cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
+                                                body=cst.IndentedBlock(body=[u.with_changes(leading_lines=[])]),
+                                                leading_lines=u.leading_lines))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(..., download=...)` runs under "
+                                           "`with accelerator.main_process_first():`",
+                           "N processes downloading into one folder at once race; the main process downloads "
+                           "first, the others then read its files")
 
 
 def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
