@@ -14,6 +14,7 @@ from accelkit.convert.context import Context
 from accelkit.convert.library import LazyAccelerator
 from accelkit.convert.plan import Plan, PlanApplier
 from accelkit.convert.report import Report
+from accelkit.convert.trainers import find_trainer
 from accelkit.convert.transforms import TRANSFORMS
 from accelkit.convert.verify import verify
 from accelkit.errors import AccelkitError
@@ -62,6 +63,9 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
                                  "convert that")
     if facts.uses_accelerate:
         return ConversionResult(source, Report(status="already-accelerate"), False)
+    trainer = find_trainer(ctx)
+    if trainer is not None:  # the trainer owns the distributed part: changing the script would only break it
+        return ConversionResult(source, Report(status="trainer", advice=trainer.advice(filename)), False)
     plan = Plan()
     for transform in TRANSFORMS:
         transform(ctx, facts, plan, options)

@@ -51,7 +51,9 @@ def test_corpus_covers_the_shapes_the_issue_lists() -> None:
             "module_level", "global_device", "torch_accelerator",
             # issue #16, idiom by idiom
             "warmup_plateau", "custom_init", "trainer_class", "prebatched", "random_batches", "regression_numpy",
-            "eval_metrics", "side_effects", "dcgan"} <= names
+            "eval_metrics", "side_effects", "dcgan",
+            # issue #23: the defects of the conversions, hand-made batch sources
+            "main_guard", "downloads_progress", "word_lm", "random_regression"} <= names
 
 
 def test_untouched_code_keeps_formatting_and_comments() -> None:
