@@ -47,6 +47,8 @@ def is_device_expr(ctx: Context, expr: cst.BaseExpression) -> bool:
         return bool(ACCEL_DEVICE_RE.match(value))
     if isinstance(expr, cst.IfExp):
         return is_device_expr(ctx, expr.body) or is_device_expr(ctx, expr.orelse)
+    if isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
+        return bool(re.match(r"^(cuda|mps|xpu|npu|hpu):", expr.parts[0].value))  # f"cuda:{local_rank}"
     if isinstance(expr, cst.Call):
         names = ctx.qnames(expr)
         if "torch.device" in names and expr.args:
@@ -88,6 +90,12 @@ def _device_definitions(ctx: Context, facts: Facts, plan: Plan) -> None:
     for small, key, value in definitions:
         explicit_cpu = _is_cpu(ctx, value) and key in facts.device_names
         if not (is_device_expr(ctx, value) or (key in facts.device_names and _is_gpu_id(value)) or explicit_cpu):
+            continue
+        if key.rsplit(".", 1)[-1].endswith("type"):  # `device_type = "cuda" if ... else "cpu"`: a string
+            plan.edit(small, lambda u: u.with_changes(value=cst.Attribute(value=accel("device"),
+                                                                          attr=cst.Name("type"))))
+            plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = accelerator.device.type`",
+                               WHY_DEVICE)
             continue
         plan.edit(small, lambda u: u.with_changes(value=accel("device")))
         facts.accelerator_devices.add(key)
@@ -415,14 +423,15 @@ def _device_string_comparisons(ctx: Context, facts: Facts, plan: Plan) -> None:
     equals a string: compare its `.type` (or `str(device)` for "cuda:0"-style strings)."""
     names = facts.accelerator_devices
     for node in ctx.of_type(cst.Comparison):
-        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
+        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.NotEqual,
+                                                                                        cst.In, cst.NotIn)):
             continue
         sides = [node.left, node.comparisons[0].comparator]
         device = next((s for s in sides if dotted(s) in names), None)
         text = next((_string_value(s) for s in sides if _string_value(s) is not None), None)
         if device is None or text is None:
             continue
-        attr = "type" if ":" not in text else None
+        attr = "type" if ":" not in text or isinstance(node.comparisons[0].operator, (cst.In, cst.NotIn)) else None
 
         def fix(u: cst.CSTNode, attr: str | None = attr, key: str = dotted(device) or "") -> cst.CSTNode:
             def one(side: cst.BaseExpression) -> cst.BaseExpression:

@@ -15,6 +15,8 @@ WRAPPER_SAFE = {
     "named_modules", "train", "eval", "zero_grad", "requires_grad_", "forward", "training", "apply", "to", "cuda",
     "cpu", "float", "half", "double", "bfloat16", "type", "register_forward_hook", "register_forward_pre_hook",
     "register_full_backward_hook", "register_full_backward_pre_hook",
+    "no_sync",  # the wrapper's own (DDP), rewritten to accelerator.no_sync(model) by transforms/distributed.py
+    "require_backward_grad_sync",  # nanoGPT's no_sync: an attribute of the DDP wrapper, set on it
 }
 
 
@@ -273,10 +275,10 @@ def _unwrap(ctx: Context, facts: Facts, plan: Plan) -> None:
         if key not in models or name in WRAPPER_SAFE or inside_class(ctx, attr, facts.model_classes):
             continue
         function, line = ctx.function(attr), ctx.line(attr)
-        if any(site_function is function and line < site_line for site_function, site_line in
-               plan.prepare_sites.get(key, ())):
+        if name != "module" and any(site_function is function and line < site_line for site_function, site_line in
+                                    plan.prepare_sites.get(key, ())):
             continue  # still the plain model here: it is prepared further down
-        if name == "module":  # `model.module` was the DataParallel way to reach the inner model
+        if name == "module":  # `model.module`, the DataParallel/DDP way to reach the inner model (any time)
             plan.edit(attr, lambda u: accel_call("unwrap_model", u.value))
             plan.report.change(ctx.line(attr), f"`{ctx.code(attr)}` -> `accelerator.unwrap_model({key})`",
                                "the wrapper depends on the launch; unwrap_model returns the inner model in every case")
