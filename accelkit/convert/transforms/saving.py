@@ -26,6 +26,7 @@ FILE_WRITERS = {"torchvision.utils.save_image", "matplotlib.pyplot.savefig", "nu
                 "safetensors.torch.save_file", "torchaudio.save", "scipy.io.savemat"}
 WRITING_METHODS = {"savefig", "to_csv", "to_json", "to_parquet", "write_text", "write_bytes", "save_pretrained"}
 PROGRESS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"}
+RANK_WORDS = ("main_process", "rank", "is_master", "local_main", "master_process")
 MAIN_ONLY = "only the main process writes it: N processes writing one file race and may leave it corrupt"
 
 
@@ -37,6 +38,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _stream_writes(ctx, plan)
     _downloads(ctx, plan)
     _prints(ctx, facts, plan)
+    _state_dicts(ctx, facts, plan)
     _unwrap(ctx, facts, plan)
 
 
@@ -73,6 +75,50 @@ def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
         plan.report.found_item("file write", ctx.code(call.args[1].value) if len(call.args) > 1 else "",
                                ctx.line(call), f"{what}: written by the main process only (accelerator.save), "
                                                "after every process finished its step")
+
+
+def _state_dicts(ctx: Context, facts: Facts, plan: Plan) -> None:
+    """`model.state_dict()` (or `model.module.state_dict()`) read under a rank guard: under FSDP and DeepSpeed
+    ZeRO-3 the full state dict is gathered from every process, so the process that asks alone waits forever. The
+    gathering `accelerator.get_state_dict(model)` runs on every process right before the guard; the guard keeps
+    the file write."""
+    models = facts.of_kind("model")
+    hoisted: dict[tuple[int, str], str] = {}
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "state_dict" and not call.args):
+            continue
+        receiver = func.value
+        if isinstance(receiver, cst.Attribute) and receiver.attr.value == "module":
+            receiver = receiver.value
+        model = dotted(receiver)
+        if model not in models or inside_class(ctx, call, facts.model_classes):
+            continue
+        guard = _outermost_guard(ctx, call)
+        if guard is None:
+            continue
+        name = f"{model.rsplit('.', 1)[-1]}_state_dict"
+        key = (id(guard), model)
+        if key not in hoisted:
+            hoisted[key] = name
+            plan.insert_before(guard, cst.parse_statement(f"{name} = accelerator.get_state_dict({model})\n"))
+            plan.report.change(ctx.line(call), f"`{ctx.code(call)}` under `if {ctx.code(guard.test)}:` -> "
+                                               f"`{name} = accelerator.get_state_dict({model})` before it, on every "
+                                               "process", "under FSDP/DeepSpeed the full state dict is gathered from "
+                                                          "every process: asked for by one process alone, it hangs "
+                                                          "(DeepSpeed ZeRO-3: launch with --zero3-save-16bit-model)")
+        plan.edit(call, lambda u, n=name: cst.Name(n))
+
+
+def _outermost_guard(ctx: Context, node: cst.CSTNode) -> cst.If | None:
+    found = None
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in RANK_WORDS) \
+                and ctx.suite_of(ancestor) is not None:
+            found = ancestor
+    return found
 
 
 def _writes_file(ctx: Context, call: cst.Call) -> bool:
@@ -113,8 +159,7 @@ def _writing_with(ctx: Context, node: cst.CSTNode) -> cst.With | None:
 def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
     """Already inside `if accelerator.is_main_process:`, `if rank == 0:` or similar."""
     for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in
-                                                ("main_process", "rank", "is_master", "local_main")):
+        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in RANK_WORDS):
             return True
     return False
 

@@ -109,8 +109,10 @@ def test_collectives_on_metrics_become_accelerates_in_place(torchrun) -> None:
     assert "        accelerator.wait_for_everyone()\n" in code
 
 
-def test_the_rank_guarded_save_unwraps_the_model(torchrun) -> None:
-    assert "accelerator.save(accelerator.unwrap_model(model).state_dict(), \"m.pt\")" in torchrun.code
+def test_the_state_dict_of_a_rank_guarded_save_is_gathered_by_every_process(torchrun) -> None:
+    # under FSDP / ZeRO-3 the full state dict is a collective: asked for under `if rank == 0:` alone, it hangs
+    assert ("        model_state_dict = accelerator.get_state_dict(model)\n        if rank == 0:\n"
+            "            accelerator.save(model_state_dict, \"m.pt\")\n") in torchrun.code
 
 
 def test_nanogpt_ddp_or_single_becomes_one_path() -> None:

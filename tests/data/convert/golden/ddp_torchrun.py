@@ -63,9 +63,10 @@ def main():
                 totals[0] += criterion(model(x), y).item() * y.size(0)
                 totals[1] += y.size(0)
         totals.copy_(accelerator.reduce(totals, "sum"))
+        model_state_dict = accelerator.get_state_dict(model)
         if rank == 0:
             accelerator.print(f"EVAL epoch={epoch} val loss={(totals[0] / totals[1]).item():.6f}")
-            accelerator.save(accelerator.unwrap_model(model).state_dict(), os.path.join(os.environ.get("CKPT_DIR", "."), "ddp.pt"))
+            accelerator.save(model_state_dict, os.path.join(os.environ.get("CKPT_DIR", "."), "ddp.pt"))
         accelerator.wait_for_everyone()
 
 
