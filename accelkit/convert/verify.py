@@ -30,8 +30,10 @@ class Finding:
 
 
 def verify(code: str) -> list[Finding]:
+    if "accelerator." not in code:
+        return []
     tree = ast.parse(code)
-    return [*_collectives_under_rank_conditions(tree), *_prepare_after_training(tree)]
+    return [*_collectives_under_rank_conditions(tree), *_prepare_after_training(tree, code)]
 
 
 def _accelerator_method(node: ast.AST) -> str | None:
@@ -41,66 +43,64 @@ def _accelerator_method(node: ast.AST) -> str | None:
     return None
 
 
+def _rank_condition(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and RANK_TEST.fullmatch(n.id) or
+               isinstance(n, ast.Attribute) and RANK_TEST.fullmatch(n.attr) for n in ast.walk(test))
+
+
 def _collectives_under_rank_conditions(tree: ast.Module) -> list[Finding]:
-    found: list[Finding] = []
-
-    def visit(node: ast.AST, condition: str | None) -> None:
-        for child in ast.iter_child_nodes(node):
+    found: dict[int, Finding] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and _rank_condition(node.test)):
+            continue
+        condition = ast.unparse(node.test)
+        stack: list[ast.AST] = [*node.body, *node.orelse]
+        while stack:
+            child = stack.pop()
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                visit(child, None)  # a function defined under the condition runs where it is called
-                continue
-            inner = condition
-            if isinstance(child, ast.If) and RANK_TEST.search(ast.unparse(child.test)):
-                for branch in (child.body, child.orelse):
-                    for statement in branch:
-                        visit_statement(statement, ast.unparse(child.test))
-                visit(child.test, condition)
-                continue
+                continue  # defined under the condition, run where it is called
             method = _accelerator_method(child)
-            if method in COLLECTIVES and condition is not None:
-                found.append(Finding(child.lineno, f"`accelerator.{method}()` runs only under `if {condition}:`, "
-                                                   "so the processes that skip it leave the others waiting (a hang)",
-                                     f"move `accelerator.{method}()` out of the `if`, where every process runs it"))
-            visit(child, inner)
-
-    def visit_statement(statement: ast.AST, condition: str) -> None:
-        wrapper = ast.Module(body=[statement], type_ignores=[])  # type: ignore[list-item]
-        visit(wrapper, condition)
-
-    visit(tree, None)
-    return found
+            if method in COLLECTIVES and child.lineno not in found:  # type: ignore[attr-defined]
+                found[child.lineno] = Finding(  # type: ignore[attr-defined]
+                    child.lineno, f"`accelerator.{method}()` runs only under `if {condition}:`, so the processes "  # type: ignore[attr-defined]
+                                  "that skip it leave the others waiting (a hang)",
+                    f"move `accelerator.{method}()` out of the `if`, where every process runs it")
+            stack.extend(ast.iter_child_nodes(child))
+    return [found[line] for line in sorted(found)]
 
 
-def _prepare_after_training(tree: ast.Module) -> list[Finding]:
+def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
     found: list[Finding] = []
-    for body in _bodies(tree):
-        for index, statement in enumerate(body):
-            prepared = _prepared_names(statement)
-            if not prepared:
+    if "accelerator.prepare(" not in code or "accelerator.backward(" not in code:
+        return found
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            body = getattr(node, name, None)
+            if not isinstance(body, list):
                 continue
-            for earlier in body[:index]:
-                if not any(_accelerator_method(n) == "backward" for n in ast.walk(earlier)):
-                    continue
-                used = {n.id for n in ast.walk(earlier) if isinstance(n, ast.Name)} & prepared
-                if used:
-                    names = ", ".join(sorted(used))
-                    found.append(Finding(statement.lineno, f"`accelerator.prepare(...)` comes after line "
-                                                           f"{earlier.lineno}, which already trains {names}: that "
-                                                           "training runs without the distributed wrapper",
-                                         "prepare the model, optimizer and loaders before the training loop"))
-                    break
+            for index, statement in enumerate(body):
+                prepared = _prepared_names(statement)
+                if prepared:
+                    finding = _trained_before(body[:index], prepared, statement.lineno)
+                    if finding is not None:
+                        found.append(finding)
     return found
+
+
+def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> Finding | None:
+    for statement in earlier:
+        nodes = list(ast.walk(statement))
+        if not any(_accelerator_method(n) == "backward" for n in nodes):
+            continue
+        used = {n.id for n in nodes if isinstance(n, ast.Name)} & prepared
+        if used:
+            return Finding(line, f"`accelerator.prepare(...)` comes after line {statement.lineno}, which already "
+                                 f"trains {', '.join(sorted(used))}: that training runs without the distributed "
+                                 "wrapper", "prepare the model, optimizer and loaders before the training loop")
+    return None
 
 
 def _prepared_names(statement: ast.AST) -> set[str]:
     if isinstance(statement, ast.Assign) and _accelerator_method(statement.value) == "prepare":
         return {n.id for t in statement.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return set()
-
-
-def _bodies(tree: ast.AST):
-    for node in ast.walk(tree):
-        for name in ("body", "orelse", "finalbody"):
-            body = getattr(node, name, None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-                yield body

@@ -53,7 +53,7 @@ def test_corpus_covers_the_shapes_the_issue_lists() -> None:
             "warmup_plateau", "custom_init", "trainer_class", "prebatched", "random_batches", "regression_numpy",
             "eval_metrics", "side_effects", "dcgan",
             # issue #23: the defects of the conversions, hand-made batch sources
-            "main_guard", "downloads_progress", "word_lm", "random_regression",
+            "main_guard", "downloads_progress", "word_lm", "random_regression", "iterable_stream",
             # issue #23: torch.distributed scripts
             "ddp_torchrun", "ddp_or_single"} <= names
 
