@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 COLLECTIVES = {"wait_for_everyone", "reduce", "gather", "gather_for_metrics", "prepare", "save_state",
-               "load_state", "check_trigger", "pad_across_processes", "save_model"}
+               "load_state", "check_trigger", "pad_across_processes", "save_model", "get_state_dict"}
 RANK_TEST = re.compile(r"\b(is_main_process|is_local_main_process|process_index|local_process_index|"
                        r"local_rank|global_rank|rank|is_master|is_main)\b")
 

@@ -221,7 +221,11 @@ def _collectives(ctx: Context, plan: Plan) -> None:
             code = f"{out}[:] = accelerator.gather({tensor}[None]).unbind(0)"
         else:
             tensor = ctx.code(call.args[0].value)
-            op_arg = next((a for a in call.args[1:] if a.keyword is None or a.keyword.value == "op"), None)
+            # all_reduce(tensor, op), reduce(tensor, dst, op): the op is the keyword or that position
+            position = 1 if name == "all_reduce" else 2
+            positional = [a for a in call.args if a.keyword is None]
+            op_arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "op"),
+                          positional[position] if len(positional) > position else None)
             op = "SUM" if op_arg is None else ctx.code(op_arg.value).rsplit(".", 1)[-1]
             reduction = OPS.get(op)
             if reduction is None:

@@ -48,6 +48,8 @@ TORCHRUN = """
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
             best = torch.tensor([2.0])
             dist.all_reduce(best, op=dist.ReduceOp.MAX)
+            count = torch.tensor([3.0])
+            dist.reduce(count, 0)
             outs = [torch.zeros(1) for _ in range(world)]
             dist.all_gather(outs, total)
             if rank == 0:
@@ -105,6 +107,7 @@ def test_collectives_on_metrics_become_accelerates_in_place(torchrun) -> None:
     code = torchrun.code
     assert '        total.copy_(accelerator.reduce(total, "sum"))\n' in code
     assert "        best.copy_(accelerator.gather(best[None]).amax(0))\n" in code
+    assert '        count.copy_(accelerator.reduce(count, "sum"))\n' in code  # every process gets dst's value
     assert "        outs[:] = accelerator.gather(total[None]).unbind(0)\n" in code
     assert "        accelerator.wait_for_everyone()\n" in code
 
