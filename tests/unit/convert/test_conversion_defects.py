@@ -219,3 +219,23 @@ def test_a_conversion_that_would_hang_is_not_written_silently() -> None:
             print(total)
     """)
     assert any("runs only under `if is_master:`" in p.what for p in result.report.problems)
+
+
+def test_a_sum_of_per_batch_mean_losses_is_summed_per_process_not_gathered() -> None:
+    # gathered, each term would be the mean over N processes' batches, and there would be N times fewer terms
+    code = convert("""
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        criterion = torch.nn.MSELoss()
+        test_loader = DataLoader([(torch.ones(2), torch.ones(1))] * 6, batch_size=4)
+        total = 0.0
+        with torch.no_grad():
+            for xb, yb in test_loader:
+                pred = model(xb)
+                total += criterion(pred, yb).item()
+        print(total / len(test_loader))
+    """).code
+    assert "gather_for_metrics" not in code
+    assert 'total = accelerator.reduce(torch.as_tensor(total, device=accelerator.device), "sum").item()' in code
+    assert "print(total / (len(test_loader) * accelerator.num_processes))" in code
