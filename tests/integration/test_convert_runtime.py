@@ -19,6 +19,10 @@ from accelkit.convert import convert_source
 
 CONVERT_DATA = DATA / "convert"
 CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py")) + sorted((CONVERT_DATA / "shapes").glob("*.py"))
+# a DistributedSampler(seed=0) becomes the DataLoader's own shuffle, which prepare() keeps in step across processes:
+# every sample once per epoch (what --check proves on 2 ranks), in another permutation than the sampler's
+NEW_ORDER = {"ddp_torchrun.py"}
+NUMBERS = re.compile(r"-?\d+\.\d+")
 RESULT_LINE = re.compile(r"^[A-Z][A-Z-]+( |$)")  # LOSS ..., EVAL ..., SAMPLE ..., SAVED ... (not library warnings)
 
 
@@ -55,6 +59,10 @@ def test_converted_scripts_print_the_same_losses_on_one_process(converted: Path,
         assert original["status"] == 0 and new["status"] == 0, script.name
         expected = _results(original["lines"])
         assert any(line.startswith("LOSS ") for line in expected), script.name
+        if script.name in NEW_ORDER:  # the same lines, other numbers: the samples come in another order
+            assert [NUMBERS.sub("#", line) for line in _results(new["lines"])] == \
+                [NUMBERS.sub("#", line) for line in expected], script.name
+            continue
         assert _results(new["lines"]) == expected, script.name
 
 
