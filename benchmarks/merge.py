@@ -14,7 +14,10 @@ child from getrusage(RUSAGE_CHILDREN)); runs of the tools alternate and the medi
 
 - DCP:      accelkit merge-ckpt  vs  `accelerate merge-weights`
 - ZeRO-2/3: accelkit merge-ckpt  vs  DeepSpeed's zero_to_fp32.py (the script it writes into the checkpoint)
-- copy:     `cp` of the merged output (the same bytes): what the disk allows.
+- copy:     `cp -r` of the checkpoint folder, and reading the files the merge reads (`cat FILES > /dev/null`):
+            what the disk and page cache allow (issue 24 asks for a merge within 2x of this copy);
+- before:   with `--before DIR`, accelkit from another source tree (e.g. an export of main), run alternately with
+            this tree's, so a change is measured under the same load.
 
 Then the cost of accelkit's integrity checks: the same merges with the CRC-32 and non-finite checks switched off
 (a switch only this benchmark uses), the time the checks themselves took (accelkit reports it), and the verification
@@ -178,10 +181,29 @@ def _timed(line: str, stdout: str) -> float:
     return 0.0
 
 
-def run_model(model_name: str, cache: Path, work: Path, runs: int) -> tuple[list[tuple], list[tuple]]:
+def read_files(src: Path) -> list[str]:
+    """The files a merge of `src` reads (DeepSpeed: the tag folder `latest` names), for the read baseline."""
+    if (src / "latest").is_file():
+        src = src / (src / "latest").read_text().strip()
+    return sorted(str(p) for p in src.rglob("*") if p.is_file() and p.name != "BENCH_DONE")
+
+
+def _in_process(stdout: str) -> float:
+    """The time accelkit reports for the merge itself ('Time: 5.3 s, ...'): the process's wall time less Python's
+    start and the imports (torch), which every tool here pays and no merge can avoid while it imports torch."""
+    for text in stdout.splitlines():
+        if text.startswith("Time:"):
+            return float(text.split()[1])
+    return 0.0
+
+
+def run_model(model_name: str, cache: Path, work: Path, runs: int,
+              before: Path | None = None) -> tuple[list[tuple], list[tuple]]:
     ckpts = ensure_checkpoints(cache, model_name)
     py = sys.executable
     accelkit = [py, "-m", "accelkit", "merge-ckpt"]
+    old = [py, "-c", f"import sys; sys.path.insert(0, {str(before)!r}); from accelkit.cli import main; "
+                     "sys.argv[0] = 'accelkit'; main()", "merge-ckpt"] if before else None
     cases = [("DCP (FSDP2)", ckpts["dcp"], "accelerate merge-weights",
               lambda out: [py, "-m", "accelerate.commands.accelerate_cli", "merge-weights", str(ckpts["dcp"]),
                            str(out)])]
@@ -192,30 +214,42 @@ def run_model(model_name: str, cache: Path, work: Path, runs: int) -> tuple[list
     rows, checks = [], []
     for label, src, peer, peer_cmd in cases:
         ours_out, peer_out = work / "ours.safetensors", work / "peer"
-        results: dict[str, list[dict]] = {"ours": [], "peer": [], "nochecks": []}
+        results: dict[str, list[dict]] = {"ours": [], "peer": [], "nochecks": [], "before": [], "cp": [], "read": []}
+        copy_out = work / "copy"
+        tools = [("ours", [*accelkit, str(src), "-o", str(ours_out), "-q"], ours_out),
+                 ("peer", peer_cmd(peer_out), peer_out),
+                 ("nochecks", [py, "-c", NO_CHECKS, "merge-ckpt", str(src), "-o", str(ours_out), "-q"], ours_out),
+                 ("cp", ["cp", "-r", str(src), str(copy_out)], copy_out),
+                 ("read", ["sh", "-c", 'cat "$@" > /dev/null', "read", *read_files(src)], None)]
+        if old:
+            tools.append(("before", [*old, str(src), "-o", str(ours_out), "-q"], ours_out))
         for _ in range(runs):
-            for key, cmd, out in (
-                    ("ours", [*accelkit, str(src), "-o", str(ours_out), "-q"], ours_out),
-                    ("peer", peer_cmd(peer_out), peer_out),
-                    ("nochecks", [py, "-c", NO_CHECKS, "merge-ckpt", str(src), "-o", str(ours_out), "-q"], ours_out)):
+            for key, cmd, out in tools:
                 print(f"  {model_name} {label}: {key} ...", file=sys.stderr)
                 results[key].append(measure(cmd, out))
+        _clear(copy_out)
         size = dir_bytes(ours_out) / 1e9
         ours, theirs = _median(results["ours"]), _median(results["peer"])
-        rows.append((f"{model_name} {label}", "accelkit merge-ckpt", ours, size, theirs))
-        rows.append((f"{model_name} {label}", peer, theirs, dir_bytes(peer_out) / 1e9, None))
+        copy = _median(results["cp"])
+        rows.append((f"{model_name} {label}", "accelkit merge-ckpt", ours, size, theirs, copy))
+        if old:
+            rows.append((f"{model_name} {label}", "accelkit merge-ckpt (--before tree)", _median(results["before"]),
+                         size, theirs, copy))
+        rows.append((f"{model_name} {label}", peer, theirs, dir_bytes(peer_out) / 1e9, None, copy))
+        rows.append((f"{model_name} {label}", "cp -r of the checkpoint", copy, dir_bytes(src) / 1e9, None, None))
+        read_bytes = sum(Path(f).stat().st_size for f in read_files(src)) / 1e9
+        rows.append((f"{model_name} {label}", "read the files merged (cat)", _median(results["read"]), read_bytes,
+                     None, None))
         crc = statistics.median(_timed("CRC-32 of", r["stdout"]) for r in results["ours"])
         scan = statistics.median(_timed("no NaN or inf", r["stdout"]) for r in results["ours"])
-        checks.append((f"{model_name} {label}", ours["seconds"], _median(results["nochecks"])["seconds"], crc, scan))
+        inside = statistics.median(_in_process(r["stdout"]) for r in results["ours"])
+        checks.append((f"{model_name} {label}", ours["seconds"], _median(results["nochecks"])["seconds"], crc, scan,
+                       inside))
         if label.startswith("DCP"):
-            copy_out = work / "copy.safetensors"
-            cp = _median([measure(["cp", str(ours_out), str(copy_out)], copy_out) for _ in range(runs)])
-            rows.append((f"{model_name} output", "cp (plain copy, disk limit)", cp, dir_bytes(copy_out) / 1e9, None))
-            _clear(copy_out)
             signed = with_manifest(src, cache / f"{model_name}-with-manifest")
             hashed = _median([measure([*accelkit, str(signed), "-o", str(ours_out), "-q"], ours_out)
                               for _ in range(runs)])
-            checks.append((f"{model_name} {label} + manifest", hashed["seconds"], ours["seconds"], None, None))
+            checks.append((f"{model_name} {label} + manifest", hashed["seconds"], ours["seconds"], None, None, None))
         _clear(ours_out)
         _clear(peer_out)
     return rows, checks
@@ -230,6 +264,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "accelkit-bench-merge")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--before", type=Path, help="also run accelkit from this source tree, alternately")
     parser.add_argument("--produce", nargs=3, metavar=("MODEL", "KIND", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -246,26 +281,31 @@ def main() -> None:
     work.mkdir(parents=True)
     rows, checks = [], []
     for model_name in args.models.split(","):
-        model_rows, model_checks = run_model(model_name, args.cache, work, args.runs)
+        model_rows, model_checks = run_model(model_name, args.cache, work, args.runs, args.before)
         rows += model_rows
         checks += model_checks
     print(f"\nmedian of {args.runs} runs per tool, runs alternating; {os.cpu_count()} CPUs, load average "
           f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min) at the end\n")
-    print("| input | tool | wall (s) | CPU (s) | peak RSS (MB) | output (GB) | accelkit / peer: wall, RSS |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for label, tool, result, size, peer in rows:
+    print("| input | tool | wall (s) | CPU (s) | peak RSS (MB) | GB | / peer: wall, RSS | / cp -r: wall, CPU |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for label, tool, result, size, peer, copy in rows:
         ratio = f"{result['seconds'] / peer['seconds']:.2f}x, {result['peak_rss'] / peer['peak_rss']:.2f}x" \
             if peer else ""
-        print(f"| {label} | {tool} | {result['seconds']:.1f} | {result['cpu']:.1f} | "
-              f"{result['peak_rss'] / 2**20:.0f} | {size:.2f} | {ratio} |")
+        to_copy = f"{result['seconds'] / copy['seconds']:.1f}x, {result['cpu'] / max(copy['cpu'], 1e-3):.1f}x" \
+            if copy else ""
+        print(f"| {label} | {tool} | {result['seconds']:.2f} | {result['cpu']:.2f} | "
+              f"{result['peak_rss'] / 2**20:.0f} | {size:.2f} | {ratio} | {to_copy} |")
     print("\nIntegrity checks (CRC-32 of every record read, non-finite scan; a manifest's sha256 when there is one):\n")
-    print("| input | merge (s) | without checks (s) | cost | CRC-32 (s) | non-finite scan (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, with_checks, without, crc, scan in checks:
+    print("| input | merge (s) | of which in the merge (s) | without checks (s) | cost | CRC-32 (s) | "
+          "non-finite scan (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, with_checks, without, crc, scan, inside in checks:
         cost = (with_checks - without) / with_checks
         crc_text = f"{crc:.2f}" if crc is not None else "-"
         scan_text = f"{scan:.2f}" if scan is not None else "-"
-        print(f"| {label} | {with_checks:.2f} | {without:.2f} | {cost:+.0%} | {crc_text} | {scan_text} |")
+        inside_text = f"{inside:.2f}" if inside is not None else "-"
+        print(f"| {label} | {with_checks:.2f} | {inside_text} | {without:.2f} | {cost:+.0%} | {crc_text} | "
+              f"{scan_text} |")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge.counters import Counted
 from accelkit.merge.torch_files import materialise, peek_flat
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ def _check_global_steps(source: DeepSpeedSource) -> None:
         raise AccelkitError(f"{files[0]} was saved at step {steps[0]}, but its folder is {source.tag}: it comes from "
                             "another step", hint=_ONE_SAVE)
     if steps[0] is not None:
+        source.step_counters.taken += [Counted(float(s), f, "global_steps") for s, f in zip(steps, files, strict=True)]
+        skipped = source.model_state(0).get("skipped_steps")
+        if isinstance(skipped, (int, float)):
+            source.step_counters.skipped["deepspeed"] = Counted(float(skipped), files[0], "skipped_steps")
         tag = f" (tag {source.tag})" if match else ""
         source.checks.append(f"DeepSpeed: every model-states file was saved at step {steps[0]}{tag}")
 
@@ -91,6 +96,10 @@ def _check_optimizer_steps(source: DeepSpeedSource) -> None:
         raise AccelkitError(f"{name} holds optimizer step {_steps(steps[odd])}, "
                             f"{source.optim_archive(ref).path.name} step {_steps(steps[ref])}: the rank files come "
                             "from different steps", hint=_ONE_SAVE)
+    numbers = [float(s) for s in steps[0] if isinstance(s, (int, float))]
+    if numbers:
+        source.step_counters.applied.append(Counted(max(numbers), source.optim_archive(0).path, "optimizer step",
+                                                    owner="deepspeed"))
     source.checks.append(f"DeepSpeed: the {world} optimizer partitions agree on the optimizer step "
                          f"({_steps(steps[0])})")
 

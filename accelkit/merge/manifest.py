@@ -112,8 +112,8 @@ def verify(manifest: Manifest, read_files: list[Path], world_size: int | None) -
         except OSError as exc:
             raise read_error(exc, file) from None
         if actual != size:
-            raise AccelkitError(f"{file} has {actual} bytes, its manifest says {size}: it changed after the save or "
-                                "comes from another run", hint=hint)
+            raise AccelkitError(f"{file} has {actual} bytes, {manifest.path.name} says {size}: it changed after the "
+                                "save or comes from another run or step", hint=hint)
     if manifest.world_size is not None and world_size is not None and manifest.world_size != world_size:
         raise AccelkitError(f"{manifest.path} was written by a {manifest.world_size}-process run but the checkpoint "
                             f"holds {world_size} ranks: files of different runs are mixed", hint=hint)

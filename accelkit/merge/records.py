@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import mmap
 import os
 import re
 import struct
@@ -33,6 +34,11 @@ from typing import Any
 import torch
 
 from accelkit.errors import AccelkitError
+
+try:  # ISA-L's CRC-32 (the zip polynomial, carry-less multiply): several times zlib's; optional, same values
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - depends on the environment
+    _crc32 = zlib.crc32
 
 _DATA_RECORD = re.compile(r"(^|/)data/\d+$")  # tensor storages; every other record is the pickle or a version
 _CHUNK = 8 * 1024 * 1024
@@ -92,6 +98,32 @@ def pread_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:
                                 "before the data it should hold", hint="re-copy this file from the machine that "
                                 "wrote the checkpoint")
         done += n
+
+
+def map_file(fd: int, offset: int, length: int, path: Path) -> memoryview:
+    """A read-only view of `length` bytes at `offset` of an open file, mapped with its page tables filled at once
+    (MAP_POPULATE): the bytes are checked, scanned and copied where the page cache holds them, never copied into this
+    process first. The mapping lives as long as the view. A file shorter than the range is refused before mapping
+    (touching a mapped page past the end of a file kills the process with SIGBUS)."""
+    if length == 0:
+        return memoryview(b"")
+    try:
+        size = os.fstat(fd).st_size
+    except OSError as exc:
+        raise read_error(exc, path) from None
+    if offset + length > size:
+        raise AccelkitError(f"{path} is truncated: it ends at byte {size}, {offset + length - size} bytes before the "
+                            "data it should hold", hint="re-copy this file from the machine that wrote the checkpoint")
+    aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+    try:
+        mapping = mmap.mmap(fd, length + offset - aligned, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
+                            offset=aligned)
+    except OSError as exc:
+        raise read_error(exc, path) from None
+    return memoryview(mapping)[offset - aligned:]
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages are faulted in as they are touched
 
 
 class _Window(io.RawIOBase):
@@ -190,7 +222,7 @@ class TorchArchive:
         for record in small:  # the pickle and version records: checked before anything trusts them
             data = bytearray(record.size)
             pread_into(fd, memoryview(data), record.offset, path)
-            if zlib.crc32(data) != record.crc:
+            if _crc32(data) != record.crc:
                 raise ChecksumError(record)
         with torch.serialization.safe_globals(safe_globals):
             obj = torch.load(io.BufferedReader(_Window(fd, start, length, path)), map_location="meta",
@@ -243,6 +275,18 @@ class RecordReader:
         pread_into(self._fd(record.path), dest, record.offset + start, record.path)
         self._track(record, start, dest)
 
+    def map(self, record: Record, start: int, length: int) -> memoryview:
+        """Bytes [start, start + length) of `record`, mapped from the page cache instead of copied (see `map_file`),
+        their CRC-32 tracked as `read` does."""
+        self._check_range(record, start, length)
+        data = map_file(self._fd(record.path), record.offset + start, length, record.path)
+        self._track(record, start, data)
+        return data
+
+    def map_plain(self, path: Path, offset: int, length: int) -> memoryview:
+        """Bytes of a file that carries no checksum (safetensors), mapped."""
+        return map_file(self._fd(path), offset, length, path)
+
     def _track(self, record: Record, start: int, data: memoryview) -> None:
         """Advance the record's running CRC-32 over bytes just read at `start`; check it once complete."""
         progress = self._progress.get(record, (0, 0))
@@ -254,7 +298,7 @@ class RecordReader:
             done = start
         if start == done:
             began = time.perf_counter()
-            crc = zlib.crc32(data, crc)
+            crc = _crc32(data, crc)
             self.checksum_seconds += time.perf_counter() - began
             self.checksum_bytes += len(data)
             done += len(data)
@@ -276,7 +320,7 @@ class RecordReader:
             part = view[: min(len(view), end - begin)]
             pread_into(fd, part, record.offset + begin, record.path)
             began = time.perf_counter()
-            crc = zlib.crc32(part, crc)
+            crc = _crc32(part, crc)
             self.checksum_seconds += time.perf_counter() - began
             self.checksum_bytes += len(part)
             begin += len(part)

@@ -24,7 +24,7 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import extras, manifest, savestate, shards, single_file
+from accelkit.merge import counters, extras, manifest, savestate, shards, single_file
 from accelkit.merge.detect import open_source
 from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
 from accelkit.merge.source import CheckpointSource, TensorEntry
@@ -102,6 +102,9 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
     try:
         checks = []
         found = manifest.find(source.root)  # first: when there is one, it says best what is wrong
+        steps = source.step_counters
+        if found is not None and found.step is not None:
+            steps.taken.insert(0, counters.Counted(float(found.step), found.path, "step"))
         if found is not None:
             if hash_manifest:
                 _, side_files = extras.find_side_files(opts.input, opts.config_from)
@@ -111,7 +114,10 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
                               "merging")
         folder = savestate.find_save_state_dir(source.root)
         if folder is not None:
-            checks += savestate.check(folder, source.world_size, source.reader)
+            checks += savestate.check(folder, source.world_size, source.reader, steps)
+        agreed = counters.cross_check(steps)
+        if agreed:
+            checks.append(agreed)
         return source, checks
     except BaseException:
         source.close()

@@ -10,8 +10,8 @@ FSDP, `optimizer.bin` otherwise), and the scheduler and other registered objects
 - the optimizer's step counters (torch's Adam/AdamW `step` per parameter): in a DCP optimizer they are spread over
   the rank files, and a rank file from another step disagrees; its rank count must be the model's.
 
-Counters of different kinds are not compared with each other (Accelerate counts micro-batches, the optimizer counts
-updates, a scheduler whatever its owner steps it by): they are reported, not judged. All files are loaded with
+The optimizer's step and learning rate, the scheduler's learning rate and a loss scaler's presence are collected
+for `counters`, which compares them with the manifest and DeepSpeed's counters. All files are loaded with
 `weights_only=True` (RNG states need numpy's array type, which is allowlisted for them alone).
 """
 
@@ -25,11 +25,16 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import dcp_layout
+from accelkit.merge.counters import Counted, FolderCounters
 from accelkit.merge.records import RecordReader, TorchArchive
 from accelkit.merge.torch_files import materialise
 
 _RNG = re.compile(r"^random_states_(\d+)\.pkl$")
 _OPTIMIZER_DCP = re.compile(r"^optimizer_(\d+)$")
+_OPTIMIZER_FILE = re.compile(r"^optimizer(_\d+)?\.bin$")
+_SCHEDULER_FILE = re.compile(r"^(scheduler(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$")
+_SCALER_FILE = "scaler.pt"
+_LR_ITEM = re.compile(r"^(?:optimizer\.)?param_groups\.(\d+)\.lr$")
 _ONE_SAVE = "copy the complete checkpoint folder of one save_state call (every rank's files) into a clean folder"
 
 
@@ -58,8 +63,11 @@ def _numpy_globals() -> list:
     return found
 
 
-def check(folder: Path, world_size: int | None, reader: RecordReader) -> list[str]:
-    """Check the save_state files in `folder` against each other and the model's world size; return what held."""
+def check(folder: Path, world_size: int | None, reader: RecordReader,
+          counters: FolderCounters | None = None) -> list[str]:
+    """Check the save_state files in `folder` against each other and the model's world size, and collect their
+    step counters into `counters`; return what held."""
+    counters = counters if counters is not None else FolderCounters()
     checks = []
     rng = {int(m.group(1)): p for p in _listing(folder) if (m := _RNG.match(p.name))}
     if rng:
@@ -67,10 +75,52 @@ def check(folder: Path, world_size: int | None, reader: RecordReader) -> list[st
     optimizers = [p for p in _listing(folder)
                   if _OPTIMIZER_DCP.match(p.name) and (p / dcp_layout.METADATA_FILE).is_file()]
     for path in sorted(optimizers):
-        line = _check_optimizer_dcp(path, world_size, reader)
+        line = _check_optimizer_dcp(path, world_size, reader, counters)
         if line:
             checks.append(line)
+    for path in sorted(p for p in _listing(folder) if _OPTIMIZER_FILE.match(p.name)):
+        _collect_optimizer_file(path, reader, counters)
+    for path in sorted(p for p in _listing(folder) if _SCHEDULER_FILE.match(p.name)):
+        _collect_scheduler(path, counters)
+    if (folder / _SCALER_FILE).is_file():
+        counters.scaler = folder / _SCALER_FILE
     return checks
+
+
+def _value(archive: TorchArchive, reader: RecordReader, value: object) -> object:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return materialise(archive, reader, value).item()
+    return value
+
+
+def _collect_optimizer_file(path: Path, reader: RecordReader, counters: FolderCounters) -> None:
+    """`optimizer.bin` (torch's optimizer state dict): the largest step over its parameters, each group's lr. An
+    optimizer that cannot be read with weights_only (a custom one) carries no counter merge can use: skipped."""
+    try:
+        archive = TorchArchive.open(path, [])
+    except AccelkitError:
+        return
+    state = archive.obj if isinstance(archive.obj, dict) else {}
+    steps = [_value(archive, reader, s.get("step")) for s in (state.get("state") or {}).values() if isinstance(s, dict)]
+    steps = [float(s) for s in steps if isinstance(s, (int, float))]
+    if steps:
+        counters.applied.append(Counted(max(steps), path, "optimizer step", owner=path.name))
+    lrs = [g.get("lr") for g in state.get("param_groups") or [] if isinstance(g, dict)]
+    if lrs and all(isinstance(lr, (int, float)) for lr in lrs):
+        counters.optimizer_lrs.append((path.name, path, [float(lr) for lr in lrs]))
+
+
+def _collect_scheduler(path: Path, counters: FolderCounters) -> None:
+    """A scheduler's state (prepared: scheduler.bin; registered: custom_checkpoint_<i>.pkl): its last lr. Objects
+    that are not schedulers, or cannot be read with weights_only, are not counters."""
+    try:
+        state = TorchArchive.open(path, []).obj
+    except AccelkitError:
+        return
+    if isinstance(state, dict) and "last_epoch" in state and isinstance(state.get("_last_lr"), list):
+        lrs = state["_last_lr"]
+        if lrs and all(isinstance(lr, (int, float)) for lr in lrs):
+            counters.scheduler_lrs.append((path, [float(lr) for lr in lrs]))
 
 
 def _check_rng(folder: Path, rng: dict[int, Path], world_size: int | None, reader: RecordReader) -> str:
@@ -105,8 +155,10 @@ def _majority(values: list) -> object:
     return next(v for v in values if counts[v] == best)  # a tie: the first file wins
 
 
-def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReader) -> str | None:
-    """The optimizer's step counters agree across its rank files, and it was saved by as many ranks as the model."""
+def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReader,
+                         counters: FolderCounters) -> str | None:
+    """The optimizer's step counters agree across its rank files, and it was saved by as many ranks as the model;
+    its largest step and its learning rates go to `counters`."""
     metadata = dcp_layout.read_metadata(path)
     ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := dcp_layout.DISTCP.match(
         info.relative_path))}
@@ -114,7 +166,14 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
         raise AccelkitError(f"{path} was saved by {max(ranks) + 1} processes but the model by {world_size}: files of "
                             "runs with different world sizes are mixed", hint=_ONE_SAVE)
     by_file: dict[str, set] = defaultdict(set)
+    lrs: dict[int, float] = {}
     for index, info in metadata.storage_data.items():
+        group = _LR_ITEM.match(index.fqn)
+        if group and int(group.group(1)) not in lrs:
+            value = TorchArchive.open(path / info.relative_path, [], start=info.offset, length=info.length,
+                                      what=f"the item of {index.fqn} in {path / info.relative_path}").obj
+            if isinstance(value, (int, float)):
+                lrs[int(group.group(1))] = float(value)
         if not index.fqn.endswith(".step"):
             continue
         archive = TorchArchive.open(path / info.relative_path, [], start=info.offset, length=info.length,
@@ -124,6 +183,11 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
             value = materialise(archive, reader, value).item()
         if isinstance(value, (int, float)):
             by_file[info.relative_path].add(float(value))
+    if by_file:
+        top = max((max(v), rel) for rel, v in by_file.items())
+        counters.applied.append(Counted(top[0], path / top[1], "optimizer step", owner=path.name))
+    if lrs and sorted(lrs) == list(range(len(lrs))):
+        counters.optimizer_lrs.append((path.name, path, [lrs[g] for g in sorted(lrs)]))
     uniform = {rel: next(iter(values)) for rel, values in sorted(by_file.items()) if len(values) == 1}
     if len(uniform) < 2 or len(uniform) != len(by_file):
         return None  # one file, or parameters that legitimately stepped differently: nothing to compare

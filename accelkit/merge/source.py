@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from accelkit.merge.counters import FolderCounters
 from accelkit.merge.records import Record, RecordReader
 
 
@@ -38,22 +39,26 @@ class Segment:
     """`nbytes` bytes of a tensor's data; `fill(start, dest)` copies bytes [start, start + len(dest)) into dest.
 
     Segments stored as they are in a file name it: `origin` is (file, byte offset of the segment's first byte), so
-    the writer can copy them file to file inside the kernel once they were read and checked."""
+    the writer can copy them file to file inside the kernel once they were read and checked; and `view(start, length)`
+    gives those bytes mapped from the page cache (checked on the way, as `fill` does) without copying them."""
 
     nbytes: int
     fill: Callable[[int, memoryview], None]
     origin: tuple[Path, int] | None = None
+    view: Callable[[int, int], memoryview] | None = None
 
 
 def record_segment(reader: RecordReader, record: Record, offset: int, nbytes: int) -> Segment:
     """Bytes [offset, offset + nbytes) of a zip record, read (and checksummed) when needed."""
     return Segment(nbytes, lambda start, dest: reader.read(record, offset + start, dest),
-                   (record.path, record.offset + offset))
+                   (record.path, record.offset + offset),
+                   lambda start, length: reader.map(record, offset + start, length))
 
 
 def file_segment(reader: RecordReader, path: Path, offset: int, nbytes: int) -> Segment:
     """Bytes [offset, offset + nbytes) of a file without checksums (safetensors)."""
-    return Segment(nbytes, lambda start, dest: reader.read_plain(path, offset + start, dest), (path, offset))
+    return Segment(nbytes, lambda start, dest: reader.read_plain(path, offset + start, dest), (path, offset),
+                   lambda start, length: reader.map_plain(path, offset + start, length))
 
 
 def tensor_segment(tensor: torch.Tensor) -> Segment:
@@ -111,6 +116,8 @@ class CheckpointSource:
     # the Accelerate save_state folder around the weights, if any (its optimizer/scheduler/RNG files are checked)
     save_state_dir: Path | None = None
     reader: RecordReader = field(default_factory=RecordReader)
+    # step counters the checkpoint's own files carry (DeepSpeed's), cross-checked with the folder's (see counters)
+    step_counters: FolderCounters = field(default_factory=FolderCounters)
 
     def segments(self, name: str) -> list[Segment]:
         """The bytes of tensor `name` (its entry's dtype, C order) as consecutive segments."""

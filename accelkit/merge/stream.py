@@ -5,10 +5,11 @@ into a buffer (the record's CRC-32 advances as it is read); a helper thread scan
 appends it to the output, while this thread reads the next piece into the other buffer. Two buffers take turns, so
 memory stays at two pieces whatever the size of the model or of its largest tensor.
 
-Appending: bytes that are stored in a file exactly as they go out (no `--dtype` cast) are copied file to file by
-the kernel (`os.copy_file_range`), which costs a fifth of writing them from user memory; they were read and
-checked first. Cast pieces, in-memory tensors, and file systems that cannot copy file to file are written from the
-buffer.
+Bytes that are stored in a file exactly as they go out (no `--dtype` cast) are never copied into this process: the
+piece is mapped from the page cache (`mmap`), its CRC-32 and the non-finite scan read it there, and it is copied
+file to file by the kernel (`os.copy_file_range`), which costs a fifth of writing it from user memory. A merge of
+such a checkpoint touches every byte about as often as `cp` does, plus the two checks. Cast pieces, in-memory
+tensors, and file systems that cannot copy file to file go through the buffers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import errno
 import os
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,6 +98,15 @@ class Buffers:
         if self._cast[slot].numel() < nbytes:
             self._cast[slot] = torch.empty(max(nbytes, self.piece_bytes), dtype=torch.uint8)
         return self._cast[slot][:nbytes]
+
+
+def _as_tensor(data: memoryview, dtype: torch.dtype) -> torch.Tensor:
+    """The values of a mapped piece, without a copy (torch warns that the mapping is read-only: it is only read)."""
+    if not len(data):
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=dtype)
 
 
 def _as_memoryview(tensor: torch.Tensor) -> memoryview:
@@ -217,11 +228,15 @@ class TensorStream:
                 for entry in entries:
                     for segment, start, length in pieces(self._segments(entry.name), self.buffers.piece_bytes):
                         slot = self.buffers.take()
-                        values, cast = self._read_piece(slot, entry.name, entry.dtype, segment, start, length)
                         origin = None
+                        if segment.view is not None and entry.dtype == self._sources[entry.name].dtype:
+                            values = source_values = _as_tensor(segment.view(start, length), entry.dtype)
+                            cast = False
+                        else:
+                            values, cast = self._read_piece(slot, entry.name, entry.dtype, segment, start, length)
+                            source_values = self.buffers.raw(slot, length).view(self._sources[entry.name].dtype)
                         if segment.origin is not None and not cast:
                             origin = (segment.origin[0], segment.origin[1] + start)
-                        source_values = self.buffers.raw(slot, length).view(self._sources[entry.name].dtype)
                         self.buffers.pending[slot] = pool.submit(scan_and_append, entry.name, values, source_values,
                                                                  cast, origin)
                         self.on_bytes(values.numel() * entry.dtype.itemsize)

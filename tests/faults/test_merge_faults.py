@@ -241,6 +241,68 @@ def test_deepspeed_tag_folder_of_another_step(ckpts: Path, tmp_path: Path) -> No
     refused(tmp_path, src, match=r"was saved at step 1, but its folder is global_step2")
 
 
+
+# -- step counters of different files (issue 19, item 6): the manifest, optimizer, scheduler, RNG of two saves -----
+def _mix(ckpts: Path, tmp_path: Path, base: str, other: str, *rels: str) -> Path:
+    """A copy of the `base` save_state folder with `rels` (files or folders) taken from the `other` save."""
+    src = copy_in(ckpts, f"accelerate/{base}", tmp_path)
+    for rel in rels:
+        if (src / rel).is_dir():
+            shutil.rmtree(src / rel)
+            shutil.copytree(ckpts / "accelerate" / other / rel, src / rel)
+        else:
+            shutil.copy(ckpts / "accelerate" / other / rel, src / rel)
+    return src
+
+
+def test_manifest_and_model_of_one_step_optimizer_and_rng_of_another(ckpts: Path, tmp_path: Path) -> None:
+    """The reported case: manifest and model of step 1; RNG, optimizer and scheduler of step 2. Before, exit 0."""
+    src = _mix(ckpts, tmp_path, "ckpt-step1", "ckpt", "optimizer_0", "random_states_0.pkl", "random_states_1.pkl",
+               "scheduler.bin")
+    line = refused(tmp_path, src, match=r"optimizer_0/")
+    assert MANIFEST in line or "scheduler.bin" in line, line  # the manifest, or the scheduler beside it
+
+
+def test_optimizer_step_disagrees_with_the_manifest(ckpts: Path, tmp_path: Path) -> None:
+    """Step-2 optimizer shards under the step-1 layout file (same sizes: the manifest's size check passes)."""
+    src = _mix(ckpts, tmp_path, "ckpt-step1", "ckpt", "optimizer_0/__0_0.distcp", "optimizer_0/__1_0.distcp")
+    refused(tmp_path, src, match=r"optimizer_0/__\d_0.distcp holds optimizer step 2, .*accelkit-manifest.json step 1")
+
+
+def test_scheduler_of_another_step_under_a_manifest(ckpts: Path, tmp_path: Path) -> None:
+    """scheduler.bin and the RNG files have the same size at every step: only the learning rate tells."""
+    src = _mix(ckpts, tmp_path, "ckpt-step1", "ckpt", "scheduler.bin", "random_states_0.pkl", "random_states_1.pkl")
+    refused(tmp_path, src, match=r"scheduler.bin last set the learning rate to 0.0125, but .*optimizer_0 holds 0.0075")
+
+
+def test_optimizer_of_another_step_without_a_manifest(ckpts: Path, tmp_path: Path) -> None:
+    src = _mix(ckpts, tmp_path, "ckpt", "ckpt-step1", "optimizer_0")
+    (src / MANIFEST).unlink()
+    refused(tmp_path, src, match=r"scheduler.bin last set the learning rate to 0.0125, but .*optimizer_0 holds 0.0075")
+
+
+def test_one_save_lists_every_counter_it_compared(ckpts: Path, tmp_path: Path) -> None:
+    src = copy_in(ckpts, "accelerate/ckpt", tmp_path)
+    result = merge(tmp_path, src, expect="ok", out=tmp_path / "merged.safetensors")
+    assert result.returncode == 0, result.stderr
+    assert ("step counters agree across the folder: optimizer step 2 against step 2 in accelkit-manifest.json; "
+            "learning rate 0.0125 in the optimizer and the scheduler") in result.stdout
+    result.assert_clean(owned=[tmp_path / "merged.safetensors"])
+
+
+def test_deepspeed_global_steps_disagree_with_the_manifest(ckpts: Path, tmp_path: Path) -> None:
+    """A manifest (as accelkit's templates write) of step 1 over a DeepSpeed save of step 2."""
+    import hashlib
+
+    src = copy_in(ckpts, "ds/zero3", tmp_path)
+    files = {p.relative_to(src).as_posix(): {"size": p.stat().st_size,
+                                              "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in sorted(src.rglob("*")) if p.is_file()}
+    (src / MANIFEST).write_text(json.dumps({"format": "accelkit-checkpoint-manifest", "run_id": "r", "step": 1,
+                                            "world_size": 2, "files": files}))
+    refused(tmp_path, src, match=r"accelkit-manifest.json holds step 1, .*zero_pp_rank_0_mp_rank_00_model_states.pt "
+                                 r"global_steps 2")
+
 # -- bit rot ------------------------------------------------------------------------------------------------------
 def test_dcp_flipped_bit_in_tensor_data(ckpts: Path, tmp_path: Path) -> None:
     """Before, this passed and --verify even reported the output bit-exact (it re-read the same rotten input)."""

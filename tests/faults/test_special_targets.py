@@ -46,8 +46,14 @@ KIND_WORDS = {"fifo": "a FIFO", "device": "a character device", "dangling link":
               "folder": "a folder"}
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device", "dangling link", "folder"])
-@pytest.mark.parametrize("writer", ["config", "plan", "convert", "launch --slurm"])
+KINDS = ["fifo", "device", "dangling link", "folder"]
+WRITERS = ["config", "plan", "convert", "launch --slurm"]
+# One kind per writer in the fast loop (every writer and every kind met once); the whole matrix with the slow tests.
+FAST = {(w, KINDS[i]) for i, w in enumerate(WRITERS)}
+
+
+@pytest.mark.parametrize(("writer", "kind"), [pytest.param(w, k, marks=() if (w, k) in FAST else pytest.mark.slow)
+                                              for w in WRITERS for k in KINDS])
 def test_writers_refuse_what_is_not_a_regular_file(writer: str, kind: str, tmp_path: Path) -> None:
     target = tmp_path / ("job.sbatch" if writer == "launch --slurm" else "out.yaml" if writer != "convert"
                          else "out.py")

@@ -2,9 +2,9 @@
 
 Run under `accelkit launch --backend fsdp --cpu --num-processes 2 accelerate_save_state.py OUT`: Accelerate's own
 FSDP2 code writes OUT/ckpt-step1/ and OUT/ckpt/ (step 2): pytorch_model_fsdp_0/ and optimizer_0/ (DCP shards) and
-random_states_<rank>.pkl. After each save the checkpoint gets the manifest accelkit's templates write (the block
-below is a copy of theirs; tests/unit/templates checks it). The main process also writes the gathered full state
-dict, OUT/expected.safetensors, and the model config, OUT/config.json.
+random_states_<rank>.pkl, and the prepared scheduler's scheduler.bin. After each save the checkpoint gets the
+manifest accelkit's templates write (the block below is a copy of theirs; tests/unit/templates checks it). The main
+process also writes the gathered full state dict, OUT/expected.safetensors, and the model config, OUT/config.json.
 """
 
 from __future__ import annotations
@@ -65,13 +65,16 @@ def main() -> None:
     accelerator = Accelerator()
     model = tiny_model(seed=11)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    # A warmup schedule, prepared: save_state writes it as scheduler.bin, and its learning rate changes every step.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / 4)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     run_id = uuid.uuid4().hex
     for step in range(2):
         ids = batch(seed=step, rank=accelerator.process_index)
         with accelerator.accumulate(model):  # also counts Accelerate's step, which save_state records per rank
             accelerator.backward(model(input_ids=ids, labels=ids).loss)
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad()
         checkpoint = out / ("ckpt" if step == 1 else f"ckpt-step{step + 1}")
         accelerator.save_state(str(checkpoint))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,32 @@ def test_an_input_that_fails_to_read_is_a_read_error_of_that_file(tmp_path: Path
     monkeypatch.setattr(os, "preadv", failing)
     with pytest.raises(AccelkitError, match=rf"cannot read {path}: input/output error \(the disk"):
         RecordReader().read(record, offset, memoryview(bytearray(8)))
+
+
+def test_fast_crc32_is_zlibs() -> None:
+    """The CRC-32 merge uses (ISA-L's when installed) gives zlib's values, also when continued over pieces."""
+    import zlib
+
+    from accelkit.merge.records import _crc32
+
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    assert _crc32(data) == zlib.crc32(data)
+    assert _crc32(data[1000:], _crc32(data[:1000])) == zlib.crc32(data)
+    assert _crc32(b"") == 0
+
+
+def test_mapped_reads_equal_copied_reads_and_refuse_a_short_file(tmp_path) -> None:
+    from accelkit.errors import AccelkitError
+    from accelkit.merge.records import map_file
+
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 40000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, length in ((0, 10), (4095, 70000), (123457, 1), (10_239_990, 10)):
+            assert bytes(map_file(fd, offset, length, path)) == path.read_bytes()[offset:offset + length]
+        assert bytes(map_file(fd, 5, 0, path)) == b""
+        with pytest.raises(AccelkitError, match="is truncated"):
+            map_file(fd, 10_239_990, 11, path)
+    finally:
+        os.close(fd)
