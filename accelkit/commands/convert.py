@@ -80,6 +80,9 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
                                                 fromfile=str(script), tofile=f"{script} (converted)")), nl=False)
         click.echo(report, err=True)
         return 1 if exit_code and result.changed else 0
+    if result.report.status == "trainer":  # one line: how to launch it as it is
+        click.echo(report)
+        return 0
     if not result.changed:
         click.echo(report)
         click.echo("Nothing written.")

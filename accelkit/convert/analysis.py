@@ -19,11 +19,10 @@ SCALERS = {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.
 AUTOCASTS = {"torch.cuda.amp.autocast", "torch.amp.autocast", "torch.autocast", "torch.cuda.amp.autocast_mode.autocast",
              "torch.amp.autocast_mode.autocast"}
 DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                 "torch.nn.parallel.data_parallel.DataParallel"}
+                 "torch.nn.parallel.data_parallel.DataParallel",
+                 # a DDP wrap goes like a DataParallel one (prepare wraps); see transforms/distributed.py
+                 "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 DISTRIBUTED = {
-    "torch.distributed.init_process_group": "it calls torch.distributed.init_process_group",
-    "torch.nn.parallel.DistributedDataParallel": "it wraps a model in DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel": "it wraps a model in DistributedDataParallel",
     "torch.multiprocessing.spawn": "it spawns its own worker processes (torch.multiprocessing.spawn)",
     "deepspeed.initialize": "it calls deepspeed.initialize",
     "torch.distributed.fsdp.FullyShardedDataParallel": "it wraps a model in FSDP",
@@ -60,6 +59,7 @@ class Facts:
     model_classes: set[str] = field(default_factory=set)
     factories: dict[str, list[str | None]] = field(default_factory=dict)  # function -> kind per returned position
     optimizer_models: dict[int, list[str]] = field(default_factory=dict)  # id(optimizer Tracked) -> model names
+    accelerator_devices: set[str] = field(default_factory=set)  # names set to `accelerator.device` by the conversion
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)

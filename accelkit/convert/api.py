@@ -14,14 +14,21 @@ from accelkit.convert.context import Context
 from accelkit.convert.library import LazyAccelerator
 from accelkit.convert.plan import Plan, PlanApplier
 from accelkit.convert.report import Report
+from accelkit.convert.trainers import find_trainer
 from accelkit.convert.transforms import TRANSFORMS
+from accelkit.convert.verify import verify
 from accelkit.errors import AccelkitError
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 # imports that become unused once AMP and DataParallel code is gone (removed only when nothing else uses them)
 MAYBE_UNUSED = [("torch.cuda.amp", "GradScaler"), ("torch.cuda.amp", "autocast"), ("torch.amp", "GradScaler"),
                 ("torch.amp", "autocast"), ("torch", "autocast"), ("torch", "GradScaler"),
-                ("torch.nn", "DataParallel"), ("torch.nn.parallel", "DataParallel")]
+                ("torch.nn", "DataParallel"), ("torch.nn.parallel", "DataParallel"),
+                ("torch.nn.parallel", "DistributedDataParallel"),
+                ("torch.utils.data.distributed", "DistributedSampler"), ("torch.utils.data", "DistributedSampler"),
+                ("torch.distributed", "init_process_group"), ("torch.distributed", "destroy_process_group")]
+# the same names imported under a short alias (`... import DistributedDataParallel as DDP`, `import ... as dist`)
+MAYBE_UNUSED_ALIASED = [("torch.nn.parallel", "DistributedDataParallel", "DDP"), ("torch.distributed", None, "dist")]
 
 
 @dataclass(frozen=True)
@@ -56,11 +63,14 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     if facts.refusals:
         line, reason = facts.refusals[0]
         raise AccelkitError(f"{filename} already does distributed training: {reason} (line {line}); accelkit "
-                            "convert only converts single-device scripts",
-                            hint="run it as it is with torchrun, or start again from its single-GPU version and "
-                                 "convert that")
+                            "convert converts single-device and torchrun-style (init_process_group + DDP) scripts",
+                            hint="run it as it is, or start from a version launched by torchrun (one process per "
+                                 "device, no spawn) and convert that")
     if facts.uses_accelerate:
         return ConversionResult(source, Report(status="already-accelerate"), False)
+    trainer = find_trainer(ctx)
+    if trainer is not None:  # the trainer owns the distributed part: changing the script would only break it
+        return ConversionResult(source, Report(status="trainer", advice=trainer.advice(filename)), False)
     plan = Plan()
     for transform in TRANSFORMS:
         transform(ctx, facts, plan, options)
@@ -77,13 +87,16 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     except SyntaxError as exc:  # a bug in a transform: never hand the user a broken file
         raise AccelkitError(f"internal error: the converted {filename} does not compile ({exc.msg}, line "
                             f"{exc.lineno})", hint="please report this with the script; nothing was written") from None
+    for finding in verify(code):  # what --check would catch by running it, caught before anything is written
+        plan.report.problem(0, f"line {finding.line} of the converted script: {finding.what}", finding.todo)
     return ConversionResult(code, plan.report.sorted(), code != source)
 
 
 def _drop_unused_imports(module: cst.Module, source: str) -> cst.Module:
-    candidates = [(m, n) for m, n in MAYBE_UNUSED if n in source]
+    candidates = [(m, n, None) for m, n in MAYBE_UNUSED if n in source]
+    candidates += [(m, n, a) for m, n, a in MAYBE_UNUSED_ALIASED if f" as {a}" in source]
     if not candidates:
         return module
     wrapper = MetadataWrapper(module)
     context = CodemodContext(wrapper=wrapper)
-    return wrapper.visit(RemoveImportsVisitor(context, [(m, n, None) for m, n in candidates]))
+    return wrapper.visit(RemoveImportsVisitor(context, candidates))

@@ -121,6 +121,26 @@ class Context:
                 return candidate
         return None
 
+    def main_guard(self, node: cst.CSTNode) -> cst.If | None:
+        """The module-level `if __name__ == "__main__":` around `node` (outside any function), if any: its body is
+        the script's main function in all but name."""
+        for candidate in self.ancestors(node):
+            if isinstance(candidate, (cst.FunctionDef, cst.ClassDef)):
+                return None
+            if isinstance(candidate, cst.If) and self.parent(candidate) is self.module and is_main_guard(candidate):
+                return candidate
+        return None
+
+    def scope_body(self, node: cst.CSTNode) -> cst.Module | cst.IndentedBlock:
+        """The body `node` runs in: its function's, the main guard's, or the module."""
+        function = self.function(node)
+        if function is not None and isinstance(function.body, cst.IndentedBlock):
+            return function.body
+        guard = self.main_guard(node)
+        if guard is not None and isinstance(guard.body, cst.IndentedBlock):
+            return guard.body
+        return self.module
+
     def suite_of(self, statement: cst.BaseStatement) -> cst.Module | cst.IndentedBlock | None:
         """The block whose `body` lists `statement` (None for one-line suites such as `if x: y`)."""
         parent = self.parent(statement)
@@ -223,6 +243,18 @@ def _dotted_name(node: cst.CSTNode) -> str:
     if isinstance(node, cst.Attribute):
         return f"{_dotted_name(node.value)}.{node.attr.value}"
     return ""
+
+
+def is_main_guard(node: cst.If) -> bool:
+    """`if __name__ == "__main__":` (either order, either quotes)."""
+    test = node.test
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)):
+        return False
+    sides = [test.left, test.comparisons[0].comparator]
+    names = [s.value for s in sides if isinstance(s, cst.Name)]
+    strings = [s.evaluated_value for s in sides if isinstance(s, cst.SimpleString)]
+    return names == ["__name__"] and strings == ["__main__"]
 
 
 def dotted(expr: cst.BaseExpression) -> str | None:

@@ -1,7 +1,8 @@
 """Control flow questions the transforms ask: which block a statement belongs to, which loop encloses it, which
 loops train (run a backward pass, directly or through the script's own functions), and where optimizer steps are.
 
-A "block" here is where a prepare() call can go: the body of a function, of a loop, or the module. `if`, `with`
+A "block" here is where a prepare() call can go: the body of a function, of a loop, of the module-level
+`if __name__ == "__main__":`, or the module. `if`, `with`
 and `try` are looked through (an object created in both branches of an `if` is prepared after the `if`).
 """
 
@@ -30,6 +31,9 @@ class Flow:
         for ancestor in self.ctx.ancestors(node):
             if isinstance(ancestor, cst.Module):
                 return ancestor
+            if isinstance(ancestor, cst.If) and isinstance(ancestor.body, cst.IndentedBlock) \
+                    and self.ctx.main_guard(node) is ancestor and self._inside(node, ancestor.body):
+                return ancestor.body  # `if __name__ == "__main__":` is the script's main function
             if isinstance(ancestor, (cst.FunctionDef, cst.For, cst.While)):
                 body = ancestor.body
                 return body if isinstance(body, cst.IndentedBlock) and self._inside(node, body) else None
@@ -44,6 +48,8 @@ class Flow:
     def block_name(self, block: cst.CSTNode) -> str:
         """`Trainer.run`, `main` or `module level`, for messages."""
         function = block if isinstance(block, cst.FunctionDef) else None
+        if not isinstance(block, cst.Module) and self.ctx.main_guard(block) is not None:
+            return "`if __name__ == \"__main__\":`"
         for ancestor in [block, *self.ctx.ancestors(block)]:
             if isinstance(ancestor, cst.FunctionDef):
                 function = ancestor

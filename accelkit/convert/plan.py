@@ -29,6 +29,8 @@ class Plan:
         self.accelerator_args: dict[str, str] = {}  # extra Accelerator(...) arguments, e.g. cpu=args.no_cuda
         self.prepared: dict[str, str] = {}  # name -> where it is prepared ("line 77 (main)")
         self.prepare_sites: dict[str, list[tuple[cst.CSTNode | None, int]]] = defaultdict(list)  # (function, line)
+        self.imports: list[str] = []  # names imported from accelerate besides Accelerator
+        self.seeded: set[int] = set()  # statements already preceded by per-process seeds
         self.report = Report()
 
     def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:

@@ -54,10 +54,11 @@ class Found:
 class Report:
     changes: list[Change] = field(default_factory=list)
     left_alone: list[LeftAlone] = field(default_factory=list)
-    status: str = "converted"  # converted | unchanged | already-accelerate
+    status: str = "converted"  # converted | unchanged | already-accelerate | trainer
     problems: list[Problem] = field(default_factory=list)
     found: list[Found] = field(default_factory=list)
     iteration_based: bool = False  # training draws random batches (no epochs): progress is counted in steps
+    advice: str = ""  # status "trainer": the one line saying how to launch the script as it is
 
     def change(self, line: int, what: str, why: str) -> None:
         self.changes.append(Change(line, _shorten(what), why))
@@ -74,11 +75,13 @@ class Report:
     def sorted(self) -> Report:
         return Report(sorted(self.changes, key=lambda c: c.line), sorted(self.left_alone, key=lambda n: n.line),
                       self.status, sorted(self.problems, key=lambda p: p.line),
-                      sorted(self.found, key=lambda f: (f.line, f.kind)), self.iteration_based)
+                      sorted(self.found, key=lambda f: (f.line, f.kind)), self.iteration_based, self.advice)
 
     def format(self, script: str = "script") -> str:
         if self.status == "already-accelerate":
             return f"{script}: already uses Accelerate (it creates its own Accelerator); nothing to convert."
+        if self.status == "trainer":
+            return self.advice
         ordered = self.sorted()
         lines: list[str] = []
         if ordered.found:

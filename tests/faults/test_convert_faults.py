@@ -22,16 +22,18 @@ def _script(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-def test_an_already_distributed_script_is_refused(tmp_path: Path) -> None:
-    script = _script(tmp_path, "ddp.py", """
+def test_a_script_that_spawns_its_own_processes_is_refused(tmp_path: Path) -> None:
+    # torchrun-style scripts (init_process_group + DDP) are converted (issue #23); mp.spawn ones are not
+    script = _script(tmp_path, "spawn.py", """
         import torch
-        import torch.distributed as dist
-        dist.init_process_group("nccl")
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        import torch.multiprocessing as mp
+        def worker(rank):
+            model = torch.nn.Linear(2, 2)
+        mp.spawn(worker, nprocs=2)
     """)
     result = run_fault(["convert", str(script)], watch=[tmp_path])
-    result.assert_refused(r"ddp\.py already does distributed training: it calls torch\.distributed\."
-                          r"init_process_group \(line 3\)")
+    result.assert_refused(r"spawn\.py already does distributed training: it spawns its own worker processes "
+                          r"\(torch\.multiprocessing\.spawn\) \(line 5\)")
 
 
 def test_a_script_that_cannot_be_converted_completely_writes_nothing_unless_partial(tmp_path: Path) -> None:

@@ -101,6 +101,19 @@ def naive_files_on_every_process() -> str:
                     "    if True:\n        plt.savefig")
 
 
+def naive_prepare_after_training() -> str:
+    # issue #23: prepare inserted after the `if __name__ == "__main__":` block, i.e. after training
+    code = _replace(_converted("main_guard"), "    model, optimizer = accelerator.prepare(model, optimizer)\n", "")
+    return code + "model, optimizer = accelerator.prepare(model, optimizer)\n"
+
+
+def naive_distributed_sampler_kept() -> str:
+    code = _replace(_converted("ddp_torchrun"), "train_loader = DataLoader(train_set, batch_size=8, shuffle=True)",
+                    "train_loader = DataLoader(train_set, batch_size=8, sampler=torch.utils.data.distributed."
+                    "DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=0))")
+    return code
+
+
 NAIVE = {
     # name: (original corpus script, naive conversion, invariant that must fail, words the evidence must hold)
     "epoch_scheduler_prepared": ("mnist_style", naive_epoch_scheduler_prepared, "lr", "0.245"),
@@ -110,6 +123,8 @@ NAIVE = {
     "metric_not_reduced": ("eval_metrics", naive_metric_not_reduced, "metrics", "EVAL validation loss"),
     "stop_per_process": ("random_batches", naive_stop_per_process, "no hang", "left training at different steps"),
     "files_on_every_process": ("side_effects", naive_files_on_every_process, "side effects", "loss.png"),
+    "prepare_after_training": ("main_guard", naive_prepare_after_training, "wrapped", "SeqRegressor"),
+    "distributed_sampler_kept": ("ddp_torchrun", naive_distributed_sampler_kept, "samples", "loader #0"),
 }
 
 

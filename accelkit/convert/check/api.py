@@ -57,6 +57,9 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
     if result.report.status == "already-accelerate":
         raise AccelkitError(f"{script.name} already uses Accelerate: --check compares a single-device script with "
                             "its conversion", hint="run `accelkit convert --check` on the single-device original")
+    if result.report.status == "trainer":
+        raise AccelkitError(f"{script.name}: nothing to check, nothing is converted: {result.report.advice}",
+                            hint="--check compares a single-device script with its conversion")
     iteration_based = result.report.iteration_based
     code = result.code if converted_code is None else converted_code
     with Scratch(workdir or Path.cwd()) as scratch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from accelkit.convert.check.frames import innermost_user_function, is_user_code
 from accelkit.convert.check.record import Record
 
 MAX_LINES = 20_000
+LIBRARY_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
 WRITE_MODES = set("wax+")
 
 
@@ -72,6 +74,9 @@ class OutputTracker:
         self.record.files[shown] = self.record.files.get(shown, 0) + 1
 
     def _line(self, text: str, from_script: bool) -> None:
+        if LIBRARY_LOG.match(text):
+            return  # `[2026-11-24 02:47:44,298] [WARNING] [real_accelerator.py:213:...]`: DeepSpeed's logger, which
+            # `unwrap_model` imports mid-run; not the script's output on either side
         if self.keep_lines and len(self.record.lines) < MAX_LINES:
             self.record.lines.append([self.tag(), innermost_user_function(), text])
             return

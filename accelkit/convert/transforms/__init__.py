@@ -4,7 +4,17 @@ transforms removed, and the Accelerator is placed before every use the others in
 
 from __future__ import annotations
 
-from accelkit.convert.transforms import accelerator, batches, decisions, devices, metrics, prepare, saving, training
+from accelkit.convert.transforms import (
+    accelerator,
+    batches,
+    decisions,
+    devices,
+    distributed,
+    metrics,
+    prepare,
+    saving,
+    training,
+)
 
-TRANSFORMS = [devices.apply, training.apply, metrics.apply, prepare.apply, saving.apply, batches.apply,
-              decisions.apply, accelerator.apply]
+TRANSFORMS = [distributed.apply, devices.apply, training.apply, metrics.apply, prepare.apply, saving.apply,
+              batches.apply, decisions.apply, accelerator.apply]

@@ -148,7 +148,8 @@ def _insert_import(ctx: Context, plan: Plan, suite: cst.CSTNode, anchor_index: i
     imports = [i for i, line in enumerate(body) if _is_import(line) and i <= max(limit, -1)]
     if not imports and suite is not module:
         imports = [i for i, line in enumerate(body) if _is_import(line)]
-    statement = cst.parse_statement(IMPORT)
+    statement = cst.parse_statement(IMPORT if not plan.imports else
+                                    f"from accelerate import {', '.join(['Accelerator', *plan.imports])}\n")
     if imports:
         plan.after[body[max(imports)]].insert(0, statement)
     else:

@@ -16,11 +16,14 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, bindings
+from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.flow import Flow
 from accelkit.convert.plan import Plan
 
+NOISE = {"torch.randn", "torch.rand", "torch.randint", "torch.randn_like", "torch.rand_like", "torch.randint_like",
+         "torch.normal", "torch.bernoulli", "torch.multinomial", "torch.randperm", "numpy.random.randn",
+         "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "random.random", "random.gauss"}
 RANDOM_INDEX = {"torch.randint", "numpy.random.randint", "numpy.random.choice", "random.randint", "random.choice",
                 "random.sample", "random.choices", "numpy.random.default_rng"}
 TO_TENSOR = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tensor", "torch.FloatTensor",
@@ -29,6 +32,8 @@ SEEDS = {"torch.manual_seed", "numpy.random.seed", "random.seed", "accelerate.ut
          "transformers.set_seed", "transformers.trainer_utils.set_seed", "lightning.seed_everything",
          "pytorch_lightning.seed_everything"}
 LOADER_NAME = re.compile(r"loader|_dl\b|\bdl\b|dataloader", re.I)
+WINDOW_NOTE = ("# each process trains on an equal contiguous part of the sequence (prepare() cannot shard hand-made "
+               "batches)")
 SHARD_NOTE = "# each process trains on an equal share of the samples (prepare() cannot shard hand-made batches)"
 
 
@@ -37,10 +42,33 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     done: set[int] = set()
     for backward in flow.backward_calls:
         loop = _batch_loop(ctx, flow, backward)
-        if loop is None or id(loop) in done or _fed_by_loader(ctx, facts, loop):
+        if loop is None or id(loop) in done:
+            continue
+        if _fed_by_loader(ctx, facts, loop):
+            done.add(id(loop))
+            noise = _random_draws(ctx, facts, flow, loop, NOISE)
+            if noise:  # a GAN's latent noise, random masks: the same on every process unless seeded apart
+                _seed_per_process(ctx, facts, flow, plan, loop, noise[0], "noise tensors")
             continue
         done.add(id(loop))
         _convert_loop(ctx, facts, flow, plan, loop)
+
+
+def _reached(flow: Flow, loop: cst.CSTNode, depth: int = 3) -> list[cst.FunctionDef]:
+    """The script's functions the loop calls, and those they call (a generator of batches calling `make_batch`)."""
+    found: list[cst.FunctionDef] = []
+    frontier: list[cst.CSTNode] = [loop]
+    for _ in range(depth):
+        frontier = [f for node in frontier for f in flow.callees(node) if f not in found and f is not loop]
+        found += [f for f in dict.fromkeys(frontier) if f not in found]
+    return found
+
+
+def _random_draws(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode, kinds: set[str]) -> list[cst.Call]:
+    """Calls of `kinds` in the loop and the script's functions it calls, outside model classes (dropout-like
+    randomness inside a model is per process already)."""
+    return [n for node in [loop, *_reached(flow, loop)] for n in ctx.descendants(node)
+            if type(n) is cst.Call and ctx.qnames(n) & kinds and not inside_class(ctx, n, facts.model_classes)]
 
 
 def _batch_loop(ctx: Context, flow: Flow, backward: cst.Call) -> cst.For | cst.While | None:
@@ -95,15 +123,20 @@ def _iterator_of_loader(ctx: Context, facts: Facts, key: str) -> bool:
 
 def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode) -> None:
     function = ctx.function(loop)
-    scope_nodes = [loop, *flow.callees(loop)]
-    random_draws = [n for node in scope_nodes for n in ctx.descendants(node)
-                    if isinstance(n, cst.Call) and ctx.qnames(n) & RANDOM_INDEX]
+    random_draws = _random_draws(ctx, facts, flow, loop, RANDOM_INDEX)
     where = f"the training loop at line {ctx.line(loop)}"
     if random_draws:
         _seed_per_process(ctx, facts, flow, plan, loop, random_draws[0])
         plan.report.iteration_based = True
         return
     roots = _roots(ctx, facts, flow, loop)
+    noise = _random_draws(ctx, facts, flow, loop, NOISE)
+    if not roots and noise:  # fresh random inputs every step (`x = torch.randn(bs, d)` in a batch generator)
+        _seed_per_process(ctx, facts, flow, plan, loop, noise[0])
+        plan.report.iteration_based = True
+        return
+    if noise:
+        _seed_per_process(ctx, facts, flow, plan, loop, noise[0], "noise tensors")
     if not roots:
         plan.report.problem(ctx.line(loop), f"{where} trains on batches that do not come from a DataLoader and "
                                             "whose source could not be found: every process would train on all "
@@ -120,7 +153,7 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                             "accelerator.process_index (the same number on every process)")
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: fixed loop bounds")
         return
-    block, anchor, position = _shard_site(ctx, flow, loop, function, roots)
+    block, anchor, position = _shard_site(ctx, facts, flow, loop, function, roots)
     if block is None:
         names = ", ".join(f"`{r}`" for r in roots)
         plan.report.problem(ctx.line(loop), f"{where} slices {names}, bound at module level while the "
@@ -130,10 +163,18 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                                                                              "level")
         return
     first = roots[0]
-    shard = cst.parse_statement(
-        f"shard = slice(accelerator.process_index, len({first}) - len({first}) % accelerator.num_processes, "
-        "accelerator.num_processes)\n")
-    shard = shard.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(SHARD_NOTE))])
+    windows = _windows(ctx, flow, loop)
+    if windows:
+        shard = cst.parse_statement(
+            f"shard = slice(accelerator.process_index * (len({first}) // accelerator.num_processes),\n"
+            f"              (accelerator.process_index + 1) * (len({first}) // accelerator.num_processes))\n")
+        note = WINDOW_NOTE
+    else:
+        shard = cst.parse_statement(
+            f"shard = slice(accelerator.process_index, len({first}) - len({first}) % accelerator.num_processes, "
+            "accelerator.num_processes)\n")
+        note = SHARD_NOTE
+    shard = shard.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(note))])
     targets = ", ".join(roots)
     values = ", ".join(f"{r}[shard]" for r in roots)
     apply_shard = cst.parse_statement(f"{targets} = {values}\n")
@@ -147,8 +188,9 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
         plan.insert_after(anchor, shard)
         plan.insert_after(anchor, apply_shard)
     line = ctx.line(anchor)
-    plan.report.change(line, f"shard the hand-made batches' data by process: `{targets} = {values}` "
-                             f"(every num_processes-th sample, at most num_processes-1 dropped)",
+    how = ("one contiguous part of len // num_processes rows per process: the batches are windows of a sequence"
+           if windows else "every num_processes-th sample, at most num_processes-1 dropped")
+    plan.report.change(line, f"shard the hand-made batches' data by process: `{targets} = {values}` ({how})",
                        "prepare() only shards DataLoaders; without this every process trains on all of the data "
                        "(and equal shares keep every process at the same number of steps)")
     plan.report.found_item("batches", targets, ctx.line(loop), f"sharded by process index before training "
@@ -170,7 +212,7 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
         if name and name not in bound_inside and name not in skip and name not in found and name.isidentifier():
             found.append(name)
 
-    for node in [loop, *flow.callees(loop)]:
+    for node in [loop, *_reached(flow, loop)]:
         params = set()
         if isinstance(node, cst.FunctionDef):
             params = {p.name.value for p in node.params.params}
@@ -185,9 +227,16 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
                     isinstance(n.args[0].value, cst.Name):
                 add(n.args[0].value.value)
             elif isinstance(n, cst.Call) and dotted(n.func) in models:  # full batch: `model(x)`
-                for arg in n.args:
-                    if isinstance(arg.value, cst.Name) and arg.value.value not in params:
-                        add(arg.value.value)
+                # and the targets beside it in the same statement: `loss = criterion(model(x), y)`
+                statement = ctx.small_statement(n) or n
+                for call in [n, *ctx.descendants(statement)]:
+                    if type(call) is not cst.Call or dotted(call.func) in models and call is not n:
+                        continue
+                    for arg in call.args:  # type: ignore[attr-defined]
+                        if isinstance(arg.value, cst.Name) and arg.value.value not in params:
+                            add(arg.value.value)
+    for name in _handed_to_slicing_helpers(ctx, flow, loop):  # `get_batch(train_data, i)`
+        add(name)
     if not found and isinstance(loop, cst.For):
         source = loop.iter
         if isinstance(source, cst.Call) and ctx.code(source.func) in {"enumerate", "tqdm", "tqdm.tqdm"} \
@@ -202,6 +251,43 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
         elif isinstance(source, cst.Name) and _bound_to_a_list(ctx, loop, source.value):
             add(source.value)
     return [r for r in found if _looks_like_data(ctx, loop, r)]
+
+
+def _handed_to_slicing_helpers(ctx: Context, flow: Flow, loop: cst.CSTNode) -> list[str]:
+    """Names the loop hands to the script's own functions that cut batches from that parameter
+    (`data, targets = get_batch(train_data, i)` with `def get_batch(source, i): ... source[i:i + n]`)."""
+    found: list[str] = []
+    for call in ctx.descendants(loop):
+        if type(call) is not cst.Call:
+            continue
+        func = call.func  # type: ignore[attr-defined]
+        name = func.value if isinstance(func, cst.Name) else None
+        for function in flow.functions.get(name or "", []):
+            params = [p.name.value for p in function.params.params]
+            for position, arg in enumerate(call.args):  # type: ignore[attr-defined]
+                if not isinstance(arg.value, cst.Name):
+                    continue
+                param = arg.keyword.value if arg.keyword is not None else \
+                    params[position] if position < len(params) else None
+                if param and any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name)
+                                 and n.value.value == param for n in ctx.descendants(function.body)):
+                    found.append(arg.value.value)
+    return found
+
+
+def _windows(ctx: Context, flow: Flow, loop: cst.CSTNode) -> bool:
+    """Batches are windows of a sequence: one name sliced from two different starts (`source[i:i + n]` and the
+    next-token targets `source[i + 1:i + 1 + n]`). Such data is sharded in contiguous chunks (a strided shard
+    would interleave the sequence)."""
+    starts: dict[str, set[str]] = {}
+    for node in [loop, *_reached(flow, loop)]:
+        for n in ctx.descendants(node):
+            if not (isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name)):
+                continue
+            for element in n.slice:
+                if isinstance(element.slice, cst.Slice) and element.slice.lower is not None:
+                    starts.setdefault(n.value.value, set()).add(ctx.code(element.slice.lower).replace(" ", ""))
+    return any(len(found) > 1 for found in starts.values())
 
 
 def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
@@ -220,7 +306,7 @@ def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
 def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:
     """The batches are cut from the data by index (`x[i:i + bs]`), not fed whole."""
     return any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots
-               for node in [loop, *flow.callees(loop)] for n in ctx.descendants(node))
+               for node in [loop, *_reached(flow, loop)] for n in ctx.descendants(node))
 
 
 def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> bool:
@@ -249,10 +335,11 @@ def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
     return True
 
 
-def _shard_site(ctx: Context, flow: Flow, loop: cst.CSTNode, function: cst.FunctionDef | None, roots: list[str]):
+def _shard_site(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode, function: cst.FunctionDef | None,
+                roots: list[str]):
     """Where the shard goes: after the last binding of the data in the loop's function (or module), before the
     statement of that block that contains the training loop; at the function's start for parameters."""
-    scope = function.body if function is not None else ctx.module
+    scope = ctx.scope_body(loop)
     body = list(scope.body)  # type: ignore[attr-defined]
     top = ctx.top_statement_in(loop, scope)  # type: ignore[arg-type]
     if top is None:
@@ -268,33 +355,56 @@ def _shard_site(ctx: Context, flow: Flow, loop: cst.CSTNode, function: cst.Funct
     params = {p.name.value for p in function.params.params} if function is not None else set()
     if function is not None and all(r in params for r in roots):
         return scope, top, "start"
+    # globals read by a training function (`train_data = batchify(...)` at module level): sharded where they are
+    # bound, when the Accelerator lives at module level too (the script parses its arguments there, or nowhere)
+    parse = facts.parse_args
+    if function is not None and (parse is None or ctx.function(parse) is None):
+        module_body = list(ctx.module.body)
+        last = -1
+        for i, line in enumerate(module_body):
+            if isinstance(line, cst.SimpleStatementLine) and any(
+                    k in roots for small in line.body for k, _, _ in bindings(small)):
+                last = i
+        if last >= 0:
+            return ctx.module, module_body[last], "after"
     return None, None, None
 
 
 def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode,
-                      draw: cst.Call) -> None:
+                      draw: cst.Call, what: str = "batches") -> None:
+    """Each process gets its own random stream before training. torch starts every process from the same default
+    seed (seeded or not, every rank would draw the same batches or noise); numpy and `random` seed themselves from
+    the OS unless the script seeds them."""
     seeds = [c for c in ctx.of_type(cst.Call) if ctx.qnames(c) & SEEDS and c.args and ctx.line(c) < ctx.line(loop)]
     line = ctx.line(draw)
-    if not seeds:
-        plan.report.found_item("batches", "", line, "random batches drawn per process (the script does not seed, "
-                                                    "so each process already draws its own)")
-        return
-    scope = ctx.function(loop)
-    block = scope.body if scope is not None else ctx.module
+    block = ctx.scope_body(loop)
     top = ctx.top_statement_in(loop, block)  # type: ignore[arg-type]
-    if top is None:
+    if top is None or id(top) in plan.seeded:
         return
+    plan.seeded.add(id(top))
     calls: dict[str, str] = {}
     for call in seeds:  # the last seed of each library the script seeds
         calls[ctx.code(call.func)] = ctx.code(call.args[0].value)
     added = [f"{func}({value} + accelerator.process_index)" for func, value in calls.items()]
+    seeds_torch = any(ctx.qnames(c) & (SEEDS - {"numpy.random.seed", "random.seed"}) for c in seeds)
+    if not seeds_torch and "torch" in ctx.code(draw.func):
+        added.append("torch.manual_seed(torch.initial_seed() + accelerator.process_index)")
+    if not added:
+        plan.report.found_item(what, "", line, f"random {what} drawn per process (the script does not seed its "
+                                               "random generator, so each process already draws its own)")
+        return
     block_code = "".join(f"    {code}\n" for code in added)
     statement = cst.parse_statement(f"if accelerator.process_index > 0:\n{block_code}")
     statement = statement.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-        "# each process draws its own random batches; process 0 goes on with the script's own random stream"))])
+        f"# each process draws its own random {what}; process 0 goes on with the script's own random stream"))])
     plan.insert_before(top, statement)
     plan.report.change(ctx.line(top), f"added `{'`, `'.join(added)}` on the other processes before training",
-                       f"the batches are drawn at random (line {line}); with the same seed every process would draw "
-                       "the same ones and train on duplicates")
-    plan.report.found_item("batches", "", line, "random batches: each process draws its own (seed + process index "
-                                                "before training); progress is counted in steps, not epochs")
+                       f"the {what} are drawn at random (line {line}); every process starts from the same seed and "
+                       f"would draw the same ones (duplicated work instead of N times the {what})")
+    if what == "batches":
+        plan.report.found_item("batches", "", line, "random batches: each process draws its own (seed + process "
+                                                    "index before training); progress is counted in steps, not "
+                                                    "epochs")
+    else:
+        plan.report.found_item("random", "", line, f"{what}: drawn per process (seed + process index before "
+                                                   "training)")

@@ -61,7 +61,11 @@ def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNod
     for _, batch in facts.loader_loops:
         tainted |= batch
     if isinstance(loop, cst.For) and not _counts(ctx, loop):
-        tainted |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
+        target: cst.CSTNode = loop.target
+        if isinstance(loop.iter, cst.Call) and ctx.code(loop.iter.func) == "enumerate" and \
+                isinstance(target, cst.Tuple) and len(target.elements) == 2:
+            target = target.elements[1]  # `step` of `for step, batch in enumerate(loader)` counts alike everywhere
+        tainted |= {n.value for n in ctx.descendants(target) if type(n) is cst.Name}
     assigns = [n for n in ctx.descendants(scope) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
     for _ in range(4):
         for node in assigns:

@@ -30,6 +30,8 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _data_parallel(ctx, facts, plan)
     _inputs_follow_the_device(ctx, facts, plan)
     _numpy_from_cpu(ctx, plan)
+    _device_string_comparisons(ctx, facts, plan)
+    _tensors_made_in_forward(ctx, facts, plan)
 
 
 def _string_value(node: cst.CSTNode) -> str | None:
@@ -45,6 +47,8 @@ def is_device_expr(ctx: Context, expr: cst.BaseExpression) -> bool:
         return bool(ACCEL_DEVICE_RE.match(value))
     if isinstance(expr, cst.IfExp):
         return is_device_expr(ctx, expr.body) or is_device_expr(ctx, expr.orelse)
+    if isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
+        return bool(re.match(r"^(cuda|mps|xpu|npu|hpu):", expr.parts[0].value))  # f"cuda:{local_rank}"
     if isinstance(expr, cst.Call):
         names = ctx.qnames(expr)
         if "torch.device" in names and expr.args:
@@ -87,7 +91,14 @@ def _device_definitions(ctx: Context, facts: Facts, plan: Plan) -> None:
         explicit_cpu = _is_cpu(ctx, value) and key in facts.device_names
         if not (is_device_expr(ctx, value) or (key in facts.device_names and _is_gpu_id(value)) or explicit_cpu):
             continue
+        if key.rsplit(".", 1)[-1].endswith("type"):  # `device_type = "cuda" if ... else "cpu"`: a string
+            plan.edit(small, lambda u: u.with_changes(value=cst.Attribute(value=accel("device"),
+                                                                          attr=cst.Name("type"))))
+            plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = accelerator.device.type`",
+                               WHY_DEVICE)
+            continue
         plan.edit(small, lambda u: u.with_changes(value=accel("device")))
+        facts.accelerator_devices.add(key)
         plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = accelerator.device`",
                            WHY_DEVICE)
         flag = _device_flag(ctx, facts, small, value)
@@ -405,3 +416,67 @@ def _data_parallel(ctx: Context, facts: Facts, plan: Plan) -> None:
         elif inner is not None:
             plan.edit(call, lambda u: u.args[0].value, uses_accelerator=False)  # type: ignore[attr-defined]
             plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `{ctx.code(inner)}`", why)
+
+
+def _device_string_comparisons(ctx: Context, facts: Facts, plan: Plan) -> None:
+    """`device == "cuda"` held while `device` was a string; `accelerator.device` is a torch.device, which never
+    equals a string: compare its `.type` (or `str(device)` for "cuda:0"-style strings)."""
+    names = facts.accelerator_devices
+    for node in ctx.of_type(cst.Comparison):
+        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.NotEqual,
+                                                                                        cst.In, cst.NotIn)):
+            continue
+        sides = [node.left, node.comparisons[0].comparator]
+        device = next((s for s in sides if dotted(s) in names), None)
+        text = next((_string_value(s) for s in sides if _string_value(s) is not None), None)
+        if device is None or text is None:
+            continue
+        attr = "type" if ":" not in text or isinstance(node.comparisons[0].operator, (cst.In, cst.NotIn)) else None
+
+        def fix(u: cst.CSTNode, attr: str | None = attr, key: str = dotted(device) or "") -> cst.CSTNode:
+            def one(side: cst.BaseExpression) -> cst.BaseExpression:
+                if dotted(side) != key:
+                    return side
+                return cst.Attribute(value=side, attr=cst.Name(attr)) if attr else \
+                    cst.Call(func=cst.Name("str"), args=[cst.Arg(side)])
+            return u.with_changes(left=one(u.left), comparisons=[u.comparisons[0].with_changes(
+                comparator=one(u.comparisons[0].comparator))])
+
+        plan.edit(node, fix, uses_accelerator=False)
+        new = f"{dotted(device)}.type" if attr else f"str({dotted(device)})"
+        plan.report.change(ctx.line(node), f"`{ctx.code(node)}` compares `{new}`",
+                           f"`{dotted(device)}` is now `accelerator.device`, a torch.device: compared with a string "
+                           "it is never equal, and the branch would silently change")
+
+
+TENSOR_MAKERS = {"torch.zeros", "torch.ones", "torch.randn", "torch.rand", "torch.empty", "torch.full",
+                 "torch.arange", "torch.eye", "torch.randint", "torch.linspace", "torch.tensor"}
+
+
+def _tensors_made_in_forward(ctx: Context, facts: Facts, plan: Plan) -> None:
+    """`h0 = torch.zeros(1, x.size(0), self.hidden)` in a model's forward lands on the CPU while the model and its
+    input are on the process's device once prepared: it is made on the input's device."""
+    for function in ctx.of_type(cst.FunctionDef):
+        if function.name.value != "forward" or not inside_class(ctx, function, facts.model_classes):
+            continue
+        params = [p.name.value for p in function.params.params if p.name.value != "self"]
+        if not params:
+            continue
+        source = params[0]
+        for call in ctx.descendants(function.body):
+            if type(call) is not cst.Call or not ctx.qnames(call) & TENSOR_MAKERS:
+                continue
+            if any(a.keyword is not None and a.keyword.value == "device" for a in call.args):  # type: ignore
+                continue
+            parent = ctx.parent(call)
+            if isinstance(parent, cst.Attribute) and parent.attr.value in {"to", "cuda", "type_as"}:
+                continue  # moved right after it is made
+            arg = cst.Arg(value=cst.parse_expression(f"{source}.device"), keyword=cst.Name("device"),
+                          equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                whitespace_after=cst.SimpleWhitespace("")))
+            plan.edit(call, lambda u, a=arg: u.with_changes(args=[*u.args[:-1], u.args[-1].with_changes(
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))] + [a] if u.args else [a]),
+                uses_accelerator=False)
+            plan.report.change(ctx.line(call), f"`{ctx.code(call)}` in `forward` gets `device={source}.device`",
+                               "a tensor made in forward without a device stays on the CPU while the prepared "
+                               "model and its input are on the process's GPU")

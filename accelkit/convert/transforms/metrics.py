@@ -11,6 +11,8 @@ process's batches) then counts every process's batches.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from accelkit.convert.analysis import Facts
@@ -19,6 +21,7 @@ from accelkit.convert.flow import Flow
 from accelkit.convert.plan import Plan
 
 PYTHON_NUMBERS = ("item", "size", "numel", "__len__")
+LOSS = re.compile(r"(loss|criterion)", re.I)
 
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
@@ -27,9 +30,31 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     for loop, batch_names in facts.loader_loops:
         training = flow.trains(loop) or any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"}
                                             for n in ctx.descendants(loop.body))
-        if not training and _gather(ctx, plan, loop, batch_names, models):
+        if not training and not _sums_batch_means(ctx, loop) and _gather(ctx, plan, loop, batch_names, models):
             continue
         _reduce_accumulators(ctx, facts, plan, loop, training)
+
+
+def _sums_batch_means(ctx: Context, loop: cst.For) -> bool:
+    """`total += criterion(out, y).item()`: a sum of per-batch *mean* losses depends on the batch size; gathered,
+    each term would be the mean over N processes' batches (and there would be N times fewer terms). Summed per
+    process and then across processes, it is the one-process sum (each process has the script's batch size)."""
+    for node in ctx.descendants(loop.body):
+        if not (isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign)):
+            continue
+        value = node.value
+        if isinstance(value, cst.BinaryOperation):
+            continue  # `loss.item() * x.size(0)`: weighted back to a sum
+        for call in ctx.descendants(value):
+            if type(call) is not cst.Call:
+                continue
+            func = call.func  # type: ignore[attr-defined]
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+                else ""
+            if LOSS.search(name) and not any(a.keyword is not None and a.keyword.value == "reduction"
+                                             for a in call.args):  # type: ignore[attr-defined]
+                return True
+    return False
 
 
 def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], models: set[str]) -> bool:
@@ -42,6 +67,9 @@ def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], mode
     labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
     if not labels:
         return False
+    # inputs read after the forward (`loss * x.size(0)`) are gathered too: next to gathered outputs, a local
+    # batch would weigh a global batch's loss by this process's share only
+    labels += [n for n in sorted(batch_names) if n in inputs and n in later and n not in labels]
     names = ", ".join([output, *labels])
     plan.insert_after(line, cst.parse_statement(f"{names} = accelerator.gather_for_metrics(({names}))\n"))
     plan.report.change(ctx.line(line), f"added `{names} = accelerator.gather_for_metrics(({names}))` after it",

@@ -15,6 +15,8 @@ WRAPPER_SAFE = {
     "named_modules", "train", "eval", "zero_grad", "requires_grad_", "forward", "training", "apply", "to", "cuda",
     "cpu", "float", "half", "double", "bfloat16", "type", "register_forward_hook", "register_forward_pre_hook",
     "register_full_backward_hook", "register_full_backward_pre_hook",
+    "no_sync",  # the wrapper's own (DDP), rewritten to accelerator.no_sync(model) by transforms/distributed.py
+    "require_backward_grad_sync",  # nanoGPT's no_sync: an attribute of the DDP wrapper, set on it
 }
 
 
@@ -24,6 +26,7 @@ FILE_WRITERS = {"torchvision.utils.save_image", "matplotlib.pyplot.savefig", "nu
                 "safetensors.torch.save_file", "torchaudio.save", "scipy.io.savemat"}
 WRITING_METHODS = {"savefig", "to_csv", "to_json", "to_parquet", "write_text", "write_bytes", "save_pretrained"}
 PROGRESS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"}
+RANK_WORDS = ("main_process", "rank", "is_master", "local_main", "master_process")
 MAIN_ONLY = "only the main process writes it: N processes writing one file race and may leave it corrupt"
 
 
@@ -32,18 +35,26 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _file_writes(ctx, facts, plan)
     _directories(ctx, plan)
     _progress_bars(ctx, plan)
+    _stream_writes(ctx, plan)
+    _downloads(ctx, plan)
     _prints(ctx, facts, plan)
+    _state_dicts(ctx, facts, plan)
     _unwrap(ctx, facts, plan)
 
 
 def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
     models = facts.of_kind("model")
+    downloaded = {name for statement in _download_statements(ctx) for name in _called_names(ctx, statement)}
     for call in ctx.of_type(cst.Call):
         if "torch.save" not in ctx.qnames(call):
             continue
         plan.edit(call, lambda u: u.with_changes(func=accel("save")))
         statement = ctx.statement(call)
-        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None:
+        # `with open(path, "wb") as f: torch.save(model, f)`: the `with` becomes main-process only (see
+        # _file_writes), so the barriers go around it, never inside it
+        statement = _writing_with(ctx, call) or statement
+        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None \
+                and not _runs_under_main_process_first(ctx, call, downloaded):
             # (a barrier inside `if rank == 0:` would wait forever for the processes that skip it)
             plan.insert_before(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
             plan.insert_after(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
@@ -64,6 +75,50 @@ def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
         plan.report.found_item("file write", ctx.code(call.args[1].value) if len(call.args) > 1 else "",
                                ctx.line(call), f"{what}: written by the main process only (accelerator.save), "
                                                "after every process finished its step")
+
+
+def _state_dicts(ctx: Context, facts: Facts, plan: Plan) -> None:
+    """`model.state_dict()` (or `model.module.state_dict()`) read under a rank guard: under FSDP and DeepSpeed
+    ZeRO-3 the full state dict is gathered from every process, so the process that asks alone waits forever. The
+    gathering `accelerator.get_state_dict(model)` runs on every process right before the guard; the guard keeps
+    the file write."""
+    models = facts.of_kind("model")
+    hoisted: dict[tuple[int, str], str] = {}
+    for call in ctx.of_type(cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "state_dict" and not call.args):
+            continue
+        receiver = func.value
+        if isinstance(receiver, cst.Attribute) and receiver.attr.value == "module":
+            receiver = receiver.value
+        model = dotted(receiver)
+        if model not in models or inside_class(ctx, call, facts.model_classes):
+            continue
+        guard = _outermost_guard(ctx, call)
+        if guard is None:
+            continue
+        name = f"{model.rsplit('.', 1)[-1]}_state_dict"
+        key = (id(guard), model)
+        if key not in hoisted:
+            hoisted[key] = name
+            plan.insert_before(guard, cst.parse_statement(f"{name} = accelerator.get_state_dict({model})\n"))
+            plan.report.change(ctx.line(call), f"`{ctx.code(call)}` under `if {ctx.code(guard.test)}:` -> "
+                                               f"`{name} = accelerator.get_state_dict({model})` before it, on every "
+                                               "process", "under FSDP/DeepSpeed the full state dict is gathered from "
+                                                          "every process: asked for by one process alone, it hangs "
+                                                          "(DeepSpeed ZeRO-3: launch with --zero3-save-16bit-model)")
+        plan.edit(call, lambda u, n=name: cst.Name(n))
+
+
+def _outermost_guard(ctx: Context, node: cst.CSTNode) -> cst.If | None:
+    found = None
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in RANK_WORDS) \
+                and ctx.suite_of(ancestor) is not None:
+            found = ancestor
+    return found
 
 
 def _writes_file(ctx: Context, call: cst.Call) -> bool:
@@ -90,11 +145,21 @@ def _opens_for_writing(ctx: Context, call: cst.CSTNode) -> bool:
     return any(isinstance(m, cst.SimpleString) and set(str(m.evaluated_value)) & set("wax+") for m in modes)
 
 
+def _writing_with(ctx: Context, node: cst.CSTNode) -> cst.With | None:
+    """The outermost `with open(..., "w")` around `node`, if any."""
+    found = None
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.FunctionDef):
+            break
+        if isinstance(ancestor, cst.With) and any(_opens_for_writing(ctx, item.item) for item in ancestor.items):
+            found = ancestor
+    return found
+
+
 def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
     """Already inside `if accelerator.is_main_process:`, `if rank == 0:` or similar."""
     for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in
-                                                ("main_process", "rank", "is_master", "local_main")):
+        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in RANK_WORDS):
             return True
     return False
 
@@ -169,6 +234,64 @@ def _progress_bars(ctx: Context, plan: Plan) -> None:
                            "one progress bar per machine, not one per process drawn over each other")
 
 
+def _stream_writes(ctx: Context, plan: Plan) -> None:
+    """A hand-made progress bar (`sys.stdout.write("\\r...")`) is drawn by every process over each other."""
+    for call in ctx.of_type(cst.Call):
+        if not ctx.qnames(call) & {"sys.stdout.write", "sys.stderr.write"}:
+            continue
+        statement = ctx.statement(call)
+        if statement is None or _guarded(ctx, call) or ctx.suite_of(statement) is None:
+            continue
+        plan.edit(statement, lambda u: cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(
+            body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on the local main process only",
+                           "a progress line written by N processes is drawn N times over itself")
+
+
+def _download_statements(ctx: Context) -> list[cst.BaseStatement]:
+    """Statements that call something with `download=True` (torchvision datasets and their look-alikes)."""
+    found: list[cst.BaseStatement] = []
+    for call in ctx.of_type(cst.Call):
+        if not any(a.keyword is not None and a.keyword.value == "download" and ctx.code(a.value) != "False"
+                   for a in call.args):
+            continue
+        statement = ctx.statement(call)
+        if statement is None or statement in found or ctx.suite_of(statement) is None or \
+                any(isinstance(a, cst.With) and "main_process_first" in ctx.code(a.items[0].item)
+                    for a in ctx.ancestors(call)):
+            continue
+        found.append(statement)
+    return found
+
+
+def _called_names(ctx: Context, statement: cst.CSTNode) -> set[str]:
+    return {dotted(c.func) or "" for c in ctx.descendants(statement) if type(c) is cst.Call}
+
+
+def _runs_under_main_process_first(ctx: Context, node: cst.CSTNode, downloaded: set[str]) -> bool:
+    """`node` is in a function (or a class's method) that a download statement calls: under main_process_first the
+    main process runs it alone first, so a barrier there would wait for processes still outside."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)) and ancestor.name.value in downloaded:
+            return True
+    return False
+
+
+def _downloads(ctx: Context, plan: Plan) -> None:
+    """`MNIST(root, download=True)` on N processes downloads N times into one folder at once (and may read a half
+    written file): the main process downloads first, the others then find the files."""
+    for statement in _download_statements(ctx):
+        call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and any(
+            a.keyword is not None and a.keyword.value == "download" for a in c.args))  # type: ignore[attr-defined]
+        plan.edit(statement, lambda u: cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
+                                                body=cst.IndentedBlock(body=[u.with_changes(leading_lines=[])]),
+                                                leading_lines=u.leading_lines))
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(..., download=...)` runs under "
+                                           "`with accelerator.main_process_first():`",
+                           "N processes downloading into one folder at once race; the main process downloads "
+                           "first, the others then read its files")
+
+
 def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
     lines: list[int] = []
     models = facts.of_kind("model")
@@ -197,10 +320,10 @@ def _unwrap(ctx: Context, facts: Facts, plan: Plan) -> None:
         if key not in models or name in WRAPPER_SAFE or inside_class(ctx, attr, facts.model_classes):
             continue
         function, line = ctx.function(attr), ctx.line(attr)
-        if any(site_function is function and line < site_line for site_function, site_line in
-               plan.prepare_sites.get(key, ())):
+        if name != "module" and any(site_function is function and line < site_line for site_function, site_line in
+                                    plan.prepare_sites.get(key, ())):
             continue  # still the plain model here: it is prepared further down
-        if name == "module":  # `model.module` was the DataParallel way to reach the inner model
+        if name == "module":  # `model.module`, the DataParallel/DDP way to reach the inner model (any time)
             plan.edit(attr, lambda u: accel_call("unwrap_model", u.value))
             plan.report.change(ctx.line(attr), f"`{ctx.code(attr)}` -> `accelerator.unwrap_model({key})`",
                                "the wrapper depends on the launch; unwrap_model returns the inner model in every case")

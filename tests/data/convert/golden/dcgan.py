@@ -58,6 +58,9 @@ optimizerG = optim.Adam(netG.parameters(), lr=2e-3, betas=(0.5, 0.999))
 netG, netD, optimizerD, optimizerG, dataloader = accelerator.prepare(
     netG, netD, optimizerD, optimizerG, dataloader
 )
+# each process draws its own random noise tensors; process 0 goes on with the script's own random stream
+if accelerator.process_index > 0:
+    torch.manual_seed(torch.initial_seed() + accelerator.process_index)
 for epoch in range(opt.epochs):
     for i, (real,) in enumerate(dataloader, 0):
         b = real.size(0)

@@ -35,6 +35,9 @@ def main():
     netD, netG, optimizerD, optimizerG, dataloader = accelerator.prepare(
         netD, netG, optimizerD, optimizerG, dataloader
     )
+    # each process draws its own random noise tensors; process 0 goes on with the script's own random stream
+    if accelerator.process_index > 0:
+        torch.manual_seed(0 + accelerator.process_index)
     for it in range(args.iters):
         for i, (real,) in enumerate(dataloader):
             b = real.size(0)
