@@ -39,7 +39,7 @@ CHECK_PROCESSES = 2
 @click.option("--stall-timeout", type=Seconds(min=1), default=60, show_default=True, metavar="SECONDS",
               help="With --check: a process making no progress this long (no step, batch or forward; 180 s before "
                    "the first one) is a hang: the check stops and shows where each process was.")
-@click.option("--sandbox-limit", default="2GiB", show_default=True, metavar="SIZE",
+@click.option("--sandbox-limit", default="1GiB", show_default=True, metavar="SIZE",
               help="With --check: the most the check copies of the working directory into the sandbox each run "
                    "starts in (the scripts' writes land in the copy, never in your files), e.g. 8GiB.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
@@ -156,7 +156,9 @@ def _judge(outcome, script: Path, args: list[str], steps: int) -> None:
     if outcome.original_failure is not None:
         raise AccelkitError(f"the original {script.name} itself failed on 1 process ({outcome.original_failure}); "
                             "the check compares the conversion with a working original",
-                            hint=f"fix the original first (`{rerun}` shows the error), then check again")
+                            hint=f"fix the original first (`{rerun}` shows the error), then check again; the check "
+                                 "runs it in a copy of the working directory, where paths above it (`../`) do not "
+                                 "exist")
     if outcome.trained_nothing:
         raise AccelkitError(f"nothing was checked: the original {script.name} ran to its end without a training "
                             "step (no backward pass, no optimizer step)",

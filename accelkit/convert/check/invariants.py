@@ -330,8 +330,8 @@ def _no_evaluation(runs: Runs, rank0: Record) -> Verdict:
     name = "metrics"
     lines = ", ".join(map(str, runs.evaluation_loops))
     if not runs.evaluation_loops:
-        return Verdict(name, SKIP, "the script has no evaluation loop (a DataLoader loop without a training step): "
-                                   "no metric to compare")
+        return Verdict(name, SKIP, "the script has no evaluation loop over a DataLoader (a loop without a training "
+                                   "step): no metric to compare")
     if rank0.reason != "step limit":
         return Verdict(name, SKIP, f"the script ended without running its evaluation loop (line {lines}) with these "
                                    "arguments: no metric to compare")

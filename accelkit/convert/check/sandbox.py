@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from accelkit.errors import AccelkitError
 
-DEFAULT_LIMIT = 2 * 2**30  # bytes a check copies at most, per run (the two copies never coexist)
+DEFAULT_LIMIT = 2**30  # bytes a check copies at most, per run (the two copies never coexist)
 MAX_FILES = 100_000  # a tree of more files than this is not a script's working folder
 SPACE_MARGIN = 64 * 2**20  # free space left in the temp folder beyond the copy (the runs write there too)
 LIMIT_OPTION = "--sandbox-limit"
