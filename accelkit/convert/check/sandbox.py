@@ -8,7 +8,8 @@ its own folder). Whatever a run writes, appends, truncates, deletes or renames t
 - regular files are copied (a copy-on-write clone where the file system has one: FICLONE on btrfs/XFS, else a
   plain copy);
 - a symbolic link that leads inside a copied folder becomes a link to the copy; one that leads out of it is copied
-  as what it points to (the file, or the folder tree), so a write "into" it cannot reach the original;
+  as what it points to (the file, or the folder tree), so a write "into" it cannot reach the original; one that
+  leads out of it to nothing is left out (writing through it would create the file out there);
 - `__pycache__` folders and virtual environments (folders holding `pyvenv.cfg`) are left out, as are FIFOs,
   sockets and devices (reading one could block the check) and what the user cannot read either.
 
@@ -41,7 +42,7 @@ class _Item:
     kind: str  # "dir" | "file" | "link"
     source: Path  # what to copy ("link": unused)
     target: PurePosixPath  # path inside the sandbox
-    link_to: PurePosixPath | str | None = None  # "link": a path inside the sandbox, or the original text if dangling
+    link_to: PurePosixPath | None = None  # "link": the path inside the sandbox it points to
 
 
 @dataclass
@@ -85,9 +86,7 @@ class SandboxPlan:
                     _copy_file(item.source, target)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                link = item.link_to
-                text = os.path.relpath(root / link, target.parent) if isinstance(link, PurePosixPath) else str(link)
-                os.symlink(text, target)
+                os.symlink(os.path.relpath(root / item.link_to, target.parent), target)
         return Sandbox(root, root / "work", root / self.script_target)
 
 
@@ -174,8 +173,8 @@ class _Planner:
             if inside is not None:
                 root, target = inside
                 self.items.append(_Item("link", path, copy, target / real.relative_to(root).as_posix()))
-            elif not real.exists():
-                self.items.append(_Item("link", path, copy, os.readlink(path)))  # dangling: as dangling as before
+            elif not real.exists():  # a link to nothing outside: writing through it would create a file there
+                self.left_out.append(f"{path} (a link to {real}, which does not exist, outside the copied tree)")
             elif real.is_dir():
                 if any(_inside(root, real) for root, _ in self.roots):
                     self.left_out.append(f"{path} (a link to {real}, a folder holding the copied tree)")
@@ -210,17 +209,30 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def _copy_file(source: Path, target: Path) -> None:
-    """A copy-on-write clone where the file system can make one, else a full copy; mode and times kept."""
+    """A copy-on-write clone where the file system can make one, else an in-kernel copy; mode and times kept."""
     import fcntl
 
-    try:
-        with open(source, "rb") as src, open(target, "wb") as dst:
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        try:
             fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS):
-            raise
-        shutil.copyfile(source, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS):
+                raise
+            _copy_data(src, dst)
     shutil.copystat(source, target)  # mode too: a read-only file stays read-only, a write fails as it would
+
+
+def _copy_data(src, dst) -> None:
+    try:
+        while os.copy_file_range(src.fileno(), dst.fileno(), 1 << 30):
+            pass
+    except OSError as exc:  # an old kernel, or file systems it cannot copy between
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        src.seek(0)
+        dst.seek(0)
+        dst.truncate()
+        shutil.copyfileobj(src, dst)
 
 
 def _human(n: float) -> str:

@@ -31,7 +31,8 @@ def _tree(root: Path) -> tuple[Path, Path]:
     (project / "alias").symlink_to("data")  # relative, inside
     (project / "self").symlink_to(".")  # a cycle
     (project / "up").symlink_to("..")  # a folder holding the tree
-    (project / "gone").symlink_to("nowhere")
+    (project / "gone").symlink_to("nowhere")  # to nothing, inside
+    (project / "later").symlink_to(outside / "not_yet.txt")  # to nothing, outside: a write would create it there
     (project / "__pycache__").mkdir()
     (project / "__pycache__" / "train.cpython-312.pyc").write_bytes(b"\0")
     (project / "venv").mkdir()
@@ -55,6 +56,7 @@ def test_the_sandbox_is_real_copies_and_no_path_in_it_leads_back(tmp_path: Path)
     assert (box.cwd / "one.bin").read_bytes() == b"x" * 100 and not (box.cwd / "one.bin").is_symlink()
     assert os.readlink(box.cwd / "alias") == "data" and os.path.realpath(box.cwd / "self") == str(box.cwd)
     assert os.readlink(box.cwd / "gone") == "nowhere"
+    assert not os.path.lexists(box.cwd / "later") and any("later (a link to" in x for x in plan.left_out)
     assert not (box.cwd / "up").exists() and any("up (a link to" in x for x in plan.left_out)
     assert not (box.cwd / "__pycache__").exists() and not (box.cwd / "venv").exists()
     assert not (box.cwd / "pipe").exists() and any("pipe (not a regular file)" in x for x in plan.left_out)
