@@ -5,12 +5,16 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from accelkit.commands.params import Seconds
 from accelkit.errors import AccelkitError
 from accelkit.fsio import refuse_overwrite
+
+if TYPE_CHECKING:
+    from accelkit.convert.check.api import CheckOutcome
 
 BACKUP_SUFFIX = ".bak"
 CHECK_PROCESSES = 2
@@ -145,11 +149,11 @@ def _check(script: Path, args: list[str], steps: int, stall_timeout: float, conv
     skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
     click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
                f"as the original on one. Checked: {', '.join(outcome.checked)}."
-               + (f" Not checked, nothing to compare: {skipped}." if skipped else ""))
+               + (f" Not checked: {skipped}." if skipped else ""))
     return 0
 
 
-def _judge(outcome, script: Path, args: list[str], steps: int) -> None:
+def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> None:
     """Raise the one error that says why the check did not pass: the original's own failure first, then a check
     that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
     rerun = shlex.join(["python", str(script), *args])
