@@ -5,11 +5,16 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from accelkit.commands.params import Seconds
 from accelkit.errors import AccelkitError
 from accelkit.fsio import refuse_overwrite
+
+if TYPE_CHECKING:
+    from accelkit.convert.check.api import CheckOutcome
 
 BACKUP_SUFFIX = ".bak"
 CHECK_PROCESSES = 2
@@ -35,15 +40,18 @@ CHECK_PROCESSES = 2
               help="With --check: check FILE (a conversion you made or edited) instead of converting SCRIPT again.")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
               help="With --check: optimizer steps of the 2-process run (the original runs 2*N).")
-@click.option("--stall-timeout", type=click.FloatRange(min=1), default=60, show_default=True, metavar="SECONDS",
+@click.option("--stall-timeout", type=Seconds(min=1), default=60, show_default=True, metavar="SECONDS",
               help="With --check: a process making no progress this long (no step, batch or forward; 180 s before "
                    "the first one) is a hang: the check stops and shows where each process was.")
+@click.option("--sandbox-limit", default="1GiB", show_default=True, metavar="SIZE",
+              help="With --check: the most the check copies of the working directory into the sandbox each run "
+                   "starts in (the scripts' writes land in the copy, never in your files), e.g. 8GiB.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
 def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_place: bool, show_diff: bool,
             exit_code: bool, mixed_precision: str | None, partial: bool, check: bool,
-            converted_file: Path | None, steps: int, stall_timeout: float, force: bool) -> int:
+            converted_file: Path | None, steps: int, stall_timeout: float, sandbox_limit: str, force: bool) -> int:
     """Convert SCRIPT (single GPU/CPU PyTorch training) into an Accelerate script and print what changed.
 
     \b
@@ -66,7 +74,10 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
     if converted_file is not None and not check:
         raise click.UsageError("--converted goes with --check")
     if check:
-        return _check(script, list(script_args), steps, stall_timeout, converted_file)
+        from accelkit.plan.sizes import parse_bytes
+
+        limit = parse_bytes(sandbox_limit, "--sandbox-limit")
+        return _check(script, list(script_args), steps, stall_timeout, converted_file, limit)
 
     from accelkit.convert import ConvertOptions, convert_source
 
@@ -119,25 +130,57 @@ def try_it(path: Path) -> str:
     return shlex.join(["accelkit", "launch", "--cpu", "--num-processes", str(CHECK_PROCESSES), str(path)])
 
 
-def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None) -> int:
+def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None,
+           sandbox_limit: int) -> int:
     from accelkit.convert.check import CheckOptions, check_script
 
     what = converted_file.name if converted_file is not None else "the conversion"
     click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
-               f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s)...", err=True)
+               f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s), each in a copy of "
+               "the working directory...", err=True)
     converted_code = _read(converted_file) if converted_file is not None else None
     outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
-                                                      stall_seconds=stall_timeout), converted_code=converted_code)
+                                                      stall_seconds=stall_timeout, sandbox_limit=sandbox_limit),
+                           converted_code=converted_code,
+                           converted_name=converted_file.name if converted_file is not None else None)
     if outcome.conversion_problems:
         click.echo("The conversion left problems (NOT CONVERTED in its report):")
         for problem in outcome.conversion_problems:
             click.echo(f"  {problem}")
     click.echo(outcome.format())
+    _judge(outcome, script, args, steps)
+    skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
+    click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
+               f"as the original on one. Checked: {', '.join(outcome.checked)}."
+               + (f" Not checked: {skipped}." if skipped else ""))
+    return 0
+
+
+def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> None:
+    """Raise the one error that says why the check did not pass: the original's own failure first, then a check
+    that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
+    rerun = shlex.join(["python", str(script), *args])
+    if outcome.original_failure is not None:
+        raise AccelkitError(f"the original {script.name} itself failed on 1 process ({outcome.original_failure}); "
+                            "the check compares the conversion with a working original",
+                            hint=f"fix the original first (`{rerun}` shows the error), then check again; the check "
+                                 "runs it in a copy of the working directory, where paths above it (`../`) do not "
+                                 "exist")
+    if outcome.trained_nothing:
+        raise AccelkitError(f"nothing was checked: the original {script.name} ran to its end without a training "
+                            "step (no backward pass, no optimizer step)",
+                            hint="--check proves a training script's conversion: pass the arguments that make it "
+                                 f"train after SCRIPT (`accelkit convert --check {shlex.quote(str(script))} -- ARGS`)")
     if outcome.passed:
-        click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
-                   "as the original on one.")
-        return 0
+        return
     names = ", ".join(v.name for v in outcome.failed)
+    fixes = [v.fix for v in outcome.failed if v.fix]
+    if fixes and len(fixes) == len(outcome.failed):
+        raise AccelkitError(f"the check of {script.name} could not run {names}: its runs stopped at {steps} step(s) "
+                            "before reaching what it compares",
+                            hint="raise the limit: `" + shlex.join(["accelkit", "convert", "--check",
+                                                                    *" ".join(fixes).split(), str(script),
+                                                                    *(["--", *args] if args else [])]) + "`")
     raise AccelkitError(f"the converted {script.name} failed {len(outcome.failed)} of {len(outcome.verdicts)} "
                         f"checks: {names}",
                         hint="the FAIL lines above give the evidence; `accelkit convert "

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
+from accelkit.commands.params import Seconds
 
 # The rendezvous handlers torch registers (torch.distributed.elastic.rendezvous.registry).
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
@@ -49,7 +50,7 @@ def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--same-network", is_flag=True, default=None,
               help="All machines share one local network (torchrun uses master address/port directly).")
 # accelkit.launch.run's stall watchdog (issue #15): the option and its value handed to run_request.
-@click.option("--stall-timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--stall-timeout", type=Seconds(min=0), default=None, metavar="SECONDS",
               help="Stall watchdog: when for this long no rank printed, read, wrote or stepped an optimizer and a "
                    "rank sat idle, print every rank's Python stack and where they wait, stop the job, exit 124. "
                    "Default: 300 on CPU (rehearsals), 1800 on GPUs; 0 turns it off.")

@@ -59,6 +59,7 @@ class Report:
     found: list[Found] = field(default_factory=list)
     iteration_based: bool = False  # training draws random batches (no epochs): progress is counted in steps
     advice: str = ""  # status "trainer": the one line saying how to launch the script as it is
+    evaluation_loops: list[int] = field(default_factory=list)  # lines of loops over a loader that do not train
 
     def change(self, line: int, what: str, why: str) -> None:
         self.changes.append(Change(line, _shorten(what), why))
@@ -75,7 +76,8 @@ class Report:
     def sorted(self) -> Report:
         return Report(sorted(self.changes, key=lambda c: c.line), sorted(self.left_alone, key=lambda n: n.line),
                       self.status, sorted(self.problems, key=lambda p: p.line),
-                      sorted(self.found, key=lambda f: (f.line, f.kind)), self.iteration_based, self.advice)
+                      sorted(self.found, key=lambda f: (f.line, f.kind)), self.iteration_based, self.advice,
+                      sorted(self.evaluation_loops))
 
     def format(self, script: str = "script") -> str:
         if self.status == "already-accelerate":

@@ -64,6 +64,8 @@ def test_a_script_that_cannot_be_converted_completely_writes_nothing_unless_part
     (["--check", "--diff"], "use only one of"),
     (["--lr", "0.1"], "arguments after SCRIPT are passed to the script by --check only"),
     (["--check", "--steps", "0"], "0 is not in the range x>=1"),
+    (["--check", "--stall-timeout", "nan"], "'nan' is not a number of seconds"),
+    (["--check", "--stall-timeout", "inf"], "'inf' is not a number of seconds"),
 ])
 def test_bad_arguments_are_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
@@ -120,7 +122,7 @@ def test_a_hanging_conversion_ends_in_seconds_saying_where_each_rank_is(tmp_path
                        watch=[tmp_path], cwd=tmp_path, kind="hang under --check", timeout=240)
     result.assert_refused(r"failed \d of 8 checks: .*no hang")
     assert "FAIL  no hang       the converted run made no progress" in result.stdout
-    assert f"rank 1: train.py:{sleep_line} in main" in result.stdout, result.stdout  # the checked copy is train.py
+    assert f"rank 1: stuck.py:{sleep_line} in main" in result.stdout, result.stdout  # the file the user gave
     assert result.seconds < 200
 
 
@@ -133,3 +135,184 @@ def test_sigterm_during_a_check_stops_both_runs_and_removes_the_scratch_folder(t
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
     assert not result.traceback
     result.assert_clean()
+
+
+# -- the sandbox: nothing a check runs can reach the user's files -------------------------------------------------
+CARELESS = """
+    import contextlib
+    import os
+    import shutil
+    from pathlib import Path
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    # what careless training scripts do to their working directory, in the original's run and in every rank
+    with open("results.txt", "w") as f:
+        f.write("overwritten")
+    with open("log.txt", "a") as f:
+        f.write("appended")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove("delete_me.txt")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename("sub/rename_me.txt", "sub/renamed.txt")
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree("sub/deep")
+    Path("sub/new.txt").write_text("new")
+    (Path(__file__).parent / "beside.txt").write_text("beside")
+    with open("data/through_the_link.txt", "w") as f:
+        f.write("x")
+    with open("data/existing.txt", "a") as f:
+        f.write("appended through a link")
+
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4, shuffle=True)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    torch.save(model.state_dict(), "ckpt.pt")
+"""
+
+
+@pytest.mark.slow
+def test_a_check_never_writes_appends_deletes_or_renames_the_users_files(tmp_path: Path) -> None:
+    """Issue 19 item 1: the scratch folder held links to the working directory, so both runs overwrote the user's
+    results.txt and ckpt.pt and left files in its subfolders. Every file and folder is hashed before and after."""
+    project, datasets = tmp_path / "project", tmp_path / "datasets"
+    (project / "sub" / "deep").mkdir(parents=True)
+    datasets.mkdir()
+    script = _script(project, "train.py", CARELESS)
+    for name, text in (("results.txt", "mine"), ("log.txt", "mine"), ("delete_me.txt", "mine"), ("ckpt.pt", "mine"),
+                       ("sub/rename_me.txt", "mine"), ("sub/deep/f.txt", "mine")):
+        (project / name).write_text(text)
+    (datasets / "existing.txt").write_text("mine")
+    (project / "data").symlink_to("../datasets")  # a data folder linked from elsewhere
+    result = run_fault(["convert", "--check", str(script)], watch=[tmp_path], cwd=project, kind="sandbox",
+                       expect="ok")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Check passed" in result.stdout and "ckpt.pt" in result.stdout  # the runs really wrote, in the sandbox
+    result.assert_clean()
+
+
+def test_a_working_directory_over_the_sandbox_limit_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    script = _script(tmp_path, "train.py", CARELESS)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shard.bin").write_bytes(b"x" * 5000)
+    result = run_fault(["convert", "--check", "--sandbox-limit", "4KiB", str(script)], watch=[tmp_path],
+                       cwd=tmp_path, kind="sandbox")
+    result.assert_refused(r"copy of the working directory .* holds more than 4\.00 KiB \(the --sandbox-limit "
+                          r"limit\): data/ 4\.88 KiB")
+    assert "--sandbox-limit SIZE" in result.stderr and "Usage" not in result.stderr
+    bad = run_fault(["convert", "--check", "--sandbox-limit", "12", str(script)], watch=[tmp_path], cwd=tmp_path)
+    bad.assert_refused(r"--sandbox-limit '12' is not a size")
+
+
+# -- verdicts: a check that checked nothing, or could not reach what it compares, fails and says why -------------
+@pytest.mark.slow
+@pytest.mark.parametrize("text", ["", """
+    import torch
+    model = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        print(model(torch.randn(2, 4)).sum().item())
+"""], ids=["empty", "no-optimizer"])
+def test_a_check_that_checked_nothing_fails_saying_so(text: str, tmp_path: Path) -> None:
+    script = _script(tmp_path, "train.py", text)
+    result = run_fault(["convert", "--check", str(script)], watch=[tmp_path], cwd=tmp_path, kind="check verdict")
+    result.assert_refused(r"nothing was checked: the original train\.py ran to its end without a training step")
+    assert "Check passed" not in result.stdout
+    assert "FAIL  ran           nothing was checked" in result.stdout
+
+
+EVALUATES_AFTER_AN_EPOCH = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def evaluate(model, loader):
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for x, y in loader:
+                total += torch.nn.functional.mse_loss(model(x), y, reduction="sum").item()
+        print(f"EVAL loss={total / len(loader.dataset):.6f}")
+
+
+    def main():
+        torch.manual_seed(0)
+        train = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=2, shuffle=True)
+        test = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for epoch in range(2):
+            model.train()
+            for x, y in train:
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+            evaluate(model, test)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+@pytest.mark.slow
+def test_an_evaluation_the_step_limit_never_reaches_fails_with_the_steps_that_reach_it(tmp_path: Path) -> None:
+    """32 batches per epoch on one process, 16 on each of 2: the default 8 steps stop before the evaluation."""
+    script = _script(tmp_path, "train.py", EVALUATES_AFTER_AN_EPOCH)
+    result = run_fault(["convert", "--check", str(script)], watch=[tmp_path], cwd=tmp_path, kind="check verdict")
+    result.assert_refused(r"the check of train\.py could not run metrics: its runs stopped at 8 step\(s\)")
+    assert "--steps 17" in result.stderr.split("Hint:")[1], result.stderr
+    assert "FAIL  metrics       not checked: the script evaluates (loop at line 9)" in result.stdout
+
+
+@pytest.mark.slow
+def test_an_original_that_crashes_is_blamed_not_the_conversion(tmp_path: Path) -> None:
+    script = _script(tmp_path, "train.py", """
+        import torch
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        raise FileNotFoundError("no such file: 'data/train.csv'")
+    """)
+    result = run_fault(["convert", "--check", str(script)], watch=[tmp_path], cwd=tmp_path, kind="check verdict")
+    result.assert_refused(r"the original train\.py itself failed on 1 process \(exit status 1: FileNotFoundError: "
+                          r"no such file: 'data/train\.csv'\)")
+    assert "python " in result.stderr.split("Hint:")[1] and "converted train.py failed" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_hang_in_a_conversion_is_reported_at_the_original_scripts_line(tmp_path: Path) -> None:
+    """Rank 1 of the conversion sleeps (the original, one process, does not): the stack names the original's line,
+    not the line of the converted copy (which the conversion's added lines shift)."""
+    script = _script(tmp_path, "train.py", """
+        import os
+        import time
+
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def main():
+            torch.manual_seed(0)
+            loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4)
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step, (x, y) in enumerate(loader):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                if step == 1 and os.environ.get("RANK") == "1":
+                    time.sleep(600)
+
+
+        main()
+    """)
+    sleep_line = [line.strip() for line in script.read_text().splitlines()].index("time.sleep(600)") + 1
+    result = run_fault(["convert", "--check", "--stall-timeout", "5", str(script)], watch=[tmp_path], cwd=tmp_path,
+                       kind="hang under --check", timeout=240)
+    result.assert_refused(r"failed \d of 8 checks: .*no hang")
+    assert f"rank 1: train.py:{sleep_line} in main" in result.stdout, result.stdout

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, evaluate
+from accelkit.convert.check.lines import ConvertedLines
 from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
+from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
 from accelkit.errors import AccelkitError
 
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -20,6 +22,7 @@ class CheckOptions:
     processes: int = 2
     stall_seconds: float = 60.0  # no progress this long in a process = a hang
     timeout: float = 1800.0  # wall time limit of each run
+    sandbox_limit: int = DEFAULT_LIMIT  # bytes of the working directory the check copies at most (sandbox.py)
 
 
 @dataclass
@@ -35,6 +38,26 @@ class CheckOutcome:
         return all(v.status != FAIL for v in self.verdicts)
 
     @property
+    def original_failure(self) -> str | None:
+        """`exit status 1: ValueError: boom` when the original itself failed on its one process."""
+        if self.original is None or self.original.status in (0, None):
+            return None
+        return f"exit status {self.original.status}: {_last_error(self.original)}"
+
+    @property
+    def trained_nothing(self) -> bool:
+        """The original ran to its end without one training step: no invariant could be checked."""
+        return (self.original is not None and self.original.status == 0 and not _took_a_step(self.original))
+
+    @property
+    def checked(self) -> list[str]:
+        return [v.name for v in self.verdicts if v.status == PASS]
+
+    @property
+    def not_checked(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status == SKIP]
+
+    @property
     def failed(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.status == FAIL]
 
@@ -47,8 +70,10 @@ class CheckOutcome:
 
 
 def check_script(script: Path, args: list[str], options: CheckOptions | None = None,
-                 workdir: Path | None = None, converted_code: str | None = None) -> CheckOutcome:
-    """Check `script`'s conversion (or `converted_code`, a conversion made or edited by hand) by running both."""
+                 workdir: Path | None = None, converted_code: str | None = None,
+                 converted_name: str | None = None) -> CheckOutcome:
+    """Check `script`'s conversion (or `converted_code`, a conversion made or edited by hand, from the file
+    `converted_name`) by running both, each in a sandbox: a copy of `workdir` (default: the current directory)."""
     from accelkit.convert import convert_source
 
     options = options or CheckOptions()
@@ -62,16 +87,24 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
                             hint="--check compares a single-device script with its conversion")
     iteration_based = result.report.iteration_based
     code = result.code if converted_code is None else converted_code
+    lines = (ConvertedLines.mapped(script.name, source, code) if converted_code is None
+             else ConvertedLines.named(script.name, converted_name or script.name))
+    tree = plan_sandbox(workdir or Path.cwd(), script, options.sandbox_limit)  # refuses before anything runs
     with Scratch(workdir or Path.cwd()) as scratch:
-        converted = run(converted_spec(scratch, script, code, args, options.steps, options.processes,
-                                       options.stall_seconds, options.timeout), script.resolve().parent)
+        # one sandbox per run, made just before it and removed right after: the runs never see each other's files
+        box = tree.materialize(scratch.root / "sandbox-converted")
+        converted = run(converted_spec(scratch, box, code, args, options.steps, options.processes,
+                                       options.stall_seconds, options.timeout), box.script.parent)
+        box.remove()
         replay = converted_spec_probe_dir(scratch)
-        original = run(original_spec(scratch, script, args, options.processes * options.steps, options.processes,
-                                     replay, options.stall_seconds, options.timeout), script.resolve().parent)
+        box = tree.materialize(scratch.root / "sandbox-original")
+        original = run(original_spec(scratch, box, script, args, options.processes * options.steps,
+                                     options.processes, replay, options.stall_seconds, options.timeout),
+                       box.script.parent)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
-                iteration_based)
+                iteration_based, tuple(result.report.evaluation_loops), options.steps)
     verdicts = [_ran(original, converted, options.processes, script.name), *evaluate(runs),
-                _no_hang(original, converted, script.name)]
+                _no_hang(original, converted, script.name, lines)]
     problems = [p.format() for p in result.report.problems] if converted_code is None else []
     return CheckOutcome(script.name, verdicts, original, converted, problems)
 
@@ -93,17 +126,27 @@ def _ran(original: RunResult, converted: RunResult, world: int, script: str) -> 
         return Verdict(name, FAIL, "a run failed", tuple(evidence))
     if converted.status is None or original.status is None:
         return Verdict(name, SKIP, "a run was stopped (see `no hang`)")
+    if not _took_a_step(original):
+        return Verdict(name, FAIL, "nothing was checked: the original ran to its end without a training step (no "
+                                   "backward pass, no optimizer step)",
+                       ("an empty script, one without a model and optimizer, or arguments that make it skip "
+                        "training",))
     steps = max((len([s for s in r.steps if s.optimizer >= 0]) for r in converted.records), default=0)
     return Verdict(name, PASS, f"original on 1 process ({original.seconds:.1f} s), converted on {world} CPU ranks "
                                f"(DDP, {steps} optimizer step(s), {converted.seconds:.1f} s)")
 
 
-def _no_hang(original: RunResult, converted: RunResult, script: str) -> Verdict:
+def _took_a_step(result: RunResult) -> bool:
+    return any(r.steps or r.backward_passes for r in result.records)
+
+
+def _no_hang(original: RunResult, converted: RunResult, script: str, lines: ConvertedLines) -> Verdict:
     name = "no hang"
     for label, result in (("converted", converted), ("original", original)):
         if result.stalled or result.timed_out:
             why = "made no progress" if result.stalled else "did not finish in time"
-            evidence = tuple(f"rank {rank}: {where}" for rank, where in sorted(_stuck_at(result).items()))
+            shown = lines if label == "converted" else None
+            evidence = tuple(f"rank {rank}: {where}" for rank, where in sorted(_stuck_at(result, shown).items()))
             return Verdict(name, FAIL, f"the {label} run {why}: stopped after {result.seconds:.0f} s", evidence)
     passes = {r.rank: r.backward_passes for r in converted.records}
     if len(set(passes.values())) > 1:
@@ -115,8 +158,9 @@ def _no_hang(original: RunResult, converted: RunResult, script: str) -> Verdict:
     return Verdict(name, PASS, f"every process finished ({converted.seconds:.1f} s on the ranks)")
 
 
-def _stuck_at(result: RunResult) -> dict[int, str]:
-    """Where each rank was, from its stack dump: the innermost line of the script, and what it was waiting in."""
+def _stuck_at(result: RunResult, lines: ConvertedLines | None = None) -> dict[int, str]:
+    """Where each rank was, from its stack dump: the innermost line of the script, and what it was waiting in.
+    `lines` shows the converted copy's lines as the original's (or under the user's converted file's name)."""
     from accelkit.convert.check.frames import is_user_code
 
     where = {}
@@ -128,7 +172,9 @@ def _stuck_at(result: RunResult) -> dict[int, str]:
             mine = [f for f in frames if is_user_code(f["file"])]
             if mine:
                 inner = frames[0]
-                best = (f"{Path(mine[0]['file']).name}:{mine[0]['line']} in {mine[0]['func']}"
+                top = mine[0]
+                best = ((lines.where(Path(top["file"]).name, int(top["line"]), top["func"]) if lines is not None
+                         else f"{Path(top['file']).name}:{top['line']} in {top['func']}")
                         + ("" if inner is mine[0] else f" (waiting in {inner['func']}, {Path(inner['file']).name}:"
                                                        f"{inner['line']})"))
                 break

@@ -29,6 +29,7 @@ class Verdict:
     status: str  # PASS | FAIL | SKIP
     summary: str
     evidence: tuple[str, ...] = ()
+    fix: str = ""  # a FAIL that is the check's own limit (not the conversion's fault): the option that lifts it
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Runs:
     converted: list[Record]  # one per rank, by rank
     world: int
     iteration_based: bool  # no epochs (random batches): progress is the step count, not the fraction of an epoch
+    evaluation_loops: tuple[int, ...] = ()  # lines of the original's loops over a loader that do not train
+    steps: int = 0  # the check's --steps: optimizer steps of the converted run before it is stopped
 
 
 def evaluate(runs: Runs) -> list[Verdict]:
@@ -48,7 +51,11 @@ def wrapped(runs: Runs) -> Verdict:
     name = "wrapped"
     rank0 = runs.converted[0] if runs.converted else None
     if rank0 is None or not rank0.steps:
-        return Verdict(name, SKIP, "no training step was reached, nothing to check")
+        taken = len(runs.original.steps) if runs.original is not None else 0
+        if rank0 is not None and taken:
+            return Verdict(name, FAIL, f"the converted run reached no training step (no backward pass, no optimizer "
+                                       f"step) where the original took {taken}: nothing of it could be checked")
+        return Verdict(name, SKIP, "no training step in either run (see `ran`)")
     if rank0.unwrapped:
         evidence = []
         for item in rank0.unwrapped:
@@ -133,6 +140,8 @@ def learning_rates(runs: Runs) -> Verdict:
     original, rank0 = both
     ours = [s for s in rank0.steps if s.optimizer >= 0]
     theirs = [s for s in original.steps if s.optimizer >= 0]
+    if not rank0.steps:
+        return Verdict(name, SKIP, "no training step was reached (see `ran` and `wrapped`)")
     if not ours:
         return Verdict(name, SKIP, "no optimizer step (weights updated by hand): no learning rate to compare")
     by_optimizer: dict[int, list[Step]] = defaultdict(list)
@@ -283,7 +292,7 @@ def metrics(runs: Runs) -> Verdict:
     original, rank0 = both
     evaluations = [p for p in rank0.passes if p.complete and not p.steps and p.batches]
     if not evaluations:
-        return Verdict(name, SKIP, "no evaluation pass (a DataLoader pass without optimizer steps) was reached")
+        return _no_evaluation(runs, rank0)
     compared = 0
     for p in evaluations:
         key = f"{p.loader}:{p.number}"
@@ -313,6 +322,42 @@ def metrics(runs: Runs) -> Verdict:
         return Verdict(name, SKIP, "no evaluation pass printed or returned a metric")
     return Verdict(name, PASS, f"{compared} metric(s) printed or returned after evaluation passes equal the "
                                "one-process values at the same weights")
+
+
+def _no_evaluation(runs: Runs, rank0: Record) -> Verdict:
+    """No evaluation pass was reached: nothing to check when the script has none (or ended without one), a FAIL
+    when it has one and the check's step limit stopped the run before it."""
+    name = "metrics"
+    lines = ", ".join(map(str, runs.evaluation_loops))
+    if not runs.evaluation_loops:
+        return Verdict(name, SKIP, "the script has no evaluation loop over a DataLoader (a loop without a training "
+                                   "step): no metric to compare")
+    if rank0.reason != "step limit":
+        return Verdict(name, SKIP, f"the script ended without running its evaluation loop (line {lines}) with these "
+                                   "arguments: no metric to compare")
+    needed = _steps_to_epoch_end(rank0)
+    if needed is not None and needed + 1 > runs.steps:
+        fix = f"--steps {needed + 1}"
+        why = (f"an epoch is {needed} step(s) on each of the {runs.world} processes, so the first evaluation after "
+               f"one comes at step {needed + 1}")
+    else:
+        fix = f"--steps {max(runs.steps, 1) * 4}"
+        why = "the first evaluation comes later"
+    return Verdict(name, FAIL, f"not checked: the script evaluates (loop at line {lines}) but the check stopped at "
+                               f"its step limit ({len(_steps(rank0))} step(s)) before the first evaluation",
+                   (f"{why}: raise the limit with {fix}",), fix=fix)
+
+
+def _steps_to_epoch_end(record: Record) -> int | None:
+    """Steps of one full training epoch, from the batches the last step had seen of its pass."""
+    steps = [s for s in _steps(record) if s.progress and s.progress[3] > 0 and s.progress[2] > 0]
+    if not steps:
+        return None
+    last = steps[-1]
+    per_epoch = last.progress[3]  # type: ignore[index]
+    same_pass = [s for s in steps if s.progress[:2] == last.progress[:2]]  # type: ignore[index]
+    batches_per_step = last.progress[2] / len(same_pass)  # type: ignore[index]
+    return max(1, -(-per_epoch // max(1, round(batches_per_step))))
 
 
 def _compare_values(ours, theirs) -> str | None:

@@ -1,8 +1,9 @@
-"""Run the original (one process) and the converted script (N CPU ranks) with the check probe, each in a scratch
-working directory, and collect what every process recorded.
+"""Run the original (one process) and the converted script (N CPU ranks) with the check probe, each in a sandbox
+of its own, and collect what every process recorded.
 
-The scratch folder holds links to the entries of the user's working directory (the scripts read their data as
-usual) and receives whatever the runs write; it is removed afterwards, on every path out.
+Each run starts in a real copy of the user's working directory (sandbox.py): whatever it writes lands in the copy,
+never in the user's files. The scratch folder holds the sandboxes and the probe results; it is removed afterwards,
+on every path out.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from accelkit.convert.check.record import (
     Record,
     read_records,
 )
+from accelkit.convert.check.sandbox import Sandbox
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 SCRATCH_PREFIX = "accelkit-check-"
@@ -62,7 +64,7 @@ class RunSpec:
 
 
 class Scratch:
-    """A temporary folder for one check: scripts, working directories and probe results; removed on exit."""
+    """A temporary folder for one check: the runs' sandboxes and probe results; removed on exit."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir.resolve()
@@ -74,39 +76,34 @@ class Scratch:
     def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def folder(self, name: str, links_from: Path | None = None, skip: tuple[str, ...] = ()) -> Path:
-        """A new folder holding links to every entry of `links_from` (except `skip`)."""
+    def folder(self, name: str) -> Path:
         path = self.root / name
         path.mkdir()
-        if links_from is not None:
-            for entry in sorted(links_from.iterdir()):
-                if entry.name not in skip:
-                    (path / entry.name).symlink_to(entry)
         return path
 
 
-def original_spec(scratch: Scratch, script: Path, args: list[str], steps: int, world: int, replay: Path,
-                  stall: float, timeout: float) -> RunSpec:
-    # a copy beside links to its folder's other files: what it writes next to itself (`__file__`) stays in scratch
-    folder = scratch.folder("original", script.resolve().parent, skip=(script.name,))
-    copy = folder / script.name
-    shutil.copyfile(script, copy)
+# no bytecode written beside the script's copies or into the user's own importable folders
+SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str], steps: int, world: int,
+                  replay: Path, stall: float, timeout: float) -> RunSpec:
+    shutil.copyfile(script, box.script)  # at the script's place in the sandbox: `__file__` paths stay inside it
     probe_dir = scratch.folder("probe-original")
-    env = {ROLE_ENV: "original", REPLAY_ENV: str(replay), WORLD_ENV: str(world), MAX_STEPS_ENV: str(steps)}
-    return RunSpec("original", [sys.executable, "-m", BOOTSTRAP_MODULE, str(copy), *args],
-                   scratch.folder("work-original", scratch.workdir), probe_dir, env, stall, timeout)
+    env = {ROLE_ENV: "original", REPLAY_ENV: str(replay), WORLD_ENV: str(world), MAX_STEPS_ENV: str(steps),
+           **SANDBOX_ENV}
+    return RunSpec("original", [sys.executable, "-m", BOOTSTRAP_MODULE, str(box.script), *args],
+                   box.cwd, probe_dir, env, stall, timeout)
 
 
-def converted_spec(scratch: Scratch, script: Path, code: str, args: list[str], steps: int, world: int,
+def converted_spec(scratch: Scratch, box: Sandbox, code: str, args: list[str], steps: int, world: int,
                    stall: float, timeout: float) -> RunSpec:
-    folder = scratch.folder("script", script.resolve().parent, skip=(script.name,))
-    converted = folder / script.name
-    converted.write_text(code, encoding="utf-8")
+    box.script.write_text(code, encoding="utf-8")
     probe_dir = scratch.folder("probe-converted")
-    env = {ROLE_ENV: "converted", MAX_STEPS_ENV: str(steps)}
-    spec = json.dumps({"script": str(converted), "args": list(args), "processes": world})
-    return RunSpec("converted", [sys.executable, "-m", LAUNCHER_MODULE, spec],
-                   scratch.folder("work-converted", scratch.workdir), probe_dir, env, stall, timeout)
+    env = {ROLE_ENV: "converted", MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
+    spec = json.dumps({"script": str(box.script), "args": list(args), "processes": world})
+    return RunSpec("converted", [sys.executable, "-m", LAUNCHER_MODULE, spec], box.cwd, probe_dir, env, stall,
+                   timeout)
 
 
 def run(spec: RunSpec, script_dir: Path) -> RunResult:

@@ -30,6 +30,8 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     for loop, batch_names in facts.loader_loops:
         training = flow.trains(loop) or any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"}
                                             for n in ctx.descendants(loop.body))
+        if not training:  # `convert --check` must reach one to compare metrics
+            plan.report.evaluation_loops.append(ctx.line(loop))
         if not training and not _sums_batch_means(ctx, loop) and _gather(ctx, plan, loop, batch_names, models):
             continue
         _reduce_accumulators(ctx, facts, plan, loop, training)

@@ -134,3 +134,24 @@ def test_side_effects_one_writer_per_file_and_output_on_the_main_process() -> No
     chatty = Record(rank=1, stdout_lines=3, lines=[["", "train.py:main", "LOSS 0.1"]])
     assert "rank 1 printed 3 line(s) from train.py:main" in side_effects(_runs(Record(), [rank0, chatty])).evidence[0]
     assert side_effects(_runs(Record(files={"model.pt": 1}), [rank0, Record(rank=1)])).status == PASS
+
+
+def test_an_evaluation_the_step_limit_stopped_before_fails_with_the_steps_that_reach_it() -> None:
+    """16 batches per epoch on each rank, stopped at 8 steps: the evaluation after the epoch comes at step 17."""
+    stopped = Record(steps=_steps([0.1] * 8, per_epoch=16), reason="step limit")
+    original = Record(steps=_steps([0.1] * 16, per_epoch=32), reason="step limit")
+    runs = Runs(original, [stopped, stopped], 2, False, evaluation_loops=(9,), steps=8)
+    verdict = metrics(runs)
+    assert verdict.status == FAIL and verdict.fix == "--steps 17", verdict
+    assert "the script evaluates (loop at line 9)" in verdict.summary and "8 step(s)" in verdict.summary
+    ended = Record(steps=_steps([0.1] * 8, per_epoch=16), reason="script end")  # evaluation not run with these args
+    assert metrics(Runs(original, [ended, ended], 2, False, evaluation_loops=(9,), steps=8)).status == SKIP
+    assert "no evaluation loop" in metrics(Runs(original, [stopped, stopped], 2, False, steps=8)).summary
+
+
+def test_a_converted_run_without_a_training_step_fails_when_the_original_trained() -> None:
+    trained = Record(steps=_steps([0.1] * 4, per_epoch=4))
+    idle = Record()
+    verdict = wrapped(_runs(trained, [idle, idle]))
+    assert verdict.status == FAIL and "reached no training step" in verdict.summary and "took 4" in verdict.summary
+    assert wrapped(_runs(Record(), [idle, idle])).status == SKIP  # nothing trained anywhere: `ran` fails for it
