@@ -120,6 +120,19 @@ def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
     return None
 
 
+def _first_failure(exc, watch_dir: Path | None):
+    """(rank, failure) of the rank that failed first. torchrun orders failures by a timestamp in seconds, so a rank
+    that failed because a peer died (gloo's "Connection closed by peer") ties with it; the ranks' own failure
+    records (accelkit.rehearsal.bootstrap) carry the exact time."""
+    from accelkit.rehearsal.rank_files import read_failures
+
+    by_pid = {failure.pid: (rank, failure) for rank, failure in exc.failures.items()}
+    for recorded in read_failures(watch_dir) if watch_dir is not None else []:
+        if recorded.pid in by_pid:
+            return by_pid[recorded.pid]
+    return exc.get_first_failure()
+
+
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
     from accelkit.rehearsal.rank_files import RankFiles, read_error
@@ -167,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         explained = _explained_failure(exc, watch_dir)
         if explained is not None:  # a known failure the rank described in one line (accelkit.rehearsal.explain)
             return report(explained)
-        rank, failure = exc.get_first_failure()
+        rank, failure = _first_failure(exc, watch_dir)
         if failure.exitcode < 0:
             lines, error = failures.rank_died(rank, failure.pid, -failure.exitcode, watch_dir)
             for line in lines:
