@@ -142,7 +142,7 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
         stdout, stderr, messages = _open_outputs(run, files)
         with supervised_job(argv, env, plain=not isinstance(run.job, LaunchRequest), grace=run.grace,
                             stall_timeout=run.stall_timeout, cwd=run.cwd, stdout=stdout, stderr=stderr,
-                            deadline=run.deadline, messages=messages) as supervisor:
+                            deadline=run.deadline, messages=messages, report_stall=False) as supervisor:
             started = time.monotonic()
             exit_code = supervisor.run()
             seconds = time.monotonic() - started
@@ -190,10 +190,10 @@ def outcome_of(supervisor, exit_code: int, seconds: float) -> RunOutcome:
     user_signal = supervisor.signals[0] if supervisor.signals else None
     if supervisor.stalled:
         stall = supervisor.stall
-        error = stall_error(stall) if stall is not None else None
-        return RunOutcome(STALLED, exit_code, seconds, stalled=True, stacks=tuple(supervisor.stacks),
-                          error=error.message if error else "the job stalled and was stopped",
-                          hint=error.hint if error else None)
+        hint = stall_error(stall).hint if stall is not None else None
+        error = f"no rank progressed for {stall.seconds:.0f} s; {stall.where}" if stall is not None else None
+        return RunOutcome(STALLED, exit_code, seconds, stalled=True, stacks=tuple(supervisor.stacks), error=error,
+                          hint=hint)
     if user_signal is not None:
         return RunOutcome(INTERRUPTED, exit_code, seconds, signal=user_signal)
     if supervisor.timed_out:
