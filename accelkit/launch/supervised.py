@@ -133,6 +133,7 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
         request = replace(run.job, probes=(*run.job.probes, *run.probes, WATCH_PROBE))
         argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
     else:
+        from accelkit.launch.plan import BOOTSTRAP_MODULE
         from accelkit.rehearsal.bootstrap import PROBES_ENV
 
         job = run.job
@@ -148,8 +149,6 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
             seconds = time.monotonic() - started
     return outcome_of(supervisor, exit_code, seconds)
 
-
-BOOTSTRAP_MODULE = "accelkit.rehearsal.bootstrap"
 
 
 def _open_outputs(run: SupervisedRun, files: contextlib.ExitStack):

@@ -11,8 +11,6 @@ from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, e
 from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
 from accelkit.errors import AccelkitError
 
-FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-
 
 @dataclass(frozen=True)
 class CheckOptions:
@@ -113,23 +111,21 @@ def _no_hang(original: RunResult, converted: RunResult, script: str) -> Verdict:
 
 
 def _stuck_at(result: RunResult) -> dict[int, str]:
-    """Where each rank was, from its stack dump: the innermost line of the script, and what it was waiting in."""
+    """Where each rank was, from the stack the supervisor took: the innermost line of the script, and what it was
+    waiting in."""
     from accelkit.convert.check.frames import is_user_code
 
     where = {}
-    for rank, text in result.stacks.items():
-        threads = [block for block in text.split("\n\n") if "File " in block]
-        best = None
-        for block in threads:
-            frames = [m.groupdict() for m in map(FRAME.match, block.splitlines()) if m]
-            mine = [f for f in frames if is_user_code(f["file"])]
-            if mine:
-                inner = frames[0]
-                best = (f"{Path(mine[0]['file']).name}:{mine[0]['line']} in {mine[0]['func']}"
-                        + ("" if inner is mine[0] else f" (waiting in {inner['func']}, {Path(inner['file']).name}:"
-                                                       f"{inner['line']})"))
-                break
-        where[rank] = best or "no frame of the script on the stack"
+    for stack in result.stacks:
+        frames = list(reversed(stack.frames))  # innermost first
+        mine = [f for f in frames if is_user_code(f.file)]
+        if not mine:
+            where[stack.rank] = "no frame of the script on the stack"
+            continue
+        inner = frames[0]
+        where[stack.rank] = (f"{Path(mine[0].file).name}:{mine[0].line} in {mine[0].function}"
+                             + ("" if inner is mine[0] else f" (waiting in {inner.function}, "
+                                                            f"{Path(inner.file).name}:{inner.line})"))
     for record in result.records:
         where.setdefault(record.rank, f"finished ({record.reason})")
     return where
