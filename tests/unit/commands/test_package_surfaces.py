@@ -75,11 +75,12 @@ def test_the_walk_finds_a_private_import(tmp_path: Path) -> None:
     inside = tmp_path / "inside.py"
     inside.write_text("from accelkit.launch.run import Supervisor\n")
     found = violations([(offender, "accelkit.bench.offender"), (inside, "accelkit.launch.inside")])
-    assert sorted(found) == ["accelkit.bench.offender (offender.py:2) imports accelkit.launch.run, a module of accelkit.launch",
-                     "accelkit.bench.offender (offender.py:3) imports ports from accelkit.launch, which it does not "
-                     "export",
-                     "accelkit.bench.offender (offender.py:4) imports stacks from accelkit.launch, which it does not "
-                     "export"], found
+    assert sorted(found) == ["accelkit.bench.offender (offender.py:2) imports accelkit.launch.run, a module of "
+                             "accelkit.launch",
+                             "accelkit.bench.offender (offender.py:3) imports ports from accelkit.launch, which it "
+                             "does not export",
+                             "accelkit.bench.offender (offender.py:4) imports stacks from accelkit.launch, which it "
+                             "does not export"], found
 
 
 def test_every_export_of_a_closed_package_resolves() -> None:
