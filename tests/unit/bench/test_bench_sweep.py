@@ -89,3 +89,23 @@ def test_a_script_that_ends_before_the_limit_is_named(tmp_path, monkeypatch) -> 
     sweep.spec = BenchSpec(**{**sweep.spec.__dict__, "steps": 5})
     record = sweep._run_one(sweep.spec.runs()[0])
     assert record.status == "ok" and record.note.startswith("the script ended after 3 steps: 2 measured")
+
+
+def test_the_rank_that_failed_first_is_blamed_not_a_peer_that_failed_because_of_it() -> None:
+    from accelkit.bench.sweep import describe_failure
+
+    ranks = [{"rank": 0, "error": "RuntimeError: Connection closed by peer"}, {"rank": 1, "error": "ValueError: x"}]
+    first = RunOutcome("failed", 1, 1.0, failed_rank=1, error="ValueError: x")
+    assert describe_failure(first, ranks, 2) == "rank 1: ValueError: x"
+    stalled = RunOutcome("stalled", 124, 9.0, stalled=True, error="no rank progressed for 5 s; rank 1 is not ...")
+    assert describe_failure(stalled, ranks[:0], 2) == "stalled (--stall-timeout): no rank progressed for 5 s; rank 1 " \
+                                                      "is not ..."
+
+
+def test_a_script_that_never_steps_an_optimizer_is_told_so(tmp_path, monkeypatch) -> None:
+    from accelkit.bench.sweep import NO_OPTIMIZER_STEP
+
+    sweep = run_sweep(tmp_path, monkeypatch, {}, sizes=(1,))
+    monkeypatch.setattr(sweep_module, "read_results", lambda folder, probe: [{"rank": 0, "steps": [], "error": None}])
+    record = sweep._run_one(sweep.spec.runs()[0])
+    assert record.status == "failed" and record.error == NO_OPTIMIZER_STEP and "--warmup" not in record.error
