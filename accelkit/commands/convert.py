@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.supervision_options import Seconds
 from accelkit.errors import AccelkitError
 
 BACKUP_SUFFIX = ".bak"
@@ -34,9 +35,10 @@ CHECK_PROCESSES = 2
               help="With --check: check FILE (a conversion you made or edited) instead of converting SCRIPT again.")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
               help="With --check: optimizer steps of the 2-process run (the original runs 2*N).")
-@click.option("--stall-timeout", type=click.FloatRange(min=1), default=60, show_default=True, metavar="SECONDS",
-              help="With --check: a process making no progress this long (no step, batch or forward; 180 s before "
-                   "the first one) is a hang: the check stops and shows where each process was.")
+@click.option("--stall-timeout", type=Seconds(minimum=1), default=60, show_default=True, metavar="SECONDS",
+              help="With --check: when for this long no process of a run printed, read, wrote or stepped an optimizer "
+                   "and one sat idle, the run hangs (the launch's stall watchdog): the check stops it and shows where "
+                   "each process was.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
