@@ -124,6 +124,10 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     slurm = replace(slurm, gpus_per_node=0 if request.cpu else per_node, port=options.main_process_port or slurm.port)
 
     config_path = slurm_config_path(sbatch_path)
+    from accelkit.fsio import writable_target
+
+    for path in (sbatch_path, config_path):  # both refusable before either is written
+        writable_target(path)
     prepared = prepare_launch(cluster_request, config_path=config_path, check_hardware=False)
     write_sbatch(sbatch_path, render_sbatch(prepared.plan, slurm, request.command_line))
     return config_path, prepared.summary
