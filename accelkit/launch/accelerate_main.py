@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -126,10 +127,19 @@ def _first_failure(exc, watch_dir: Path | None):
     records (accelkit.rehearsal.bootstrap) carry the exact time."""
     from accelkit.rehearsal.rank_files import read_failures
 
+    recorded = read_failures(watch_dir) if watch_dir is not None else []
+    # A rank killed by a signal (the OOM killer's SIGKILL, a segfault) records nothing: it is the cause, and the
+    # errors its peers recorded after it died are consequences.
+    # (A rank that recorded its own failure and was then stopped by the launcher's SIGTERM is not one of them.)
+    mine = {failure.pid for failure in recorded}
+    signalled = sorted((failure.exitcode == -signal.SIGTERM, rank, failure) for rank, failure in exc.failures.items()
+                       if failure.exitcode < 0 and failure.pid not in mine)
+    if signalled:
+        return signalled[0][1:]
     by_pid = {failure.pid: (rank, failure) for rank, failure in exc.failures.items()}
-    for recorded in read_failures(watch_dir) if watch_dir is not None else []:
-        if recorded.pid in by_pid:
-            return by_pid[recorded.pid]
+    for failure in recorded:
+        if failure.pid in by_pid:
+            return by_pid[failure.pid]
     return exc.get_first_failure()
 
 
