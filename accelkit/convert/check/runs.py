@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,8 +123,8 @@ def run(spec: RunSpec, script_dir: Path) -> RunResult:
     outcome = run_supervised(SupervisedRun(spec.job, env=env, cwd=spec.cwd, probes=(PROBE_MODULE,),
                                            stall_timeout=spec.stall, deadline=spec.timeout, stdout=stdout,
                                            stderr=stderr, grace=STOP_GRACE))
-    if outcome.signal is not None:
-        raise Terminated(outcome.signal)
+    if outcome.signal is not None:  # every process of the run is gone: end the check as the signal asked
+        raise KeyboardInterrupt if outcome.signal == signal.SIGINT else Terminated(outcome.signal)
     stopped = outcome.stalled or outcome.timed_out
     return RunResult(spec.role, None if stopped else outcome.exit_code, _read(stdout), _read(stderr),
                      read_records(spec.probe_dir), outcome.seconds, outcome.stalled, outcome.timed_out,

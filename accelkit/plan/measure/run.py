@@ -8,6 +8,7 @@ script fed (traced with the kernels of the device that ran it).
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision
                                         stall_timeout=stall_timeout)
         results = read_results(Path(folder), "plan")
     if outcome.signal is not None:  # stopped by Ctrl-C / SIGTERM: the launch stopped every rank; exit like it
-        raise Terminated(outcome.signal)
+        raise KeyboardInterrupt if outcome.signal == signal.SIGINT else Terminated(outcome.signal)
     if outcome.stalled:  # the watchdog printed the ranks' stacks above
         raise AccelkitError(f"the measured run of {script} stalled and was stopped: {outcome.error}",
                             hint=outcome.hint, exit_code=outcome.exit_code)
