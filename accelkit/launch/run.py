@@ -330,11 +330,10 @@ def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: f
     """Resolve and run `request` in a supervised launcher process (accelkit.launch.worker); return the exit status
     (the failing rank's on failure, STALL_EXIT_STATUS after a stall). `stall_timeout`: None = the default for the
     job's kind, 0 = no watchdog."""
-    from accelkit.launch.preflight import check_syntax
+    from accelkit.launch.supervised import SupervisedRun, run_supervised
 
-    check_syntax(request.target)  # once here, not N tracebacks from N ranks
-    with supervised(request, grace=grace, stall_timeout=stall_timeout) as supervisor:
-        return supervisor.run()
+    return run_supervised(SupervisedRun(request, stall_timeout=stall_timeout, grace=grace,
+                                        report_stall=True)).exit_code
 
 
 @contextlib.contextmanager

@@ -68,6 +68,7 @@ class SupervisedRun:
     stdout, stderr a file (created or truncated) or a Stream; the supervisor's own lines (the stacks of a stalled
                    job) go where the job's stderr goes
     grace          seconds a stopped job gets to end by itself before it is killed
+    report_stall   also print the stall's one-line `Error:` (as `accelkit launch` does); otherwise the caller says it
     """
 
     job: LaunchRequest | ScriptProcess
@@ -79,6 +80,7 @@ class SupervisedRun:
     stdout: Path | Stream = Stream.INHERIT
     stderr: Path | Stream = Stream.INHERIT
     grace: float = 15.0
+    report_stall: bool = False
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "deadline"):
@@ -143,7 +145,7 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
         stdout, stderr, messages = _open_outputs(run, files)
         with supervised_job(argv, env, plain=not isinstance(run.job, LaunchRequest), grace=run.grace,
                             stall_timeout=run.stall_timeout, cwd=run.cwd, stdout=stdout, stderr=stderr,
-                            deadline=run.deadline, messages=messages, report_stall=False) as supervisor:
+                            deadline=run.deadline, messages=messages, report_stall=run.report_stall) as supervisor:
             started = time.monotonic()
             exit_code = supervisor.run()
             seconds = time.monotonic() - started
