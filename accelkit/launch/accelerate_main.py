@@ -124,22 +124,27 @@ def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
 def _first_failure(exc, watch_dir: Path | None):
     """(rank, failure) of the rank that failed first. torchrun orders failures by a timestamp in seconds, so a rank
     that failed because a peer died (gloo's "Connection closed by peer") ties with it; the ranks' own failure
-    records (accelkit.rehearsal.bootstrap) carry the exact time."""
+    records (accelkit.rehearsal.bootstrap) carry the exact time. In order:
+    - a rank killed by a signal (the OOM killer's SIGKILL, a segfault), which records nothing: the others' errors
+      are consequences (SIGTERM is the launcher's own way to stop the other ranks, never a cause);
+    - the rank whose recorded failure is the earliest;
+    - a rank that exited with an error by itself (before the ones the launcher stopped)."""
     from accelkit.rehearsal.rank_files import read_failures
 
     recorded = read_failures(watch_dir) if watch_dir is not None else []
-    # A rank killed by a signal (the OOM killer's SIGKILL, a segfault) records nothing: it is the cause, and the
-    # errors its peers recorded after it died are consequences.
-    # (A rank that recorded its own failure and was then stopped by the launcher's SIGTERM is not one of them.)
     mine = {failure.pid for failure in recorded}
-    signalled = sorted((failure.exitcode == -signal.SIGTERM, rank, failure) for rank, failure in exc.failures.items()
-                       if failure.exitcode < 0 and failure.pid not in mine)
-    if signalled:
-        return signalled[0][1:]
-    by_pid = {failure.pid: (rank, failure) for rank, failure in exc.failures.items()}
+    failures = sorted(exc.failures.items())
+    killed = [(rank, failure) for rank, failure in failures
+              if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM and failure.pid not in mine]
+    if killed:
+        return killed[0]
+    by_pid = {failure.pid: (rank, failure) for rank, failure in failures}
     for failure in recorded:
         if failure.pid in by_pid:
             return by_pid[failure.pid]
+    exited = [(rank, failure) for rank, failure in failures if failure.exitcode > 0]
+    if exited:
+        return min(exited, key=lambda item: (item[1].timestamp, item[0]))
     return exc.get_first_failure()
 
 
