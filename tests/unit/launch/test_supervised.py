@@ -69,3 +69,29 @@ def test_a_deadline_stops_a_busy_job_with_its_stack(tmp_path: Path) -> None:
 def test_a_time_that_is_not_a_finite_number_of_seconds_is_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         SupervisedRun(ScriptProcess(sys.executable), **{field: value})
+
+
+def test_the_launcher_names_the_cause_not_a_consequence(tmp_path: Path) -> None:
+    """accelerate_main's choice among torchrun's failures (same-second timestamps), with the ranks' own records."""
+    import signal
+    from types import SimpleNamespace
+
+    from accelkit.launch.accelerate_main import _first_failure
+    from accelkit.rehearsal.rank_files import RankFailure, RankFiles, write_failure
+
+    def failed(**ranks):  # rank -> (pid, exit code)
+        failures = {int(r[1:]): SimpleNamespace(pid=pid, exitcode=code, timestamp=100) for r, (pid, code) in
+                    ranks.items()}
+        return SimpleNamespace(failures=failures, get_first_failure=lambda: min(failures.items()))
+
+    def record(pid: int, rank: int, when: float) -> None:
+        write_failure(RankFiles.of(tmp_path, pid), RankFailure(rank, pid, "E", 1, when))
+
+    # rank 1 killed by SIGKILL; rank 0 recorded its "Connection closed" and was then stopped by SIGTERM
+    record(10, 0, 5.0)
+    assert _first_failure(failed(r0=(10, -signal.SIGTERM), r1=(11, -signal.SIGKILL)), tmp_path)[0] == 1
+    # rank 1 raised first (recorded earlier than rank 0's consequence)
+    record(11, 1, 4.0)
+    assert _first_failure(failed(r0=(10, 1), r1=(11, 1)), tmp_path)[0] == 1
+    # rank 1 exited by itself without a record; rank 0 was only stopped by the launcher
+    assert _first_failure(failed(r0=(20, -signal.SIGTERM), r1=(21, 7)), tmp_path / "none")[0] == 1
