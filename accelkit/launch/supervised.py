@@ -152,7 +152,6 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
     return outcome_of(supervisor, exit_code, seconds)
 
 
-
 def _open_outputs(run: SupervisedRun, files: contextlib.ExitStack):
     """(stdout, stderr, messages) for the Supervisor: open files (append mode, so the supervisor's own lines and
     every process of the job write one after the other) or descriptors, None for this process's own stream;
