@@ -1,7 +1,7 @@
 """Pure arithmetic of a benchmark: one run's summary from its ranks' step records, and speedup and efficiency
 across the runs of a sweep. No I/O, no torch: unit-tested on recorded timings.
 
-Conventions (see the bench section of the README):
+Conventions (see docs/guides/scaling.md):
 - a step's time is the slowest rank's (data-parallel ranks wait for each other at every gradient sync);
   median and p90 are taken over the measured steps (after warmup);
 - throughput = samples (all ranks) / the slowest rank's measured wall time; tokens likewise;

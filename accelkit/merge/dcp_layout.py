@@ -10,7 +10,7 @@
 
 What this cannot tell apart: a shard from another save with exactly the same shapes (another step of the same run,
 or another run of the same model). Those are caught by the Accelerate files beside the model (savestate) or a
-manifest (manifest); the README says so per format.
+manifest (manifest); docs/guides/checkpoint-integrity.md says so per format.
 """
 
 from __future__ import annotations

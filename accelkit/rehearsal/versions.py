@@ -3,7 +3,7 @@
 The shim reaches into Accelerate's state set-up (see shim.py), so it is only trusted on the versions it was tested
 on. An untested version is refused with a clear message instead of silently producing a run that is not what the
 user asked for; ACCELKIT_REHEARSAL_ALLOW_UNTESTED=1 lets a user try anyway. pyproject.toml's lower bounds and the
-README state the same ranges (a test keeps them in step with this table).
+launch page (docs/commands/launch.md) state the same ranges (a test keeps them in step with this table).
 """
 
 from __future__ import annotations
