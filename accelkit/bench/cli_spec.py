@@ -59,7 +59,7 @@ def build_spec(*, options: Any, config_file: Path | None, num_processes: str | N
                global_batch: int | None, output: Path, comm: bool, comm_sizes: str | None, comm_iters: int | None,
                timeout: float | None, show_output: bool, rdzv_backend: str | None, rdzv_conf: str | None,
                same_network: bool | None, script: str | None, script_args: tuple[str, ...],
-               command_line: str) -> tuple[BenchSpec, LaunchSettings]:
+               command_line: str, stall_timeout: float | None = None) -> tuple[BenchSpec, LaunchSettings]:
     settings = launch_settings(options, config_file, cpu, rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                same_network=same_network, command_line=command_line)
     if compare_backends is not None:
@@ -77,5 +77,6 @@ def build_spec(*, options: Any, config_file: Path | None, num_processes: str | N
     spec = BenchSpec(script=script, script_args=script_args, module=module, world_sizes=sizes, backends=backends,
                      steps=steps, warmup=warmup, scaling=scaling, batch_arg=batch_arg, global_batch=global_batch,
                      cpu=cpu, comm=comm_settings(comm_sizes, comm_iters, cpu) if comm else None, output=output,
-                     show_output=show_output, timeout=timeout, machines=num_machines(settings))
+                     show_output=show_output, timeout=timeout, stall_timeout=stall_timeout,
+                     machines=num_machines(settings))
     return spec, settings

@@ -7,19 +7,17 @@ spine changes (typed ResolvedConfig / LaunchPlan) only this module follows.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import sys
-import threading
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelkit.bench import PROBE_MODULE
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+
+if TYPE_CHECKING:
+    from accelkit.launch import RunOutcome
 
 
 @dataclass(frozen=True)
@@ -30,22 +28,14 @@ class LaunchSettings:
     options: Any  # accelkit.configs.ConfigOptions
     config_file: Path | None = None
     cpu: bool = False
-    flags: Any = None  # accelkit.launch.plan.LauncherFlags
+    flags: Any = None  # accelkit.launch.LauncherFlags
     command_line: str = "accelkit bench"
-
-
-@dataclass(frozen=True)
-class LaunchOutcome:
-    status: int  # the launch's exit status (the failing rank's; 128 + N for signal N)
-    seconds: float
-    signal: int | None = None  # a signal the user sent (Ctrl-C, SIGTERM) during the run
-    timed_out: bool = False
 
 
 def launch_settings(options: Any, config_file: Path | None, cpu: bool, *, rdzv_backend: str | None = None,
                     rdzv_conf: str | None = None, same_network: bool | None = None,
                     command_line: str = "accelkit bench") -> LaunchSettings:
-    from accelkit.launch.plan import LauncherFlags
+    from accelkit.launch import LauncherFlags
 
     flags = LauncherFlags(rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, same_network=same_network)
     return LaunchSettings(options=options, config_file=config_file, cpu=cpu, flags=flags, command_line=command_line)
@@ -102,8 +92,7 @@ def launched_backend(backend: str, num_processes: int) -> str:
 
 def request_for(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
                 *, module: bool, probes: tuple[str, ...]):
-    from accelkit.launch.plan import LauncherFlags, LaunchTarget
-    from accelkit.launch.request import LaunchRequest
+    from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget
 
     options = replace(settings.options, backend=backend, num_processes=num_processes)
     return LaunchRequest(target=LaunchTarget(script=script, args=tuple(args), module=module), options=options,
@@ -124,77 +113,30 @@ def comm_request(settings: LaunchSettings, backend: str, num_processes: int, arg
 
 def check_script(script: str, module: bool) -> None:
     """The script (or module) exists: checked first, before the heavier config checks."""
-    from accelkit.launch.plan import LaunchTarget
-    from accelkit.launch.prepare import check_target
+    from accelkit.launch import LaunchTarget, check_target
 
     check_target(LaunchTarget(script=script, module=module))
 
 
 def check_request(request) -> None:
     """Everything launch checks before a rank starts (config rules, script, GPUs, DeepSpeed), without starting."""
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch import prepare_launch
 
     prepared = prepare_launch(request)
     if prepared.temp_dir is not None:
         shutil.rmtree(prepared.temp_dir, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _output_to(log_path: Path | None):
-    """Send this process's stdout/stderr (and so the launch's, which inherits them) to `log_path`."""
-    if log_path is None:
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (log, *saved):
-            os.close(fd)
-
-
 def run_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str, str], log_path: Path | None,
-               timeout: float | None) -> LaunchOutcome:
-    """Run one supervised launch (accelkit.launch.run's supervisor: no rank outlives it) with the probe's settings
-    in the ranks' environment; the output goes to `log_path` unless it is None."""
-    from accelkit.launch.run import supervised
+               timeout: float | None, stall_timeout: float | None = None) -> RunOutcome:
+    """One supervised launch (accelkit.launch.run_supervised: no rank outlives it) with the probe's settings in the
+    ranks' environment; the output goes to `log_path` unless it is None."""
+    from accelkit.launch import Stream, SupervisedRun, run_supervised
 
     full_env = {**os.environ, **env, PROBE_DIR_ENV: str(probe_dir)}
     if max_steps is not None:
         full_env[MAX_STEPS_ENV] = str(max_steps)
-    with supervised(request, env=full_env) as supervisor:
-        return _run_with_timeout(supervisor, log_path, timeout)
-
-
-def _run_with_timeout(supervisor, log_path: Path | None, timeout: float | None) -> LaunchOutcome:
-    timed_out, finished = threading.Event(), threading.Event()
-
-    def expire() -> None:  # the supervisor stops the job on SIGTERM exactly as when a user sends it
-        if not finished.is_set():
-            timed_out.set()
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    timer = threading.Timer(timeout, expire) if timeout else None
-    started = time.monotonic()
-    with _output_to(log_path):
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
-        try:
-            status = supervisor.run()
-        finally:
-            finished.set()
-            if timer is not None:
-                timer.cancel()
-    user_signals = [] if timed_out.is_set() else list(supervisor.signals)
-    return LaunchOutcome(status=status, seconds=time.monotonic() - started,
-                         signal=user_signals[0] if user_signals else None, timed_out=timed_out.is_set())
+    return run_supervised(SupervisedRun(
+        request, env=full_env, stall_timeout=stall_timeout, deadline=timeout,
+        stdout=Stream.INHERIT if log_path is None else log_path,
+        stderr=Stream.INHERIT if log_path is None else Stream.STDOUT))

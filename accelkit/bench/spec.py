@@ -58,6 +58,7 @@ class BenchSpec:
     output: Path = Path("bench-results")
     show_output: bool = False
     timeout: float | None = None  # seconds per run
+    stall_timeout: float | None = None  # the supervisor's stall watchdog (None: its default; 0: off)
     machines: int = 1  # each machine runs the same sweep; results cover this machine's ranks
 
     def runs(self) -> list[RunSpec]:

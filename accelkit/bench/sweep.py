@@ -21,7 +21,6 @@ from typing import Any
 from accelkit.bench import COMM_NAME, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.comm import CommRow, comm_volume_factor, nearest_all_reduce, predicted_comm_seconds, rows_from_ranks
 from accelkit.bench.launching import (
-    LaunchOutcome,
     LaunchSettings,
     comm_request,
     launched_backend,
@@ -30,6 +29,7 @@ from accelkit.bench.launching import (
 )
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, scaling, summarize
+from accelkit.launch import RunOutcome
 from accelkit.probes.results import read_results
 
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "MemoryError")
@@ -42,7 +42,7 @@ class RunRecord:
     spec: RunSpec
     backend: str  # the backend benched (ddp, fsdp, ...)
     launched: str  # what was launched (one process of a DDP sweep is `single`)
-    status: str = "ok"  # ok | failed | interrupted | timed out
+    status: str = "ok"  # ok | failed | interrupted | timed out | stalled
     exit_code: int = 0
     wall_s: float = 0.0
     summary: RunSummary | None = None
@@ -87,23 +87,36 @@ class CommRecord:
         return f"comm-np{self.num_processes}"
 
 
-def describe_failure(outcome: LaunchOutcome, ranks: list[dict[str, Any]], expected_ranks: int) -> str:
-    """One line saying why a run failed, from the exit status and what the ranks recorded."""
-    errors = [f"rank {rank['rank']}: {rank['error']}" for rank in ranks if rank.get("error")]
+def describe_failure(outcome: RunOutcome, ranks: list[dict[str, Any]], expected_ranks: int) -> str:
+    """One line saying why a run failed, from the launch's outcome and what the ranks recorded."""
     if outcome.timed_out:
         return "timed out (--timeout); every rank was stopped"
-    # The launch's status is the rank that failed first: a killed rank is the cause, the others' errors
-    # (connection reset by the dead peer) are consequences.
-    if outcome.status == 128 + signal.SIGKILL:
+    if outcome.stalled:  # the supervisor's watchdog stopped it; its error says where the ranks wait
+        return f"stalled (--stall-timeout): {outcome.error}"
+    # A killed rank is the cause; the others' errors (connection reset by the dead peer) are consequences.
+    if outcome.exit_code == 128 + signal.SIGKILL:
         return "a rank was killed by SIGKILL (the kernel's out-of-memory killer sends it when RAM runs out)"
-    if outcome.status > 128:
-        return f"a rank was killed by signal {outcome.status - 128}"
+    if outcome.exit_code > 128:
+        return f"a rank was killed by signal {outcome.exit_code - 128}"
+    # The rank that failed first, with its own error (an exception, a usage error), not a peer's consequence.
+    if outcome.failed_rank is not None and outcome.error:
+        return f"rank {outcome.failed_rank}: {outcome.error}"
+    errors = [f"rank {rank['rank']}: {rank['error']}" for rank in ranks if rank.get("error")]
     if errors:
         return errors[0]
     missing = expected_ranks - len(ranks)
     if missing > 0:
-        return f"exit code {outcome.status}; {missing} rank(s) wrote no result (they died before the first step?)"
-    return f"exit code {outcome.status}"
+        return f"exit code {outcome.exit_code}; {missing} rank(s) wrote no result (see the run's output)"
+    return f"exit code {outcome.exit_code}"
+
+
+def run_status(outcome: RunOutcome) -> str:
+    """A failed run's status in bench.json: "timed out" (--timeout), "stalled" (--stall-timeout) or "failed"."""
+    return {"timed out": "timed out", "stalled": "stalled"}.get(outcome.status, "failed")
+
+
+NO_OPTIMIZER_STEP = ("the script ended without an optimizer step: bench times optimizer steps (torch.optim, "
+                     "Accelerate or DeepSpeed); bench a script that trains")
 
 
 def is_resource_failure(record: RunRecord) -> bool:
@@ -157,14 +170,14 @@ class Sweep:
             request = comm_request(self.settings, launched_backend(backend, n), n, args)
             outcome = run_launch(request, probe_dir=folder, max_steps=None, env=self.env,
                                  log_path=None if self.spec.show_output else folder / "output.log",
-                                 timeout=self.spec.timeout)
+                                 timeout=self.spec.timeout, stall_timeout=self.spec.stall_timeout)
             ranks = read_results(folder, COMM_NAME)
-            record.exit_code = outcome.status
+            record.exit_code = outcome.exit_code
             local = n // self.spec.machines
             if outcome.signal is not None:
                 record.status, self.interrupted_by = "interrupted", outcome.signal
-            elif outcome.status != 0 or len(ranks) != local:
-                record.status = "timed out" if outcome.timed_out else "failed"
+            elif outcome.exit_code != 0 or len(ranks) != local:
+                record.status = run_status(outcome)
                 record.error = describe_failure(outcome, ranks, local)
             else:
                 record.rows = rows_from_ranks(ranks)
@@ -188,7 +201,7 @@ class Sweep:
             self._attach_comm(record)
             self.save(self)
             self.progress(progress_line(record))
-            if record.status in ("failed", "timed out") and not self.spec.show_output:
+            if record.status in ("failed", "timed out", "stalled") and not self.spec.show_output:
                 for line in log_tail(self.runs_dir / record.folder_name / "output.log"):
                     self.progress(f"  | {line}")
             if record.status == "interrupted":
@@ -214,16 +227,19 @@ class Sweep:
         outcome = run_launch(request, probe_dir=folder, max_steps=self.spec.warmup + self.spec.steps,
                              env={**self.env, WARMUP_ENV: str(self.spec.warmup)},
                              log_path=None if self.spec.show_output else folder / "output.log",
-                             timeout=self.spec.timeout)
-        record.exit_code, record.wall_s = outcome.status, outcome.seconds
+                             timeout=self.spec.timeout, stall_timeout=self.spec.stall_timeout)
+        record.exit_code, record.wall_s = outcome.exit_code, outcome.seconds
         record.ranks = read_results(folder, PROBE_NAME)
         if outcome.signal is not None:
             record.status, record.error = "interrupted", f"stopped by signal {outcome.signal}"
             self.interrupted_by = outcome.signal
             return record
-        if outcome.status != 0:
-            record.status = "timed out" if outcome.timed_out else "failed"
+        if outcome.exit_code != 0:
+            record.status = run_status(outcome)
             record.error = describe_failure(outcome, record.ranks, run.num_processes // self.spec.machines)
+            return record
+        if record.ranks and not any(rank.get("steps") for rank in record.ranks):
+            record.status, record.error = "failed", NO_OPTIMIZER_STEP
             return record
         try:
             record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines)

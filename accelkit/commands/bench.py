@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options_except, options_from_kwargs
+from accelkit.commands.supervision_options import Seconds, stall_timeout_option
 
 
 @click.command(name="bench", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -43,8 +44,9 @@ from accelkit.commands.config_options import config_options_except, options_from
               help="Message sizes for --comm, x4 apart. Default 1K:256M on GPUs, 4K:16M on CPU.")
 @click.option("--comm-iters", type=click.IntRange(min=1), default=None, metavar="N",
               help="Timed iterations per size for --comm. Default 20 on GPUs, 5 on CPU.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+@click.option("--timeout", type=Seconds(minimum=1), default=None, metavar="SECONDS",
               help="Stop a run that takes longer (recorded as timed out; the sweep goes on).")
+@stall_timeout_option(effect="record the run as stalled")
 @click.option("--show-output", is_flag=True, default=False,
               help="Show the script's output instead of saving it to DIR/runs/<run>/output.log.")
 @click.option("--rdzv-backend", default=None, metavar="NAME", help="torchrun rendezvous backend (multi-node).")
@@ -55,8 +57,9 @@ from accelkit.commands.config_options import config_options_except, options_from
 def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None, cpu: bool,
             module: bool, steps: int, warmup: int, scaling: str, batch_arg: str | None, global_batch: int | None,
             output: Path, force: bool, comm: bool, comm_sizes: str | None, comm_iters: int | None,
-            timeout: float | None, show_output: bool, rdzv_backend: str | None, rdzv_conf: str | None,
-            same_network: bool | None, script: str | None, script_args: tuple[str, ...], **kwargs: object) -> int:
+            timeout: float | None, stall_timeout: float | None, show_output: bool, rdzv_backend: str | None,
+            rdzv_conf: str | None, same_network: bool | None, script: str | None, script_args: tuple[str, ...],
+            **kwargs: object) -> int:
     """Measure how SCRIPT scales: a run per world size (and backend), each through `accelkit launch` with a probe
     in every rank; the script is not edited. Everything after SCRIPT goes to the script.
 
@@ -86,8 +89,9 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
         options=options, config_file=config_file, num_processes=num_processes_list,
         compare_backends=compare_backends, cpu=cpu, module=module, steps=steps, warmup=warmup, scaling=scaling,
         batch_arg=batch_arg, global_batch=global_batch, output=output, comm=comm, comm_sizes=comm_sizes,
-        comm_iters=comm_iters, timeout=timeout, show_output=show_output, rdzv_backend=rdzv_backend,
-        rdzv_conf=rdzv_conf, same_network=same_network, script=script, script_args=script_args,
+        comm_iters=comm_iters, timeout=timeout, stall_timeout=stall_timeout, show_output=show_output,
+        rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, same_network=same_network, script=script,
+        script_args=script_args,
         command_line=shlex.join(["accelkit", *sys.argv[1:]]))
     outcome = run_bench(spec, settings, force, progress=lambda line: click.echo(f"bench: {line}", err=True))
     for line in outcome.lines:

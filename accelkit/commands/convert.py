@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from accelkit.commands.params import Seconds
+from accelkit.commands.supervision_options import Seconds
 from accelkit.errors import AccelkitError
 from accelkit.fsio import refuse_overwrite
 
@@ -40,9 +40,10 @@ CHECK_PROCESSES = 2
               help="With --check: check FILE (a conversion you made or edited) instead of converting SCRIPT again.")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
               help="With --check: optimizer steps of the 2-process run (the original runs 2*N).")
-@click.option("--stall-timeout", type=Seconds(min=1), default=60, show_default=True, metavar="SECONDS",
-              help="With --check: a process making no progress this long (no step, batch or forward; 180 s before "
-                   "the first one) is a hang: the check stops and shows where each process was.")
+@click.option("--stall-timeout", type=Seconds(minimum=1), default=60, show_default=True, metavar="SECONDS",
+              help="With --check: when for this long no process of a run printed, read, wrote or stepped an optimizer "
+                   "and one sat idle, the run hangs (the launch's stall watchdog): the check stops it and shows where "
+                   "each process was.")
 @click.option("--sandbox-limit", default="1GiB", show_default=True, metavar="SIZE",
               help="With --check: the most the check copies of the working directory into the sandbox each run "
                    "starts in (the scripts' writes land in the copy, never in your files), e.g. 8GiB.")

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
-from accelkit.commands.params import Seconds
+from accelkit.commands.supervision_options import stall_timeout_option
 
 # The rendezvous handlers torch registers (torch.distributed.elastic.rendezvous.registry).
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
@@ -49,11 +49,8 @@ def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Extra rendezvous settings for torchrun.")
 @click.option("--same-network", is_flag=True, default=None,
               help="All machines share one local network (torchrun uses master address/port directly).")
-# accelkit.launch.run's stall watchdog (issue #15): the option and its value handed to run_request.
-@click.option("--stall-timeout", type=Seconds(min=0), default=None, metavar="SECONDS",
-              help="Stall watchdog: when for this long no rank printed, read, wrote or stepped an optimizer and a "
-                   "rank sat idle, print every rank's Python stack and where they wait, stop the job, exit 124. "
-                   "Default: 300 on CPU (rehearsals), 1800 on GPUs; 0 turns it off.")
+# The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
+@stall_timeout_option()
 @click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", callback=nonempty_path,
               help="Write an sbatch script (and its config beside it) instead of launching.")
@@ -83,9 +80,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     Without GPUs, GPU backends need --cpu (a CPU rehearsal); `--cpu --num-processes N` alone runs N data-parallel
     CPU processes. Exit status: the first failing rank's.
     """
-    from accelkit.launch.plan import LauncherFlags, LaunchTarget
-    from accelkit.launch.prepare import check_target
-    from accelkit.launch.request import LaunchRequest
+    from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget, check_target
 
     stall_timeout = kwargs.pop("stall_timeout")  # for the supervisor (run_request), not a config option
     options = options_from_kwargs(kwargs)
@@ -105,7 +100,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
                             command_line=shlex.join(["accelkit", *sys.argv[1:]]))
 
     if slurm_file is not None:
-        from accelkit.launch.slurm import SlurmOptions, write_slurm_job
+        from accelkit.launch import SlurmOptions, write_slurm_job
 
         slurm = SlurmOptions(nodes=nodes or options.num_machines or 1, gpus_per_node=gpus_per_node or 0,
                              partition=partition, time=time_limit, job_name=job_name or "accelkit",
@@ -116,13 +111,12 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
         click.echo(f"Wrote {slurm_file} (config: {config_path}). Submit it with: sbatch {shlex.quote(str(slurm_file))}")
         return 0
     if dry_run:
-        from accelkit.launch.prepare import prepare_launch
-        from accelkit.launch.summary import dry_run_text
+        from accelkit.launch import dry_run_text, prepare_launch
 
         click.echo(dry_run_text(prepare_launch(request, check_hardware=False)))
         return 0
 
-    from accelkit.launch.run import run_request
+    from accelkit.launch import run_request
 
     return run_request(request, stall_timeout=stall_timeout)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.supervision_options import stall_timeout_option
+
 # Kept literal (this module imports only click at load); tests/unit/plan/test_plan_cli.py checks they match.
 STRATEGY_NAMES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid", "zero1", "zero2", "zero3",
                   "fsdp-offload", "zero3-offload")
@@ -62,6 +64,7 @@ class PlanCommand(click.Command):
 @click.option("--measure", "measure_script", metavar="SCRIPT",
               help="Run SCRIPT for one optimizer step under the recommended launch (CPU rehearsal without GPUs) "
                    "and print planned vs measured per rank. Script arguments go after `--`.")
+@stall_timeout_option(effect="exit 124 (with --measure)")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes as integers).")
 def command(model: str | None, as_json: bool, write_config: Path | None, force: bool, measure_script: str | None,
             **options) -> int:

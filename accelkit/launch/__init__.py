@@ -1,5 +1,13 @@
 """`accelkit launch`: plan, run and supervise distributed jobs through Accelerate's launcher.
 
+The public surface (what the rest of accelkit imports; the modules below are this package's own):
+- LaunchRequest, LaunchTarget, LauncherFlags: what to launch; prepare_launch / check_target: resolve and check it;
+  LaunchPlan, plan_launch: the typed plan; dry_run_text: the plan as `--dry-run` prints it;
+- run_supervised(SupervisedRun) -> RunOutcome: THE way to run a job (a launch, or one plain ScriptProcess) under
+  supervision: environment, probes, stall timeout, deadline and output files as parameters; status, exit code,
+  stacks and the first failing rank's own error back (supervised.py); run_request: `accelkit launch`'s run;
+- SlurmOptions, write_slurm_job: the sbatch script.
+
 Modules, in the order a launch uses them:
 - request.py  LaunchRequest: what the user asked for (crosses into the launcher process as JSON);
 - prepare.py  resolve the config (accelkit.configs), decide CPU rehearsal (accelkit.rehearsal), check script, GPUs,
@@ -9,11 +17,43 @@ Modules, in the order a launch uses them:
 - summary.py  which value came from where, for the user (read from the config's sources and the plan's fields);
 - worker.py   the launcher process: prepare, print, then run accelerate_main in-process;
 - accelerate_main.py  `accelerate launch` with the failing rank's exit status;
-- run.py      the supervisor in the `accelkit` process: signals, no orphans, exit status;
+- run.py      the Supervisor in the `accelkit` process: signals, no orphans, stall watchdog, deadline, exit status;
+- supervised.py  the supervised-run API on top of it (request in, outcome out);
 - slurm.py    the sbatch script, from a plan without per-machine values; ports.py  free and busy ports.
+
+Importing this package is cheap: its names load on first use (no torch, no psutil until then).
 """
 
-from accelkit.launch.plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
-from accelkit.launch.request import LaunchRequest
+from __future__ import annotations
 
-__all__ = ["LaunchPlan", "LaunchRequest", "LaunchTarget", "LauncherFlags", "plan_launch"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LaunchPlan": "plan",
+    "LaunchTarget": "plan",
+    "LauncherFlags": "plan",
+    "plan_launch": "plan",
+    "LaunchRequest": "request",
+    "check_target": "prepare",
+    "prepare_launch": "prepare",
+    "dry_run_text": "summary",
+    "run_request": "run",
+    "STALL_EXIT_STATUS": "run",
+    "RunOutcome": "supervised",
+    "ScriptProcess": "supervised",
+    "Stream": "supervised",
+    "SupervisedRun": "supervised",
+    "run_supervised": "supervised",
+    "SlurmOptions": "slurm",
+    "write_slurm_job": "slurm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelkit.launch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"accelkit.launch.{module}"), name)

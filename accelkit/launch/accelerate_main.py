@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,33 @@ def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
     return None
 
 
+def _first_failure(exc, watch_dir: Path | None):
+    """(rank, failure) of the rank that failed first. torchrun orders failures by a timestamp in seconds, so a rank
+    that failed because a peer died (gloo's "Connection closed by peer") ties with it; the ranks' own failure
+    records (accelkit.rehearsal.bootstrap) carry the exact time. In order:
+    - a rank killed by a signal (the OOM killer's SIGKILL, a segfault), which records nothing: the others' errors
+      are consequences (SIGTERM is the launcher's own way to stop the other ranks, never a cause);
+    - the rank whose recorded failure is the earliest;
+    - a rank that exited with an error by itself (before the ones the launcher stopped)."""
+    from accelkit.rehearsal.rank_files import read_failures
+
+    recorded = read_failures(watch_dir) if watch_dir is not None else []
+    mine = {failure.pid for failure in recorded}
+    failures = sorted(exc.failures.items())
+    killed = [(rank, failure) for rank, failure in failures
+              if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM and failure.pid not in mine]
+    if killed:
+        return killed[0]
+    by_pid = {failure.pid: (rank, failure) for rank, failure in failures}
+    for failure in recorded:
+        if failure.pid in by_pid:
+            return by_pid[failure.pid]
+    exited = [(rank, failure) for rank, failure in failures if failure.exitcode > 0]
+    if exited:
+        return min(exited, key=lambda item: (item[1].timestamp, item[0]))
+    return exc.get_first_failure()
+
+
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
     from accelkit.rehearsal.rank_files import RankFiles, read_error
@@ -167,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         explained = _explained_failure(exc, watch_dir)
         if explained is not None:  # a known failure the rank described in one line (accelkit.rehearsal.explain)
             return report(explained)
-        rank, failure = exc.get_first_failure()
+        rank, failure = _first_failure(exc, watch_dir)
         if failure.exitcode < 0:
             lines, error = failures.rank_died(rank, failure.pid, -failure.exitcode, watch_dir)
             for line in lines:

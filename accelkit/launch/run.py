@@ -9,6 +9,8 @@ run in sessions of their own, so they never see a terminal's Ctrl-C directly. Th
   alive `grace` seconds later, gets SIGKILL for the whole tree; the exit status is then 128 + the first signal;
 - watches the ranks for stalls (accelkit.launch.watchdog): when nothing moved for the stall timeout it prints every
   rank's Python stack and where they wait, stops the job and exits with STALL_EXIT_STATUS;
+- stops a job that runs past its deadline (when given) like a SIGTERM would, with the ranks' stacks first, and
+  exits with STALL_EXIT_STATUS too (what `timeout` returns);
 - after the launcher exits, kills and reaps any descendant still running, removes the launch folder, and returns
   the launcher's status (128 + N when it was killed by signal N).
 """
@@ -24,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import IO, TextIO
 
 import psutil
 
@@ -62,10 +65,6 @@ def _launcher_preexec() -> None:  # runs in the child between fork and exec
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _say(text: str) -> None:
-    print(f"accelkit: {text}", file=sys.stderr, flush=True)
-
-
 @dataclass(frozen=True)
 class WatchSettings:
     """The stall watchdog of one launch: `timeout` None = the default for the job's kind (CPU or GPU), 0 = off."""
@@ -74,21 +73,52 @@ class WatchSettings:
     timeout: float | None = None
 
 
+@dataclass(frozen=True)
+class StallReport:
+    """What the watchdog found when it stopped a job: how long nothing moved, the ranks' stacks, where they wait."""
+
+    seconds: float
+    timeout: float
+    stacks: tuple  # RankStack, one per rank that answered
+    where: str
+    advice: str
+
+
 class Supervisor:
-    """Owns one launcher process and everything it starts."""
+    """Owns one launcher process and everything it starts.
+
+    `cwd`, `stdout`, `stderr`: the launcher's working folder and output (open files; None = this process's).
+    `deadline`: seconds after which the job is stopped. `messages`: where the supervisor's own lines go (default
+    sys.stderr). `report_stall=False` leaves the one-line stall error to the caller (the stacks are still printed).
+    """
 
     def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 15.0, poll: float = 0.1,
-                 watch: WatchSettings | None = None) -> None:
+                 watch: WatchSettings | None = None, cwd: Path | None = None, stdout: IO | None = None,
+                 stderr: IO | None = None, deadline: float | None = None, messages: TextIO | None = None,
+                 report_stall: bool = True) -> None:
         self.argv = argv
         self.env = env
         self.grace = grace
         self.poll = poll
         self.watch = watch
+        self.cwd = cwd
+        self.stdout = stdout
+        self.stderr = stderr
+        self.deadline = deadline
+        self.messages = messages
+        self.report_stall = report_stall
         self.proc: subprocess.Popen[bytes] | None = None
         self.known: dict[int, psutil.Process] = {}  # every descendant seen so far (pid -> process)
         self.signals: list[int] = []
         self.kill_deadline: float | None = None
         self.stalled = False
+        self.stall: StallReport | None = None
+        self.timed_out = False
+        self.stacks: tuple = ()  # the ranks' stacks when the job was stopped for a stall or its deadline
+        self.failures: list = []  # RankFailure, the earliest first, read when the job is over
+
+    def _say(self, text: str) -> None:
+        print(f"accelkit: {text}", file=self.messages or sys.stderr, flush=True)
 
     # -- signals ---------------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -152,7 +182,7 @@ class Supervisor:
         next_sample = 0.0
         while True:
             now = yield
-            if now < next_sample or self.signals or self.stalled:
+            if now < next_sample or self.signals or self.stalled or self.timed_out:
                 continue
             next_sample = now + SAMPLE_INTERVAL
             infos = monitor.alive_ranks()
@@ -185,36 +215,64 @@ class Supervisor:
         return any(stack.wait is not None for stack in stacks if stack.rank in idle)
 
     def _stop_stalled_job(self, infos, stall, stacks, timeout: float) -> None:
-        from accelkit.launch.stacks import diagnosis, format_stack
+        from accelkit.launch.stacks import diagnosis
 
         assert self.watch is not None and self.proc is not None
         self.stalled = True
         with contextlib.suppress(OSError):
             (self.watch.watch_dir / STALLED_MARKER).write_text("")
-        _say(f"the job stalled: for {stall.seconds:.0f} s no rank wrote, read or stepped an optimizer, and "
-             f"rank(s) {', '.join(map(str, stall.idle_ranks))} used no CPU. Stacks of the {len(infos)} rank(s):")
-        for stack in stacks:
-            for line in format_stack(stack):
-                print(line, file=sys.stderr)
-        missing = sorted({info.rank for info in infos} - {stack.rank for stack in stacks})
-        if missing:
-            _say(f"no stack from rank(s) {', '.join(map(str, missing))} (it did not answer the dump signal)")
+        self._say(f"the job stalled: for {stall.seconds:.0f} s no rank wrote, read or stepped an optimizer, and "
+                  f"rank(s) {', '.join(map(str, stall.idle_ranks))} used no CPU. Stacks of the {len(infos)} rank(s):")
+        self._print_stacks(infos, stacks)
         where, advice = diagnosis(stacks)
-        report(AccelkitError(
-            f"the job stalled for {stall.seconds:.0f} s and was stopped: {where}",
-            hint=f"{advice}; if the job is only slow and silent, raise --stall-timeout (now {timeout:g} s; 0 turns "
-                 "the watchdog off)"))
+        self.stacks = tuple(stacks)
+        self.stall = StallReport(seconds=stall.seconds, timeout=timeout, stacks=tuple(stacks), where=where,
+                                 advice=advice)
+        if self.report_stall:
+            report(stall_error(self.stall), self.messages)
         # A hung job has nothing left to flush: kill it at once, ranks and launcher, before they add noise.
         self.kill_tree(signal.SIGKILL)
+
+    def _print_stacks(self, infos, stacks) -> None:
+        from accelkit.launch.stacks import format_stack
+
+        for stack in stacks:
+            for line in format_stack(stack):
+                print(line, file=self.messages or sys.stderr)
+        missing = sorted({info.rank for info in infos} - {stack.rank for stack in stacks})
+        if missing:
+            self._say(f"no stack from rank(s) {', '.join(map(str, missing))} (it did not answer the dump signal)")
+
+    # -- deadline --------------------------------------------------------------------------------------------
+    def _stop_at_deadline(self, now: float) -> None:
+        """The job ran past its deadline: take the ranks' stacks (where it was), then stop it as SIGTERM would."""
+        assert self.proc is not None
+        self.timed_out = True
+        if self.watch is not None:
+            from accelkit.launch.rank_monitor import RankMonitor
+
+            monitor = RankMonitor(self.watch.watch_dir)
+            infos = monitor.alive_ranks()
+            if infos:
+                self.stacks = tuple(monitor.dump_stacks(infos))
+                self._say(f"the job ran past its time limit ({self.deadline:g} s) and is stopped. Stacks of the "
+                          f"{len(infos)} rank(s):")
+                self._print_stacks(infos, self.stacks)
+            with contextlib.suppress(OSError):  # the launcher stays quiet: the caller says why the job ended
+                (self.watch.watch_dir / STALLED_MARKER).write_text("")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        self.kill_deadline = time.monotonic() + self.grace
 
     # -- main loop -------------------------------------------------------------------------------------------
     def run(self) -> int:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
         watchdog = None
+        started = time.monotonic()
         try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True,
-                                         preexec_fn=_launcher_preexec)
+            self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True, cwd=self.cwd,
+                                         stdout=self.stdout, stderr=self.stderr, preexec_fn=_launcher_preexec)
             if self.watch is not None:
                 watchdog = self._watchdog()
                 next(watchdog)
@@ -229,6 +287,9 @@ class Supervisor:
                         watchdog.send(now)
                     except StopIteration:
                         watchdog = None
+                if (self.deadline is not None and not (self.timed_out or self.stalled or self.signals)
+                        and now - started >= self.deadline):
+                    self._stop_at_deadline(now)
                 if self.kill_deadline is not None and now >= self.kill_deadline:
                     self.kill_tree(signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -241,25 +302,38 @@ class Supervisor:
             self._reap_leftovers()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.watch is not None:
+                from accelkit.rehearsal.rank_files import read_failures
+
+                self.failures = read_failures(self.watch.watch_dir)
         if self.stalled:
             return STALL_EXIT_STATUS
         if self.signals:  # however the launcher ended (even SIGKILLed after a second Ctrl-C): 128 + first signal
             name = signal.Signals(self.signals[0]).name
-            _say(f"stopped by {name}{' (Ctrl-C)' if self.signals[0] == signal.SIGINT else ''}; "
-                 "every process of the job has exited.")
+            self._say(f"stopped by {name}{' (Ctrl-C)' if self.signals[0] == signal.SIGINT else ''}; "
+                      "every process of the job has exited.")
             return 128 + self.signals[0]
+        if self.timed_out:
+            return STALL_EXIT_STATUS
         return status
+
+
+def stall_error(stall: StallReport) -> AccelkitError:
+    """The one-line error of a stalled job, with what to do about it."""
+    return AccelkitError(
+        f"the job stalled for {stall.seconds:.0f} s and was stopped: {stall.where}",
+        hint=f"{stall.advice}; if the job is only slow and silent, raise --stall-timeout (now {stall.timeout:g} s; 0 "
+             "turns the watchdog off)")
 
 
 def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: float | None = None) -> int:
     """Resolve and run `request` in a supervised launcher process (accelkit.launch.worker); return the exit status
     (the failing rank's on failure, STALL_EXIT_STATUS after a stall). `stall_timeout`: None = the default for the
     job's kind, 0 = no watchdog."""
-    from accelkit.launch.preflight import check_syntax
+    from accelkit.launch.supervised import SupervisedRun, run_supervised
 
-    check_syntax(request.target)  # once here, not N tracebacks from N ranks
-    with supervised(request, grace=grace, stall_timeout=stall_timeout) as supervisor:
-        return supervisor.run()
+    return run_supervised(SupervisedRun(request, stall_timeout=stall_timeout, grace=grace,
+                                        report_stall=True)).exit_code
 
 
 @contextlib.contextmanager
@@ -267,14 +341,30 @@ def supervised(request: LaunchRequest, *, env: dict[str, str] | None = None, gra
                stall_timeout: float | None = None):
     """A Supervisor for `request` (not started: call `.run()`), with the launch folder it owns, which is removed
     when the block ends, however it ends. `env`: the launcher's environment (default: this process's)."""
+    # Every rank starts with the watch probe: stacks on demand and on fatal signals, optimizer step counts.
+    request = replace(request, probes=(*request.probes, WATCH_PROBE))
+    argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
+    with supervised_job(argv, dict(os.environ if env is None else env), grace=grace,
+                        stall_timeout=stall_timeout) as supervisor:
+        yield supervisor
+
+
+@contextlib.contextmanager
+def supervised_job(argv: list[str], env: dict[str, str], *, plain: bool = False, **settings):
+    """A Supervisor for `argv` (a launcher, or with `plain` one process started in the rank bootstrap with
+    $ACCELKIT_PROBES set), watched through the launch folder it owns, which is removed when the block ends. The
+    watch probe must be among the job's probes (see `supervised`); `settings` go to the Supervisor."""
     launch_dir = create_launch_dir()
     try:
-        # Every rank starts with the watch probe: stacks on demand and on fatal signals, optimizer step counts.
-        request = replace(request, probes=(*request.probes, WATCH_PROBE))
-        full_env = {**launcher_env(launch_dir, dict(os.environ if env is None else env)),
-                    WATCH_DIR_ENV: str(launch_dir)}
-        argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
-        watch = WatchSettings(watch_dir=launch_dir, timeout=stall_timeout)
-        yield Supervisor(argv, full_env, grace=grace, watch=watch)
+        if plain:  # one process keeps the user's TMPDIR; it registers as rank 0 through the watch probe
+            from accelkit.rehearsal.bootstrap import PROBES_ENV
+
+            probes = [name for name in env.get(PROBES_ENV, "").split(",") if name]
+            full_env = {**env, PROBES_ENV: ",".join([*probes, WATCH_PROBE])}
+        else:
+            full_env = launcher_env(launch_dir, env)
+        full_env[WATCH_DIR_ENV] = str(launch_dir)
+        watch = WatchSettings(watch_dir=launch_dir, timeout=settings.pop("stall_timeout", None))
+        yield Supervisor(argv, full_env, watch=watch, **settings)
     finally:
         remove_path(launch_dir)

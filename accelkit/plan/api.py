@@ -127,7 +127,7 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
              micro_batch: int | None, activation_checkpointing: bool, global_batch: int | None,
              base_lr: float | None, base_batch: int | None, strategy: str | None, prefer: str,
              write_config: Path | None, force: bool, measure_script: str | None, script_args: tuple[str, ...],
-             command_line: str) -> PlanResult:
+             command_line: str, stall_timeout: float | None = None) -> PlanResult:
     # Cheap checks first: every bad value is reported before torch is imported, the model built or a file written.
     count = parse_count(params, "--params") if params is not None else None
     gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
@@ -171,7 +171,7 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     if write_config is not None:
         _write(plan, write_config, command_line, result)
     if measure_script is not None:
-        _measure(plan, spec, measure_script, script_args, command_line, result)
+        _measure(plan, spec, measure_script, script_args, command_line, result, stall_timeout)
     return result
 
 
@@ -187,7 +187,8 @@ def _write(plan, path: Path, command_line: str, result: PlanResult) -> None:
     result.json["written_config"] = str(path)
 
 
-def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, result: PlanResult) -> None:
+def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, result: PlanResult,
+             stall_timeout: float | None = None) -> None:
     from accelkit.plan import spine
     from accelkit.plan.measure import run as measuring
 
@@ -206,7 +207,8 @@ def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, 
     planner = _activations_planner(spec, plan, "cpu" if cpu else "cuda")
     comparisons = measuring.measure(options, script, args, cpu=cpu, precision=plan.training.precision,
                                     optimizer=plan.training.optimizer, activations_planner=planner,
-                                    planned_peak=None if cpu else chosen.total, command_line=command_line)
+                                    planned_peak=None if cpu else chosen.total, command_line=command_line,
+                                    stall_timeout=stall_timeout)
     where = "CPU rehearsal" if cpu else "GPUs"
     result.lines += ["", f"Measured: {script}, one optimizer step, {chosen.strategy.label} on "
                          f"{plan.hardware.gpus} rank(s) ({where}); bytes per rank:", *measuring.table(comparisons)]

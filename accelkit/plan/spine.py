@@ -1,13 +1,11 @@
 """The one place `accelkit plan` touches the config -> launch spine (ConfigOptions, resolve_config, write_config,
-LaunchRequest, run_request): a strategy becomes exactly the options `accelkit config` takes, the command that
+LaunchRequest, run_supervised): a strategy becomes exactly the options `accelkit config` takes, the command that
 writes them, the file, and the launch that measures it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import sys
 from pathlib import Path
 
 from accelkit.plan.catalog import Strategy
@@ -69,40 +67,16 @@ def write_config_file(options, path: Path, command_line: str) -> None:
 
 
 def run_measurement(options, script: str, args: tuple[str, ...], cpu: bool, probe_dir: Path, probe: str,
-                    max_steps: int, command_line: str) -> int:
-    """Launch the user's script with the plan's probe in every rank and a step limit; return the exit status."""
-    from accelkit.launch.plan import LaunchTarget
-    from accelkit.launch.prepare import check_target
-    from accelkit.launch.request import LaunchRequest
-    from accelkit.launch.run import run_request
+                    max_steps: int, command_line: str, stall_timeout: float | None = None):
+    """Launch the user's script with the plan's probe in every rank and a step limit, supervised
+    (accelkit.launch.run_supervised); return its RunOutcome. The ranks' stdout goes to this process's stderr, so
+    stdout carries only the plan (and `--json` stays parseable)."""
+    from accelkit.launch import LaunchRequest, LaunchTarget, Stream, SupervisedRun, check_target, run_supervised
     from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
     target = LaunchTarget(script=script, args=tuple(args))
     check_target(target)
-    request = LaunchRequest(target=target, options=options, cpu=cpu, probes=(probe,), command_line=command_line)
-    saved = {name: os.environ.get(name) for name in (PROBE_DIR_ENV, MAX_STEPS_ENV)}
-    os.environ[PROBE_DIR_ENV], os.environ[MAX_STEPS_ENV] = str(probe_dir), str(max_steps)
-    with _script_output_to_stderr():
-        try:
-            return run_request(request)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _script_output_to_stderr():
-    """The ranks inherit file descriptor 1: point it at stderr while they run, so stdout carries only the plan
-    (and `--json` stays parseable)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+    request = LaunchRequest(target=target, options=options, cpu=cpu, command_line=command_line)
+    env = {**os.environ, PROBE_DIR_ENV: str(probe_dir), MAX_STEPS_ENV: str(max_steps)}
+    return run_supervised(SupervisedRun(request, env=env, probes=(probe,), stall_timeout=stall_timeout,
+                                        stdout=Stream.STDERR))

@@ -22,17 +22,47 @@ import os
 import runpy
 import sys
 import threading
+import time
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, debug_enabled, report
-from accelkit.rehearsal.rank_files import WATCH_DIR_ENV, RankFiles, write_error
+from accelkit.rehearsal.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_error, write_failure
 from accelkit.rehearsal.shim import REHEARSAL_ENV, install
 
 PROBES_ENV = "ACCELKIT_PROBES"
 USAGE = "usage: python -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
 
+def _record_failure(error: str, exit_code: int) -> None:
+    """Under a supervisor: leave when and how this rank failed, so the rank that failed first is named with its
+    own error (accelkit.launch's outcome), not a peer that failed because of it."""
+    watch_dir = os.environ.get(WATCH_DIR_ENV)
+    if not watch_dir:
+        return
+    failure = RankFailure(rank=int(os.environ.get("RANK", "0")), pid=os.getpid(), error=error[:500],
+                          exit_code=exit_code, time=time.time())
+    with contextlib.suppress(OSError):
+        write_failure(RankFiles.of(Path(watch_dir), os.getpid()), failure)
+
+
+_usage_error: list[str] = []  # the message of the script's argparse error, which exits with status 2
+
+
+def _remember_usage_errors() -> None:
+    """argparse prints its error and exits 2: keep the message (the call itself is unchanged)."""
+    import argparse
+
+    original = argparse.ArgumentParser.error
+
+    def error(self, message):
+        _usage_error[:] = [f"{self.prog}: error: {message}"]
+        original(self, message)
+
+    argparse.ArgumentParser.error = error
+
+
 def _fail(error: AccelkitError) -> int:
+    _record_failure(error.message, error.exit_code)
     watch_dir = os.environ.get(WATCH_DIR_ENV)
     if watch_dir:  # the launcher reports it once, for the rank that failed first
         try:
@@ -83,6 +113,8 @@ def _run(argv: list[str] | None) -> int:
     except AccelkitError as error:
         return _fail(error)
 
+    if os.environ.get(WATCH_DIR_ENV):
+        _remember_usage_errors()
     try:
         if argv[0] == "-m":
             module, args = argv[1], argv[2:]
@@ -98,7 +130,10 @@ def _run(argv: list[str] | None) -> int:
         runpy.run_path(script, run_name="__main__")
         return 0
     except SystemExit as stop:  # the script's own sys.exit(): its status, then the same way out as a return
-        return _exit_status(stop)
+        status = _exit_status(stop)
+        if status != 0:
+            _record_failure(_usage_error[0] if status == 2 and _usage_error else _exit_message(stop, status), status)
+        return status
     except AccelkitError as error:  # raised by the shim when the script imports Accelerate
         return _fail(error)
     except Exception as exc:  # the script's own failure: explained when it is one we know, else untouched
@@ -106,6 +141,7 @@ def _run(argv: list[str] | None) -> int:
 
         error = None if debug_enabled() else explain(exc)
         if error is None:
+            _record_failure(f"{type(exc).__name__}: {exc}", 1)
             raise
         return _fail(error)
 
@@ -123,6 +159,12 @@ def end_rank(status: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(status)
+
+
+def _exit_message(stop: SystemExit, status: int) -> str:
+    if isinstance(stop.code, str):
+        return stop.code
+    return f"the script exited with status {status} (sys.exit)"
 
 
 def _exit_status(stop: SystemExit) -> int:

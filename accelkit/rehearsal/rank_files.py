@@ -10,6 +10,9 @@ starts in the bootstrap with the watch probe (accelkit.rehearsal.watch) writes, 
     <pid>.crash   the stacks faulthandler writes if the rank dies of a fatal signal (SIGSEGV, SIGABRT, ...)
     <pid>.error   the one-line explanation of a known failure (accelkit.rehearsal.explain), for the launcher to
                   print once instead of every rank printing it
+    <pid>.failed  when and how the rank's script failed (its exception, or its usage error and exit status): the
+                  supervisor names the rank that failed FIRST with its own error, not a peer's consequence
+                  ("Connection closed by peer") of it
 
 Both sides import this module, so the layout lives in one place. No torch here.
 """
@@ -58,6 +61,7 @@ class RankFiles:
     stack = property(lambda self: self._named("stack"))
     crash = property(lambda self: self._named("crash"))
     error = property(lambda self: self._named("error"))
+    failed = property(lambda self: self._named("failed"))
 
 
 def write_info(files: RankFiles, info: RankInfo) -> None:
@@ -79,6 +83,34 @@ def read_error(files: RankFiles) -> tuple[str, str | None] | None:
         data = json.loads(files.error.read_text())
         return str(data["message"]), data.get("hint")
     return None
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How one rank's script failed: its own error line, when (wall clock, to order ranks), its exit status."""
+
+    rank: int
+    pid: int
+    error: str
+    exit_code: int
+    time: float
+
+
+def write_failure(files: RankFiles, failure: RankFailure) -> None:
+    files.folder.mkdir(parents=True, exist_ok=True)
+    temp = files.failed.with_suffix(".failed.tmp")
+    temp.write_text(json.dumps(asdict(failure)))
+    os.replace(temp, files.failed)
+
+
+def read_failures(watch_dir: Path) -> list[RankFailure]:
+    """Every failure a rank of this launch recorded, the earliest first."""
+    found = []
+    with contextlib.suppress(OSError):
+        for path in (Path(watch_dir) / "ranks").glob("*.failed"):
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                found.append(RankFailure(**json.loads(path.read_text())))
+    return sorted(found, key=lambda failure: (failure.time, failure.rank))
 
 
 def registered_ranks(watch_dir: Path) -> list[RankInfo]:

@@ -129,3 +129,65 @@ def test_a_run_over_its_timeout_is_stopped_and_recorded(tmp_path: Path) -> None:
     result.assert_refused(r"1 of 1 run\(s\) failed, first ddp x1: timed out", owned=[out])
     (run,) = results(out)
     assert run["status"] == "timed out" and run["wall_time_s"] < 60
+
+
+# -- issue 19: the first failing rank, stalls, the script's own messages -------------------------------------------
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_stall_timeout_that_is_not_a_finite_number_of_seconds_is_refused(value: str, tmp_path: Path,
+                                                                           script: Path) -> None:
+    # nan was accepted once, and the watchdog then fired after a second; inf would never fire
+    result = run_fault(["bench", "--cpu", "--stall-timeout", value, "-o", str(tmp_path / "out"), str(script)],
+                       watch=[tmp_path], cwd=tmp_path, kind="bad option")
+    assert result.returncode == 2 and "Invalid value for '--stall-timeout'" in result.stderr, result.stderr
+    assert not result.traceback and not result.touched_outside([])
+
+
+@pytest.mark.slow
+def test_the_rank_that_failed_first_is_blamed_with_its_own_error(tmp_path: Path) -> None:
+    # rank 1 raises; rank 0 then fails in its next all-reduce ("Connection closed by peer"): a consequence
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "2", "--warmup", "1", "--steps", "3",
+                        "-o", str(out), str(COUNTED), "--crash-rank", "1"], watch=[tmp_path], cwd=tmp_path,
+                       kind="script crash", expect="refused")
+    result.assert_refused(r"first ddp x2: rank 1: ValueError: deliberate failure on rank 1", owned=[out])
+    assert "Connection closed" not in result.error_lines[0]
+    (run,) = results(out)
+    assert run["status"] == "failed" and run["error"] == "rank 1: ValueError: deliberate failure on rank 1"
+
+
+@pytest.mark.slow
+def test_a_stall_is_reported_as_a_stall_with_the_stacks(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "2", "--warmup", "1", "--steps", "3",
+                        "--stall-timeout", "3", "-o", str(out), str(COUNTED), "--hang-rank", "1"], watch=[tmp_path],
+                       cwd=tmp_path, kind="hang", expect="refused", timeout=180)
+    line = result.assert_refused(r"first ddp x2: stalled \(--stall-timeout\): no rank progressed for \d+ s; rank 1 "
+                                 r"is not in any collective \(it is at \S*counted_train\.py:\d+ in <module>\)",
+                                 owned=[out])
+    assert "died before the first step" not in line
+    (run,) = results(out)
+    assert run["status"] == "stalled" and run["exit_code"] == 124
+    log = (out / "runs" / "ddp-np2" / "output.log").read_text()
+    assert "accelkit: rank 1 (pid" in log and "accelkit: rank 0 (pid" in log  # every rank's stack
+    assert "counted_train.py\", line" in log
+
+
+@pytest.mark.slow
+def test_a_scripts_usage_error_is_shown_with_its_message(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "1", "-o", str(out), str(COUNTED),
+                        "--no-such-flag"], watch=[tmp_path], cwd=tmp_path, kind="script usage error",
+                       expect="refused")
+    result.assert_refused(r"first ddp x1: rank 0: counted_train\.py: error: unrecognized arguments: --no-such-flag",
+                          owned=[out])
+
+
+@pytest.mark.slow
+def test_a_script_without_an_optimizer_step_is_told_so(tmp_path: Path) -> None:
+    script = tmp_path / "evaluate.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nprint(model(torch.ones(1, 2)).sum().item())\n")
+    out = tmp_path / "out"
+    result = run_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "1", "-o", str(out), str(script)],
+                       watch=[tmp_path], cwd=tmp_path, kind="no optimizer", expect="refused")
+    line = result.assert_refused(r"first ddp x1: the script ended without an optimizer step", owned=[out])
+    assert "--warmup" not in line

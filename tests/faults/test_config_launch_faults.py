@@ -22,7 +22,7 @@ def _message(error_line: str) -> str:
 @pytest.mark.parametrize(("option", "value", "words"), [
     ("--max-restarts", "-1", r"'--max-restarts': -1 is not in the range x>=0"),
     ("--monitor-interval", "-3", r"'--monitor-interval': -3.0 is not in the range x>0"),
-    ("--stall-timeout", "nan", r"'--stall-timeout': 'nan' is not a number of seconds"),  # issue 19 item 10
+    ("--stall-timeout", "nan", r"'--stall-timeout': 'nan' is not a finite number of seconds"),  # issue 19 item 10
     ("--rdzv-conf", "garbage", r"'--rdzv-conf': 'garbage' is not KEY=VALUE"),
     ("--rdzv-backend", "bogus", r"'--rdzv-backend': 'bogus' is not one of 'static', 'c10d'"),
     ("--config", "", r"'--config': the path is empty"),

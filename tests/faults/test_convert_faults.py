@@ -64,8 +64,8 @@ def test_a_script_that_cannot_be_converted_completely_writes_nothing_unless_part
     (["--check", "--diff"], "use only one of"),
     (["--lr", "0.1"], "arguments after SCRIPT are passed to the script by --check only"),
     (["--check", "--steps", "0"], "0 is not in the range x>=1"),
-    (["--check", "--stall-timeout", "nan"], "'nan' is not a number of seconds"),
-    (["--check", "--stall-timeout", "inf"], "'inf' is not a number of seconds"),
+    (["--check", "--stall-timeout", "nan"], "'nan' is not a finite number of seconds"),
+    (["--check", "--stall-timeout", "inf"], "'inf' is not a finite number of seconds"),
 ])
 def test_bad_arguments_are_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
     script = tmp_path / "train.py"

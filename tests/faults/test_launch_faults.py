@@ -159,3 +159,14 @@ def test_slow_job_that_progresses_is_not_stopped(tmp_path):
         (str(step), str(rank)) for step in range(4) for rank in (0, 1)]
     assert time.monotonic() - started > 10
     result.assert_clean()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5"])
+def test_a_stall_timeout_that_is_not_a_finite_number_of_seconds_is_refused(tmp_path, value):
+    # parsed in one place for launch, bench, plan --measure (accelkit.commands.supervision_options)
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    result = run_fault([*CPU_DDP, "--stall-timeout", value, str(script)], watch=[tmp_path], cwd=tmp_path,
+                       kind="bad option")
+    assert result.returncode == 2 and "Invalid value for '--stall-timeout'" in result.stderr, result.stderr
+    assert not result.traceback and not result.touched_outside([])

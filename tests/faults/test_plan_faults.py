@@ -188,3 +188,22 @@ def test_a_project_whose_data_is_on_the_hub_is_not_downloaded(tmp_path: Path) ->
     result = run_fault(["plan", str(tmp_path / "run"), *MEMORY], watch=[tmp_path], cwd=tmp_path,
                        env={"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"})
     result.assert_refused(r"data set `stanfordnlp/imdb` is not local files, and the plan does not download")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_stall_timeout_that_is_not_finite_is_refused(tmp_path: Path, value: str) -> None:
+    result = run_fault(["plan", *SEVEN_B, "--stall-timeout", value], watch=[tmp_path], kind="bad option")
+    assert result.returncode == 2 and "'--stall-timeout'" in result.stderr and "not a finite number" in result.stderr
+    assert not result.traceback and not result.touched_outside([])
+
+
+@pytest.mark.slow  # a real 1-rank launch that hangs before its first step
+def test_a_measured_run_that_hangs_is_reported_as_a_stall_with_its_stack(tmp_path: Path) -> None:
+    script = DATA / "plan" / "wait_before_step.py"  # its rank sleeps before its first backward
+    result = run_fault(["plan", "--params", "1M", "--gpu-memory", "80GB", "--gpus", "1", "--strategy", "single",
+                        "--stall-timeout", "3", "--measure", str(script)], watch=[tmp_path], cwd=tmp_path,
+                       kind="hang", expect="refused", timeout=180)
+    line = result.assert_refused(r"wait_before_step\.py stalled and was stopped: no rank progressed for \d+ s; .*"
+                                 r"rank 0 at \S*wait_before_step\.py:15 in <module>", exit_code=124)
+    assert "--stall-timeout (now 3 s" in result.stderr and "before its first optimizer step" not in line
+    assert 'wait_before_step.py", line 15, in <module>' in result.stderr  # the rank's stack

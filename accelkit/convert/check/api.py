@@ -13,8 +13,6 @@ from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, orig
 from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
 from accelkit.errors import AccelkitError
 
-FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-
 
 @dataclass(frozen=True)
 class CheckOptions:
@@ -159,26 +157,23 @@ def _no_hang(original: RunResult, converted: RunResult, script: str, lines: Conv
 
 
 def _stuck_at(result: RunResult, lines: ConvertedLines | None = None) -> dict[int, str]:
-    """Where each rank was, from its stack dump: the innermost line of the script, and what it was waiting in.
-    `lines` shows the converted copy's lines as the original's (or under the user's converted file's name)."""
+    """Where each rank was, from the stack the supervisor took: the innermost line of the script, and what it was
+    waiting in. `lines` shows the converted copy's lines as the original's (or under the user's converted file's
+    name)."""
     from accelkit.convert.check.frames import is_user_code
 
     where = {}
-    for rank, text in result.stacks.items():
-        threads = [block for block in text.split("\n\n") if "File " in block]
-        best = None
-        for block in threads:
-            frames = [m.groupdict() for m in map(FRAME.match, block.splitlines()) if m]
-            mine = [f for f in frames if is_user_code(f["file"])]
-            if mine:
-                inner = frames[0]
-                top = mine[0]
-                best = ((lines.where(Path(top["file"]).name, int(top["line"]), top["func"]) if lines is not None
-                         else f"{Path(top['file']).name}:{top['line']} in {top['func']}")
-                        + ("" if inner is mine[0] else f" (waiting in {inner['func']}, {Path(inner['file']).name}:"
-                                                       f"{inner['line']})"))
-                break
-        where[rank] = best or "no frame of the script on the stack"
+    for stack in result.stacks:
+        frames = list(reversed(stack.frames))  # innermost first
+        mine = [f for f in frames if is_user_code(f.file)]
+        if not mine:
+            where[stack.rank] = "no frame of the script on the stack"
+            continue
+        inner, top = frames[0], mine[0]
+        at = (lines.where(Path(top.file).name, top.line, top.function) if lines is not None
+              else f"{Path(top.file).name}:{top.line} in {top.function}")
+        where[stack.rank] = at + ("" if inner is top else f" (waiting in {inner.function}, "
+                                                          f"{Path(inner.file).name}:{inner.line})")
     for record in result.records:
         where.setdefault(record.rank, f"finished ({record.reason})")
     return where

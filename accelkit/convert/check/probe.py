@@ -7,7 +7,7 @@ of the converted run. It records, without changing what the script computes:
 - whether each optimizer's parameters belong to a module DDP wrapped (and if not, which variable holds it);
 - the modules the script calls at top level (its models), and fingerprints of their training inputs;
 - DataLoader passes and sample indices (probe_data), files written and lines printed (probe_io);
-- with $ACCELKIT_CHECK_STALL_SECONDS, a stack dump of every thread when the process stops making progress.
+(Hangs are the supervisor's: every process of both runs is watched by accelkit.launch's one stall watchdog.)
 
 Metrics at equal weights: rank 0 of the converted run saves the weights it evaluated with after each evaluation
 pass (a DataLoader pass without optimizer steps); the original run loads them right before its pass with the same
@@ -16,26 +16,21 @@ number, so both print their metrics for the same model and the numbers can be co
 
 from __future__ import annotations
 
-import faulthandler
 import hashlib
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 from accelkit.convert.check.frames import is_user_code, qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
-from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, STALL_ENV, Pass, Record, Step, write_record
+from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 from accelkit.probes.imports import after_import
 from accelkit.probes.steps import StepEvent, clock
 from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
-ARM_EVERY = 0.5  # seconds between re-arming the stall watchdog
-FIRST_PROGRESS_GRACE = 180.0  # before the script's first step or batch (imports, data preparation) allow this long
 
 
 class CheckProbe:
@@ -54,23 +49,16 @@ class CheckProbe:
         self.model_ids: set[int] = set()
         self.depth = 0
         self.max_steps = int(os.environ[MAX_STEPS_ENV]) if os.environ.get(MAX_STEPS_ENV) else None
-        self.stall = float(os.environ.get(STALL_ENV) or 0)
-        self.stall_file = None
-        self.last_arm = 0.0
         self.finished = False
         self.watching = 0  # frames whose return value is awaited
         self.step_keys: list[str] = []  # input hashes since the last clock step
-        self.loaders = LoaderTracker(self.record, self.activity, self._pass_started, self._pass_ended)
+        self.loaders = LoaderTracker(self.record, _nothing, self._pass_started, self._pass_ended)
         # the probe's own files, and the launch's per-rank watch files (accelkit.rehearsal.watch), not the script's
         ignore = [str(self.folder), *filter(None, [os.environ.get(WATCH_DIR_ENV)])]
         self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
 
     # -- installation ----------------------------------------------------------------------------------------
     def install(self) -> None:
-        if self.stall > 0:
-            self.stall_file = open(self.folder / f"stall.rank{self.record.rank}.txt", "w")  # noqa: SIM115
-            faulthandler.register(signal.SIGUSR1, file=self.stall_file, all_threads=True)
-            self._arm(force=True)
         steps = clock()
         steps.on_before_step(self._before_step)
         steps.on_step(self._after_step)
@@ -121,24 +109,10 @@ class CheckProbe:
 
         DistributedDataParallel.__init__ = init_and_note
 
-    # -- progress and the stall watchdog ---------------------------------------------------------------------
-    def activity(self) -> None:
-        self._arm()
-
-    def _arm(self, force: bool = False) -> None:
-        if self.stall <= 0 or self.finished:
-            return
-        now = time.monotonic()
-        if force or now - self.last_arm >= ARM_EVERY:
-            seconds = max(self.stall, FIRST_PROGRESS_GRACE) if force else self.stall
-            self.last_arm = now
-            faulthandler.dump_traceback_later(seconds, repeat=False, file=self.stall_file, exit=False)
-
     # -- models ----------------------------------------------------------------------------------------------
     def _top_level_call(self, module, args: tuple) -> None:
         import torch
 
-        self.activity()
         if id(module) not in self.model_ids and next(iter(module.parameters()), None) is not None:
             self.model_ids.add(id(module))
             self.models.append(module)
@@ -161,7 +135,6 @@ class CheckProbe:
 
     def _before_step(self, event) -> None:
         optimizer = event.optimizer
-        self.activity()
         index = self._index(optimizer)
         if index in self.first_done:
             return
@@ -191,7 +164,6 @@ class CheckProbe:
 
     def _backward(self) -> None:
         """Scripts that update weights by hand have no optimizer step: each backward pass is their step."""
-        self.activity()
         self.record.backward_passes += 1
         if self.optimizer_index:
             return
@@ -208,7 +180,6 @@ class CheckProbe:
 
     # -- evaluation passes: weights for metrics at equal weights ---------------------------------------------
     def _pass_started(self, record: Pass) -> None:
-        self.activity()
         replay = os.environ.get(REPLAY_ENV)
         if not replay or not self.models:
             return
@@ -268,11 +239,13 @@ class CheckProbe:
         if self.finished:
             return
         self.finished = True
-        if self.stall > 0:
-            faulthandler.cancel_dump_traceback_later()
         self.record.reason = reason
         self.record.script = sys.argv[0] if sys.argv else ""
         write_record(self.record)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _no_trace(frame, event, arg):

@@ -14,10 +14,7 @@ from accelkit.probes.results import read_results, write_rank_result
 
 PROBE_NAME = "convert-check"
 PROBE_MODULE = "accelkit.convert.check.probe"  # installed in every process of both runs
-BOOTSTRAP_MODULE = "accelkit.rehearsal.bootstrap"  # what each rank (and the original's one process) starts in
-LAUNCHER_MODULE = "accelkit.convert.check.launcher"  # the converted run: N ranks (see launcher.py)
 ROLE_ENV = "ACCELKIT_CHECK_ROLE"  # "original" (1 process) or "converted" (N ranks)
-STALL_ENV = "ACCELKIT_CHECK_STALL_SECONDS"  # dump every thread's stack when a rank makes no progress this long
 REPLAY_ENV = "ACCELKIT_CHECK_REPLAY_DIR"  # original run: load the converted run's weights before each eval pass
 WORLD_ENV = "ACCELKIT_CHECK_WORLD"  # converted run's world size, known to the original run (progress alignment)
 

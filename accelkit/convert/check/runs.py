@@ -1,37 +1,25 @@
 """Run the original (one process) and the converted script (N CPU ranks) with the check probe, each in a sandbox
-of its own, and collect what every process recorded.
+of its own, and collect what every process recorded. Both runs go through accelkit.launch's supervised-run API: the
+original as one plain process, the conversion as a DDP rehearsal on N CPU ranks (what
+`accelkit launch --cpu --backend ddp --num-processes N` runs); the launch's one stall watchdog watches both, and
+the supervisor stops every process of a run, whatever happens.
 
 Each run starts in a real copy of the user's working directory (sandbox.py): whatever it writes lands in the copy,
-never in the user's files. The scratch folder holds the sandboxes and the probe results; it is removed afterwards,
-on every path out.
+never in the user's files. The scratch folder holds the probe results and the runs' output; it is removed
+afterwards, on every path out.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from accelkit.convert.check.record import (
-    BOOTSTRAP_MODULE,
-    LAUNCHER_MODULE,
-    PROBE_MODULE,
-    REPLAY_ENV,
-    ROLE_ENV,
-    STALL_ENV,
-    WORLD_ENV,
-    Record,
-    read_records,
-)
+from accelkit.convert.check.record import PROBE_MODULE, REPLAY_ENV, ROLE_ENV, WORLD_ENV, Record, read_records
 from accelkit.convert.check.sandbox import Sandbox
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
@@ -49,13 +37,13 @@ class RunResult:
     seconds: float
     stalled: bool = False  # a process made no progress for the stall time
     timed_out: bool = False
-    stacks: dict[int, str] = field(default_factory=dict)  # rank -> faulthandler dump
+    stacks: tuple = ()  # accelkit.launch.stacks.RankStack of each process, when the run was stopped
 
 
 @dataclass(frozen=True)
 class RunSpec:
     role: str
-    argv: list[str]
+    job: Any  # accelkit.launch.ScriptProcess (the original) or LaunchRequest (the conversion)
     cwd: Path
     probe_dir: Path
     env: dict[str, str]
@@ -64,7 +52,7 @@ class RunSpec:
 
 
 class Scratch:
-    """A temporary folder for one check: the runs' sandboxes and probe results; removed on exit."""
+    """A temporary folder for one check: the probe results and the runs' output; removed on exit."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir.resolve()
@@ -88,12 +76,13 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str], steps: int, world: int,
                   replay: Path, stall: float, timeout: float) -> RunSpec:
+    from accelkit.launch import ScriptProcess
+
     shutil.copyfile(script, box.script)  # at the script's place in the sandbox: `__file__` paths stay inside it
     probe_dir = scratch.folder("probe-original")
     env = {ROLE_ENV: "original", REPLAY_ENV: str(replay), WORLD_ENV: str(world), MAX_STEPS_ENV: str(steps),
            **SANDBOX_ENV}
-    return RunSpec("original", [sys.executable, "-m", BOOTSTRAP_MODULE, str(box.script), *args],
-                   box.cwd, probe_dir, env, stall, timeout)
+    return RunSpec("original", ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall, timeout)
 
 
 def converted_spec(scratch: Scratch, box: Sandbox, code: str, args: list[str], steps: int, world: int,
@@ -101,100 +90,44 @@ def converted_spec(scratch: Scratch, box: Sandbox, code: str, args: list[str], s
     box.script.write_text(code, encoding="utf-8")
     probe_dir = scratch.folder("probe-converted")
     env = {ROLE_ENV: "converted", MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
-    spec = json.dumps({"script": str(box.script), "args": list(args), "processes": world})
-    return RunSpec("converted", [sys.executable, "-m", LAUNCHER_MODULE, spec], box.cwd, probe_dir, env, stall,
-                   timeout)
+    return RunSpec("converted", converted_request(box.script, args, world), box.cwd, probe_dir, env, stall, timeout)
+
+
+def converted_request(script: Path, args: list[str], world: int):
+    """The conversion on `world` CPU ranks: a DDP rehearsal, as `accelkit launch --cpu --backend ddp` runs it."""
+    from accelkit.configs import ConfigOptions
+    from accelkit.launch import LaunchRequest, LaunchTarget
+
+    return LaunchRequest(target=LaunchTarget(str(script), tuple(args)), cpu=True,
+                         options=ConfigOptions(backend="ddp", num_processes=world),
+                         command_line="accelkit convert --check")
 
 
 def run(spec: RunSpec, script_dir: Path) -> RunResult:
-    env = {**os.environ, **spec.env, PROBE_DIR_ENV: str(spec.probe_dir), STALL_ENV: str(spec.stall),
-           "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
-    if spec.role == "original":
-        env["ACCELKIT_PROBES"] = PROBE_MODULE
+    """Run one side under supervision (accelkit.launch.run_supervised), its output captured beside its probe
+    folder; a stall or the time limit stops it with every process's stack. Ctrl-C / SIGTERM stop it and end the
+    check (Terminated), after every process of the run is gone."""
+    from accelkit.errors import Terminated
+    from accelkit.launch import SupervisedRun, run_supervised
+
+    env = {**os.environ, **spec.env, PROBE_DIR_ENV: str(spec.probe_dir), "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONUNBUFFERED": "1"}
     # the script's own folder stays importable (its sibling modules), wherever the converted copy lives
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(script_dir)) if p)
-    started = time.monotonic()
-    proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace", start_new_session=True)
-    out: list[str] = []
-    err: list[str] = []
-    readers = [threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True),
-               threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)]
-    for reader in readers:
-        reader.start()
+    stdout, stderr = spec.probe_dir.parent / f"{spec.role}.stdout", spec.probe_dir.parent / f"{spec.role}.stderr"
+    outcome = run_supervised(SupervisedRun(spec.job, env=env, cwd=spec.cwd, probes=(PROBE_MODULE,),
+                                           stall_timeout=spec.stall, deadline=spec.timeout, stdout=stdout,
+                                           stderr=stderr, grace=STOP_GRACE))
+    if outcome.signal is not None:  # every process of the run is gone: end the check as the signal asked
+        raise KeyboardInterrupt if outcome.signal == signal.SIGINT else Terminated(outcome.signal)
+    stopped = outcome.stalled or outcome.timed_out
+    return RunResult(spec.role, None if stopped else outcome.exit_code, _read(stdout), _read(stderr),
+                     read_records(spec.probe_dir), outcome.seconds, outcome.stalled, outcome.timed_out,
+                     outcome.stacks)
+
+
+def _read(path: Path) -> str:
     try:
-        stalled, timed_out = watch(proc, spec.probe_dir, spec.timeout)
-    finally:
-        if proc.poll() is None:  # interrupted (Ctrl-C, SIGTERM): stop the run before the scratch folder goes
-            stop(proc)
-    for reader in readers:
-        reader.join(timeout=10)
-    stacks = {}
-    for path in spec.probe_dir.glob("stall.rank*.txt"):
-        text = path.read_text(errors="replace")
-        if text.strip():
-            stacks[int(path.stem.rsplit("rank", 1)[1])] = text
-    status = None if (stalled or timed_out) else proc.returncode
-    return RunResult(spec.role, status, "".join(out), "".join(err), read_records(spec.probe_dir),
-                     time.monotonic() - started, stalled, timed_out, stacks)
-
-
-def watch(proc: subprocess.Popen, probe_dir: Path, timeout: float) -> tuple[bool, bool]:
-    """Wait for `proc`; stop it when a process dumped its stack (no progress for the stall time: the probe's
-    faulthandler watchdog) or after `timeout` seconds. Returns (stalled, timed_out). The other processes are asked
-    for their stacks too (SIGUSR1) before the run is stopped, so the report can say where each one was.
-
-    Why not only `accelkit launch`'s watchdog: the original runs as one plain process, outside any launch, and a
-    check wants a verdict within `--stall-timeout` (60 s) of the last step, not the launch default of 300 s of
-    silence; the launch watchdog still runs behind the converted run as a backstop."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        stalled = any(p.stat().st_size > 0 for p in probe_dir.glob("stall.rank*.txt"))
-        timed_out = time.monotonic() > deadline
-        if stalled or timed_out:
-            _ask_for_stacks(proc)
-            time.sleep(1.0)
-            stop(proc)
-            return stalled, timed_out and not stalled
-        time.sleep(0.2)
-    return False, False
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the run (a launch supervisor forwards it to every rank), then SIGKILL whatever is left."""
-    family = _family(proc)
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=STOP_GRACE)
-    import psutil
-
-    for member in family:
-        with contextlib.suppress(psutil.Error):
-            member.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
-def _family(proc: subprocess.Popen) -> list:
-    import psutil
-
-    try:
-        parent = psutil.Process(proc.pid)
-        return [parent, *parent.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _ask_for_stacks(proc: subprocess.Popen) -> None:
-    import psutil
-
-    for member in _family(proc):
-        with contextlib.suppress(psutil.Error):
-            if BOOTSTRAP_MODULE in " ".join(member.cmdline()):
-                member.send_signal(signal.SIGUSR1)
-
-
-def _drain(stream, into: list[str]) -> None:
-    for chunk in iter(lambda: stream.read(4096), ""):
-        into.append(chunk)
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""

@@ -8,6 +8,7 @@ script fed (traced with the kernels of the device that ran it).
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ class RankComparison:
 
 def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision: str, optimizer: str,
             activations_planner=None, planned_peak: int | None = None,
-            command_line: str = "accelkit plan --measure") -> list[RankComparison]:
+            command_line: str = "accelkit plan --measure", stall_timeout: float | None = None) -> list[RankComparison]:
     """Launch, read every rank's record, compare. `activations_planner(record) -> int | None` plans a rank's
     activations for the batch it saw (None: not planned); `planned_peak` is the plan's total per GPU, compared
     with the allocator's peak on GPUs."""
@@ -37,20 +38,30 @@ def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision
     from accelkit.probes.results import read_results
 
     with tempfile.TemporaryDirectory(prefix="accelkit-plan-measure-") as folder:
-        status = spine.run_measurement(options, script, args, cpu=cpu, probe_dir=Path(folder),
-                                       probe=PROBE_MODULE, max_steps=1, command_line=command_line)
+        outcome = spine.run_measurement(options, script, args, cpu=cpu, probe_dir=Path(folder),
+                                        probe=PROBE_MODULE, max_steps=1, command_line=command_line,
+                                        stall_timeout=stall_timeout)
         results = read_results(Path(folder), "plan")
-    if status > 128:  # stopped by a signal (Ctrl-C, SIGTERM): the launch stopped every rank; say so, exit like it
-        raise Terminated(status - 128)
+    if outcome.signal is not None:  # stopped by Ctrl-C / SIGTERM: the launch stopped every rank; exit like it
+        raise KeyboardInterrupt if outcome.signal == signal.SIGINT else Terminated(outcome.signal)
+    if outcome.stalled:  # the watchdog printed the ranks' stacks above
+        raise AccelkitError(f"the measured run of {script} stalled and was stopped: {outcome.error}",
+                            hint=outcome.hint, exit_code=outcome.exit_code)
     records = [r for result in results for r in result.get("records", [])]
-    if status != 0 and not records:
-        raise AccelkitError(f"the measured run of {script} failed (exit status {status}) before its first "
-                            "optimizer step", hint="run the same launch without --measure to see the script's error")
+    if outcome.exit_code != 0 and not records:
+        own = f": {_who(outcome)}{outcome.error}" if outcome.error else ""
+        raise AccelkitError(f"the measured run of {script} failed (exit status {outcome.exit_code}) before its first "
+                            f"optimizer step{own}",
+                            hint="run the same launch without --measure to see the script's error")
     if not records:
         raise AccelkitError(f"{script} ran, but no optimizer step of a model prepared by Accelerate was seen",
                             hint="--measure needs a script that calls accelerator.prepare(model, optimizer, ...) "
                                  "and steps the optimizer")
     return [compare_record(r, precision, optimizer, activations_planner, planned_peak) for r in records]
+
+
+def _who(outcome) -> str:
+    return "" if outcome.failed_rank is None else f"rank {outcome.failed_rank}: "
 
 
 def compare_record(record: dict[str, Any], precision: str, optimizer: str, activations_planner=None,

@@ -1,6 +1,7 @@
 """An Accelerate training script that logs, on every rank, each real optimizer step with the samples and tokens it
 trained on and the time: the ground truth bench's probe is checked against. Knobs make it data-bound
-(--slow-data), compute-bound (--compute), crash (--crash-at-world-size) or lose a rank (--kill-rank)."""
+(--slow-data), compute-bound (--compute), crash (--crash-at-world-size, --crash-rank), lose a rank (--kill-rank) or
+hang on one rank while the others wait for it in the next all-reduce (--hang-rank)."""
 
 import argparse
 import os
@@ -25,6 +26,8 @@ parser.add_argument("--compute-at-world-size", type=int, default=0, help="only a
 parser.add_argument("--eval-every", type=int, default=0, help="iterate an evaluation loader every N steps")
 parser.add_argument("--crash-at-world-size", type=int, default=0)
 parser.add_argument("--kill-rank", type=int, default=-1, help="this rank SIGKILLs itself at step 2")
+parser.add_argument("--crash-rank", type=int, default=-1, help="this rank raises at step 2")
+parser.add_argument("--hang-rank", type=int, default=-1, help="this rank sleeps (forever) at step 2")
 args = parser.parse_args()
 
 
@@ -78,6 +81,10 @@ for batch in train:
     print(f"RANK {rank} STEP {steps} SAMPLES {samples} TOKENS {tokens} T {time.perf_counter():.6f}", flush=True)
     if steps == 2 and rank == args.kill_rank:
         os.kill(os.getpid(), signal.SIGKILL)
+    if steps == 2 and rank == args.crash_rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    if steps == 2 and rank == args.hang_rank:
+        time.sleep(3600)
     if args.eval_every and steps % args.eval_every == 0:
         with torch.no_grad():
             for eval_batch in evaluation:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from accelkit.commands.params import Seconds
+from accelkit.commands.supervision_options import Seconds
 from accelkit.convert.check.lines import ConvertedLines
 from accelkit.convert.check.sandbox import plan_sandbox
 from accelkit.errors import AccelkitError
@@ -130,6 +130,6 @@ def test_a_hang_in_a_conversion_is_shown_at_the_original_line() -> None:
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN"])
 def test_a_duration_is_a_finite_number(text: str) -> None:
-    with pytest.raises(click.BadParameter, match="not a number of seconds"):
-        Seconds(min=0).convert(text, None, None) if text != "-inf" else Seconds().convert(text, None, None)
-    assert Seconds(min=1).convert("2.5", None, None) == 2.5
+    with pytest.raises(click.BadParameter, match="not a finite number of seconds"):
+        Seconds(minimum=0).convert(text, None, None)
+    assert Seconds(minimum=1).convert("2.5", None, None) == 2.5

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from accelkit.launch import RunOutcome
 from accelkit.plan import api, spine
 from accelkit.plan.detect import LocalGpus
 from accelkit.plan.measure import probe
@@ -25,7 +26,7 @@ def test_the_probe_reports_the_allocators_peak_on_gpus(monkeypatch) -> None:
 def test_measure_launches_on_gpus_and_compares_the_peak(monkeypatch, tmp_path: Path) -> None:
     launched = {}
 
-    def fake_launch(options, script, args, cpu, probe_dir, probe, max_steps, command_line):
+    def fake_launch(options, script, args, cpu, probe_dir, probe, max_steps, command_line, stall_timeout=None):
         launched.update(options=options, script=script, args=args, cpu=cpu, probe=probe, max_steps=max_steps)
         shapes = [["w", [1024, 1024], True]]
         for rank in range(2):  # what two GPU ranks of a DDP run would write
@@ -35,7 +36,7 @@ def test_measure_launches_on_gpus_and_compares_the_peak(monkeypatch, tmp_path: P
                       "cuda_max_allocated": 30 * 2**20, "cuda_allocated": 20 * 2**20}
             (Path(probe_dir) / f"plan.rank{rank}.json").write_text(json.dumps({"reason": "step limit",
                                                                              "records": [record]}))
-        return 0
+        return RunOutcome("ok", 0, 1.0)
 
     monkeypatch.setattr("accelkit.plan.detect.local_gpus", lambda: LocalGpus(2, 80 * 10**9, "NVIDIA H100 80GB"))
     monkeypatch.setattr(spine, "run_measurement", fake_launch)

@@ -1,0 +1,90 @@
+"""Package surfaces: a module outside package P imports from P only what P's `__init__` exports (its `__all__`),
+never one of P's own modules. The test walks every import of the accelkit package (module level and inside
+functions) with `ast`, so a private import anywhere fails it.
+
+CLOSED lists the packages whose surface is already small and whole; a package joins it when nothing outside it
+reaches into its modules (issue 20: launch first, the others as their surfaces are made).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import accelkit
+
+CLOSED = ("accelkit.launch",)
+ROOT = Path(accelkit.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, name: str) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names) of every import in `path` (module `name`); relative imports resolved; `import a.b`
+    gives ('a.b', ())."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, ()) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.append((node.lineno, base, tuple(alias.name for alias in node.names)))
+    return found
+
+
+def sources() -> list[tuple[Path, str]]:
+    return [(path, module_name(path)) for path in sorted(ROOT.rglob("*.py"))]
+
+
+def violations(modules: list[tuple[Path, str]], closed: tuple[str, ...] = CLOSED) -> list[str]:
+    """Every import in `modules` ((file, module name) pairs) that reaches past a closed package's surface."""
+    exported = {package: set(importlib.import_module(package).__all__) for package in closed}
+    found = []
+    for path, importer in modules:
+        for line, module, names in imports(path, importer):
+            for package in closed:
+                if importer == package or importer.startswith(package + "."):
+                    continue  # the package's own modules import each other freely
+                where = f"{importer} ({path.name}:{line})"
+                if module.startswith(package + "."):
+                    found.append(f"{where} imports {module}, a module of {package}")
+                elif module == package:
+                    found += [f"{where} imports {name} from {package}, which it does not export"
+                              for name in names if name not in exported[package]]
+    return found
+
+
+def test_no_module_outside_a_closed_package_imports_its_private_modules() -> None:
+    assert violations(sources()) == []
+
+
+def test_the_walk_finds_a_private_import(tmp_path: Path) -> None:
+    """The detector itself: a module reaching into launch's run.py (as convert's launcher did) and a name launch
+    does not export are both found, relative imports too; launch's own modules may import each other."""
+    offender = tmp_path / "offender.py"
+    offender.write_text("def f():\n    from accelkit.launch.run import _prctl\n    from accelkit.launch import ports\n"
+                        "from ..launch import stacks\n")
+    inside = tmp_path / "inside.py"
+    inside.write_text("from accelkit.launch.run import Supervisor\n")
+    found = violations([(offender, "accelkit.bench.offender"), (inside, "accelkit.launch.inside")])
+    assert sorted(found) == ["accelkit.bench.offender (offender.py:2) imports accelkit.launch.run, a module of "
+                             "accelkit.launch",
+                             "accelkit.bench.offender (offender.py:3) imports ports from accelkit.launch, which it "
+                             "does not export",
+                             "accelkit.bench.offender (offender.py:4) imports stacks from accelkit.launch, which it "
+                             "does not export"], found
+
+
+def test_every_export_of_a_closed_package_resolves() -> None:
+    for package in CLOSED:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{package}.{name}"
