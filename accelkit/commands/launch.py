@@ -108,7 +108,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
         slurm = SlurmOptions(nodes=nodes or options.num_machines or 1, gpus_per_node=gpus_per_node or 0,
                              partition=partition, time=time_limit, job_name=job_name or "accelkit",
-                             chdir=Path.cwd())
+                             chdir=Path.cwd(), stall_timeout=stall_timeout)
         config_path, lines = write_slurm_job(request, slurm, slurm_file)
         for line in lines:
             click.echo(line, err=True)
