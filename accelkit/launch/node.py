@@ -29,6 +29,7 @@ from accelkit.launch.failures import signal_name
 from accelkit.launch.request import LaunchRequest
 
 REQUEST_ENV = "ACCELKIT_LAUNCH_REQUEST"
+STALL_PREFIX = "stall/"
 STALL_PEER_WAIT = 10.0  # seconds a stalled node waits for the other nodes' stacks before it stops its ranks
 
 
@@ -39,10 +40,17 @@ def node_request(request: LaunchRequest, machine_rank: int, main_process_ip: str
     return replace(request, options=options, for_cluster=False)
 
 
-def describe_failure(record: dict) -> str:
-    """One line for the job's log: which rank on which node ended the job, and how."""
+def describe_failure(record: dict, stalls: dict[str, dict] | None = None) -> str:
+    """One line for the job's log: which rank on which node ended the job, and how. `stalls`: what each node's
+    watchdog found (the board's stall entries); the node whose ranks are not all waiting in a collective is the
+    one that stopped progressing."""
     where = f"on node {record['node']} (machine {record['machine']})"
     if record.get("stalled"):
+        found = sorted((stalls or {}).values(), key=lambda entry: (entry["all_waiting"], entry["machine"]))
+        if found:
+            first = found[0]
+            return (f"the job stalled (exit {record['status']}): on node {first['node']} (machine "
+                    f"{first['machine']}), {first['where']}")
         return f"the job stalled: the watchdog {where} stopped it (exit {record['status']})"
     rank = record.get("rank")
     who = f"rank {rank} {where}" if rank is not None else f"node {record['node']} (machine {record['machine']})"
@@ -64,17 +72,21 @@ def _failure_record(status: int, failure_file: Path, node: str, machine: int, st
     return record
 
 
-def _wait_for_peer_stacks(supervisor, board, machine: int, machines: int) -> None:
+def _wait_for_peer_stacks(supervisor, board, machine: int, machines: int, node: str) -> None:
     """Wrap the supervisor's stall handler: announce the stall, give the other nodes' watchdogs time to print
     their ranks' stacks too, then stop this node's ranks."""
     stop = supervisor._stop_stalled_job
 
-    def stop_after_peers(*args, **kwargs):
-        board.put(f"stall/{machine}", time.time())
+    def stop_after_peers(infos, stall, stacks, timeout):
+        from accelkit.launch.stacks import diagnosis
+
+        where, _ = diagnosis(stacks)
+        board.put(f"{STALL_PREFIX}{machine}", {"node": node, "machine": machine, "where": where,
+                                               "all_waiting": all(stack.wait is not None for stack in stacks)})
         deadline = time.monotonic() + STALL_PEER_WAIT
-        while len(board.with_prefix("stall/")) < machines and time.monotonic() < deadline:
+        while len(board.with_prefix(STALL_PREFIX)) < machines and time.monotonic() < deadline:
             time.sleep(0.2)
-        stop(*args, **kwargs)
+        stop(infos, stall, stacks, timeout)
 
     supervisor._stop_stalled_job = stop_after_peers
 
@@ -101,7 +113,7 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
         env.pop(REQUEST_ENV, None)
         with supervised(request, env=env, stall_timeout=stall_timeout) as supervisor:
             if board is not None and machines > 1:
-                _wait_for_peer_stacks(supervisor, board, machine_rank, machines)
+                _wait_for_peer_stacks(supervisor, board, machine_rank, machines, node)
             status = supervisor.run()
         # A node stopped from outside (srun ending the job after another node failed, scancel) is not the cause.
         if status != 0 and board is not None and not supervisor.signals:

@@ -132,12 +132,13 @@ def run_job(*, port: int | None, stall_timeout: float | None) -> int:
             signal.signal(sig, handler)
     status = 128 - returncode if returncode < 0 else returncode
     record = board.board.get(job_board.FIRST_FAILURE)
-    board.close()
     if record is not None:
-        from accelkit.launch.node import describe_failure
+        from accelkit.launch.node import STALL_PREFIX, describe_failure
 
-        _say(describe_failure(record))
+        _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
+        board.close()
         return int(record["status"]) or 1
+    board.close()
     if received:
         _say(f"stopped by {signal.Signals(received[0]).name}")
         return 128 + received[0] if status == 0 else status

@@ -67,6 +67,16 @@ class SlurmCluster:
         return self.root / "slurm.conf"
 
     @property
+    def node_local(self) -> Path:
+        """A folder that the last node sees as a different folder (node_local_copy), through a bind mount in its
+        slurmd's own mount namespace: files that differ between nodes, as on machines with their own disks."""
+        return self.root / "node-local"
+
+    @property
+    def node_local_copy(self) -> Path:
+        return self.root / "node-local-copy"
+
+    @property
     def env(self) -> dict[str, str]:
         """The environment for client commands (sbatch, sinfo, ...) and the jobs they submit."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -153,7 +163,14 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         self._wait_for(lambda: self._run(["scontrol", "ping"]).returncode == 0 and
                        "UP" in self._run(["scontrol", "ping"]).stdout, "slurmctld", timeout)
         for node in NODES:
-            self._start(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", str(self.conf)])
+            slurmd = [_binary("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
+            if node == NODES[-1]:  # this node sees its own copy of node_local (unshare execs: same PID)
+                self.node_local.mkdir(exist_ok=True)
+                self.node_local_copy.mkdir(exist_ok=True)
+                slurmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          'mount --bind "$0" "$1" && shift && exec "$@"', str(self.node_local_copy),
+                          str(self.node_local), *slurmd]
+            self._start(f"slurmd-{node}", slurmd)
         self._wait_for(self.all_idle, "both nodes idle in sinfo", timeout)
         return self
 
@@ -203,8 +220,18 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
             time.sleep(0.3)
 
     # -- tear-down -------------------------------------------------------------------------------------------
+    def cancel_all(self, timeout: float = 60) -> None:
+        """Cancel every job of this cluster and wait until they are gone (their processes with them)."""
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.run("scancel", "--user", str(os.getuid()))
+            deadline = time.monotonic() + timeout
+            while self.run("squeue", "-h").stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.5)
+
     def stop(self) -> None:
         """Stop exactly the daemons this object started (slurmd first, munged last), by PID."""
+        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+            self.cancel_all()
         order = [name for name in self.procs if name.startswith("slurmd")] + ["slurmctld", "munged"]
         for name in order:
             proc = self.procs.get(name)
@@ -217,6 +244,17 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+        self._kill_job_leftovers()
+
+    def _kill_job_leftovers(self) -> None:
+        """Job processes that outlived the cluster (slurmstepd and what it started, had cancelling failed): their
+        environment names this cluster's config, so they are ours and no one else's."""
+        import psutil
+
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("SLURM_CONF") == str(self.conf):
+                    proc.kill()
 
     def __enter__(self) -> SlurmCluster:
         return self.start()
@@ -227,6 +265,7 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
 
 if __name__ == "__main__":
     cluster = SlurmCluster(Path(sys.argv[1]).resolve(), gpus_per_node=int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the daemons too
     with cluster:
         print(f"export SLURM_CONF={cluster.conf}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
