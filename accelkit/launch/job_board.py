@@ -57,8 +57,7 @@ class _BoardManager(BaseManager):
     pass
 
 
-_hosted = Board()
-_BoardManager.register("board", callable=lambda: _hosted)
+_BoardManager.register("board")  # the client side: a proxy to whatever the host serves under that name
 
 
 class HostedBoard:
@@ -66,12 +65,20 @@ class HostedBoard:
 
     def __init__(self, port: int = 0) -> None:
         self.key = secrets.token_hex(16)
-        manager = _BoardManager(address=("", port), authkey=self.key.encode())
-        self._server = manager.get_server()
+        self.board = Board()
+
+        class Manager(BaseManager):  # a class per board: register() is class-wide
+            pass
+
+        Manager.register("board", callable=lambda: self.board)
+        self._server = Manager(address=("", port), authkey=self.key.encode()).get_server()
         self.port = int(self._server.address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="accelkit-job-board", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="accelkit-job-board", daemon=True)
         self._thread.start()
-        self.board = _hosted
+
+    def _serve(self) -> None:
+        with contextlib.suppress(SystemExit):  # serve_forever ends with sys.exit(0) when stopped
+            self._server.serve_forever()
 
     def env(self, host: str) -> dict[str, str]:
         """What every node needs to reach the board."""

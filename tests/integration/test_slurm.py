@@ -8,11 +8,9 @@ cluster serves the whole module (all tests in this file run on one pytest worker
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -165,11 +163,3 @@ def test_nodes_with_different_scripts_stop_before_any_rank(cluster: SlurmCluster
     assert re.search(r"Error: the nodes would not run the same job: script sha256: n1 \(machine 0\) has "
                      r"[0-9a-f]{12}, n2 \(machine 1\) has [0-9a-f]{12}", log), log
     assert "PROBE" not in log  # no rank started
-
-
-def test_job_outside_slurm_says_so(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    proc = subprocess.run([sys.executable, "-m", "accelkit.launch.slurm_job"], env=env, capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 1
-    assert "Error: not inside a SLURM job" in proc.stderr
