@@ -8,14 +8,17 @@ node's ranks are supervised and watched for stalls exactly as in a single-machin
 (accelkit.launch.job_board), when the job has one, the node
 - checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight);
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
+- passes SIGUSR1 (a preemption's warning) on to its ranks, which save a checkpoint and end;
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -91,6 +94,21 @@ def _wait_for_peer_stacks(supervisor, board, machine: int, machines: int, node: 
     supervisor._stop_stalled_job = stop_after_peers
 
 
+def _forward_save_signal(supervisor) -> None:
+    """SIGUSR1 (the job's early warning before a preemption or the time limit) goes to this node's ranks, which
+    save a checkpoint at their next step and end (see the templates' Preemption); the launchers are not stopped."""
+    from accelkit.launch.rank_monitor import RankMonitor
+
+    def forward(signum: int, frame: object) -> None:
+        if supervisor.watch is None:
+            return
+        for info in RankMonitor(supervisor.watch.watch_dir).alive_ranks():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(info.pid, signum)
+
+    signal.signal(signal.SIGUSR1, forward)
+
+
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
              stall_timeout: float | None) -> int:
     from accelkit.launch.accelerate_main import FAILURE_FILE_ENV
@@ -112,6 +130,7 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
         env = {**os.environ, FAILURE_FILE_ENV: str(failure_file)}
         env.pop(REQUEST_ENV, None)
         with supervised(request, env=env, stall_timeout=stall_timeout) as supervisor:
+            _forward_save_signal(supervisor)
             if board is not None and machines > 1:
                 _wait_for_peer_stacks(supervisor, board, machine_rank, machines, node)
             status = supervisor.run()

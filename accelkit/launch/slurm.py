@@ -29,6 +29,8 @@ class SlurmOptions:
     port: int | None = None  # None: a free port on machine 0, chosen when the job starts
     chdir: Path | None = None  # directory the job runs in (where relative script paths resolve)
     stall_timeout: float | None = None  # the watchdog's, on every node (None: launch's default)
+    requeue: bool = False  # on SIGUSR1 the ranks save and stop, and the job requeues itself
+    signal_before: int = 120  # with requeue: seconds before the time limit that SLURM sends SIGUSR1
 
 
 def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
@@ -47,6 +49,10 @@ def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
         header.append(f"#SBATCH --time={options.time}")
     if options.chdir is not None:
         header.append(f"#SBATCH --chdir={options.chdir}")
+    if options.requeue:
+        # SLURM warns the batch step (B:) this long before the time limit; a preemption's warning is SIGUSR1 too
+        # where the cluster sets SlurmctldParameters=preempt_send_user_signal. Requeued, the job starts over.
+        header += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{options.signal_before}"]
     header.append("#SBATCH --output=%x-%j.out")
 
     job_args: list[str] = []
@@ -54,6 +60,8 @@ def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
         job_args += ["--port", str(options.port)]
     if options.stall_timeout is not None:
         job_args += ["--stall-timeout", f"{options.stall_timeout:g}"]
+    if options.requeue:
+        job_args.append("--requeue")
     text = request.to_json()
     assert REQUEST_DELIMITER not in text  # JSON of the request never holds the bare delimiter line
     body = [
@@ -88,11 +96,37 @@ def slurm_config_path(sbatch_path: Path) -> Path:
     return sbatch_path.with_name(f"{sbatch_path.stem}.accelerate.yaml")
 
 
+def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> None:
+    """--requeue needs a script that saves a checkpoint on SIGUSR1 and resumes from it: without a handler, SIGUSR1
+    would kill every rank and the requeued job would start over from scratch."""
+    from accelkit.launch.preflight import module_file
+
+    cwd = cwd or Path.cwd()
+    target = request.target
+    path = module_file(target.script, cwd) if target.module else cwd / target.script
+    try:
+        source = path.read_text(errors="replace") if path is not None else ""
+    except OSError:
+        source = ""
+    if "SIGUSR1" not in source:
+        raise AccelkitError(f"--requeue needs a script that saves a checkpoint on SIGUSR1; {target.describe()} does "
+                            "not handle SIGUSR1", hint="use a script from `accelkit init` (its Preemption class), or "
+                                                   "catch SIGUSR1, save at the next step and resume from the latest "
+                                                   "checkpoint; or drop --requeue")
+    resumes = any(arg == "--resume-from-checkpoint" or arg.startswith("--resume-from-checkpoint=")
+                  for arg in target.args)
+    if not resumes and "resume_from_checkpoint" in source:  # a script with accelkit's templates' resume option
+        raise AccelkitError("--requeue restarts the job from the top: the script must resume by itself",
+                                hint="add `--resume-from-checkpoint latest` to the script's arguments")
+
+
 def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Path) -> tuple[Path, list[str]]:
     """Write the sbatch script for `request` and its config; return the config path and the summary lines."""
     from accelkit.launch.prepare import prepare_launch
 
     options = request.options
+    if slurm.requeue:
+        check_saves_on_signal(request)
     if options.num_machines is not None and options.num_machines != slurm.nodes:
         raise AccelkitError(f"--nodes {slurm.nodes} and --num-machines {options.num_machines} disagree",
                             hint="with --slurm, --nodes is the number of machines: drop --num-machines")

@@ -7,6 +7,8 @@ process, there:
 - picks the rendezvous port free on this node (two jobs sharing a node do not collide), unless the job fixed one;
 - hosts the job board (accelkit.launch.job_board) for the nodes' preflight, failures and stalls;
 - starts one supervised launcher per node with srun (accelkit.launch.node), forwarding the signals it gets;
+- passes SIGUSR1 on (`#SBATCH --signal=B:USR1@S`, with --requeue): the ranks save a checkpoint and stop, and
+  the job requeues itself;
 - ends with the first failing rank's exit status (srun's own is the largest, 143 after it stopped the other
   nodes), after one line naming the rank, its node and its signal.
 """
@@ -93,7 +95,16 @@ def srun_argv(nodes: int, node_args: list[str]) -> list[str]:
             "bash", "-c", NODE_PROGRAM, "accelkit-node", *node_args]
 
 
-def run_job(*, port: int | None, stall_timeout: float | None) -> int:
+def requeue(reason: str) -> int:
+    """Put this job back in the queue: SLURM restarts the batch script from the top, and the script resumes from its
+    latest checkpoint (`--resume-from-checkpoint latest`)."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    _say(f"{reason}; requeueing job {job_id} (it resumes from the latest checkpoint)")
+    _scontrol("requeue", job_id)
+    return 0
+
+
+def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal: bool = False) -> int:
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 0)
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
     if not nodes or not nodelist:
@@ -139,6 +150,8 @@ def run_job(*, port: int | None, stall_timeout: float | None) -> int:
         board.close()
         return int(record["status"]) or 1
     board.close()
+    if requeue_on_signal and signal.SIGUSR1 in received and status == 0:
+        return requeue("the ranks saved a checkpoint on SIGUSR1 and stopped")
     if received:
         _say(f"stopped by {signal.Signals(received[0]).name}")
         return 128 + received[0] if status == 0 else status
@@ -149,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m accelkit.launch.slurm_job")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--stall-timeout", type=float, default=None)
+    parser.add_argument("--requeue", action="store_true", help="after SIGUSR1 and a clean stop: scontrol requeue")
     args = parser.parse_args(argv)
     try:
-        return run_job(port=args.port, stall_timeout=args.stall_timeout)
+        return run_job(port=args.port, stall_timeout=args.stall_timeout, requeue_on_signal=args.requeue)
     except AccelkitError as error:
         if debug_enabled():
             raise

@@ -63,3 +63,25 @@ def test_job_entry_points_outside_a_job(module: str, tmp_path: Path) -> None:
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "sbatch" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_requeue_without_a_script_that_saves_on_the_signal(tmp_path: Path) -> None:
+    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                        "--requeue", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused("--requeue needs a script that saves a checkpoint on SIGUSR1")
+
+
+def test_requeue_of_a_template_that_would_not_resume(tmp_path: Path) -> None:
+    from accelkit.scaffold import init_project
+
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                        "--requeue", "train.py"], watch=[tmp_path], cwd=project)
+    result.assert_refused("the script must resume by itself")
+    assert "--resume-from-checkpoint latest" in result.stderr
+
+
+def test_signal_before_without_requeue(tmp_path: Path) -> None:
+    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                        "--signal-before", "60", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused("--signal-before only applies with --requeue", exit_code=2, hint=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -163,3 +164,49 @@ def test_nodes_with_different_scripts_stop_before_any_rank(cluster: SlurmCluster
     assert re.search(r"Error: the nodes would not run the same job: script sha256: n1 \(machine 0\) has "
                      r"[0-9a-f]{12}, n2 \(machine 1\) has [0-9a-f]{12}", log), log
     assert "PROBE" not in log  # no rank started
+
+
+def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weights(cluster: SlurmCluster,
+                                                                                   tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    train_args = ["--max-steps", "300", "--num-samples", "1024", "--per-device-batch-size", "8", "--log-every", "1",
+                  "--lr-scheduler", "constant", "--warmup-steps", "0"]
+    # The same training without interruption, on one machine with the same world size, meanwhile.
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", "ddp", "--num-processes", "2", "train.py",
+         *train_args, "--output-dir", "reference"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    job = write_job(project, "--cpu", "--backend", "ddp", "--nodes", "2", "--gpus-per-node", "1", "--requeue",
+                    "train.py", *train_args, "--output-dir", "out", "--resume-from-checkpoint", "latest")
+    assert "#SBATCH --requeue" in job.read_text() and "#SBATCH --signal=B:USR1@120" in job.read_text()
+    job_id = cluster.run("sbatch", "--parsable", str(job), cwd=project).stdout.strip().split(";")[0]
+    assert job_id.isdigit()
+    log = project / f"accelkit-{job_id}.out"
+    try:
+        deadline = time.monotonic() + 180
+        while not (log.exists() and re.search(r"step \d+ \| loss", log.read_text())):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.2)
+        # What SLURM does ahead of the time limit or a preemption: SIGUSR1 to the batch step (--signal=B:USR1@S).
+        cluster.run("scancel", "--signal=USR1", "--batch", job_id)
+        deadline = time.monotonic() + 300
+        while (state := cluster.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip()):
+            assert time.monotonic() < deadline, state
+            time.sleep(0.5)
+    finally:
+        cluster.run("scancel", job_id)
+    text = log.read_text()
+    assert "stopped on SIGUSR1 after step" in text, text
+    assert re.search(r"resumed from \S+checkpoint-(\d+) at step \1", text), text
+    stopped = int(re.search(r"stopped on SIGUSR1 after step (\d+)", text).group(1))
+    assert 0 < stopped < 300
+    out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, out
+    resumed = load_file(project / "out" / "final" / "model.safetensors")
+    straight = load_file(project / "reference" / "final" / "model.safetensors")
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[key], straight[key]) for key in straight)
+    cluster.wait_idle()
