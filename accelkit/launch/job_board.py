@@ -26,6 +26,7 @@ from typing import Any
 BOARD_ENV = "ACCELKIT_JOB_BOARD"
 KEY_ENV = "ACCELKIT_JOB_KEY"
 FIRST_FAILURE = "first_failure"
+SAVE_REQUEST = "save_request"  # set by the batch step on SIGUSR1: every node asks its ranks to save and stop
 
 
 class Board:

@@ -8,7 +8,7 @@ node's ranks are supervised and watched for stalls exactly as in a single-machin
 (accelkit.launch.job_board), when the job has one, the node
 - checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight);
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
-- passes SIGUSR1 (a preemption's warning) on to its ranks, which save a checkpoint and end;
+- passes a save request (a preemption's warning) on to its ranks, which save a checkpoint and end;
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
 """
 
@@ -32,6 +32,7 @@ from accelkit.launch.failures import signal_name
 from accelkit.launch.request import LaunchRequest
 
 REQUEST_ENV = "ACCELKIT_LAUNCH_REQUEST"
+SAVE_REPEAT = 1.0  # seconds between save requests to the ranks, until they end
 STALL_PREFIX = "stall/"
 STALL_PEER_WAIT = 10.0  # seconds a stalled node waits for the other nodes' stacks before it stops its ranks
 
@@ -94,19 +95,36 @@ def _wait_for_peer_stacks(supervisor, board, machine: int, machines: int, node: 
     supervisor._stop_stalled_job = stop_after_peers
 
 
-def _forward_save_signal(supervisor) -> None:
-    """SIGUSR1 (the job's early warning before a preemption or the time limit) goes to this node's ranks, which
-    save a checkpoint at their next step and end (see the templates' Preemption); the launchers are not stopped."""
+def _forward_save_signal(supervisor, board) -> None:
+    """A save request (SIGUSR1 to this launcher, or the job's "save" entry on the board, which the batch step sets
+    when SLURM warns it of a preemption or the time limit) becomes SIGUSR1 to this node's ranks, which save a
+    checkpoint at their next step and end (see the templates' Preemption). Only the ranks get the signal: to
+    torchrun's agent, SIGUSR1 would be fatal."""
+    import threading
+
     from accelkit.launch.rank_monitor import RankMonitor
 
-    def forward(signum: int, frame: object) -> None:
+    def to_ranks() -> None:
         if supervisor.watch is None:
             return
         for info in RankMonitor(supervisor.watch.watch_dir).alive_ranks():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(info.pid, signum)
+                os.kill(info.pid, signal.SIGUSR1)
 
-    signal.signal(signal.SIGUSR1, forward)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: to_ranks())
+    if board is None:
+        return
+
+    def watch_board() -> None:
+        with contextlib.suppress(Exception):  # the board goes away with the job
+            while board.get(job_board.SAVE_REQUEST) is None:
+                time.sleep(0.5)
+            # Repeated until the ranks end: a rank that got it before its script's handler existed ignored it.
+            while True:
+                to_ranks()
+                time.sleep(SAVE_REPEAT)
+
+    threading.Thread(target=watch_board, name="accelkit-save-request", daemon=True).start()
 
 
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
@@ -130,7 +148,7 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
         env = {**os.environ, FAILURE_FILE_ENV: str(failure_file)}
         env.pop(REQUEST_ENV, None)
         with supervised(request, env=env, stall_timeout=stall_timeout) as supervisor:
-            _forward_save_signal(supervisor)
+            _forward_save_signal(supervisor, board)
             if board is not None and machines > 1:
                 _wait_for_peer_stacks(supervisor, board, machine_rank, machines, node)
             status = supervisor.run()

@@ -52,7 +52,9 @@ def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
     if options.requeue:
         # SLURM warns the batch step (B:) this long before the time limit; a preemption's warning is SIGUSR1 too
         # where the cluster sets SlurmctldParameters=preempt_send_user_signal. Requeued, the job starts over.
-        header += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{options.signal_before}"]
+        # --open-mode=append: the requeued run adds to the log instead of replacing it.
+        header += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{options.signal_before}",
+                   "#SBATCH --open-mode=append"]
     header.append("#SBATCH --output=%x-%j.out")
 
     job_args: list[str] = []

@@ -7,8 +7,8 @@ process, there:
 - picks the rendezvous port free on this node (two jobs sharing a node do not collide), unless the job fixed one;
 - hosts the job board (accelkit.launch.job_board) for the nodes' preflight, failures and stalls;
 - starts one supervised launcher per node with srun (accelkit.launch.node), forwarding the signals it gets;
-- passes SIGUSR1 on (`#SBATCH --signal=B:USR1@S`, with --requeue): the ranks save a checkpoint and stop, and
-  the job requeues itself;
+- turns SIGUSR1 (`#SBATCH --signal=B:USR1@S`, with --requeue) into a save request on the board: every node's
+  ranks save a checkpoint and stop, and the job requeues itself;
 - ends with the first failing rank's exit status (srun's own is the largest, 143 after it stopped the other
   nodes), after one line naming the rank, its node and its signal.
 """
@@ -132,6 +132,9 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
 
     def forward(signum: int, frame: object) -> None:
         received.append(signum)
+        if signum == signal.SIGUSR1:  # through the board: srun would signal every process of the nodes
+            board.board.put(job_board.SAVE_REQUEST, True)
+            return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
