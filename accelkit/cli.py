@@ -27,6 +27,17 @@ COMMANDS: dict[str, str] = {
     "env": "env",
 }
 
+# Where the manual lives. No hosted copy of the site exists, so the links are the pages' paths in the source tree
+# (docs/, rendered by `mkdocs serve`); once the site is published, its URL goes here and every --help follows.
+DOCS_BASE = "docs/"
+
+
+def docs_link(command_name: str | None = None) -> str:
+    """The manual's page for a command (docs/commands/<name>.md), or its front page."""
+    page = f"commands/{command_name}.md" if command_name else "index.md"
+    return f"Docs: {DOCS_BASE}{page}"
+
+
 class LazyGroup(click.Group):
     """A click group that imports a command's module only when the command is needed, and prints an
     AccelkitError as one message (under main() and click's CliRunner alike)."""
@@ -47,10 +58,15 @@ class LazyGroup(click.Group):
         if module_name is None:
             return None
         module = importlib.import_module(f"accelkit.commands.{module_name}")
-        return module.command
+        command = module.command
+        link = docs_link(cmd_name)
+        if link not in (command.epilog or ""):  # every --help ends with the command's page of the manual
+            command.epilog = f"{command.epilog}\n\n{link}" if command.epilog else link
+        return command
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=LazyGroup, epilog=docs_link(),
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, "-V", "--version", prog_name="accelkit")
 def cli() -> None:
     """accelkit: take a training script from one GPU to many, and back to one checkpoint.

@@ -8,6 +8,11 @@ Every command that writes (config, init, convert, merge-ckpt, launch --slurm) go
 - `atomic_write(path, data)` is the one-call version for a small text or bytes file.
 - `write_error(exc, path)` turns the OSError of a failed write into one message naming the real cause
   (read-only file system, permission denied, disk full, file-size limit) and the path.
+- `writable_target(path, is_dir)` is what an output may replace, checked on entry and again just before the
+  rename: a regular file (a folder for folder outputs); a symbolic link is written through to the regular file
+  (or folder) it points to, and stays a link; a device, FIFO, socket, a folder where a file goes (or the other way
+  round) and a link to nothing are refused. Run as root, a rename over /dev/null would otherwise replace the device.
+- `refuse_overwrite(path, force)` is the one "already exists, pass --force" check.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
@@ -81,6 +87,59 @@ def remove_path(path: Path) -> None:
             path.unlink()
 
 
+_SPECIAL_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                  (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    for test, name in _SPECIAL_KINDS:
+        if test(mode):
+            return name
+    return "a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode) else "a special file"
+
+
+def writable_target(path: Path | str, is_dir: bool = False) -> Path:
+    """The path an output for `path` really replaces: `path` itself, or the file/folder a symbolic link at `path`
+    points to (written through, the link stays). Refuses anything that is not a regular file (a folder for folder
+    outputs): devices, FIFOs, sockets, the wrong kind, links to nothing. Missing is fine."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise write_error(exc, path) from None
+    target = path
+    if stat.S_ISLNK(mode):
+        target = path.resolve()
+        try:
+            mode = os.stat(target).st_mode
+        except FileNotFoundError:
+            raise AccelkitError(f"cannot write {path}: it is a symbolic link to {os.readlink(path)}, which does not "
+                                "exist", hint="remove the link or point it at an existing file, or choose another "
+                                "output path") from None
+        except OSError as exc:
+            raise write_error(exc, path) from None
+    wanted = stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode)
+    if not wanted:
+        via = f" (through the link to {target})" if target != path else ""
+        what = "folder" if is_dir else "regular file"
+        raise AccelkitError(f"cannot write {path}: it is {_kind(mode)}{via}, and accelkit replaces only a {what}",
+                            hint="choose another output path; nothing was written")
+    return target
+
+
+def refuse_overwrite(path: Path | str, force: bool, is_dir: bool = False) -> None:
+    """The one 'already exists' check: refuse an existing output without --force, and with --force anything
+    `writable_target` would refuse."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not force:
+        raise AccelkitError(f"{path} already exists", hint="pass --force to replace it, or choose another path")
+    writable_target(path, is_dir)
+
+
 def write_error(exc: OSError, path: Path | str) -> AccelkitError:
     """One message for a failed write, naming the cause and the path the user gave (never a temporary name)."""
     code = exc.errno
@@ -113,8 +172,9 @@ class StagedOutput:
     """
 
     def __init__(self, final: Path, is_dir: bool = False) -> None:
-        self.final = Path(final)
+        self.given = Path(final)  # what messages name
         self.is_dir = is_dir
+        self.final = writable_target(self.given, is_dir)  # a link's target: the link itself stays
         self.temp = temp_path(self.final)
         self.stale_removed: list[Path] = []
         self._created: list[Path] = []
@@ -136,11 +196,14 @@ class StagedOutput:
                 self.temp.mkdir()
         except OSError as exc:
             self._discard()
-            raise write_error(exc, self.final) from None
+            raise write_error(exc, self.given) from None
         return self.temp
 
     def commit(self) -> None:
         with signals_deferred():  # a signal between the two renames would leave neither the old nor the new output
+            if writable_target(self.final, self.is_dir) != self.final:  # it changed under us: a link appeared
+                raise AccelkitError(f"{self.given} was replaced by a link while it was being written",
+                                    hint="run the command again")
             old = None
             if self.final.exists() or self.final.is_symlink():
                 old = temp_path(self.final).with_name(f".{self.final.name}.accelkit-old-{os.getpid()}")
@@ -190,4 +253,4 @@ def atomic_write_many(files: list[tuple[Path, str | bytes]], mode: int = 0o644) 
             try:
                 output.commit()
             except OSError as exc:
-                raise write_error(exc, output.final) from None
+                raise write_error(exc, output.given) from None

@@ -189,8 +189,13 @@ def _backup_name(path: Path) -> Path:
 def _merge_into(staging: Path, directory: Path) -> list[tuple[Path, Path]]:
     """--force into a non-empty directory: put the template's files in place, keep every other file, and keep each
     file that is replaced by a different one as NAME.bak beside it. Returns (replaced file, its backup) pairs."""
+    from accelkit.fsio import writable_target
+
+    sources = sorted(staging.rglob("*"))
+    for source in sources:  # every refusal (a FIFO, a device, a folder where a file goes) before the first write
+        writable_target(directory / source.relative_to(staging), is_dir=source.is_dir())
     replaced: list[tuple[Path, Path]] = []
-    for source in sorted(staging.rglob("*")):
+    for source in sources:
         target = directory / source.relative_to(staging)
         if source.is_dir():
             target.mkdir(parents=True, exist_ok=True)

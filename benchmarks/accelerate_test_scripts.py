@@ -11,7 +11,7 @@ traceback, a stall the watchdog had to stop, a crash), with the wall time, and w
 
     python benchmarks/accelerate_test_scripts.py                     # every pair (about 10 minutes on 2 cores)
     python benchmarks/accelerate_test_scripts.py --only test_ops.py  # some scripts only
-    python benchmarks/accelerate_test_scripts.py --markdown          # the README table
+    python benchmarks/accelerate_test_scripts.py --markdown          # the table in docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", action="append", default=[], metavar="SCRIPT[:BACKEND]",
                         help="run only these scripts (or script:backend pairs); repeatable")
-    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (the README's)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/benchmarks.md)")
     args = parser.parse_args()
     folder = scripts_dir()
     wanted = [(s, b, e) for s, b, e in PAIRS if not args.only or s in args.only or f"{s}:{b}" in args.only]

@@ -6,7 +6,7 @@ Every fault test runs its command through the harness in tests/helpers/faults.py
 run to $ACCELKIT_FAULT_RECORD: the command, what a correct tool does (`expect`: "refused", "signal", "ok", or
 "killed" for SIGKILL, which no program can catch), the exit code, the `Error:` lines, whether a traceback was shown,
 the files created/changed/deleted, temporary leftovers and orphan processes. This script runs pytest with that
-variable set and turns the lines into the table of the README's Reliability section:
+variable set and turns the lines into the table of the Reliability page (docs/reliability.md):
 
 - tried: command runs observed;
 - refused clearly: an expected refusal that exited non-zero with exactly one `Error:` line, a `Hint:` and no

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import DATA, run_accelkit
+from helpers import DATA
 
 # Ranks share two cores in CI: one intra-op thread each keeps distributed tests from oversubscribing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -32,12 +32,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         in_integration = INTEGRATION in Path(str(item.fspath)).resolve().parents
         if in_integration or "merge_ckpts" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-
-
-@pytest.fixture
-def accelkit_cli():
-    """The `run_accelkit` helper as a fixture."""
-    return run_accelkit
 
 
 @pytest.fixture(scope="session")

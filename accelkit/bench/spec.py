@@ -183,9 +183,13 @@ def check_counts(steps: int, warmup: int) -> None:
 
 def check_output(output: Path, force: bool) -> None:
     """Results go to a folder of their own; earlier results are kept unless --force."""
+    from accelkit.fsio import writable_target
+
     if output.exists() and not output.is_dir():
         raise AccelkitError(f"-o {output}: a file is in the way (results are a folder)",
                             hint="pass -o with a folder name, e.g. -o bench-results")
+    for name in RESULT_NAMES:  # what a run writes inside DIR: never through a FIFO, a device or the wrong kind
+        writable_target(output / name, is_dir=name == "runs")
     if (output / "bench.json").exists() and not force:
         raise AccelkitError(f"-o {output} already holds results (bench.json)",
                             hint="pass another -o DIR, or --force to replace them")

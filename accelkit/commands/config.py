@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
-from accelkit.errors import AccelkitError
 
 
 def command_line(options, output: Path | None) -> str:
@@ -63,10 +62,10 @@ def _check(path: Path) -> int:
 
 
 def _refuse_overwrite(paths: list[Path], force: bool) -> None:
-    existing = [p for p in paths if p.exists()]
-    if existing and not force:
-        raise AccelkitError(f"{existing[0]} already exists",
-                            hint="pass --force to overwrite it, or choose another path")
+    from accelkit.fsio import refuse_overwrite
+
+    for path in paths:
+        refuse_overwrite(path, force)
 
 
 @click.command(name="config")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from accelkit.errors import AccelkitError
+from accelkit.fsio import refuse_overwrite
 
 BACKUP_SUFFIX = ".bak"
 CHECK_PROCESSES = 2
@@ -91,8 +92,8 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
                                  "conversion with them left to do; nothing was written")
     if in_place:
         backup = script.with_name(script.name + BACKUP_SUFFIX)
-        if backup.exists() and not force:
-            raise AccelkitError(f"backup {backup} already exists", hint="move it away, or pass --force to replace it")
+        refuse_overwrite(backup, force)
+        refuse_overwrite(script, True)  # a link is written through; anything but a regular file is refused
         _write(backup, source)
         _write(script, result.code)
         click.echo(report)
@@ -102,8 +103,7 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
     target = output if output is not None else script.with_name(f"{script.stem}_accelerate.py")
     if target.resolve() == script.resolve():
         raise AccelkitError("the output would overwrite the input script", hint="use --in-place (keeps a backup)")
-    if target.exists() and not force:
-        raise AccelkitError(f"{target} already exists", hint="pass --force to overwrite it, or choose -o OUT")
+    refuse_overwrite(target, force)
     _write(target, result.code)
     click.echo(report)
     click.echo(f"Wrote {target}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")

@@ -131,6 +131,10 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
 
         rehearsed = rehearse(config)
         launch_config, rehearsal, notes = rehearsed.config, rehearsed.backend, rehearsed.notes
+        if not request.for_cluster:  # the ranks start here: refuse what this machine cannot hold
+            from accelkit.launch.cpu_capacity import check_cpu_ranks
+
+            notes = (*notes, *check_cpu_ranks(config.processes_per_machine))
         env.update(rehearsed.env)
         bootstrap = rehearsed.bootstrap  # ranks start in the bootstrap, which installs the shim
     elif check_hardware:

@@ -157,6 +157,10 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
                     port=options.main_process_port or slurm.port)
 
     config_path = slurm_config_path(sbatch_path)
+    from accelkit.fsio import writable_target
+
+    for path in (sbatch_path, config_path):  # both refusable before either is written
+        writable_target(path)
     # Resolved here once, so a bad option fails now rather than on the cluster; the config beside the script shows
     # what every node will use (each node resolves the same request again, for its own rank).
     prepared = prepare_launch(cluster_request, config_path=config_path, check_hardware=False)

@@ -95,9 +95,10 @@ def run_plan(*, model: str | None, params: str | None, layers: int | None, hidde
     check_training(Training(seq_len=1 if seq_len is None else seq_len,
                             micro_batch=1 if micro_batch is None else micro_batch, global_batch=global_batch,
                             base_lr=base_lr, base_batch=base_batch))
-    if write_config is not None and write_config.exists() and not force:
-        raise AccelkitError(f"{write_config} already exists", hint="pass --force to overwrite it, or choose another "
-                                                                   "--write-config path")
+    if write_config is not None:
+        from accelkit.fsio import refuse_overwrite
+
+        refuse_overwrite(write_config, force)
     if measure_script is not None and not Path(measure_script).is_file():
         raise AccelkitError(f"script not found: {measure_script}", hint="--measure takes the training script to "
                                                                        "run, e.g. --measure train.py")

@@ -95,3 +95,25 @@ def test_malformed_yaml_names_file_line_and_column(text: str, where: str, proble
     check = run_fault(["config", "--check", str(config)], watch=[tmp_path])
     launch = run_fault(["launch", "--config", str(config), "--cpu", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     assert check.assert_refused(expected) == launch.assert_refused(expected)
+
+
+def test_cpu_world_size_beyond_memory_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    """`bench --cpu --num-processes 100000` used to start the ranks (load average 121 on 2 cores)."""
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    for args in (["launch", "--cpu", "--num-processes", "100000", "--dry-run", str(script)],
+                 ["bench", "--cpu", "--num-processes", "100000", "-o", str(tmp_path / "out"), str(script)]):
+        result = run_fault(args, watch=[tmp_path], timeout=120)
+        result.assert_refused("100000 CPU processes need at least")
+
+
+def test_many_more_cpu_ranks_than_cores_is_said_in_the_dry_run(tmp_path: Path) -> None:
+    import os
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    ranks = 4 * (os.cpu_count() or 1) + 1
+    result = run_fault(["launch", "--cpu", "--num-processes", str(ranks), "--dry-run", str(script)],
+                       watch=[tmp_path], expect="ok")
+    assert result.returncode == 0, result.stderr
+    assert f"{ranks} CPU processes on {os.cpu_count()} cores" in result.stdout + result.stderr

@@ -22,7 +22,9 @@ import torch
 from helpers.faults import run_fault
 
 MANIFEST = "accelkit-manifest.json"
-pytestmark = pytest.mark.slow  # every case starts the real CLI (torch import included) in a subprocess
+# Cases on the `merge_ckpts` checkpoints are slow (tests/conftest.py marks them: making them starts real 2-rank
+# jobs), and so are the signal cases (a 384 MB merge). The rest cost one CLI run each and stay in the fast loop;
+# tests/unit/merge/test_merge_synthetic.py repeats many of these cases in process, on one-process checkpoints.
 
 
 @pytest.fixture
@@ -439,6 +441,7 @@ def big_checkpoint(tmp_path_factory) -> Path:
     path.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)],
                          ids=["SIGTERM", "SIGHUP", "SIGINT"])
 def test_signal_mid_merge_leaves_nothing(big_checkpoint: Path, tmp_path: Path, signum: int, code: int) -> None:
@@ -451,6 +454,7 @@ def test_signal_mid_merge_leaves_nothing(big_checkpoint: Path, tmp_path: Path, s
     result.assert_clean()
 
 
+@pytest.mark.slow
 def test_sigkill_leftovers_are_removed_by_the_next_run(big_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "merged.safetensors"
     args = ["merge-ckpt", str(big_checkpoint), "-o", str(out), "--verify"]

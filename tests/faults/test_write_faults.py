@@ -65,8 +65,9 @@ def test_sigterm_during_init_leaves_nothing(tmp_path: Path) -> None:
     # Stop the command as soon as the CLI is running: before, during or after staging, nothing half-made remains.
     result = run_fault(["init", str(project), "--template", "causal-lm"], watch=[tmp_path],
                        send_signal=(0.6, signal.SIGTERM), kind="signal", expect="signal")
-    assert result.returncode in (0, 143), result.stderr
+    # -15: the signal came before Python got as far as accelkit's handler (a loaded machine starts slowly)
+    assert result.returncode in (0, 143, -15), result.stderr
     assert not result.leftovers and not result.orphans
-    if result.returncode == 143:
+    if result.returncode != 0:
         assert not project.exists() and result.created == []
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]

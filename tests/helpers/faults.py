@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,8 @@ def snapshot(root: Path) -> dict[str, str]:
             out[key] = "dir"
         elif path.is_file():
             out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:  # a FIFO, socket or device: its kind (replacing one by a regular file is a change)
+            out[key] = f"special:{stat.S_IFMT(path.lstat().st_mode):o}"
     return out
 
 

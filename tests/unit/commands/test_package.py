@@ -41,6 +41,7 @@ def _data_files(folder: str) -> set[str]:
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
 
 
+@pytest.mark.slow  # builds a wheel: about 10 s of CPU, kept out of the fast loop
 def test_wheel_ships_templates_and_presets(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder in ("templates", "accelerate_configs"):
@@ -52,6 +53,7 @@ def test_wheel_ships_templates_and_presets(wheel: Path) -> None:
     assert "accelkit = accelkit.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_installed_wheel_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     pip_install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]

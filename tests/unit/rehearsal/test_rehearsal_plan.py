@@ -271,14 +271,14 @@ def test_bootstrap_outside_rehearsal_fails_clearly(tmp_path: Path):
 
 
 def test_one_version_table():
-    """pyproject's lower bounds and the README's rehearsal paragraph state the ranges of versions.SUPPORTED."""
+    """pyproject's lower bounds and the launch page's rehearsal paragraph state the ranges of versions.SUPPORTED."""
     import re
 
     from helpers import REPO_ROOT
     from packaging.version import Version
 
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    readme = " ".join((REPO_ROOT / "docs" / "commands" / "launch.md").read_text().split())
     for supported in versions.SUPPORTED.values():
         low = re.search(rf'"{supported.dist}>=([\d.]+)', pyproject)
         assert low and Version(low.group(1)) == Version(supported.low), supported.dist
