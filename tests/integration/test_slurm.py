@@ -59,15 +59,12 @@ def write_job(project: Path, *args: str) -> Path:
     return project / "job.sbatch"
 
 
-def submit(cluster: SlurmCluster, job: Path) -> tuple[subprocess.CompletedProcess[str], str, str]:
-    """sbatch --wait; returns the sbatch result, the job id and the job's log."""
-    proc = cluster.sbatch_wait(job)
-    match = re.search(r"Submitted batch job (\d+)", proc.stdout)
-    assert match, proc.stdout + proc.stderr
-    job_id = match.group(1)
-    log = (job.parent / f"accelkit-{job_id}.out").read_text()
+def submit(cluster: SlurmCluster, job: Path) -> tuple[int, str, str]:
+    """Submit and wait for the end (polled: quicker than sbatch --wait); the job's exit code, id and log."""
+    job_id, code = cluster.submit_and_wait(job)
+    log = (job.parent / f"accelkit-{job_id}.out").read_text(errors="replace")
     cluster.wait_idle()
-    return proc, job_id, log
+    return code, job_id, log
 
 
 def job_processes(cluster: SlurmCluster, job_id: str) -> list[psutil.Process]:
@@ -88,8 +85,8 @@ def test_two_node_ddp_training_of_a_template_and_merge(cluster: SlurmCluster, tm
     job = write_job(project, "--cpu", "--backend", "ddp", "--nodes", "2", "--gpus-per-node", "1", "train.py",
                     "--max-steps", "2", "--num-samples", "64", "--output-dir", "out")
     assert "scontrol show hostnames" not in job.read_text()
-    proc, _, log = submit(cluster, job)
-    assert proc.returncode == 0, log
+    code, _, log = submit(cluster, job)
+    assert code == 0, log
     assert "machine 0 is n1 at 127.0.0.1:" in log  # NodeAddr, not the node's (unresolvable) name
     assert "world size 2" in log
     checkpoint = project / "out" / "checkpoint-2"
@@ -103,8 +100,11 @@ def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_pat
     shutil.copy(PROBE, tmp_path / "probe.py")
     job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "probe.py", "--crash-rank", "1",
                     "--crash-code", "7")
-    proc, job_id, log = submit(cluster, job)
-    assert proc.returncode == 7, log
+    proc = cluster.sbatch_wait(job)  # as a user would: sbatch --wait returns the job's exit status
+    assert proc.returncode == 7, proc.stderr
+    job_id = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    log = (tmp_path / f"accelkit-{job_id}.out").read_text()
+    cluster.wait_idle()
     assert "accelkit: the job failed: rank 1 on node n2 (machine 1) exited with status 7" in log
     assert job_processes(cluster, job_id) == []
 
@@ -113,8 +113,8 @@ def test_stalled_rank_is_reported_from_inside_the_job(cluster: SlurmCluster, tmp
     (tmp_path / "stall.py").write_text(STALL_SCRIPT)
     job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--stall-timeout", "6", "stall.py")
     started = time.monotonic()
-    proc, job_id, log = submit(cluster, job)
-    assert proc.returncode == 124, log
+    code, job_id, log = submit(cluster, job)
+    assert code == 124, log
     assert time.monotonic() - started < 120
     assert "the job stalled" in log
     # Every rank's stack, from both nodes: the sleeping rank's line and the other rank's wait in the collective.
@@ -158,8 +158,8 @@ def test_nodes_with_different_scripts_stop_before_any_rank(cluster: SlurmCluster
     (copy / "probe.py").write_text(PROBE.read_text() + "\n# edited on this node only\n")
     job = write_job(project, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "probe.py")
     started = time.monotonic()
-    proc, _, log = submit(cluster, job)
-    assert proc.returncode == 1, log
+    code, _, log = submit(cluster, job)
+    assert code == 1, log
     assert time.monotonic() - started < 60
     assert re.search(r"Error: the nodes would not run the same job: script sha256: n1 \(machine 0\) has "
                      r"[0-9a-f]{12}, n2 \(machine 1\) has [0-9a-f]{12}", log), log
