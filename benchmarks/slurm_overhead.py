@@ -105,7 +105,7 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"2-node job, 1 CPU rank per node, local Slurm cluster; {args.runs} run(s) each (sbatch --wait wall time)")
+    print(f"2-node job, 1 CPU rank per node, local Slurm cluster; {args.runs} run(s) each (submission to end)")
     print(f"{'job':<24}{'median s':>10}{'min s':>10}")
     for name, values in times.items():
         print(f"{name:<24}{statistics.median(values):>10.2f}{min(values):>10.2f}")
