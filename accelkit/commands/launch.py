@@ -60,12 +60,18 @@ def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--partition", default=None, metavar="P", help="With --slurm: partition.")
 @click.option("--time", "time_limit", default=None, metavar="T", help="With --slurm: time limit, e.g. 04:00:00.")
 @click.option("--job-name", default=None, metavar="J", help="With --slurm: job name. Default: accelkit.")
+@click.option("--requeue", is_flag=True, default=None,
+              help="With --slurm: on SIGUSR1 (before the time limit or a preemption) the ranks save a checkpoint "
+                   "and stop, and the job requeues itself; the script resumes from its latest checkpoint.")
+@click.option("--signal-before", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+              help="With --slurm --requeue: send SIGUSR1 this long before the time limit. Default 120.")
 @click.argument("script", metavar="SCRIPT")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
             same_network: bool | None, slurm_file: Path | None, nodes: int | None, gpus_per_node: int | None,
-            partition: str | None, time_limit: str | None, job_name: str | None, script: str,
+            partition: str | None, time_limit: str | None, job_name: str | None, requeue: bool | None,
+            signal_before: int | None, script: str,
             script_args: tuple[str, ...], **kwargs: object) -> int:
     """Launch SCRIPT on every process of the job; everything after SCRIPT goes to the script.
 
@@ -87,10 +93,13 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     if script_args[:1] == ("--",):  # `SCRIPT -- ARGS`: the separator is ours, not the script's
         script_args = script_args[1:]
     slurm_only = {"--nodes": nodes, "--gpus-per-node": gpus_per_node, "--partition": partition,
-                  "--time": time_limit, "--job-name": job_name}
+                  "--time": time_limit, "--job-name": job_name, "--requeue": requeue,
+                  "--signal-before": signal_before}
     if slurm_file is None and any(v is not None for v in slurm_only.values()):
         flag = next(k for k, v in slurm_only.items() if v is not None)
         raise click.UsageError(f"{flag} only applies with --slurm FILE")
+    if signal_before is not None and not requeue:
+        raise click.UsageError("--signal-before only applies with --requeue")
 
     target = LaunchTarget(script=script, args=tuple(script_args), module=module)
     check_target(target)
@@ -104,7 +113,8 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
         slurm = SlurmOptions(nodes=nodes or options.num_machines or 1, gpus_per_node=gpus_per_node or 0,
                              partition=partition, time=time_limit, job_name=job_name or "accelkit",
-                             chdir=Path.cwd())
+                             chdir=Path.cwd(), stall_timeout=stall_timeout, requeue=bool(requeue),
+                             signal_before=signal_before or 120)
         config_path, lines = write_slurm_job(request, slurm, slurm_file)
         for line in lines:
             click.echo(line, err=True)

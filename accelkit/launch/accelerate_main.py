@@ -9,6 +9,7 @@ for, and a rendezvous that times out says what to check.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -101,6 +102,21 @@ class _Rendezvous:
         return failures.other_machines_missing(self.port, self.machines, self.timeout)
 
 
+FAILURE_FILE_ENV = "ACCELKIT_FAILURE_FILE"  # set by a cluster node's launcher (accelkit.launch.node)
+
+
+def _record_first_failure(exc) -> None:
+    """Where a cluster node's launcher learns which rank failed first: {"rank", "exitcode"} (< 0: a signal)."""
+    import json
+
+    path = os.environ.get(FAILURE_FILE_ENV)
+    if not path:
+        return
+    rank, failure = exc.get_first_failure()
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps({"rank": rank, "exitcode": failure.exitcode}))
+
+
 def _is_rendezvous_timeout(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "timed out" in text or "timeout" in text
@@ -190,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         rendezvous.wait_for_machine_zero()
         launch_command(args)
     except ChildFailedError as exc:
+        _record_first_failure(exc)
         if is_stalled(watch_dir):  # the supervisor stopped a stalled job and has said why
             return 1
         explained = _explained_failure(exc, watch_dir)

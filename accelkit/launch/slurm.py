@@ -1,8 +1,10 @@
-"""Write an sbatch script that starts one launcher per node with srun.
+"""Write an sbatch script that runs one supervised accelkit launcher per node.
 
-SLURM allocates the nodes and starts one task on each; every task runs the same launcher command (the one
-`accelkit launch` would run on that machine) with its machine rank taken from SLURM_NODEID and the main address
-from the first host of the allocation. torchrun, under the launcher, starts the ranks of its node.
+The script holds the job's LaunchRequest (JSON) and runs accelkit.launch.slurm_job on the allocation's first node,
+which finds machine 0's address from SLURM, picks the rendezvous port, hosts the job board and starts
+accelkit.launch.node on every node with srun: each node resolves and supervises its own ranks exactly as
+`accelkit launch --machine-rank R` would (stall watchdog included), and the job ends with the first failing
+rank's exit status.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-from accelkit.launch.plan import LaunchPlan
 from accelkit.launch.request import LaunchRequest
+
+REQUEST_DELIMITER = "ACCELKIT_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -23,16 +26,15 @@ class SlurmOptions:
     partition: str | None = None
     time: str | None = None
     job_name: str = "accelkit"
-    port: int = 29500
+    port: int | None = None  # None: a free port on machine 0, chosen when the job starts
     chdir: Path | None = None  # directory the job runs in (where relative script paths resolve)
+    stall_timeout: float | None = None  # the watchdog's, on every node (None: launch's default)
+    requeue: bool = False  # on SIGUSR1 the ranks save and stop, and the job requeues itself
+    signal_before: int = 120  # with requeue: seconds before the time limit that SLURM sends SIGUSR1
 
 
-def render_sbatch(plan: LaunchPlan, options: SlurmOptions, command_line: str) -> str:
-    """The sbatch script text for `plan`, a plan without per-machine values (its config describes all nodes)."""
-    # On the cluster the job uses whichever `python` its environment provides, not this machine's.
-    head = ["python", "-m", plan.launcher_module]
-    rest = plan.launcher_args()
-
+def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
+    """The sbatch script text for the cluster `request` (its options describe all nodes)."""
     header = [
         "#!/bin/bash",
         f"#SBATCH --job-name={options.job_name}",
@@ -47,36 +49,38 @@ def render_sbatch(plan: LaunchPlan, options: SlurmOptions, command_line: str) ->
         header.append(f"#SBATCH --time={options.time}")
     if options.chdir is not None:
         header.append(f"#SBATCH --chdir={options.chdir}")
+    if options.requeue:
+        # SLURM warns the batch step (B:) this long before the time limit; a preemption's warning is SIGUSR1 too
+        # where the cluster sets SlurmctldParameters=preempt_send_user_signal. Requeued, the job starts over.
+        # --open-mode=append: the requeued run adds to the log instead of replacing it.
+        header += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{options.signal_before}",
+                   "#SBATCH --open-mode=append"]
     header.append("#SBATCH --output=%x-%j.out")
 
-    env_lines = [f"export {name}={shlex.quote(value)}" for name, value in sorted(plan.env.items())]
-    # Each srun task evaluates its own SLURM_NODEID: the single-quoted program below is expanded on the node,
-    # while the launcher arguments after it are fixed here and passed to it as "$@".
-    node_program = (
-        'exec ' + shlex.join(head) + ' --machine_rank "$SLURM_NODEID" '
-        '--main_process_ip "$MAIN_PROCESS_IP" --main_process_port "$MAIN_PROCESS_PORT" "$@"'
-    )
+    job_args: list[str] = []
+    if options.port is not None:
+        job_args += ["--port", str(options.port)]
+    if options.stall_timeout is not None:
+        job_args += ["--stall-timeout", f"{options.stall_timeout:g}"]
+    if options.requeue:
+        job_args.append("--requeue")
+    text = request.to_json()
+    assert REQUEST_DELIMITER not in text  # JSON of the request never holds the bare delimiter line
     body = [
         "",
-        f"# Written by: {command_line}",
+        f"# Written by: {request.command_line}",
         "# Submit with: sbatch <this file>. Activate the job's Python environment (with accelkit installed) below.",
         "set -euo pipefail",
         "",
-        "# The first node of the allocation hosts the rendezvous; every node learns its rank from SLURM_NODEID.",
-        "# (`|| true`: head closes the pipe after one line, and pipefail must not count scontrol's SIGPIPE)",
-        'MAIN_PROCESS_IP="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1 || true)"',
-        'if [ -z "$MAIN_PROCESS_IP" ]; then',
-        '  echo "accelkit: no host in SLURM_JOB_NODELIST (${SLURM_JOB_NODELIST:-unset}); submit with sbatch" >&2',
-        "  exit 1",
-        "fi",
-        f'MAIN_PROCESS_PORT="${{MAIN_PROCESS_PORT:-{options.port}}}"',
-        "export MAIN_PROCESS_IP MAIN_PROCESS_PORT",
-        *env_lines,
+        "# What every node runs (accelkit launch's request); each node adds its rank, machine 0's address and port.",
+        f"export ACCELKIT_LAUNCH_REQUEST=\"$(cat <<'{REQUEST_DELIMITER}'",
+        text,
+        REQUEST_DELIMITER,
+        ')"',
         "",
-        "# One launcher per node; it starts that node's ranks. --kill-on-bad-exit ends the job when one fails.",
-        "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
-        f"  bash -c {shlex.quote(node_program)} accelkit-node \\",
-        "  " + shlex.join(rest),
+        "# On this (the first) node: find machine 0's address (NodeAddr; export MAIN_PROCESS_IP to override) and a",
+        "# free port, start one supervised launcher per node with srun, exit with the first failing rank's status.",
+        "exec python -m accelkit.launch.slurm_job" + (" " + shlex.join(job_args) if job_args else ""),
         "",
     ]
     return "\n".join(header + body)
@@ -94,11 +98,37 @@ def slurm_config_path(sbatch_path: Path) -> Path:
     return sbatch_path.with_name(f"{sbatch_path.stem}.accelerate.yaml")
 
 
+def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> None:
+    """--requeue needs a script that saves a checkpoint on SIGUSR1 and resumes from it: without a handler, SIGUSR1
+    would kill every rank and the requeued job would start over from scratch."""
+    from accelkit.launch.preflight import module_file
+
+    cwd = cwd or Path.cwd()
+    target = request.target
+    path = module_file(target.script, cwd) if target.module else cwd / target.script
+    try:
+        source = path.read_text(errors="replace") if path is not None else ""
+    except OSError:
+        source = ""
+    if "SIGUSR1" not in source:
+        raise AccelkitError(f"--requeue needs a script that saves a checkpoint on SIGUSR1; {target.describe()} does "
+                            "not handle SIGUSR1", hint="use a script from `accelkit init` (its Preemption class), or "
+                                                   "catch SIGUSR1, save at the next step and resume from the latest "
+                                                   "checkpoint; or drop --requeue")
+    resumes = any(arg == "--resume-from-checkpoint" or arg.startswith("--resume-from-checkpoint=")
+                  for arg in target.args)
+    if not resumes and "resume_from_checkpoint" in source:  # a script with accelkit's templates' resume option
+        raise AccelkitError("--requeue restarts the job from the top: the script must resume by itself",
+                                hint="add `--resume-from-checkpoint latest` to the script's arguments")
+
+
 def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Path) -> tuple[Path, list[str]]:
     """Write the sbatch script for `request` and its config; return the config path and the summary lines."""
     from accelkit.launch.prepare import prepare_launch
 
     options = request.options
+    if slurm.requeue:
+        check_saves_on_signal(request)
     if options.num_machines is not None and options.num_machines != slurm.nodes:
         raise AccelkitError(f"--nodes {slurm.nodes} and --num-machines {options.num_machines} disagree",
                             hint="with --slurm, --nodes is the number of machines: drop --num-machines")
@@ -120,14 +150,19 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     labels = {"num_machines": "--nodes"}
     if options.num_processes is None:
         labels["num_processes"] = "--nodes x --gpus-per-node"
-    cluster_request = replace(request, options=cluster_options, for_cluster=True, source_labels=labels)
-    slurm = replace(slurm, gpus_per_node=0 if request.cpu else per_node, port=options.main_process_port or slurm.port)
+    config_file = request.config_file.resolve() if request.config_file is not None else None
+    cluster_request = replace(request, options=cluster_options, config_file=config_file, for_cluster=True,
+                              source_labels=labels)
+    slurm = replace(slurm, gpus_per_node=0 if request.cpu else per_node,
+                    port=options.main_process_port or slurm.port)
 
     config_path = slurm_config_path(sbatch_path)
     from accelkit.fsio import writable_target
 
     for path in (sbatch_path, config_path):  # both refusable before either is written
         writable_target(path)
+    # Resolved here once, so a bad option fails now rather than on the cluster; the config beside the script shows
+    # what every node will use (each node resolves the same request again, for its own rank).
     prepared = prepare_launch(cluster_request, config_path=config_path, check_hardware=False)
-    write_sbatch(sbatch_path, render_sbatch(prepared.plan, slurm, request.command_line))
+    write_sbatch(sbatch_path, render_sbatch(cluster_request, slurm))
     return config_path, prepared.summary

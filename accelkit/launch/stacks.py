@@ -8,6 +8,7 @@ another branch) or whether some rank is not in a collective at all (the others w
 
 from __future__ import annotations
 
+import linecache
 import re
 from dataclasses import dataclass
 
@@ -115,7 +116,11 @@ def diagnosis(stacks: list[RankStack]) -> tuple[str, str]:
 
 def format_stack(stack: RankStack) -> list[str]:
     lines = [f"accelkit: rank {stack.rank} (pid {stack.pid}), main thread, most recent call last:"]
-    lines += [f'  File "{f.file}", line {f.line}, in {f.function}' for f in stack.frames]
+    for f in stack.frames:  # as a Python traceback shows them: each frame, then its source line when readable
+        lines.append(f'  File "{f.file}", line {f.line}, in {f.function}')
+        source = linecache.getline(f.file, f.line).strip()
+        if source:
+            lines.append(f"    {source}")
     if not stack.frames:
         lines.append("  (no Python frame: the rank is inside native code)")
     return lines

@@ -18,6 +18,7 @@ from __future__ import annotations
 import faulthandler
 import io
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -60,6 +61,10 @@ def install() -> None:
     after_import("torch.optim.optimizer", lambda: _count_optimizer_steps(counter))
     _line_buffered(sys.stdout)
     _line_buffered(sys.stderr)
+    if os.environ.get("ACCELKIT_JOB_BOARD") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        # In a cluster job SIGUSR1 asks the ranks to save and stop (accelkit.launch.node repeats it until they end);
+        # one that comes before the script installed its handler is ignored rather than fatal.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     write_info(files, RankInfo(pid=os.getpid(), rank=int(os.environ.get("RANK", "0")),
                                local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                main_thread=threading.main_thread().ident or 0, cpu_job=_cpu_job()))

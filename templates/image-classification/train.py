@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -269,6 +270,30 @@ def save_final_model(accelerator: Accelerator, model, final_dir: Path, write_fil
 # <<< shared block "final-save"
 
 
+# >>> shared block "preemption": the same in every template (source: templates/minimal/train.py; tested)
+class Preemption:
+    """SIGUSR1 asks the run to stop early with a checkpoint (accelkit's SLURM job sends it ahead of a preemption or
+    the time limit: `accelkit launch --slurm ... --requeue --signal-before S`). Every rank finishes its optimizer
+    step and the ranks agree on the step (one may get the signal a step later than another); the run then saves a
+    checkpoint and ends. The requeued job, started with `--resume-from-checkpoint latest`, continues from it."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.requested = False
+        signal.signal(signal.SIGUSR1, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def now(self) -> bool:
+        """Called once per optimizer step on every rank: True on all ranks once any rank got the signal."""
+        flag = torch.tensor([float(self.requested)], device=self.accelerator.device)
+        return bool(self.accelerator.gather(flag).max().item() > 0)
+
+
+# <<< shared block "preemption"
+
+
 def embeddings_in_their_own_fsdp_unit(model) -> None:
     """FSDP2 in Accelerate shards the input embedding as a unit of its own. When a module around it is also listed
     in `_no_split_modules` (BertEmbeddings, ViTEmbeddings, ...), both claim it and `fully_shard` fails, so that
@@ -378,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     if tracking:
         accelerator.init_trackers("image-classification", config={k: v for k, v in vars(args).items() if v is not None})
 
+    preemption, preempted = Preemption(accelerator), False  # SIGUSR1: save at the next step, stop
+
     # -- train -----------------------------------------------------------------------------------------------------
     model.train()
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
@@ -408,7 +435,9 @@ def main(argv: list[str] | None = None) -> None:
                 window.log(completed_steps, scheduler.get_last_lr()[0])
 
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
-            if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
+            preempted = preemption.now()
+            if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step or \
+                    preempted:
                 checkpoint_dir = output_dir / f"checkpoint-{completed_steps}"
                 accelerator.save_state(str(checkpoint_dir))
                 if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
@@ -420,9 +449,16 @@ def main(argv: list[str] | None = None) -> None:
                 metrics = evaluate(accelerator, model, eval_loader)
                 log(accelerator, f"step {completed_steps} | " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 accelerator.log(metrics, step=completed_steps)
-            if last_step:
+            if last_step or preempted:
                 break
+        if preempted:
+            break
     progress.close()
+    if preempted:
+        log(accelerator, f"stopped on SIGUSR1 after step {completed_steps} with a checkpoint; resume with "
+                         "--resume-from-checkpoint latest")
+        accelerator.end_training()
+        return
 
     # -- final model: config + safetensors + image processor, for AutoModelForImageClassification.from_pretrained ------
     def write_final_files(final_dir: Path, state_dict: dict) -> None:

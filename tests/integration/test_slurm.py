@@ -1,0 +1,215 @@
+"""SLURM jobs on a real Slurm cluster: munged, slurmctld and two slurmd nodes (n1, n2) on this host (see
+tests/helpers/slurm.py). Every test writes its job with `accelkit launch --slurm` and submits the file as a user
+would (`sbatch --wait`), then checks the job's exit status, its log and what it left behind.
+
+Node names do not resolve here, so a job that took machine 0's address from its name would fail at once. One
+cluster serves the whole module (all tests in this file run on one pytest worker: --dist loadfile).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import DATA, run_accelkit
+from helpers.slurm import INSTALL_HINT, SlurmCluster, missing_binaries
+
+from accelkit.scaffold import init_project
+
+PROBE = DATA / "launch" / "probe.py"
+
+STALL_SCRIPT = """\
+import sys, time
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+rank = accelerator.process_index
+tensor = torch.ones(1)
+torch.distributed.all_reduce(tensor)
+print(f"STALL ready rank={rank}", flush=True)
+if rank == accelerator.num_processes - 1:
+    time.sleep(3600)  # this rank stops progressing; the others wait for it in the next collective
+torch.distributed.all_reduce(tensor)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
+    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"))
+    slurm.start()
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def write_job(project: Path, *args: str) -> Path:
+    proc = run_accelkit("launch", "--slurm", "job.sbatch", *args, cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    return project / "job.sbatch"
+
+
+def submit(cluster: SlurmCluster, job: Path) -> tuple[int, str, str]:
+    """Submit and wait for the end (polled: quicker than sbatch --wait); the job's exit code, id and log."""
+    job_id, code = cluster.submit_and_wait(job)
+    log = (job.parent / f"accelkit-{job_id}.out").read_text(errors="replace")
+    cluster.wait_idle()
+    return code, job_id, log
+
+
+def job_processes(cluster: SlurmCluster, job_id: str) -> list[psutil.Process]:
+    """Every process on this host that belongs to the job (its environment names the job id and the cluster)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_CONF") == str(cluster.conf):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_two_node_ddp_training_of_a_template_and_merge(cluster: SlurmCluster, tmp_path: Path) -> None:
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    job = write_job(project, "--cpu", "--backend", "ddp", "--nodes", "2", "--gpus-per-node", "1", "train.py",
+                    "--max-steps", "2", "--num-samples", "64", "--output-dir", "out")
+    assert "scontrol show hostnames" not in job.read_text()
+    code, _, log = submit(cluster, job)
+    assert code == 0, log
+    assert "machine 0 is n1 at 127.0.0.1:" in log  # NodeAddr, not the node's (unresolvable) name
+    assert "world size 2" in log
+    checkpoint = project / "out" / "checkpoint-2"
+    assert (checkpoint / "accelkit-manifest.json").is_file(), log
+    merged = run_accelkit("merge-ckpt", str(checkpoint), "-o", str(tmp_path / "merged"), "--verify")
+    assert merged.returncode == 0, merged.stderr
+    assert list((tmp_path / "merged").glob("*.safetensors"))
+
+
+def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_path: Path) -> None:
+    shutil.copy(PROBE, tmp_path / "probe.py")
+    job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "probe.py", "--crash-rank", "1",
+                    "--crash-code", "7")
+    proc = cluster.sbatch_wait(job)  # as a user would: sbatch --wait returns the job's exit status
+    assert proc.returncode == 7, proc.stderr
+    job_id = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    log = (tmp_path / f"accelkit-{job_id}.out").read_text()
+    cluster.wait_idle()
+    assert "accelkit: the job failed: rank 1 on node n2 (machine 1) exited with status 7" in log
+    assert job_processes(cluster, job_id) == []
+
+
+def test_stalled_rank_is_reported_from_inside_the_job(cluster: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "stall.py").write_text(STALL_SCRIPT)
+    job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--stall-timeout", "6", "stall.py")
+    started = time.monotonic()
+    code, job_id, log = submit(cluster, job)
+    assert code == 124, log
+    assert time.monotonic() - started < 120
+    assert "the job stalled" in log
+    # Every rank's stack, from both nodes: the sleeping rank's line and the other rank's wait in the collective.
+    assert "time.sleep(3600)" in log, log
+    assert "torch.distributed.all_reduce(tensor)" in log, log
+    assert re.search(r"accelkit: the job stalled \(exit 124\): on node n2 \(machine 1\), no rank is in a "
+                     r"collective \(rank 1 at stall.py:\d+ in <module>\)", log), log
+    assert job_processes(cluster, job_id) == []
+
+
+def test_scancel_leaves_no_process(cluster: SlurmCluster, tmp_path: Path) -> None:
+    shutil.copy(PROBE, tmp_path / "probe.py")
+    job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "probe.py", "--sleep", "600")
+    submitted = cluster.run("sbatch", "--parsable", str(job), cwd=tmp_path)
+    job_id = submitted.stdout.strip().split(";")[0]
+    assert job_id.isdigit(), submitted.stderr
+    log = tmp_path / f"accelkit-{job_id}.out"
+    try:
+        deadline = time.monotonic() + 120
+        while log.read_text().count("PROBE ready") < 2 if log.exists() else True:
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.5)
+        ranks = [p for p in job_processes(cluster, job_id) if p.name() == "python" and "probe.py" in p.cmdline()]
+        assert len(ranks) == 2, [p.cmdline() for p in job_processes(cluster, job_id)]
+    finally:
+        cluster.run("scancel", job_id)
+    deadline = time.monotonic() + 60
+    while cluster.run("squeue", "-h", "-j", job_id).stdout.strip() or job_processes(cluster, job_id):
+        assert time.monotonic() < deadline, [p.cmdline() for p in job_processes(cluster, job_id)]
+        time.sleep(0.5)
+    cluster.wait_idle()
+
+
+def test_nodes_with_different_scripts_stop_before_any_rank(cluster: SlurmCluster) -> None:
+    project = cluster.node_local / "preflight"
+    project.mkdir()
+    shutil.copy(PROBE, project / "probe.py")
+    # The last node sees its own copy of the folder (as a machine with its own disk), with an edited script.
+    copy = cluster.node_local_copy / "preflight"
+    copy.mkdir()
+    (copy / "probe.py").write_text(PROBE.read_text() + "\n# edited on this node only\n")
+    job = write_job(project, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "probe.py")
+    started = time.monotonic()
+    code, _, log = submit(cluster, job)
+    assert code == 1, log
+    assert time.monotonic() - started < 60
+    assert re.search(r"Error: the nodes would not run the same job: script sha256: n1 \(machine 0\) has "
+                     r"[0-9a-f]{12}, n2 \(machine 1\) has [0-9a-f]{12}", log), log
+    assert "PROBE" not in log  # no rank started
+
+
+def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weights(cluster: SlurmCluster,
+                                                                                   tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    train_args = ["--max-steps", "300", "--num-samples", "1024", "--per-device-batch-size", "8", "--log-every", "50",
+                  "--lr-scheduler", "constant", "--warmup-steps", "0"]
+    # The same training without interruption, on one machine with the same world size, meanwhile.
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", "ddp", "--num-processes", "2", "train.py",
+         *train_args, "--output-dir", "reference"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    job = write_job(project, "--cpu", "--backend", "ddp", "--nodes", "2", "--gpus-per-node", "1", "--requeue",
+                    "train.py", *train_args, "--output-dir", "out", "--resume-from-checkpoint", "latest")
+    assert "#SBATCH --requeue" in job.read_text() and "#SBATCH --signal=B:USR1@120" in job.read_text()
+    job_id = cluster.run("sbatch", "--parsable", str(job), cwd=project).stdout.strip().split(";")[0]
+    assert job_id.isdigit()
+    log = project / f"accelkit-{job_id}.out"
+    try:
+        deadline = time.monotonic() + 180
+        while not (log.exists() and "machine 0 is" in log.read_text(errors="replace")):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.2)
+        # What SLURM does ahead of the time limit or a preemption: SIGUSR1 to the batch step (--signal=B:USR1@S).
+        # Sent as the job starts: the nodes repeat the request to their ranks until the script's handler takes it.
+        cluster.run("scancel", "--signal=USR1", "--batch", job_id)
+        deadline = time.monotonic() + 300
+        while (state := cluster.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip()):
+            assert time.monotonic() < deadline, state
+            if state == "PENDING":  # SLURM holds a requeued job for 120 s before it may start again: not here
+                cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
+            time.sleep(0.5)
+    finally:
+        cluster.run("scancel", job_id)
+    text = log.read_text(errors="replace")
+    assert "stopped on SIGUSR1 after step" in text, text
+    assert re.search(r"resumed from \S+checkpoint-(\d+) at step \1", text), text
+    stopped = int(re.search(r"stopped on SIGUSR1 after step (\d+)", text).group(1))
+    assert 0 < stopped < 300
+    out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, out
+    resumed = load_file(project / "out" / "final" / "model.safetensors")
+    straight = load_file(project / "reference" / "final" / "model.safetensors")
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[key], straight[key]) for key in straight)
+    cluster.wait_idle()
