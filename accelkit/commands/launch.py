@@ -121,9 +121,19 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
         click.echo(f"Wrote {slurm_file} (config: {config_path}). Submit it with: sbatch {shlex.quote(str(slurm_file))}")
         return 0
     if dry_run:
+        import shutil
+        import tempfile
+
         from accelkit.launch import dry_run_text, prepare_launch
 
-        click.echo(dry_run_text(prepare_launch(request, check_hardware=False)))
+        # The printed command reads this config: the folder is kept on purpose, and named for what it is.
+        folder = Path(tempfile.mkdtemp(prefix="accelkit-dry-run-"))
+        try:
+            prepared = prepare_launch(request, config_path=folder / "accelerate_config.yaml", check_hardware=False)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        click.echo(dry_run_text(prepared))
         return 0
 
     from accelkit.launch import run_request

@@ -24,7 +24,7 @@ def dead_pid() -> int:
 def test_only_folders_of_dead_accelkit_processes_are_removed(tmp_path):
     dead = tmp_path / f"accelkit-launch-{dead_pid()}-abc123"
     alive = tmp_path / f"accelkit-launch-{os.getppid()}-def456"
-    old_style = tmp_path / "accelkit-launch-x1y2z3"  # a --dry-run config folder: kept on purpose
+    old_style = tmp_path / "accelkit-launch-x1y2z3"  # an older --dry-run config folder (now accelkit-dry-run-*)
     other = tmp_path / "unrelated-12345-"
     for folder in (dead, alive, old_style, other):
         folder.mkdir()
