@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RehearsalPlan", "prepare_rehearsal", "rehearse"]
+__all__ = ["RehearsalPlan", "rehearse"]
 
 
 def __getattr__(name: str) -> Any:
