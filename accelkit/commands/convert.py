@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING
 import click
 
 from accelkit.commands.supervision_options import Seconds
+from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
 from accelkit.errors import AccelkitError
-from accelkit.fsio import refuse_overwrite
 
 if TYPE_CHECKING:
-    from accelkit.convert.check.api import CheckOutcome
+    from accelkit.convert import CheckOutcome
 
-BACKUP_SUFFIX = ".bak"
 CHECK_PROCESSES = 2
 
 
@@ -80,9 +79,9 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
         limit = parse_bytes(sandbox_limit, "--sandbox-limit")
         return _check(script, list(script_args), steps, stall_timeout, converted_file, limit)
 
-    from accelkit.convert import ConvertOptions, convert_source
+    from accelkit.convert import ConvertOptions, convert_source, read_script, write_conversion
 
-    source = _read(script)
+    source = read_script(script)
     result = convert_source(source, ConvertOptions(mixed_precision=mixed_precision), filename=script.name)
     report = result.report.format(script.name)
     problems = result.report.problems
@@ -105,24 +104,13 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
                             + (f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""),
                             hint="fix these in the original and convert again, or pass --partial to write the "
                                  "conversion with them left to do; nothing was written")
-    if in_place:
-        backup = script.with_name(script.name + BACKUP_SUFFIX)
-        refuse_overwrite(backup, force)
-        refuse_overwrite(script, True)  # a link is written through; anything but a regular file is refused
-        _write(backup, source)
-        _write(script, result.code)
-        click.echo(report)
-        click.echo(f"Rewrote {script} (original kept in {backup}).")
-        click.echo(f"Try it: {try_it(script)}")
-        return 0
-    target = output if output is not None else script.with_name(f"{script.stem}_accelerate.py")
-    if target.resolve() == script.resolve():
-        raise AccelkitError("the output would overwrite the input script", hint="use --in-place (keeps a backup)")
-    refuse_overwrite(target, force)
-    _write(target, result.code)
+    written = write_conversion(script, source, result.code, output=output, in_place=in_place, force=force)
     click.echo(report)
-    click.echo(f"Wrote {target}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
-    click.echo(f"Try it: {try_it(target)}")
+    if written.backup is not None:
+        click.echo(f"Rewrote {script} (original kept in {written.backup}).")
+    else:
+        click.echo(f"Wrote {written.path}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
+    click.echo(f"Try it: {try_it(written.path)}")
     return 0
 
 
@@ -133,13 +121,13 @@ def try_it(path: Path) -> str:
 
 def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None,
            sandbox_limit: int) -> int:
-    from accelkit.convert.check import CheckOptions, check_script
+    from accelkit.convert import CheckOptions, check_script, read_script
 
     what = converted_file.name if converted_file is not None else "the conversion"
     click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
                f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s), each in a copy of "
                "the working directory...", err=True)
-    converted_code = _read(converted_file) if converted_file is not None else None
+    converted_code = read_script(converted_file) if converted_file is not None else None
     outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
                                                       stall_seconds=stall_timeout, sandbox_limit=sandbox_limit),
                            converted_code=converted_code,
@@ -186,16 +174,3 @@ def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> 
                         f"checks: {names}",
                         hint="the FAIL lines above give the evidence; `accelkit convert "
                              f"{shlex.quote(str(script))}` prints what the conversion did")
-
-
-def _read(script: Path) -> str:
-    try:
-        return script.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise AccelkitError(f"{script} is not UTF-8 text", hint="convert a Python source file") from None
-
-
-def _write(path: Path, text: str) -> None:
-    from accelkit.fsio import atomic_write
-
-    atomic_write(path, text)

@@ -50,16 +50,21 @@ about speed on GPUs: a rehearsal checks wiring, sharding and checkpoints, not pe
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["RehearsalPlan", "rehearse"]
+# Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
+# (the config machinery), so a rank starts as fast as the script would alone.
+_EXPORTS = {
+    "RehearsalPlan": "plan",
+    "rehearse": "plan",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
-    # (the config machinery), so a rank starts as fast as the script would alone.
-    if name in __all__:
-        from accelkit.rehearsal import plan
-
-        return getattr(plan, name)
-    raise AttributeError(f"module 'accelkit.rehearsal' has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelkit.rehearsal' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"accelkit.rehearsal.{module}"), name)

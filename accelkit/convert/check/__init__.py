@@ -15,14 +15,20 @@ metrics equal to the one-process value, each file written once, no hang).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["CheckOptions", "CheckOutcome", "check_script"]
+_EXPORTS = {
+    "CheckOptions": "api",
+    "CheckOutcome": "api",
+    "check_script": "api",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from accelkit.convert.check import api
-
-    return getattr(api, name)
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelkit.convert.check' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"accelkit.convert.check.{module}"), name)
