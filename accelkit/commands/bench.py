@@ -74,8 +74,7 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
     Table: step time (median, p90; slowest rank), samples/s, tokens/s, speedup, efficiency, data-wait share, peak
     memory per rank. Exit status: 0 when every run succeeded, 1 when one failed, 128+N when stopped by signal N.
     """
-    from accelkit.bench.cli_spec import build_spec
-    from accelkit.bench.run import run_bench
+    from accelkit.bench import build_spec, run_bench
 
     if script_args[:1] == ("--",):
         script_args = script_args[1:]

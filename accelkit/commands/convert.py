@@ -74,7 +74,7 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
     if converted_file is not None and not check:
         raise click.UsageError("--converted goes with --check")
     if check:
-        from accelkit.plan.sizes import parse_bytes
+        from accelkit.plan import parse_bytes
 
         limit = parse_bytes(sandbox_limit, "--sandbox-limit")
         return _check(script, list(script_args), steps, stall_timeout, converted_file, limit)

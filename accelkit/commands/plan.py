@@ -81,7 +81,7 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
       accelkit plan --params 70B --gpus 64 --nodes 8 --gpu-memory 80GB --global-batch 1024 \\
           --base-lr 3e-4 --base-batch 256
     """
-    from accelkit.plan.api import run_plan
+    from accelkit.plan import run_plan
 
     script_args = click.get_current_context().meta.get("script_args", ())
     if script_args and measure_script is None:

@@ -15,3 +15,24 @@
     measure/                 the per-rank probe, what a rank holds, planned-vs-measured (--measure)
     detect.py                this machine's GPUs and RAM, for defaults
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "run_plan": "api",
+    "PlanResult": "api",
+    "parse_bytes": "sizes",
+    "format_bytes": "sizes",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelkit.plan' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"accelkit.plan.{module}"), name)
