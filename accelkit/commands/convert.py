@@ -12,6 +12,7 @@ import click
 from accelkit.commands.supervision_options import Seconds
 from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
 from accelkit.errors import AccelkitError
+from accelkit.shellwords import command_line
 
 if TYPE_CHECKING:
     from accelkit.convert import CheckOutcome
@@ -116,7 +117,8 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
 
 def try_it(path: Path) -> str:
     """The command that runs a converted script on 2 CPU processes, exactly as it can be pasted."""
-    return shlex.join(["accelkit", "launch", "--cpu", "--num-processes", str(CHECK_PROCESSES), str(path)])
+    return command_line("accelkit", "launch", flags=[("--cpu", True), ("--num-processes", CHECK_PROCESSES)],
+                        args=[path])
 
 
 def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None,
@@ -148,7 +150,7 @@ def _check(script: Path, args: list[str], steps: int, stall_timeout: float, conv
 def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> None:
     """Raise the one error that says why the check did not pass: the original's own failure first, then a check
     that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
-    rerun = shlex.join(["python", str(script), *args])
+    rerun = command_line("python", script, *args)
     if outcome.original_failure is not None:
         raise AccelkitError(f"the original {script.name} itself failed on 1 process ({outcome.original_failure}); "
                             "the check compares the conversion with a working original",
@@ -167,9 +169,9 @@ def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> 
     if fixes and len(fixes) == len(outcome.failed):
         raise AccelkitError(f"the check of {script.name} could not run {names}: its runs stopped at {steps} step(s) "
                             "before reaching what it compares",
-                            hint="raise the limit: `" + shlex.join(["accelkit", "convert", "--check",
-                                                                    *" ".join(fixes).split(), str(script),
-                                                                    *(["--", *args] if args else [])]) + "`")
+                            hint="raise the limit: `" + command_line("accelkit", "convert", "--check",
+                                                                     *" ".join(fixes).split(), script,
+                                                                     script_args=args) + "`")
     raise AccelkitError(f"the converted {script.name} failed {len(outcome.failed)} of {len(outcome.verdicts)} "
                         f"checks: {names}",
                         hint="the FAIL lines above give the evidence; `accelkit convert "

@@ -130,6 +130,10 @@ class ConfigOptions:
         """The fields the user actually set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
 
+    def flags(self) -> list[tuple[str, object]]:
+        """(--flag, value) of every field the user set, in the table's order: what `command_line` spells back."""
+        return [(flag_name(name), value) for name, value in self.given().items()]
+
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-safe values (paths as text, tuples as lists), for a launch request crossing processes."""
         out: dict[str, Any] = {}
