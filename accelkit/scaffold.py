@@ -81,7 +81,7 @@ def _check_target(directory: Path, force: bool) -> None:
 
 
 def _project_commands(backend: str, num_processes: int) -> dict[str, str]:
-    from accelkit.configs.choices import Backend
+    from accelkit.configs import Backend
 
     rehearsal_backend = backend if Backend(backend).needs_gpus else Backend.DDP.value
     return {

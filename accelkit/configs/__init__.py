@@ -23,6 +23,9 @@ from typing import Any
 _EXPORTS = {
     "Backend": "choices",
     "ConfigOptions": "options",
+    "OPTION_FIELDS": "options",
+    "flag_name": "options",
+    "installed_layout_gaps": "compat",
     "Finding": "findings",
     "ResolvedConfig": "resolved",
     "Source": "resolved",

@@ -58,6 +58,7 @@ from typing import Any
 _EXPORTS = {
     "RehearsalPlan": "plan",
     "rehearse": "plan",
+    "WATCH_DIR_ENV": "rank_files",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,7 +38,7 @@ import functools
 import inspect
 import os
 
-from accelkit.configs.choices import Backend
+from accelkit.configs import Backend
 from accelkit.errors import AccelkitError
 from accelkit.probes import after_import
 

@@ -26,7 +26,7 @@ from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, s
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
-from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
+from accelkit.rehearsal import WATCH_DIR_ENV
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 
