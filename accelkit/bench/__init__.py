@@ -16,26 +16,15 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
 PROBE_MODULE = "accelkit.bench.probe"
 PROBE_NAME = "bench"  # per-rank results: $ACCELKIT_PROBE_DIR/bench.rank<R>.json
 COMM_MODULE = "accelkit.bench.comm_worker"
 COMM_NAME = "comm"
 WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured window starts
-_CONSTANTS = ["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV"]
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "build_spec": "cli_spec",
     "run_bench": "run",
-}
-
-__all__ = sorted([*_EXPORTS, *_CONSTANTS])
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.bench' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.bench.{module}"), name)
+}, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV"])

@@ -17,10 +17,9 @@ the functions that need them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "Backend": "choices",
     "ConfigOptions": "options",
     "OPTION_FIELDS": "options",
@@ -41,13 +40,4 @@ _EXPORTS = {
     "Preset": "presets",
     "list_presets": "presets",
     "load_preset": "presets",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.configs' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.configs.{module}"), name)
+})

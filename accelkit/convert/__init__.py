@@ -13,10 +13,9 @@ pay for importing libcst.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "MIXED_PRECISION_CHOICES": "api",
     "ConversionResult": "api",
     "ConvertOptions": "api",
@@ -30,13 +29,4 @@ _EXPORTS = {
     "BACKUP_SUFFIX": "write",
     "read_script": "write",
     "write_conversion": "write",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.convert' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.convert.{module}"), name)
+})

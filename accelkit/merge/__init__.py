@@ -17,23 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    "DTYPES": "run",
-    "MergeOptions": "run",
-    "MergeReport": "run",
-    "inspect_checkpoint": "run",
-    "merge_checkpoint": "run",
-    "format_report": "summary",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.merge' has no attribute {name!r}")
-    return getattr(_load(f"accelkit.merge.{module}"), name)
+from accelkit.exports import lazy_exports
 
 
 def _load(module: str) -> Any:
@@ -54,3 +38,13 @@ def _load(module: str) -> Any:
         gc.freeze()
         if collecting:
             gc.enable()
+
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "DTYPES": "run",
+    "MergeOptions": "run",
+    "MergeReport": "run",
+    "inspect_checkpoint": "run",
+    "merge_checkpoint": "run",
+    "format_report": "summary",
+}, load=_load)

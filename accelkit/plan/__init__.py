@@ -18,21 +18,11 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "run_plan": "api",
     "PlanResult": "api",
     "parse_bytes": "sizes",
     "format_bytes": "sizes",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.plan' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.plan.{module}"), name)
+})

@@ -14,26 +14,15 @@ before running the script (on CPU rehearsals and on GPUs alike). What probes sha
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
 PROBE_DIR_ENV = "ACCELKIT_PROBE_DIR"  # folder for per-rank result files
 MAX_STEPS_ENV = "ACCELKIT_PROBE_MAX_STEPS"  # stop every rank cleanly after this many optimizer steps
-_CONSTANTS = ["PROBE_DIR_ENV", "MAX_STEPS_ENV"]
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "after_import": "imports",
     "read_results": "results",
     "write_rank_result": "results",
     "StepEvent": "steps",
     "clock": "steps",
-}
-
-__all__ = sorted([*_EXPORTS, *_CONSTANTS])
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.probes' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.probes.{module}"), name)
+}, also=["PROBE_DIR_ENV", "MAX_STEPS_ENV"])

@@ -50,22 +50,12 @@ about speed on GPUs: a rehearsal checks wiring, sharding and checkpoints, not pe
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
 # Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
 # (the config machinery), so a rank starts as fast as the script would alone.
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "RehearsalPlan": "plan",
     "rehearse": "plan",
     "WATCH_DIR_ENV": "rank_files",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.rehearsal' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.rehearsal.{module}"), name)
+})

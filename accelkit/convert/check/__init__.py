@@ -15,20 +15,10 @@ metrics equal to the one-process value, each file written once, no hang).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "CheckOptions": "api",
     "CheckOutcome": "api",
     "check_script": "api",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.convert.check' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.convert.check.{module}"), name)
+})
