@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import difflib
-import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
@@ -13,9 +11,6 @@ from accelkit.commands.supervision_options import Seconds
 from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
 from accelkit.errors import AccelkitError
 from accelkit.shellwords import command_line
-
-if TYPE_CHECKING:
-    from accelkit.convert import CheckOutcome
 
 CHECK_PROCESSES = 2
 
@@ -139,40 +134,9 @@ def _check(script: Path, args: list[str], steps: int, stall_timeout: float, conv
         for problem in outcome.conversion_problems:
             click.echo(f"  {problem}")
     click.echo(outcome.format())
-    _judge(outcome, script, args, steps)
+    outcome.raise_unless_passed(script, args, steps)
     skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
     click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
                f"as the original on one. Checked: {', '.join(outcome.checked)}."
                + (f" Not checked: {skipped}." if skipped else ""))
     return 0
-
-
-def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> None:
-    """Raise the one error that says why the check did not pass: the original's own failure first, then a check
-    that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
-    rerun = command_line("python", script, *args)
-    if outcome.original_failure is not None:
-        raise AccelkitError(f"the original {script.name} itself failed on 1 process ({outcome.original_failure}); "
-                            "the check compares the conversion with a working original",
-                            hint=f"fix the original first (`{rerun}` shows the error), then check again; the check "
-                                 "runs it in a copy of the working directory, where paths above it (`../`) do not "
-                                 "exist")
-    if outcome.trained_nothing:
-        raise AccelkitError(f"nothing was checked: the original {script.name} ran to its end without a training "
-                            "step (no backward pass, no optimizer step)",
-                            hint="--check proves a training script's conversion: pass the arguments that make it "
-                                 f"train after SCRIPT (`accelkit convert --check {shlex.quote(str(script))} -- ARGS`)")
-    if outcome.passed:
-        return
-    names = ", ".join(v.name for v in outcome.failed)
-    fixes = [v.fix for v in outcome.failed if v.fix]
-    if fixes and len(fixes) == len(outcome.failed):
-        raise AccelkitError(f"the check of {script.name} could not run {names}: its runs stopped at {steps} step(s) "
-                            "before reaching what it compares",
-                            hint="raise the limit: `" + command_line("accelkit", "convert", "--check",
-                                                                     *" ".join(fixes).split(), script,
-                                                                     script_args=args) + "`")
-    raise AccelkitError(f"the converted {script.name} failed {len(outcome.failed)} of {len(outcome.verdicts)} "
-                        f"checks: {names}",
-                        hint="the FAIL lines above give the evidence; `accelkit convert "
-                             f"{shlex.quote(str(script))}` prints what the conversion did")
