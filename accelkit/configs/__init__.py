@@ -32,12 +32,9 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "read_config": "reader",
     "check_config": "files",
     "load_config": "files",
-    "load_yaml": "files",
     "render_yaml": "render",
-    "render_json": "render",
     "write_config": "render",
     "write_deepspeed_json": "render",
     "Preset": "presets",
     "list_presets": "presets",
-    "load_preset": "presets",
 })
