@@ -83,7 +83,7 @@ def collect() -> dict:
 
 def _nd_layouts() -> list[dict]:
     """The N-D layouts the installed packages cannot run, one line each with the versions that work."""
-    from accelkit.configs.compat import installed_layout_gaps
+    from accelkit.configs import installed_layout_gaps
 
     return [{"layout": gap.layout, "problem": gap.message, "works": gap.hint} for gap in installed_layout_gaps()]
 

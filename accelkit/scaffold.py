@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import ast
 import os
-import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.resources import templates_dir
+from accelkit.shellwords import command_line
 
 CONFIG_FILE = "accelerate_config.yaml"
 PROJECT_README = "README.md"
@@ -81,7 +81,7 @@ def _check_target(directory: Path, force: bool) -> None:
 
 
 def _project_commands(backend: str, num_processes: int) -> dict[str, str]:
-    from accelkit.configs.choices import Backend
+    from accelkit.configs import Backend
 
     rehearsal_backend = backend if Backend(backend).needs_gpus else Backend.DDP.value
     return {
@@ -140,8 +140,9 @@ def init_project(directory: Path, template_name: str, backend: str = "ddp", num_
     directory = Path(directory)
     _check_target(directory, force)
     config = resolve_config(ConfigOptions(backend=backend, num_processes=num_processes))  # validates before any write
-    init_line = shlex.join(["accelkit", "init", str(directory), "--template", template.name, "--backend", backend]
-                           + (["--num-processes", str(num_processes)] if num_processes is not None else []))
+    init_line = command_line("accelkit", "init", directory,
+                             flags=[("--template", template.name), ("--backend", backend),
+                                    ("--num-processes", num_processes)])
     processes = config.num_processes
     commands = _project_commands(backend, processes)
 

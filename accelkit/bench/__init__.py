@@ -14,8 +14,17 @@
     comm_worker.py  the rank side of `accelkit bench --comm` (all-reduce, all-gather, reduce-scatter)
 """
 
+from __future__ import annotations
+
+from accelkit.exports import lazy_exports
+
 PROBE_MODULE = "accelkit.bench.probe"
 PROBE_NAME = "bench"  # per-rank results: $ACCELKIT_PROBE_DIR/bench.rank<R>.json
 COMM_MODULE = "accelkit.bench.comm_worker"
 COMM_NAME = "comm"
 WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured window starts
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "build_spec": "cli_spec",
+    "run_bench": "run",
+}, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV"])

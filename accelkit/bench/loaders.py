@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from accelkit.probes.imports import after_import
+from accelkit.probes import after_import
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import click
 
 from accelkit.commands.config_options import config_options_except, options_from_kwargs
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
+from accelkit.shellwords import command_line
 
 
 @click.command(name="bench", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -74,8 +74,7 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
     Table: step time (median, p90; slowest rank), samples/s, tokens/s, speedup, efficiency, data-wait share, peak
     memory per rank. Exit status: 0 when every run succeeded, 1 when one failed, 128+N when stopped by signal N.
     """
-    from accelkit.bench.cli_spec import build_spec
-    from accelkit.bench.run import run_bench
+    from accelkit.bench import build_spec, run_bench
 
     if script_args[:1] == ("--",):
         script_args = script_args[1:]
@@ -92,7 +91,7 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
         comm_iters=comm_iters, timeout=timeout, stall_timeout=stall_timeout, show_output=show_output,
         rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, same_network=same_network, script=script,
         script_args=script_args,
-        command_line=shlex.join(["accelkit", *sys.argv[1:]]))
+        command_line=command_line("accelkit", *sys.argv[1:]))
     outcome = run_bench(spec, settings, force, progress=lambda line: click.echo(f"bench: {line}", err=True))
     for line in outcome.lines:
         click.echo(line)

@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
 
+from accelkit import shellwords
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
 
 
 def command_line(options, output: Path | None) -> str:
     """The accelkit command that reproduces this config, for the YAML's header comment."""
-    from accelkit.configs.options import flag_name
-
-    parts = ["accelkit", "config"]
-    for name, value in options.given().items():
-        flag = flag_name(name)
-        if isinstance(value, bool):
-            parts.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, tuple):
-            for item in value:
-                parts += [flag, item]
-        else:
-            parts += [flag, str(value)]
-    if output is not None:
-        parts += ["-o", str(output)]
-    return shlex.join(parts)
+    return shellwords.command_line("accelkit", "config", flags=[*options.flags(), ("-o", output)])
 
 
 def _print_findings(findings) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from accelkit.configs.options import OPTION_FIELDS, ConfigOptions, flag_name
+from accelkit.configs import OPTION_FIELDS, ConfigOptions, flag_name
 
 
 def nonempty_path(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import difflib
-import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from accelkit.commands.supervision_options import Seconds
+from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
 from accelkit.errors import AccelkitError
-from accelkit.fsio import refuse_overwrite
+from accelkit.shellwords import command_line
 
-if TYPE_CHECKING:
-    from accelkit.convert.check.api import CheckOutcome
-
-BACKUP_SUFFIX = ".bak"
 CHECK_PROCESSES = 2
 
 
@@ -75,14 +70,14 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
     if converted_file is not None and not check:
         raise click.UsageError("--converted goes with --check")
     if check:
-        from accelkit.plan.sizes import parse_bytes
+        from accelkit.plan import parse_bytes
 
         limit = parse_bytes(sandbox_limit, "--sandbox-limit")
         return _check(script, list(script_args), steps, stall_timeout, converted_file, limit)
 
-    from accelkit.convert import ConvertOptions, convert_source
+    from accelkit.convert import ConvertOptions, convert_source, read_script, write_conversion
 
-    source = _read(script)
+    source = read_script(script)
     result = convert_source(source, ConvertOptions(mixed_precision=mixed_precision), filename=script.name)
     report = result.report.format(script.name)
     problems = result.report.problems
@@ -105,41 +100,31 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
                             + (f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""),
                             hint="fix these in the original and convert again, or pass --partial to write the "
                                  "conversion with them left to do; nothing was written")
-    if in_place:
-        backup = script.with_name(script.name + BACKUP_SUFFIX)
-        refuse_overwrite(backup, force)
-        refuse_overwrite(script, True)  # a link is written through; anything but a regular file is refused
-        _write(backup, source)
-        _write(script, result.code)
-        click.echo(report)
-        click.echo(f"Rewrote {script} (original kept in {backup}).")
-        click.echo(f"Try it: {try_it(script)}")
-        return 0
-    target = output if output is not None else script.with_name(f"{script.stem}_accelerate.py")
-    if target.resolve() == script.resolve():
-        raise AccelkitError("the output would overwrite the input script", hint="use --in-place (keeps a backup)")
-    refuse_overwrite(target, force)
-    _write(target, result.code)
+    written = write_conversion(script, source, result.code, output=output, in_place=in_place, force=force)
     click.echo(report)
-    click.echo(f"Wrote {target}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
-    click.echo(f"Try it: {try_it(target)}")
+    if written.backup is not None:
+        click.echo(f"Rewrote {script} (original kept in {written.backup}).")
+    else:
+        click.echo(f"Wrote {written.path}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
+    click.echo(f"Try it: {try_it(written.path)}")
     return 0
 
 
 def try_it(path: Path) -> str:
     """The command that runs a converted script on 2 CPU processes, exactly as it can be pasted."""
-    return shlex.join(["accelkit", "launch", "--cpu", "--num-processes", str(CHECK_PROCESSES), str(path)])
+    return command_line("accelkit", "launch", flags=[("--cpu", True), ("--num-processes", CHECK_PROCESSES)],
+                        args=[path])
 
 
 def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None,
            sandbox_limit: int) -> int:
-    from accelkit.convert.check import CheckOptions, check_script
+    from accelkit.convert import CheckOptions, check_script, read_script
 
     what = converted_file.name if converted_file is not None else "the conversion"
     click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
                f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s), each in a copy of "
                "the working directory...", err=True)
-    converted_code = _read(converted_file) if converted_file is not None else None
+    converted_code = read_script(converted_file) if converted_file is not None else None
     outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
                                                       stall_seconds=stall_timeout, sandbox_limit=sandbox_limit),
                            converted_code=converted_code,
@@ -149,53 +134,9 @@ def _check(script: Path, args: list[str], steps: int, stall_timeout: float, conv
         for problem in outcome.conversion_problems:
             click.echo(f"  {problem}")
     click.echo(outcome.format())
-    _judge(outcome, script, args, steps)
+    outcome.raise_unless_passed(script, args, steps)
     skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
     click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
                f"as the original on one. Checked: {', '.join(outcome.checked)}."
                + (f" Not checked: {skipped}." if skipped else ""))
     return 0
-
-
-def _judge(outcome: CheckOutcome, script: Path, args: list[str], steps: int) -> None:
-    """Raise the one error that says why the check did not pass: the original's own failure first, then a check
-    that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
-    rerun = shlex.join(["python", str(script), *args])
-    if outcome.original_failure is not None:
-        raise AccelkitError(f"the original {script.name} itself failed on 1 process ({outcome.original_failure}); "
-                            "the check compares the conversion with a working original",
-                            hint=f"fix the original first (`{rerun}` shows the error), then check again; the check "
-                                 "runs it in a copy of the working directory, where paths above it (`../`) do not "
-                                 "exist")
-    if outcome.trained_nothing:
-        raise AccelkitError(f"nothing was checked: the original {script.name} ran to its end without a training "
-                            "step (no backward pass, no optimizer step)",
-                            hint="--check proves a training script's conversion: pass the arguments that make it "
-                                 f"train after SCRIPT (`accelkit convert --check {shlex.quote(str(script))} -- ARGS`)")
-    if outcome.passed:
-        return
-    names = ", ".join(v.name for v in outcome.failed)
-    fixes = [v.fix for v in outcome.failed if v.fix]
-    if fixes and len(fixes) == len(outcome.failed):
-        raise AccelkitError(f"the check of {script.name} could not run {names}: its runs stopped at {steps} step(s) "
-                            "before reaching what it compares",
-                            hint="raise the limit: `" + shlex.join(["accelkit", "convert", "--check",
-                                                                    *" ".join(fixes).split(), str(script),
-                                                                    *(["--", *args] if args else [])]) + "`")
-    raise AccelkitError(f"the converted {script.name} failed {len(outcome.failed)} of {len(outcome.verdicts)} "
-                        f"checks: {names}",
-                        hint="the FAIL lines above give the evidence; `accelkit convert "
-                             f"{shlex.quote(str(script))}` prints what the conversion did")
-
-
-def _read(script: Path) -> str:
-    try:
-        return script.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise AccelkitError(f"{script} is not UTF-8 text", hint="convert a Python source file") from None
-
-
-def _write(path: Path, text: str) -> None:
-    from accelkit.fsio import atomic_write
-
-    atomic_write(path, text)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from accelkit.configs.choices import Backend
+from accelkit.configs import Backend
 from accelkit.errors import AccelkitError
 
 

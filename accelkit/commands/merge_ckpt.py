@@ -11,31 +11,6 @@ from accelkit.errors import AccelkitError  # noqa: F401 - raised by the library;
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")
 
 
-def _print_report(report, inspect_only: bool) -> None:
-    from accelkit.merge.output import format_bytes as _size
-
-    click.echo(f"Format:      {report.format_name}" + (f", world size {report.world_size}"
-                                                        if report.world_size else ""))
-    for note in report.notes:
-        click.echo(f"  - {note}")
-    click.echo(f"Input:       {report.input_files} files, {_size(report.input_bytes)}")
-    dtypes = ", ".join(f"{n} x {d}" for d, n in sorted(report.dtypes.items()))
-    click.echo(f"Tensors:     {report.tensors} ({dtypes})")
-    click.echo(f"Parameters:  {report.parameters:,}")
-    click.echo(f"Bytes:       {_size(report.bytes)}" + (" (tensor data)" if inspect_only else " written"))
-    for i, check in enumerate(report.checks):
-        click.echo(("Checked:     " if i == 0 else "             ") + check)
-    if inspect_only:
-        if report.dropped_aliases:
-            click.echo("Tied:        " + ", ".join(f"{a} -> {t}" for a, t in report.dropped_aliases.items()))
-        click.echo("Nothing was written (--inspect).")
-        return
-    click.echo(f"Output:      {report.output} ({', '.join(report.output_files)})")
-    if report.verified:
-        click.echo("Verified:    the output, re-read, equals the input as read (input checksums checked)")
-    click.echo(f"Time:        {report.seconds:.1f} s, peak memory {_size(report.peak_rss_bytes)}")
-
-
 @click.command(name="merge-ckpt")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
@@ -79,22 +54,10 @@ def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: s
     templates write). Streams in bounded memory; the output is written under a temporary name and
     renamed at the end, so a failure never leaves a partial output and the input is never modified.
     """
-    import gc
-
-    # Importing torch creates a few hundred thousand long-lived objects. Collecting cycles among them while importing,
-    # and once more when the interpreter exits, costs more CPU than merging a small model: import without collecting,
-    # then freeze what was imported (exempt from every later collection).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        from accelkit.merge import MergeOptions, inspect_checkpoint, merge_checkpoint
-    finally:
-        gc.freeze()
-        if collecting:
-            gc.enable()
+    from accelkit.merge import MergeOptions, format_report, inspect_checkpoint, merge_checkpoint
 
     if inspect_only:
-        _print_report(inspect_checkpoint(input_path, tag, model_index), inspect_only=True)
+        click.echo(format_report(inspect_checkpoint(input_path, tag, model_index), inspect_only=True))
         return 0
     if output is None:
         raise click.UsageError("missing -o/--output (or pass --inspect to only describe the checkpoint)")
@@ -102,5 +65,5 @@ def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: s
         input=input_path, output=output, dtype=dtype, max_shard_size=max_shard_size, verify=verify, force=force,
         tag=tag, model_index=model_index, config_from=config_from, allow_nonfinite=allow_nonfinite,
         progress=not quiet, notify=lambda message: click.echo(f"accelkit: {message}", err=True)))
-    _print_report(report, inspect_only=False)
+    click.echo(format_report(report, inspect_only=False))
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from accelkit.commands.supervision_options import stall_timeout_option
+from accelkit.shellwords import command_line
 
 # Kept literal (this module imports only click at load); tests/unit/plan/test_plan_cli.py checks they match.
 STRATEGY_NAMES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid", "zero1", "zero2", "zero3",
@@ -81,7 +82,7 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
       accelkit plan --params 70B --gpus 64 --nodes 8 --gpu-memory 80GB --global-batch 1024 \\
           --base-lr 3e-4 --base-batch 256
     """
-    from accelkit.plan.api import run_plan
+    from accelkit.plan import run_plan
 
     script_args = click.get_current_context().meta.get("script_args", ())
     if script_args and measure_script is None:
@@ -103,16 +104,11 @@ def _command_line() -> str:
     """The accelkit command that reproduces this plan (every value given, in the options' order), for the header
     of a written config."""
     ctx = click.get_current_context()
-    parts = ["accelkit", "plan"]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if value is None or value is False or value == param.default:
-            continue
-        if isinstance(param, click.Argument):
-            parts.append(str(value))
-        elif value is True:
-            parts.append(param.opts[0])
-        else:
-            parts += [param.opts[0], str(value)]
-    script_args = ctx.meta.get("script_args", ())
-    return shlex.join([*parts, *(["--", *script_args] if script_args else [])])
+    given = [(param, ctx.params.get(param.name)) for param in ctx.command.params]
+    # an unset is_flag is False and has no --no- spelling: only what was given, and differs from the default
+    given = [(param, value) for param, value in given
+             if value is not None and value is not False and value != param.default]
+    return command_line("accelkit", "plan", *(value for param, value in given if isinstance(param, click.Argument)),
+                        flags=[(param.opts[0], value) for param, value in given
+                               if not isinstance(param, click.Argument)],
+                        script_args=ctx.meta.get("script_args", ()))

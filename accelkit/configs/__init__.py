@@ -17,37 +17,24 @@ the functions that need them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "Backend": "choices",
     "ConfigOptions": "options",
+    "OPTION_FIELDS": "options",
+    "flag_name": "options",
+    "installed_layout_gaps": "compat",
     "Finding": "findings",
     "ResolvedConfig": "resolved",
     "Source": "resolved",
     "resolve_config": "resolve",
-    "build_config": "resolve",
-    "BuiltConfig": "resolve",
-    "problems": "rules",
     "read_config": "reader",
     "check_config": "files",
     "load_config": "files",
-    "load_yaml": "files",
     "render_yaml": "render",
-    "render_json": "render",
     "write_config": "render",
     "write_deepspeed_json": "render",
     "Preset": "presets",
     "list_presets": "presets",
-    "load_preset": "presets",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.configs' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.configs.{module}"), name)
+})

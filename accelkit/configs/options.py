@@ -25,14 +25,6 @@ from accelkit.configs.choices import (
     WrapPolicy,
 )
 
-# Kept for callers that want the plain spellings.
-BACKENDS = Backend.values()
-MIXED_PRECISIONS = MixedPrecision.values()
-SHARDINGS = Sharding.values()
-WRAP_POLICIES = WrapPolicy.values()
-STATE_DICTS = StateDict.values()
-OFFLOAD_DEVICES = OffloadDevice.values()
-
 
 def _option(help: str, *, key: str | None = None, kind: str = "text", choices: tuple = (), metavar: str | None = None,
             group: str = "", default: Any = None) -> Any:
@@ -48,7 +40,7 @@ class ConfigOptions:
 
     backend: str | None = _option(
         "Distributed backend. Default: ddp with 2+ GPUs or when several processes or machines are asked for, else "
-        "single (or the preset's).", key="distributed_type", kind="choice", choices=BACKENDS)
+        "single (or the preset's).", key="distributed_type", kind="choice", choices=Backend.values())
     preset: str | None = _option(
         "Start from accelerate_configs/NAME.yaml (see `accelkit config --list`); other options apply on top.",
         metavar="NAME")
@@ -62,7 +54,7 @@ class ConfigOptions:
     main_process_port: int | None = _option("Port on machine 0.", key="main_process_port", kind="int",
                                             metavar="PORT")
     mixed_precision: str | None = _option("Mixed precision. Default: no.", key="mixed_precision", kind="choice",
-                                          choices=MIXED_PRECISIONS)
+                                          choices=MixedPrecision.values())
     gradient_accumulation_steps: int | None = _option(
         "Gradient accumulation steps (stored in the config for DeepSpeed).",
         key="deepspeed_config.gradient_accumulation_steps", kind="int", metavar="N")
@@ -71,10 +63,10 @@ class ConfigOptions:
                                        kind="choice", choices=FSDP_VERSIONS, group="fsdp")
     sharding: str | None = _option(
         "FSDP sharding. v1 writes fsdp_sharding_strategy; v2 maps to fsdp_reshard_after_forward.",
-        key="fsdp_config.fsdp_sharding_strategy", kind="choice", choices=SHARDINGS, group="fsdp")
+        key="fsdp_config.fsdp_sharding_strategy", kind="choice", choices=Sharding.values(), group="fsdp")
     wrap_policy: str | None = _option("FSDP auto-wrap policy. Default: transformer.",
                                       key="fsdp_config.fsdp_auto_wrap_policy", kind="choice",
-                                      choices=WRAP_POLICIES, group="fsdp")
+                                      choices=WrapPolicy.values(), group="fsdp")
     wrap_cls: tuple[str, ...] = _option(
         "Layer class to wrap with --wrap-policy transformer (repeatable), e.g. LlamaDecoderLayer.",
         key="fsdp_config.fsdp_transformer_layer_cls_to_wrap", kind="many", metavar="NAME", group="fsdp", default=())
@@ -82,7 +74,7 @@ class ConfigOptions:
                                          key="fsdp_config.fsdp_min_num_params", kind="int", metavar="N",
                                          group="fsdp")
     state_dict: str | None = _option("FSDP checkpoint state dict type. Default: sharded.",
-                                     key="fsdp_config.fsdp_state_dict_type", kind="choice", choices=STATE_DICTS,
+                                     key="fsdp_config.fsdp_state_dict_type", kind="choice", choices=StateDict.values(),
                                      group="fsdp")
     offload: bool | None = _option(
         "FSDP: params and grads to CPU. DeepSpeed: optimizer (and params at stage 3) to CPU.",
@@ -98,10 +90,10 @@ class ConfigOptions:
                                      kind="choice", choices=ZERO_STAGES, group="deepspeed")
     offload_optimizer: str | None = _option("DeepSpeed optimizer state offload device.",
                                             key="deepspeed_config.offload_optimizer_device", kind="choice",
-                                            choices=OFFLOAD_DEVICES, group="deepspeed")
+                                            choices=OffloadDevice.values(), group="deepspeed")
     offload_params: str | None = _option("DeepSpeed parameter offload device (stage 3 only).",
                                          key="deepspeed_config.offload_param_device", kind="choice",
-                                         choices=OFFLOAD_DEVICES, group="deepspeed")
+                                         choices=OffloadDevice.values(), group="deepspeed")
     nvme_path: str | None = _option("Directory for DeepSpeed NVMe offload.",
                                     key="deepspeed_config.offload_param_nvme_path", metavar="DIR", group="deepspeed")
     zero3_save_16bit_model: bool | None = _option("DeepSpeed stage 3: gather a 16-bit model when saving.",
@@ -137,6 +129,10 @@ class ConfigOptions:
     def given(self) -> dict[str, object]:
         """The fields the user actually set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
+
+    def flags(self) -> list[tuple[str, object]]:
+        """(--flag, value) of every field the user set, in the table's order: what `command_line` spells back."""
+        return [(flag_name(name), value) for name, value in self.given().items()]
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-safe values (paths as text, tuples as lists), for a launch request crossing processes."""

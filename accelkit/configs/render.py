@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelkit.fsio import atomic_write, atomic_write_many
+
+if TYPE_CHECKING:
+    from accelkit.configs.resolved import ResolvedConfig
 
 # One short line per key a user is likely to edit; the YAML explains itself.
 TOP_COMMENTS = {
@@ -48,7 +51,7 @@ def _dump_one(key: str, value: object) -> str:
     return yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=1000)
 
 
-def render_yaml(config: Any, command_line: str) -> str:
+def render_yaml(config: ResolvedConfig | Mapping, command_line: str) -> str:
     """YAML text starting with a comment naming the command that made it. `config`: a ResolvedConfig or a dict."""
     config = _parts(config)[0]
     lines = [f"# Written by: {command_line}",
@@ -74,22 +77,20 @@ def render_json(content: dict) -> str:
     return json.dumps(content, indent=2) + "\n"
 
 
-def _parts(config: Any) -> tuple[dict, Mapping | None, Path | None]:
-    """(the Accelerate dict, the DeepSpeed JSON content to write or None, where it goes) for a ResolvedConfig, or
-    for a dict made by build_config (which carries `deepspeed_json`)."""
+def _parts(config: ResolvedConfig | Mapping) -> tuple[dict, Mapping | None, Path | None]:
+    """(the Accelerate dict, the DeepSpeed JSON content to write or None, where it goes). A plain Accelerate dict
+    (a file's content) carries no JSON to write."""
     from accelkit.configs.resolved import ResolvedConfig
 
     if isinstance(config, ResolvedConfig):
         content = config.deepspeed.json_content if config.deepspeed is not None else None
         return config.to_accelerate_dict(), content, config.json_path()
-    content = getattr(config, "deepspeed_json", None)
-    path = Path(config["deepspeed_config"]["deepspeed_config_file"]) if content is not None else None
-    return dict(config), content, path
+    return dict(config), None, None
 
 
-def write_config(config: Any, path: Path, command_line: str, *, with_json: bool = True) -> None:
+def write_config(config: ResolvedConfig | Mapping, path: Path, command_line: str, *, with_json: bool = True) -> None:
     """Write the YAML (and the DeepSpeed JSON it references, if accelkit makes one and `with_json`). Both files
-    appear together or not at all. `config`: a ResolvedConfig (or a dict from build_config)."""
+    appear together or not at all. `config`: a ResolvedConfig, or an Accelerate dict (YAML only)."""
     data, content, json_path = _parts(config)
     files: list[tuple[Path, str]] = []
     if with_json and content is not None and json_path is not None:
@@ -98,7 +99,7 @@ def write_config(config: Any, path: Path, command_line: str, *, with_json: bool 
     atomic_write_many(files)
 
 
-def write_deepspeed_json(config: Any) -> Path | None:
+def write_deepspeed_json(config: ResolvedConfig | Mapping) -> Path | None:
     """Write only the DeepSpeed JSON a config references (used when the YAML goes to stdout or to a launch)."""
     _, content, json_path = _parts(config)
     if content is None or json_path is None:

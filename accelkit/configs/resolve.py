@@ -276,22 +276,3 @@ def _through_accelerate(config: dict[str, Any]) -> None:
         ClusterConfig(**ClusterConfig.process_config(copy.deepcopy(config)))
     except (TypeError, ValueError) as exc:
         raise AccelkitError(f"Accelerate rejects this config: {exc}", hint="fix the value it names") from None
-
-
-# -- for callers written against the dict-returning API ------------------------------------------------------------
-class BuiltConfig(dict):
-    """An Accelerate config dict (`ResolvedConfig.to_accelerate_dict()`); `deepspeed_json` holds the DeepSpeed JSON
-    to write with it (or None) and `resolved` the typed config it was made from."""
-
-    deepspeed_json: dict | None = None
-    resolved: ResolvedConfig
-
-
-def build_config(options: ConfigOptions, base: dict | None = None) -> BuiltConfig:
-    """resolve_config, spelled as the Accelerate dict (kept for callers that index the config by key)."""
-    resolved = resolve_config(options, base=base)
-    built = BuiltConfig(resolved.to_accelerate_dict())
-    built.resolved = resolved
-    if resolved.deepspeed is not None and resolved.deepspeed.json_content is not None:
-        built.deepspeed_json = dict(resolved.deepspeed.json_content)
-    return built

@@ -353,14 +353,3 @@ def check(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_fil
     if not any(f.is_error for f in layout):
         layout += _installed(cfg, ERROR if installed_matters else WARNING)
     return [*found, *_fsdp(cfg), *_deepspeed(cfg), *layout, *_multi_machine(cfg)]
-
-
-def problems(config: dict, deepspeed_json: dict | None = None, relative_to: Any = None) -> list[Finding]:
-    """All findings for an Accelerate config dict as it is (what `accelkit config --check` reports for a file,
-    apart from Accelerate's own loader)."""
-    from accelkit.configs.reader import read_config
-
-    resolved, found = read_config(config, relative_to=relative_to, json_content=deepspeed_json)
-    if resolved is not None:
-        found = found + check(resolved)
-    return found

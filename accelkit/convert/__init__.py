@@ -4,25 +4,29 @@
     result = convert_source(open("train.py").read(), ConvertOptions(mixed_precision="bf16"))
     print(result.report.format("train.py"))
 
+    from accelkit.convert import CheckOptions, check_script   # --check: prove it by running it (check/)
+    print(check_script(Path("train.py"), [], CheckOptions(steps=8)).format())
+
 The names are loaded on first use: the `--check` probe lives in this package and runs in every rank, which must not
 pay for importing libcst.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
-    "MIXED_PRECISION_CHOICES": "accelkit.convert.api", "ConversionResult": "accelkit.convert.api",
-    "ConvertOptions": "accelkit.convert.api", "convert_source": "accelkit.convert.api",
-    "Change": "accelkit.convert.report", "LeftAlone": "accelkit.convert.report", "Report": "accelkit.convert.report",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__all__, __getattr__ = lazy_exports(__name__, {
+    "MIXED_PRECISION_CHOICES": "api",
+    "ConversionResult": "api",
+    "ConvertOptions": "api",
+    "convert_source": "api",
+    "Change": "report",
+    "LeftAlone": "report",
+    "Report": "report",
+    "CheckOptions": "check.api",
+    "CheckOutcome": "check.api",
+    "check_script": "check.api",
+    "BACKUP_SUFFIX": "write",
+    "read_script": "write",
+    "write_conversion": "write",
+})

@@ -6,10 +6,45 @@ against its shards in dcp_layout, DeepSpeed's consistency signals in deepspeed_c
 in savestate, the templates' manifest in manifest, every step counter of the folder cross-checked in counters.
 Writing: pieces mapped from the page cache (or, when cast, in two reused buffers) in stream, a streaming
 safetensors writer in writer, output layout in shards, side files and tied weights in extras, what may be replaced
-in output, and the orchestration in run. Importing this package imports torch: the CLI imports it inside the
-command.
+in output, the orchestration in run, and the report for people in summary.
+
+Importing this package is cheap: its names load on first use, and the first one that needs torch imports it without
+collecting garbage (see _load).
 """
 
-from accelkit.merge.run import DTYPES, MergeOptions, MergeReport, inspect_checkpoint, merge_checkpoint
+from __future__ import annotations
 
-__all__ = ["DTYPES", "MergeOptions", "MergeReport", "inspect_checkpoint", "merge_checkpoint"]
+import importlib
+from typing import Any
+
+from accelkit.exports import lazy_exports
+
+
+def _load(module: str) -> Any:
+    """Import `module` without collecting garbage. Importing torch creates a few hundred thousand long-lived objects;
+    collecting cycles among them while importing, and once more when the interpreter exits, costs more CPU than
+    merging a small model: import without collecting, then freeze what was imported (exempt from every later
+    collection)."""
+    import gc
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module]
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return importlib.import_module(module)
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "DTYPES": "run",
+    "MergeOptions": "run",
+    "MergeReport": "run",
+    "inspect_checkpoint": "run",
+    "merge_checkpoint": "run",
+    "format_report": "summary",
+}, load=_load)

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-from accelkit.fsio import writable_target
+from accelkit.fsio import refuse_overwrite
 from accelkit.merge import shards
 
 # safetensors metadata / index metadata key listing every file of a folder output (relative names)
@@ -35,9 +35,7 @@ def check_paths(input_path: Path, output: Path, force: bool) -> None:
                             hint="choose an output path that does not contain the checkpoint")
     if not (output.exists() or output.is_symlink()):
         return
-    if not force:
-        raise AccelkitError(f"output {output} already exists", hint="pass --force to replace it, or pick a new path")
-    writable_target(output, is_dir=output.is_dir())  # never a device, FIFO or socket, nor a link to nothing
+    refuse_overwrite(output, force, is_dir=output.is_dir())  # and never a device, FIFO or socket, nor a dead link
     if output.is_dir() != (output.suffix != ".safetensors"):
         raise AccelkitError(f"output {output} exists and is a {'folder' if output.is_dir() else 'file'}",
                             hint="remove it or pick another output path")

@@ -15,3 +15,14 @@
     measure/                 the per-rank probe, what a rank holds, planned-vs-measured (--measure)
     detect.py                this machine's GPUs and RAM, for defaults
 """
+
+from __future__ import annotations
+
+from accelkit.exports import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "run_plan": "api",
+    "PlanResult": "api",
+    "parse_bytes": "sizes",
+    "format_bytes": "sizes",
+})

@@ -5,11 +5,11 @@ writes them, the file, and the launch that measures it."""
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 
 from accelkit.plan.catalog import Strategy
 from accelkit.plan.inputs import MIXED_PRECISION, Hardware, Training
+from accelkit.shellwords import command_line
 
 
 def config_options(strategy: Strategy, hardware: Hardware, training: Training, accumulation: int):
@@ -39,24 +39,13 @@ def config_options(strategy: Strategy, hardware: Hardware, training: Training, a
 
 
 def config_command(options, output: Path | str) -> str:
-    from dataclasses import fields
-
-    from accelkit.configs.options import flag_name
-
-    parts = ["accelkit", "config"]
-    for f in fields(options):
-        value = getattr(options, f.name)
-        if value is None or value == () or value is False:
-            continue
-        parts += [flag_name(f.name)] if value is True else [flag_name(f.name), str(value)]
-    return shlex.join([*parts, "-o", str(output)])
+    return command_line("accelkit", "config", flags=[*options.flags(), ("-o", output)])
 
 
 def launch_command(config: Path | str, script: str, strategy: Strategy, accumulation: int) -> str:
-    parts = ["accelkit", "launch", "--config", str(config)]
-    if accumulation > 1 and strategy.family != "deepspeed":  # DeepSpeed keeps it in its config
-        parts += ["--gradient-accumulation-steps", str(accumulation)]
-    return shlex.join([*parts, script])
+    in_launch = accumulation > 1 and strategy.family != "deepspeed"  # DeepSpeed keeps it in its config
+    flags = [("--config", config), ("--gradient-accumulation-steps", accumulation if in_launch else None)]
+    return command_line("accelkit", "launch", flags=flags, args=[script])
 
 
 def write_config_file(options, path: Path, command_line: str) -> None:

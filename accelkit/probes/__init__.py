@@ -12,5 +12,17 @@ before running the script (on CPU rehearsals and on GPUs alike). What probes sha
   launching side reads it back.
 """
 
+from __future__ import annotations
+
+from accelkit.exports import lazy_exports
+
 PROBE_DIR_ENV = "ACCELKIT_PROBE_DIR"  # folder for per-rank result files
 MAX_STEPS_ENV = "ACCELKIT_PROBE_MAX_STEPS"  # stop every rank cleanly after this many optimizer steps
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "after_import": "imports",
+    "read_results": "results",
+    "write_rank_result": "results",
+    "StepEvent": "steps",
+    "clock": "steps",
+}, also=["PROBE_DIR_ENV", "MAX_STEPS_ENV"])

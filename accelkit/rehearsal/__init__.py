@@ -50,16 +50,12 @@ about speed on GPUs: a rehearsal checks wiring, sharding and checkpoints, not pe
 
 from __future__ import annotations
 
-from typing import Any
+from accelkit.exports import lazy_exports
 
-__all__ = ["RehearsalPlan", "prepare_rehearsal", "rehearse"]
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
-    # (the config machinery), so a rank starts as fast as the script would alone.
-    if name in __all__:
-        from accelkit.rehearsal import plan
-
-        return getattr(plan, name)
-    raise AttributeError(f"module 'accelkit.rehearsal' has no attribute {name!r}")
+# Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
+# (the config machinery), so a rank starts as fast as the script would alone.
+__all__, __getattr__ = lazy_exports(__name__, {
+    "RehearsalPlan": "plan",
+    "rehearse": "plan",
+    "WATCH_DIR_ENV": "rank_files",
+})

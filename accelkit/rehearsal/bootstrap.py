@@ -3,7 +3,7 @@
     accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...]
     accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap -m MODULE [ARGS...]
 
-The rehearsed backend comes from $ACCELKIT_REHEARSAL (set by `prepare_rehearsal`; absent on GPUs). Probes are
+The rehearsed backend comes from $ACCELKIT_REHEARSAL (set by `rehearse`'s plan; absent on GPUs). Probes are
 per-rank instruments (bench's step timer, plan's byte counter) named in $ACCELKIT_PROBES as a comma-separated
 list of modules; each module's `install()` runs before the script, on CPU rehearsals and on GPUs alike. The
 script sees the same sys.argv and sys.path[0] as under `python SCRIPT ARGS`; its exit codes pass through untouched,

@@ -16,7 +16,7 @@ from typing import Any
 from accelkit.configs import rules
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, from_accelerate
 from accelkit.configs.findings import raise_first_error
-from accelkit.configs.reader import as_bool, read_config
+from accelkit.configs.reader import as_bool
 from accelkit.configs.resolved import LABEL, DeepSpeedSettings, FsdpSettings, ResolvedConfig, Source
 from accelkit.errors import AccelkitError
 from accelkit.rehearsal.shim import REHEARSAL_ENV
@@ -171,16 +171,3 @@ def rehearse(config: ResolvedConfig) -> RehearsalPlan:
         env["DS_ACCELERATOR"] = "cpu"
     return RehearsalPlan(config=rehearsed, env=env, backend=backend, notes=tuple(notes),
                          bootstrap=backend is not Backend.SINGLE)
-
-
-def prepare_rehearsal(config: dict[str, Any]) -> RehearsalPlan:
-    """`rehearse` for an Accelerate config dict taken as it is (nothing filled in)."""
-    resolved, found = read_config(config)
-    if resolved is None and not any(f.is_error for f in found):
-        raise AccelkitError(f"distributed_type {config.get('distributed_type')} cannot be rehearsed on CPU.",
-                            hint="CPU rehearsal covers single, cpu, ddp (MULTI_GPU), fsdp and deepspeed")
-    refused = [f for f in found if f.is_error or f.code == "unmodeled-value"]
-    if refused:
-        raise refused[0].to_error()
-    assert resolved is not None
-    return rehearse(resolved)

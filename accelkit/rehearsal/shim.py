@@ -38,9 +38,9 @@ import functools
 import inspect
 import os
 
-from accelkit.configs.choices import Backend
+from accelkit.configs import Backend
 from accelkit.errors import AccelkitError
-from accelkit.probes.imports import after_import
+from accelkit.probes import after_import
 
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
 STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type

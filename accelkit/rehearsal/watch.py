@@ -23,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
-from accelkit.probes.imports import after_import
+from accelkit.probes import after_import
 from accelkit.rehearsal.rank_files import STACK_SIGNAL, WATCH_DIR_ENV, RankFiles, RankInfo, StepCounter, write_info
 from accelkit.rehearsal.shim import REHEARSAL_ENV
 

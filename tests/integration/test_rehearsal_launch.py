@@ -1,6 +1,6 @@
 """Real 2-rank CPU rehearsals of an unmodified Accelerate script: FSDP2 (bf16), FSDP1 and DeepSpeed ZeRO-3.
 
-Each test builds the plan with `prepare_rehearsal`, writes its launch config, and starts
+Each test builds the plan with `rehearse_dict`, writes its launch config, and starts
 `accelerate launch --config_file <cfg> -m accelkit.rehearsal.bootstrap probe.py` with the plan's env, exactly as
 `accelkit launch --cpu` does. The probe prints what Accelerate really ran; the checkpoint on disk is inspected.
 """
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import yaml
 from helpers import DATA
-
-from accelkit.rehearsal import prepare_rehearsal
+from helpers.rehearsal import rehearse_dict
 
 PROBE = DATA / "rehearsal" / "probe.py"
 
 
 def rehearse(config: dict, tmp_path: Path, *probe_args: str) -> tuple[list[dict], Path]:
-    plan = prepare_rehearsal(config)
+    plan = rehearse_dict(config)
     config_file = tmp_path / "launch.yaml"
     config_file.write_text(yaml.safe_dump(plan.launch_config))
     env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1"}

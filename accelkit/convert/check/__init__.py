@@ -15,14 +15,10 @@ metrics equal to the one-process value, each file written once, no hang).
 
 from __future__ import annotations
 
-from typing import Any
+from accelkit.exports import lazy_exports
 
-__all__ = ["CheckOptions", "CheckOutcome", "check_script"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from accelkit.convert.check import api
-
-    return getattr(api, name)
+__all__, __getattr__ = lazy_exports(__name__, {
+    "CheckOptions": "api",
+    "CheckOutcome": "api",
+    "check_script": "api",
+})

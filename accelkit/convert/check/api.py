@@ -4,6 +4,7 @@ the invariants of data parallelism (one verdict each)."""
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from accelkit.convert.check.lines import ConvertedLines
 from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
 from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
 from accelkit.errors import AccelkitError
+from accelkit.shellwords import command_line
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,37 @@ class CheckOutcome:
     @property
     def failed(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.status == FAIL]
+
+    def raise_unless_passed(self, script: Path, args: list[str], steps: int) -> None:
+        """Raise the one error that says why the check did not pass: the original's own failure first, then a check
+        that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
+        rerun = command_line("python", script, *args)
+        if self.original_failure is not None:
+            raise AccelkitError(f"the original {script.name} itself failed on 1 process ({self.original_failure}); "
+                                "the check compares the conversion with a working original",
+                                hint=f"fix the original first (`{rerun}` shows the error), then check again; the check "
+                                     "runs it in a copy of the working directory, where paths above it (`../`) do not "
+                                     "exist")
+        if self.trained_nothing:
+            raise AccelkitError(f"nothing was checked: the original {script.name} ran to its end without a training "
+                                "step (no backward pass, no optimizer step)",
+                                hint="--check proves a training script's conversion: pass the arguments that make "
+                                     f"it train after SCRIPT (`accelkit convert --check {shlex.quote(str(script))} -- "
+                                     "ARGS`)")
+        if self.passed:
+            return
+        names = ", ".join(v.name for v in self.failed)
+        fixes = [v.fix for v in self.failed if v.fix]
+        if fixes and len(fixes) == len(self.failed):
+            raise AccelkitError(f"the check of {script.name} could not run {names}: its runs stopped at {steps} "
+                                "step(s) before reaching what it compares",
+                                hint="raise the limit: `" + command_line("accelkit", "convert", "--check",
+                                                                         *" ".join(fixes).split(), script,
+                                                                         script_args=args) + "`")
+        raise AccelkitError(f"the converted {script.name} failed {len(self.failed)} of {len(self.verdicts)} "
+                            f"checks: {names}",
+                            hint="the FAIL lines above give the evidence; `accelkit convert "
+                                 f"{shlex.quote(str(script))}` prints what the conversion did")
 
     def format(self) -> str:
         lines = []

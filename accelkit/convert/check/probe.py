@@ -25,10 +25,8 @@ from accelkit.convert.check.frames import is_user_code, qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
-from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
-from accelkit.probes.imports import after_import
-from accelkit.probes.steps import StepEvent, clock
-from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
+from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
+from accelkit.rehearsal import WATCH_DIR_ENV
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 

@@ -18,9 +18,7 @@ import os
 import weakref
 from typing import Any
 
-from accelkit.probes.imports import after_import
-from accelkit.probes.results import write_rank_result
-from accelkit.probes.steps import clock
+from accelkit.probes import after_import, clock, write_rank_result
 
 PROBE_NAME = "plan"
 

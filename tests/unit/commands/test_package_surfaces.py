@@ -14,7 +14,7 @@ from pathlib import Path
 
 import accelkit
 
-CLOSED = ("accelkit.launch",)
+CLOSED = ("accelkit.launch", "accelkit.bench", "accelkit.convert", "accelkit.merge", "accelkit.plan", "accelkit.probes")
 ROOT = Path(accelkit.__file__).parent
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.config import accelerate_roundtrip, build_plugin, launcher_env
+from helpers.config import accelerate_roundtrip, build_plugin, findings, launcher_env
 
-from accelkit.configs import ConfigOptions, build_config, hardware, list_presets, load_config, problems, write_config
+from accelkit.configs import ConfigOptions, hardware, list_presets, load_config, resolve_config, write_config
 from accelkit.errors import AccelkitError
 
 EXPECTED_PRESETS = {"single", "cpu", "ddp", "fsdp", "fsdp_offload", "deepspeed_zero1", "deepspeed_zero2",
@@ -28,6 +28,12 @@ def write(config, tmp_path: Path, name: str = "c.yaml") -> Path:
     return path
 
 
+def built(options: ConfigOptions, base: dict | None = None):
+    """(the typed config, its Accelerate dict)."""
+    resolved = resolve_config(options, base=base)
+    return resolved, resolved.to_accelerate_dict()
+
+
 def test_every_preset_is_there_with_a_description():
     presets = {p.name: p for p in list_presets()}
     assert set(presets) >= EXPECTED_PRESETS
@@ -42,9 +48,9 @@ def test_preset_loads_with_accelerate_and_builds_to_itself(name, tmp_path):
     raw = yaml.safe_load(preset.path.read_text())
     accelerate_roundtrip(preset.path, raw)
     assert load_config(preset.path) == raw
-    assert [f for f in problems(raw) if f.severity == "error"] == []
+    assert [f for f in findings(raw) if f.severity == "error"] == []
     # `--preset NAME` with no other option reproduces the file exactly.
-    assert dict(build_config(ConfigOptions(preset=name))) == raw
+    assert resolve_config(ConfigOptions(preset=name)).to_accelerate_dict() == raw
 
 
 @pytest.mark.parametrize("options", [
@@ -65,8 +71,8 @@ def test_preset_loads_with_accelerate_and_builds_to_itself(name, tmp_path):
     ConfigOptions(backend="deepspeed", num_processes=4, num_machines=2, main_process_ip="h0", mixed_precision="fp16"),
 ], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.given().items()))
 def test_generated_config_roundtrips_and_the_launcher_accepts_it(options, tmp_path, monkeypatch):
-    config = build_config(options)
-    path = write(config, tmp_path)
+    resolved, config = built(options)
+    path = write(resolved, tmp_path)
     accelerate_roundtrip(path, config)
     assert path.read_text().startswith("# Written by: accelkit config (test)")
     args, env = launcher_env(path)
@@ -75,41 +81,41 @@ def test_generated_config_roundtrips_and_the_launcher_accepts_it(options, tmp_pa
 
 
 def test_fsdp1_writes_sharding_strategy_so_the_launcher_default_does_not_win(tmp_path, monkeypatch):
-    config = build_config(ConfigOptions(backend="fsdp", fsdp_version=1, sharding="grad-op"))
+    resolved, config = built(ConfigOptions(backend="fsdp", fsdp_version=1, sharding="grad-op"))
     assert config["fsdp_config"]["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
-    _, env = launcher_env(write(config, tmp_path))
+    _, env = launcher_env(write(resolved, tmp_path))
     assert env["FSDP_SHARDING_STRATEGY"] == "SHARD_GRAD_OP"
     assert str(build_plugin(env, monkeypatch).sharding_strategy) == "ShardingStrategy.SHARD_GRAD_OP"
 
 
 @pytest.mark.parametrize(("sharding", "reshard"), [("full", True), ("grad-op", False)])
 def test_fsdp2_maps_sharding_to_reshard_after_forward(sharding, reshard, tmp_path, monkeypatch):
-    config = build_config(ConfigOptions(backend="fsdp", sharding=sharding))
+    resolved, config = built(ConfigOptions(backend="fsdp", sharding=sharding))
     assert config["fsdp_config"]["fsdp_version"] == 2
     assert config["fsdp_config"]["fsdp_reshard_after_forward"] is reshard
     assert "fsdp_sharding_strategy" not in config["fsdp_config"]
-    _, env = launcher_env(write(config, tmp_path))
+    _, env = launcher_env(write(resolved, tmp_path))
     assert build_plugin(env, monkeypatch).reshard_after_forward is reshard
 
 
 def test_fsdp2_hybrid_becomes_a_parallelism_config(tmp_path):
-    config = build_config(ConfigOptions(backend="fsdp", sharding="hybrid", num_machines=2, num_processes=16,
-                                        main_process_ip="h0"))
-    _, env = launcher_env(write(config, tmp_path))
+    resolved, config = built(ConfigOptions(backend="fsdp", sharding="hybrid", num_machines=2, num_processes=16,
+                                           main_process_ip="h0"))
+    _, env = launcher_env(write(resolved, tmp_path))
     assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
     assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "8"
 
 
 def test_deepspeed_json_never_both(tmp_path, monkeypatch):
     ds_json = tmp_path / "ds.json"
-    config = build_config(ConfigOptions(backend="deepspeed", zero_stage=3, offload=True, mixed_precision="bf16",
-                                        gradient_accumulation_steps=2, deepspeed_json=ds_json))
+    resolved, config = built(ConfigOptions(backend="deepspeed", zero_stage=3, offload=True, mixed_precision="bf16",
+                                           gradient_accumulation_steps=2, deepspeed_json=ds_json))
     section = config["deepspeed_config"]
     assert section["deepspeed_config_file"] == str(ds_json.resolve())
     assert "mixed_precision" not in config
     assert not {"zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
                 "gradient_clipping", "zero3_save_16bit_model"} & set(section)
-    path = write(config, tmp_path)
+    path = write(resolved, tmp_path)
     content = json.loads(ds_json.read_text())
     assert content["zero_optimization"]["stage"] == 3
     assert content["zero_optimization"]["offload_param"]["device"] == "cpu"
@@ -123,53 +129,54 @@ def test_deepspeed_json_never_both(tmp_path, monkeypatch):
 
 
 def test_deepspeed_json_leaves_precision_auto_when_not_chosen(tmp_path):
-    config = build_config(ConfigOptions(backend="deepspeed", deepspeed_json=tmp_path / "ds.json"))
-    assert config.deepspeed_json["fp16"]["enabled"] == "auto"
-    assert config.deepspeed_json["gradient_accumulation_steps"] == "auto"
+    resolved = resolve_config(ConfigOptions(backend="deepspeed", deepspeed_json=tmp_path / "ds.json"))
+    content = resolved.deepspeed.json_content
+    assert content["fp16"]["enabled"] == "auto"
+    assert content["gradient_accumulation_steps"] == "auto"
 
 
 def test_conflicting_yaml_keys_are_what_accelerate_rejects(tmp_path, monkeypatch):
     """The --check rule matches Accelerate: a YAML with both is refused when the rank builds its plugin."""
     ds_json = tmp_path / "ds.json"
-    write(build_config(ConfigOptions(backend="deepspeed", deepspeed_json=ds_json)), tmp_path)
+    write(resolve_config(ConfigOptions(backend="deepspeed", deepspeed_json=ds_json)), tmp_path)
     bad = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_processes": 2,
            "mixed_precision": "no", "deepspeed_config": {"deepspeed_config_file": str(ds_json), "zero_stage": 2}}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    assert any("zero_stage" in f.message and f.severity == "error" for f in problems(bad))
+    assert any("zero_stage" in f.message and f.severity == "error" for f in findings(bad))
     _, env = launcher_env(path)
     with pytest.raises(ValueError, match="deepspeed_config_file"):
         build_plugin(env, monkeypatch)
 
 
 def test_preset_with_overrides(tmp_path):
-    config = build_config(ConfigOptions(preset="deepspeed_zero3_offload", zero_stage=2, num_processes=8))
+    resolved, config = built(ConfigOptions(preset="deepspeed_zero3_offload", zero_stage=2, num_processes=8))
     ds = config["deepspeed_config"]
     # stage 2 cannot offload parameters: the preset's param offload is dropped, optimizer offload kept
     assert ds["zero_stage"] == 2 and ds["offload_param_device"] == "none" and ds["offload_optimizer_device"] == "cpu"
     assert "zero3_init_flag" not in ds and config["num_processes"] == 8
-    accelerate_roundtrip(write(config, tmp_path), config)
+    accelerate_roundtrip(write(resolved, tmp_path), config)
 
 
 def test_base_config_keeps_keys_accelkit_does_not_model(tmp_path):
-    base = dict(build_config(ConfigOptions(backend="fsdp", fsdp_version=1)))
+    base = built(ConfigOptions(backend="fsdp", fsdp_version=1))[1]
     base["gpu_ids"] = "0,1"
     base["fsdp_config"]["fsdp_backward_prefetch"] = "BACKWARD_POST"
-    config = build_config(ConfigOptions(mixed_precision="bf16", sharding="grad-op"), base=base)
+    config = built(ConfigOptions(mixed_precision="bf16", sharding="grad-op"), base=base)[1]
     assert config["gpu_ids"] == "0,1" and config["mixed_precision"] == "bf16"
     assert config["fsdp_config"]["fsdp_backward_prefetch"] == "BACKWARD_POST"
     assert config["fsdp_config"]["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
 
 
 def test_defaults_follow_the_gpus(monkeypatch):
-    assert build_config(ConfigOptions())["distributed_type"] == "NO"
-    assert build_config(ConfigOptions(backend="fsdp"))["num_processes"] == 2
-    assert build_config(ConfigOptions(backend="cpu"))["num_processes"] == 2
-    assert build_config(ConfigOptions(backend="single"))["num_processes"] == 1
+    assert built(ConfigOptions())[1]["distributed_type"] == "NO"
+    assert built(ConfigOptions(backend="fsdp"))[1]["num_processes"] == 2
+    assert built(ConfigOptions(backend="cpu"))[1]["num_processes"] == 2
+    assert built(ConfigOptions(backend="single"))[1]["num_processes"] == 1
     monkeypatch.setattr(hardware, "gpu_count", lambda: 8)
-    config = build_config(ConfigOptions())
+    config = built(ConfigOptions())[1]
     assert config["distributed_type"] == "MULTI_GPU" and config["num_processes"] == 8
-    assert build_config(ConfigOptions(backend="deepspeed", num_machines=2, main_process_ip="h"))["num_processes"] == 16
+    assert built(ConfigOptions(backend="deepspeed", num_machines=2, main_process_ip="h"))[1]["num_processes"] == 16
 
 
 @pytest.mark.parametrize(("options", "words"), [
@@ -198,25 +205,24 @@ def test_defaults_follow_the_gpus(monkeypatch):
 ])
 def test_bad_combinations_are_clear_errors(options, words):
     with pytest.raises(AccelkitError) as info:
-        build_config(options)
+        resolve_config(options)
     text = info.value.format_message()
     assert words in text
     assert info.value.hint
 
 
 def test_base_with_json_reference_refuses_inline_deepspeed_options(tmp_path):
-    built = build_config(ConfigOptions(backend="deepspeed", deepspeed_json=tmp_path / "ds.json"))
-    write(built, tmp_path)
-    base = dict(built)
+    resolved, base = built(ConfigOptions(backend="deepspeed", deepspeed_json=tmp_path / "ds.json"))
+    write(resolved, tmp_path)
     with pytest.raises(AccelkitError, match="takes its DeepSpeed settings from"):
-        build_config(ConfigOptions(zero_stage=3), base=base)
-    assert build_config(ConfigOptions(num_processes=4), base=base)["deepspeed_config"] == base["deepspeed_config"]
+        resolve_config(ConfigOptions(zero_stage=3), base=base)
+    assert built(ConfigOptions(num_processes=4), base=base)[1]["deepspeed_config"] == base["deepspeed_config"]
 
 
 def test_write_config_leaves_no_partial_files(tmp_path, monkeypatch):
     from accelkit.configs import render
 
-    config = build_config(ConfigOptions(backend="deepspeed", deepspeed_json=tmp_path / "ds.json"))
+    config = resolve_config(ConfigOptions(backend="deepspeed", deepspeed_json=tmp_path / "ds.json"))
 
     def explode(*args, **kwargs):
         raise OSError("disk full")
@@ -230,8 +236,8 @@ def test_write_config_leaves_no_partial_files(tmp_path, monkeypatch):
 @pytest.mark.parametrize("precision", [None, "bf16"])
 def test_every_auto_in_the_deepspeed_json_is_filled_by_accelerate(precision, tmp_path, monkeypatch):
     """Replay what Accelerator does at prepare(): after it fills the JSON, no "auto" may be left for DeepSpeed."""
-    config = build_config(ConfigOptions(backend="deepspeed", zero_stage=3, mixed_precision=precision,
-                                        deepspeed_json=tmp_path / "ds.json"))
+    config = resolve_config(ConfigOptions(backend="deepspeed", zero_stage=3, mixed_precision=precision,
+                                          deepspeed_json=tmp_path / "ds.json"))
     _, env = launcher_env(write(config, tmp_path))
     plugin = build_plugin(env, monkeypatch)
     plugin.set_mixed_precision(precision or "fp16")
@@ -292,7 +298,7 @@ def test_every_value_knows_its_source():
 
 
 def test_findings_carry_a_code_the_key_and_the_flag():
-    found = {f.code: f for f in problems({"distributed_type": "MULTI_GPU", "num_processes": 3, "num_machines": 2,
+    found = {f.code: f for f in findings({"distributed_type": "MULTI_GPU", "num_processes": 3, "num_machines": 2,
                                           "machine_rank": 5})}
     assert found["processes-divisible"].key == "num_processes"
     assert found["processes-divisible"].flag == "--num-processes"

@@ -13,6 +13,7 @@ from helpers.config import accelerate_roundtrip
 from accelkit.cli import cli
 from accelkit.configs import hardware, list_presets
 from accelkit.configs import options as options_module
+from accelkit.configs.choices import Backend, OffloadDevice
 
 
 @pytest.fixture(autouse=True)
@@ -112,9 +113,9 @@ def test_option_choices_match_the_library():
         params = {p.name: p for p in command.params}
         for f in fields(options_module.ConfigOptions):
             assert options_module.flag_name(f.name) in params[f.name].opts, (command.name, f.name)
-        assert tuple(params["backend"].type.choices) == options_module.BACKENDS
-        assert tuple(params["offload_optimizer"].type.choices) == options_module.OFFLOAD_DEVICES
-        assert tuple(params["offload_params"].type.choices) == options_module.OFFLOAD_DEVICES
+        assert tuple(params["backend"].type.choices) == Backend.values()
+        assert tuple(params["offload_optimizer"].type.choices) == OffloadDevice.values()
+        assert tuple(params["offload_params"].type.choices) == OffloadDevice.values()
 
 
 # --check: one file per problem the issue lists, each finding with its fix -------------------------------------

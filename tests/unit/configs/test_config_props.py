@@ -3,44 +3,45 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
-from helpers.config import accelerate_roundtrip, launcher_env
+from helpers.config import accelerate_roundtrip, findings, launcher_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelkit.cli import cli
-from accelkit.configs import ConfigOptions, build_config, hardware, problems, write_config
-from accelkit.configs.options import BACKENDS, MIXED_PRECISIONS, OFFLOAD_DEVICES, SHARDINGS, STATE_DICTS, WRAP_POLICIES
+from accelkit.configs import ConfigOptions, hardware, resolve_config, write_config
+from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
 from accelkit.errors import AccelkitError
 
 maybe = st.none().__or__
 options_strategy = st.builds(
     ConfigOptions,
-    backend=maybe(st.sampled_from(BACKENDS)),
+    backend=maybe(st.sampled_from(Backend.values())),
     preset=maybe(st.sampled_from(["ddp", "fsdp", "deepspeed_zero3_offload", "two_node_fsdp", "cpu", "nope"])),
     num_processes=maybe(st.integers(-1, 17)),
     num_machines=maybe(st.integers(0, 4)),
     machine_rank=maybe(st.integers(-1, 4)),
     main_process_ip=maybe(st.sampled_from(["10.0.0.1", "node0"])),
     main_process_port=maybe(st.integers(0, 70000)),
-    mixed_precision=maybe(st.sampled_from(MIXED_PRECISIONS)),
+    mixed_precision=maybe(st.sampled_from(MixedPrecision.values())),
     gradient_accumulation_steps=maybe(st.integers(0, 8)),
     fsdp_version=maybe(st.sampled_from([1, 2])),
-    sharding=maybe(st.sampled_from(SHARDINGS)),
-    wrap_policy=maybe(st.sampled_from(WRAP_POLICIES)),
+    sharding=maybe(st.sampled_from(Sharding.values())),
+    wrap_policy=maybe(st.sampled_from(WrapPolicy.values())),
     wrap_cls=st.lists(st.sampled_from(["LlamaDecoderLayer", "GPT2Block"]), max_size=2, unique=True).map(tuple),
     min_num_params=maybe(st.integers(0, 10**9)),
-    state_dict=maybe(st.sampled_from(STATE_DICTS)),
+    state_dict=maybe(st.sampled_from(StateDict.values())),
     offload=maybe(st.booleans()),
     activation_checkpointing=maybe(st.booleans()),
     cpu_ram_efficient_loading=maybe(st.booleans()),
     zero_stage=maybe(st.integers(0, 3)),
-    offload_optimizer=maybe(st.sampled_from(OFFLOAD_DEVICES)),
-    offload_params=maybe(st.sampled_from(OFFLOAD_DEVICES)),
+    offload_optimizer=maybe(st.sampled_from(OffloadDevice.values())),
+    offload_params=maybe(st.sampled_from(OffloadDevice.values())),
     nvme_path=maybe(st.just("/nvme")),
     zero3_save_16bit_model=maybe(st.booleans()),
     deepspeed_json=maybe(st.just(Path("ds.json"))),
@@ -53,6 +54,11 @@ def no_gpus(monkeypatch):
     monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
 
 
+def in_folder(resolved, folder: Path):
+    """The same config with its DeepSpeed JSON written inside `folder` (the strategies name a relative ds.json)."""
+    return replace(resolved, deepspeed=replace(resolved.deepspeed, json_file=str(folder / "ds.json")))
+
+
 SETTINGS = settings(deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
@@ -61,16 +67,18 @@ SETTINGS = settings(deadline=None, database=None,
 @given(options=options_strategy)
 def test_any_options_give_a_loadable_config_or_an_accelkit_error(options):
     try:
-        config = build_config(options)
+        resolved = resolve_config(options)
     except AccelkitError as exc:
         assert exc.message and exc.hint  # a message and a fix, never a bare failure
         return
-    assert not [f for f in problems(config, deepspeed_json=config.deepspeed_json) if f.severity == "error"]
+    config, content = resolved.to_accelerate_dict(), resolved.deepspeed and resolved.deepspeed.json_content
+    assert not [f for f in findings(config, deepspeed_json=content) if f.severity == "error"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.yaml"
-        if config.deepspeed_json is not None:  # keep the JSON inside the temporary directory
-            config["deepspeed_config"]["deepspeed_config_file"] = str(Path(tmp) / "ds.json")
-        write_config(config, path, "accelkit config (property test)")
+        if content is not None:  # keep the JSON inside the temporary directory
+            resolved = in_folder(resolved, Path(tmp))
+            config = resolved.to_accelerate_dict()
+        write_config(resolved, path, "accelkit config (property test)")
         accelerate_roundtrip(path, config)
         args, _ = launcher_env(path)
         assert args.num_processes == config["num_processes"]
@@ -79,7 +87,7 @@ def test_any_options_give_a_loadable_config_or_an_accelkit_error(options):
 @st.composite
 def plausible_options(draw) -> ConfigOptions:
     """Options that belong to the drawn backend, so most examples are valid configs that must load and launch."""
-    backend = draw(st.sampled_from(BACKENDS))
+    backend = draw(st.sampled_from(Backend.values()))
     machines = draw(st.integers(1, 3))
     opts = ConfigOptions(backend=backend, num_machines=machines, machine_rank=draw(st.integers(0, machines - 1)),
                          mixed_precision=draw(maybe(st.sampled_from(("no", "bf16")))),
@@ -92,10 +100,10 @@ def plausible_options(draw) -> ConfigOptions:
         opts.fsdp_version = draw(st.sampled_from([1, 2]))
         v1_only = ["no", "hybrid"] if opts.fsdp_version == 1 else []
         opts.sharding = draw(st.sampled_from(["full", "grad-op", *v1_only]))
-        opts.wrap_policy = draw(st.sampled_from(WRAP_POLICIES))
+        opts.wrap_policy = draw(st.sampled_from(WrapPolicy.values()))
         if opts.wrap_policy == "transformer":
             opts.wrap_cls = ("GPT2Block",)
-        opts.state_dict = draw(st.sampled_from(STATE_DICTS))
+        opts.state_dict = draw(st.sampled_from(StateDict.values()))
         opts.offload = draw(st.booleans())
         opts.cpu_ram_efficient_loading = draw(st.booleans())
     if backend == "deepspeed":
@@ -110,12 +118,13 @@ def plausible_options(draw) -> ConfigOptions:
 @settings(SETTINGS, max_examples=120)
 @given(options=plausible_options())
 def test_backend_consistent_options_always_give_a_launchable_config(options):
-    config = build_config(options)  # never raises for these
+    resolved = resolve_config(options)  # never raises for these
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.yaml"
-        if config.deepspeed_json is not None:
-            config["deepspeed_config"]["deepspeed_config_file"] = str(Path(tmp) / "ds.json")
-        write_config(config, path, "accelkit config (property test)")
+        if resolved.json_path() is not None:
+            resolved = in_folder(resolved, Path(tmp))
+        config = resolved.to_accelerate_dict()
+        write_config(resolved, path, "accelkit config (property test)")
         accelerate_roundtrip(path, config)
         args, env = launcher_env(path)
         assert args.num_processes == config["num_processes"]
@@ -175,6 +184,6 @@ def test_check_never_crashes_on_any_yaml(config):
             return
         # whatever loads cleanly can be used as a base for new options, or is refused with a clear error
         try:
-            build_config(ConfigOptions(), base=base)
+            resolve_config(ConfigOptions(), base=base)
         except AccelkitError as exc:
             assert exc.hint

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.config import accelerate_roundtrip, launcher_env
+from helpers.config import accelerate_roundtrip, findings, launcher_env
 
-from accelkit.configs import ConfigOptions, compat, hardware, problems, write_config
+from accelkit.configs import ConfigOptions, compat, hardware, write_config
 from accelkit.configs.choices import CP_BACKENDS, SP_BACKENDS
 from accelkit.configs.resolve import resolve_config
 from accelkit.errors import AccelkitError
@@ -142,7 +142,7 @@ def test_yaml_loads_in_accelerate_and_reaches_the_ranks(given, tmp_path, version
     for name, size in (("DP_REPLICATE", p.dp_replicate), ("DP_SHARD", p.dp_shard), ("TP", p.tp), ("CP", p.cp),
                        ("SP", p.sp)):
         assert env[f"PARALLELISM_CONFIG_{name}_SIZE"] == str(size)
-    assert [f for f in problems(written) if f.is_error] == []
+    assert [f for f in findings(written) if f.is_error] == []
 
 
 def test_a_file_is_read_back_with_its_sizes_and_unmodeled_keys(versions_work):
@@ -152,9 +152,9 @@ def test_a_file_is_read_back_with_its_sizes_and_unmodeled_keys(versions_work):
     cfg = resolve_config(ConfigOptions(), base=raw, base_label="nd.yaml", launch=True)
     section = cfg.to_accelerate_dict()["parallelism_config"]
     assert section["parallelism_config_cp_size"] == 2 and section["parallelism_config_cp_comm_strategy"] == "alltoall"
-    found = problems({**raw, "parallelism_config": {"parallelism_config_tp_sise": 2}})
+    found = findings({**raw, "parallelism_config": {"parallelism_config_tp_sise": 2}})
     assert any(f.code == "unknown-nested-key" and "parallelism_config_tp_size" in f.hint for f in found)
-    bad = problems({**raw, "parallelism_config": {"parallelism_config_dp_shard_size": 3}})
+    bad = findings({**raw, "parallelism_config": {"parallelism_config_dp_shard_size": 3}})
     assert any(f.code == "nd-product" for f in bad)
 
 

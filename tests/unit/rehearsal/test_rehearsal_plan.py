@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.rehearsal import rehearse_dict
 
 from accelkit.errors import AccelkitError
-from accelkit.rehearsal import RehearsalPlan, prepare_rehearsal, shim, versions
+from accelkit.rehearsal import RehearsalPlan, shim, versions
 
 FSDP2 = {
     "compute_environment": "LOCAL_MACHINE",
@@ -30,7 +31,7 @@ DEEPSPEED = {
 
 
 def test_fsdp_plan_keeps_config_and_sets_cpu_env():
-    plan = prepare_rehearsal(FSDP2)
+    plan = rehearse_dict(FSDP2)
     assert isinstance(plan, RehearsalPlan)
     assert plan.backend == "fsdp"
     launch = plan.launch_config
@@ -46,7 +47,7 @@ def test_fsdp_plan_keeps_config_and_sets_cpu_env():
 
 def test_ddp_plan_uses_torchrun_launcher():
     for distributed_type in ("MULTI_GPU", "MULTI_CPU"):
-        plan = prepare_rehearsal({"distributed_type": distributed_type, "num_processes": 4})
+        plan = rehearse_dict({"distributed_type": distributed_type, "num_processes": 4})
         assert plan.backend == "ddp"
         # MULTI_CPU would go to Accelerate's mpirun launcher (or one process); MULTI_GPU is torchrun.
         assert plan.launch_config["distributed_type"] == "MULTI_GPU"
@@ -57,14 +58,14 @@ def test_ddp_plan_uses_torchrun_launcher():
 
 
 def test_single_process_plan():
-    plan = prepare_rehearsal({"distributed_type": "NO", "num_processes": 1})
+    plan = rehearse_dict({"distributed_type": "NO", "num_processes": 1})
     assert plan.backend == "single"
     assert plan.launch_config["use_cpu"] is True
     assert not plan.bootstrap  # one plain CPU process: nothing to patch
 
 
 def test_deepspeed_plan_keeps_cpu_false_and_selects_cpu_accelerator():
-    plan = prepare_rehearsal(DEEPSPEED)
+    plan = rehearse_dict(DEEPSPEED)
     assert plan.backend == "deepspeed"
     assert plan.launch_config["deepspeed_config"] == DEEPSPEED["deepspeed_config"]
     assert plan.env["DS_ACCELERATOR"] == "cpu"
@@ -73,7 +74,7 @@ def test_deepspeed_plan_keeps_cpu_false_and_selects_cpu_accelerator():
 
 
 def test_deepspeed_multinode_uses_torchrun_launcher():
-    plan = prepare_rehearsal({**DEEPSPEED, "num_machines": 2, "num_processes": 4, "main_process_ip": "127.0.0.1"})
+    plan = rehearse_dict({**DEEPSPEED, "num_machines": 2, "num_processes": 4, "main_process_ip": "127.0.0.1"})
     assert plan.launch_config["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
     assert plan.launch_config["deepspeed_config"]["zero_stage"] == 3
     assert "deepspeed_multinode_launcher" not in DEEPSPEED["deepspeed_config"]
@@ -83,7 +84,7 @@ def test_deepspeed_multinode_uses_torchrun_launcher():
 def test_fsdp1_turns_off_gpu_only_options_with_a_note():
     config = {"distributed_type": "FSDP", "num_processes": 2,
               "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": True}}
-    plan = prepare_rehearsal(config)
+    plan = rehearse_dict(config)
     fsdp = plan.launch_config["fsdp_config"]
     assert fsdp["fsdp_sync_module_states"] is False
     assert fsdp["fsdp_cpu_ram_efficient_loading"] is False
@@ -95,7 +96,7 @@ def test_fsdp1_turns_off_gpu_only_options_with_a_note():
 
 
 def test_fsdp2_options_untouched():
-    plan = prepare_rehearsal({**FSDP2, "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False}})
+    plan = rehearse_dict({**FSDP2, "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False}})
     assert plan.launch_config["fsdp_config"] == {"fsdp_version": 2, "fsdp_reshard_after_forward": False}
 
 
@@ -111,7 +112,7 @@ def test_fsdp2_options_untouched():
 ])
 def test_refusals(config, fragment):
     with pytest.raises(AccelkitError) as error:
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     assert fragment in error.value.message
     assert error.value.hint
 
@@ -121,27 +122,27 @@ def test_deepspeed_json_is_checked(tmp_path: Path):
     config = {"distributed_type": "DEEPSPEED", "num_processes": 2,
               "deepspeed_config": {"deepspeed_config_file": str(ds_json)}}
     with pytest.raises(AccelkitError, match="does not exist"):
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     ds_json.write_text(json.dumps({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
     with pytest.raises(AccelkitError, match="fp16"):
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     ds_json.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
     with pytest.raises(AccelkitError, match="NVMe"):
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     ds_json.write_text(json.dumps({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 1}}))
     with pytest.raises(AccelkitError, match="OneBitAdam"):
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     ds_json.write_text(json.dumps({"optimizer": {"type": "Lion"}, "zero_optimization": {"stage": 2}}))
     with pytest.raises(AccelkitError, match="Lion"):  # FusedLion is CUDA-only; offloaded Lion is CPU Lion
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     ds_json.write_text(json.dumps({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}))
-    assert any("FusedAdam" in note for note in prepare_rehearsal(config).notes)
+    assert any("FusedAdam" in note for note in rehearse_dict(config).notes)
     ds_json.write_text("{not json")
     with pytest.raises(AccelkitError, match="not valid JSON"):
-        prepare_rehearsal(config)
+        rehearse_dict(config)
     ds_json.write_text(json.dumps({"optimizer": {"type": "AdamW"}, "bf16": {"enabled": True},
                                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}))
-    plan = prepare_rehearsal(config)
+    plan = rehearse_dict(config)
     assert plan.backend == "deepspeed" and plan.bootstrap
     assert any("CPU Adam" in note for note in plan.notes)  # first run compiles DeepSpeed's CPU Adam
 
@@ -151,7 +152,7 @@ def test_missing_deepspeed_is_refused_with_install_hint(monkeypatch):
     monkeypatch.setattr("accelkit.rehearsal.plan.installed_version",
                         lambda dist: None if dist == "deepspeed" else real(dist))
     with pytest.raises(AccelkitError) as error:
-        prepare_rehearsal(DEEPSPEED)
+        rehearse_dict(DEEPSPEED)
     assert "not installed" in error.value.message
     assert "accelkit[deepspeed]" in error.value.hint
 
@@ -168,11 +169,11 @@ def test_version_guard(monkeypatch, accelerate_version, ok):
         versions.check_versions("fsdp")
         return
     with pytest.raises(AccelkitError) as error:
-        prepare_rehearsal(FSDP2)
+        rehearse_dict(FSDP2)
     assert accelerate_version in error.value.message and ">=1.13.0,<1.16.0" in error.value.message
     assert versions.ALLOW_UNTESTED_ENV in error.value.hint
     monkeypatch.setenv(versions.ALLOW_UNTESTED_ENV, "1")
-    assert prepare_rehearsal(FSDP2).backend == "fsdp"
+    assert rehearse_dict(FSDP2).backend == "fsdp"
 
 
 def test_deepspeed_version_guard(monkeypatch):
