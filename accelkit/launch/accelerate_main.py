@@ -164,6 +164,16 @@ def _first_failure(exc, watch_dir: Path | None):
     return exc.get_first_failure()
 
 
+def _recorded_exit_code(pid: int, watch_dir: Path | None) -> int | None:
+    """The exit code a rank recorded when it failed by itself. A rank that failed at the same moment as a peer can
+    be stopped by the launcher's SIGTERM while it prints its traceback: it failed with its own error, not of the
+    signal."""
+    from accelkit.rehearsal.rank_files import read_failures
+
+    recorded = read_failures(watch_dir) if watch_dir is not None else []
+    return next((failure.exit_code for failure in recorded if failure.pid == pid), None)
+
+
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
     from accelkit.rehearsal.rank_files import RankFiles, read_error
@@ -213,14 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         if explained is not None:  # a known failure the rank described in one line (accelkit.rehearsal.explain)
             return report(explained)
         rank, failure = _first_failure(exc, watch_dir)
-        if failure.exitcode < 0:
-            lines, error = failures.rank_died(rank, failure.pid, -failure.exitcode, watch_dir)
+        exit_code = _recorded_exit_code(failure.pid, watch_dir) or failure.exitcode
+        if exit_code < 0:
+            lines, error = failures.rank_died(rank, failure.pid, -exit_code, watch_dir)
             for line in lines:
                 print(line, file=sys.stderr)
             return report(error)
-        print(f"accelkit: rank {rank} (pid {failure.pid}) failed first, exit code {failure.exitcode}; "
+        print(f"accelkit: rank {rank} (pid {failure.pid}) failed first, exit code {exit_code}; "
               "the launcher stopped the other ranks.", file=sys.stderr, flush=True)
-        return exit_status(failure.exitcode) or 1
+        return exit_status(exit_code) or 1
     except SignalException as exc:
         if watch_dir is None:  # under `accelkit launch` the supervisor says it (once, after every process is gone)
             print(f"accelkit: launcher received signal {int(exc.sigval)}; ranks stopped.", file=sys.stderr,

@@ -95,3 +95,15 @@ def test_the_launcher_names_the_cause_not_a_consequence(tmp_path: Path) -> None:
     assert _first_failure(failed(r0=(10, 1), r1=(11, 1)), tmp_path)[0] == 1
     # rank 1 exited by itself without a record; rank 0 was only stopped by the launcher
     assert _first_failure(failed(r0=(20, -signal.SIGTERM), r1=(21, 7)), tmp_path / "none")[0] == 1
+
+
+def test_a_rank_stopped_while_it_reported_its_own_error_failed_of_that_error(tmp_path: Path) -> None:
+    """Both ranks raise at once; rank 0 records first and torchrun's SIGTERM reaches it mid-traceback: the job failed
+    with rank 0's exception (exit status 1), not 'died of SIGTERM' (143) - the CI flake of stop 25."""
+    from accelkit.launch.accelerate_main import _recorded_exit_code
+    from accelkit.rehearsal.rank_files import RankFailure, RankFiles, write_failure
+
+    write_failure(RankFiles.of(tmp_path, 10), RankFailure(0, 10, "RuntimeError: lossss", 1, 4.0))
+    assert _recorded_exit_code(10, tmp_path) == 1
+    assert _recorded_exit_code(11, tmp_path) is None  # a rank that recorded nothing keeps torchrun's status
+    assert _recorded_exit_code(10, None) is None
