@@ -44,6 +44,13 @@ class Context:
             yield current
             current = self.parent(current)
 
+    def contains(self, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
+        """`node` lies strictly inside `outer`: a range test on the index (a walk up for nodes made after it)."""
+        start, at = self._index.get(id(outer)), self._index.get(id(node))
+        if start is None or at is None:
+            return any(a is outer for a in self.ancestors(node))
+        return start < at < self._ends[start]
+
     def descendants(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         """`node` and everything under it, in source order (a slice of the index, no traversal)."""
         start = self._index[id(node)]

@@ -24,6 +24,7 @@ class Flow:
     def __init__(self, ctx: Context, facts: Facts) -> None:
         self.ctx = ctx
         self.facts = facts
+        self._steps_once: dict[int, bool] = {}
 
     # -- blocks ----------------------------------------------------------------------------------------------
     def block_of(self, node: cst.CSTNode) -> cst.Module | cst.IndentedBlock | None:
@@ -40,7 +41,7 @@ class Flow:
         return None
 
     def _inside(self, node: cst.CSTNode, body: cst.CSTNode) -> bool:
-        return any(a is body for a in self.ctx.ancestors(node))
+        return self.ctx.contains(body, node)
 
     def top_statement(self, node: cst.CSTNode, block: cst.CSTNode) -> cst.BaseStatement | None:
         return self.ctx.top_statement_in(node, block)  # type: ignore[arg-type]
@@ -125,6 +126,13 @@ class Flow:
     def steps_once_per_iteration(self, loop_or_function: cst.CSTNode) -> bool:
         """An optimizer step happens in this loop's (or function's) own body, not in a loop nested inside it:
         directly, or in a function called from the body that steps without looping."""
+        known = self._steps_once.get(id(loop_or_function))
+        if known is None:  # asked once per scheduler step call: the answer per loop is kept
+            self._steps_once[id(loop_or_function)] = False  # a recursion through the script's functions stops here
+            known = self._steps_once[id(loop_or_function)] = self._steps_once_per_iteration(loop_or_function)
+        return known
+
+    def _steps_once_per_iteration(self, loop_or_function: cst.CSTNode) -> bool:
         body = loop_or_function.body  # type: ignore[attr-defined]
         for step in self.optimizer_steps:
             if self._inside(step, body) and self._nearest(step) is loop_or_function:

@@ -55,7 +55,7 @@ def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNod
     models = facts.of_kind("model")
     tainted = set()
     for call in flow.backward_calls:
-        if any(a is scope for a in ctx.ancestors(call)):
+        if ctx.contains(scope, call):
             target = call.func.value  # type: ignore[attr-defined]
             tainted |= _names(ctx, target)
     for _, batch in facts.loader_loops:

@@ -290,7 +290,7 @@ def _same_loop(ctx: Context, made: cst.CSTNode, use: cst.CSTNode) -> bool:
         return None
 
     loop = loop_of(made)
-    return loop is not None and any(a is loop for a in ctx.ancestors(use)) or loop_of(use) is None and loop is None
+    return loop is not None and ctx.contains(loop, use) or loop_of(use) is None and loop is None
 
 
 def _move(ctx: Context, plan: Plan, value: cst.BaseExpression, done: set[int]) -> None:
