@@ -42,12 +42,16 @@ CHECK_PROCESSES = 2
 @click.option("--sandbox-limit", default="1GiB", show_default=True, metavar="SIZE",
               help="With --check: the most the check copies of the working directory into the sandbox each run "
                    "starts in (the scripts' writes land in the copy, never in your files), e.g. 8GiB.")
+@click.option("--backend", "check_backend", type=click.Choice(["ddp", "fsdp"]), default=None,
+              help="With --check: the backend the 2-process run rehearses on CPU: ddp (default) or fsdp (fully_shard, "
+                   "FSDP2: the weights are compared as the full tensors gathered from the shards).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
 def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_place: bool, show_diff: bool,
             exit_code: bool, mixed_precision: str | None, partial: bool, check: bool,
-            converted_file: Path | None, steps: int, stall_timeout: float, sandbox_limit: str, force: bool) -> int:
+            converted_file: Path | None, steps: int, stall_timeout: float, sandbox_limit: str,
+            check_backend: str | None, force: bool) -> int:
     """Convert SCRIPT (single GPU/CPU PyTorch training) into an Accelerate script and print what changed.
 
     \b
@@ -56,6 +60,7 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
       accelkit convert train.py --in-place       # rewrite, keep train.py.bak
       accelkit convert --check train.py --lr 0.1 # prove it: 1 process vs 2, invariant by invariant
       accelkit convert --check train.py -- --steps 5 # after --, everything goes to the script
+      accelkit convert --check --backend fsdp train.py  # the 2-process run under FSDP
       accelkit convert train.py --diff --exit-code   # CI: exit 1 if there is something to convert
     """
     if script_args[:1] == ("--",):
@@ -69,11 +74,13 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
                                "script by --check only)")
     if converted_file is not None and not check:
         raise click.UsageError("--converted goes with --check")
+    if check_backend is not None and not check:
+        raise click.UsageError("--backend goes with --check (the conversion itself runs under any backend)")
     if check:
         from accelkit.plan import parse_bytes
 
         limit = parse_bytes(sandbox_limit, "--sandbox-limit")
-        return _check(script, list(script_args), steps, stall_timeout, converted_file, limit)
+        return _check(script, list(script_args), steps, stall_timeout, converted_file, limit, check_backend or "ddp")
 
     from accelkit.convert import ConvertOptions, convert_source, read_script, write_conversion
 
@@ -117,16 +124,17 @@ def try_it(path: Path) -> str:
 
 
 def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None,
-           sandbox_limit: int) -> int:
+           sandbox_limit: int, backend: str = "ddp") -> int:
     from accelkit.convert import CheckOptions, check_script, read_script
 
     what = converted_file.name if converted_file is not None else "the conversion"
     click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
-               f"{CHECK_PROCESSES} CPU processes (DDP rehearsal), {steps} step(s), each in a copy of "
+               f"{CHECK_PROCESSES} CPU processes ({backend.upper()} rehearsal), {steps} step(s), each in a copy of "
                "the working directory...", err=True)
     converted_code = read_script(converted_file) if converted_file is not None else None
     outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
-                                                      stall_seconds=stall_timeout, sandbox_limit=sandbox_limit),
+                                                      stall_seconds=stall_timeout, sandbox_limit=sandbox_limit,
+                                                      backend=backend),
                            converted_code=converted_code,
                            converted_name=converted_file.name if converted_file is not None else None)
     if outcome.conversion_problems:
@@ -137,6 +145,6 @@ def _check(script: Path, args: list[str], steps: int, stall_timeout: float, conv
     outcome.raise_unless_passed(script, args, steps)
     skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
     click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
-               f"as the original on one. Checked: {', '.join(outcome.checked)}."
+               f"({backend.upper()}) as the original on one. Checked: {', '.join(outcome.checked)}."
                + (f" Not checked: {skipped}." if skipped else ""))
     return 0

@@ -23,6 +23,7 @@ class CheckOptions:
     stall_seconds: float = 60.0  # no progress this long in a process = a hang
     timeout: float = 1800.0  # wall time limit of each run
     sandbox_limit: int = DEFAULT_LIMIT  # bytes of the working directory the check copies at most (sandbox.py)
+    backend: str = "ddp"  # the converted run's rehearsal: "ddp" or "fsdp" (fully_shard, FSDP2)
 
 
 @dataclass
@@ -125,7 +126,7 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         # one sandbox per run, made just before it and removed right after: the runs never see each other's files
         box = tree.materialize(scratch.root / "sandbox-converted")
         converted = run(converted_spec(scratch, box, code, args, options.steps, options.processes,
-                                       options.stall_seconds, options.timeout), box.script.parent)
+                                       options.stall_seconds, options.timeout, options.backend), box.script.parent)
         box.remove()
         replay = converted_spec_probe_dir(scratch)
         box = tree.materialize(scratch.root / "sandbox-original")
@@ -134,7 +135,7 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
                        box.script.parent)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
                 iteration_based, tuple(result.report.evaluation_loops), options.steps)
-    verdicts = [_ran(original, converted, options.processes, script.name), *evaluate(runs),
+    verdicts = [_ran(original, converted, options.processes, options.backend), *evaluate(runs),
                 _no_hang(original, converted, script.name, lines)]
     problems = [p.format() for p in result.report.problems] if converted_code is None else []
     return CheckOutcome(script.name, verdicts, original, converted, problems)
@@ -144,7 +145,7 @@ def converted_spec_probe_dir(scratch: Scratch) -> Path:
     return scratch.root / "probe-converted"
 
 
-def _ran(original: RunResult, converted: RunResult, world: int, script: str) -> Verdict:
+def _ran(original: RunResult, converted: RunResult, world: int, backend: str = "ddp") -> Verdict:
     name = "ran"
     evidence = []
     if converted.status not in (0, None):
@@ -164,7 +165,7 @@ def _ran(original: RunResult, converted: RunResult, world: int, script: str) -> 
                         "training",))
     steps = max((len([s for s in r.steps if s.optimizer >= 0]) for r in converted.records), default=0)
     return Verdict(name, PASS, f"original on 1 process ({original.seconds:.1f} s), converted on {world} CPU ranks "
-                               f"(DDP, {steps} optimizer step(s), {converted.seconds:.1f} s)")
+                               f"({backend.upper()}, {steps} optimizer step(s), {converted.seconds:.1f} s)")
 
 
 def _took_a_step(result: RunResult) -> bool:

@@ -56,23 +56,26 @@ def wrapped(runs: Runs) -> Verdict:
             return Verdict(name, FAIL, f"the converted run reached no training step (no backward pass, no optimizer "
                                        f"step) where the original took {taken}: nothing of it could be checked")
         return Verdict(name, SKIP, "no training step in either run (see `ran`)")
+    wrapper = "FSDP" if rank0.backend == "fsdp" else "DDP"
+    owns = "FSDP shards" if wrapper == "FSDP" else "DDP wrapper owns"
     if rank0.unwrapped:
         evidence = []
         for item in rank0.unwrapped:
             owner = ", ".join(item["owners"]) or "a module the script does not hold in a variable at the step"
             evidence.append(f"optimizer #{item['optimizer']} ({item['kind']}) updates {item['tensors']} parameter "
-                            f"tensor(s) ({item['numel']:,} values) that no DDP wrapper owns: {owner}")
+                            f"tensor(s) ({item['numel']:,} values) that no {owns}: {owner}")
         return Verdict(name, FAIL, "a trained module was not prepared: each process trains its own copy",
                        tuple(evidence))
     trained = [m for m in rank0.models if m["trained"]]
     bare = [m["name"] for m in trained if not m["wrapper"]]
     if not rank0.optimizers and bare:
         return Verdict(name, FAIL, "a trained module was not prepared: each process trains its own copy",
-                       tuple(f"{n} is trained (called with gradients) but not wrapped by DDP" for n in bare))
+                       tuple(f"{n} is trained (called with gradients) but not wrapped by {wrapper}" for n in bare))
     if not rank0.wrapped:
-        return Verdict(name, FAIL, "no module was wrapped by DDP")
+        return Verdict(name, FAIL, f"no module was wrapped by {wrapper}")
     optimizers = f", {len(rank0.optimizers)} optimizer(s)" if rank0.optimizers else ""
-    return Verdict(name, PASS, f"every trained module is wrapped by DDP: {', '.join(rank0.wrapped)}{optimizers}")
+    how = "sharded by FSDP (fully_shard)" if wrapper == "FSDP" else "wrapped by DDP"
+    return Verdict(name, PASS, f"every trained module is {how}: {', '.join(rank0.wrapped)}{optimizers}")
 
 
 # -- weights identical across ranks after every step ------------------------------------------------------------
@@ -115,7 +118,8 @@ def weights(runs: Runs) -> Verdict:
         return Verdict(name, FAIL, f"the ranks took different numbers of {unit}es ({counts})")
     count = len(per_rank[0])
     what = f"before each of {count} backward passes" if manual else f"after each of {count} optimizer steps"
-    return Verdict(name, PASS, f"identical on all {len(ranks)} ranks {what}")
+    gathered = " (full parameters gathered from the FSDP shards)" if ranks[0].backend == "fsdp" else ""
+    return Verdict(name, PASS, f"identical on all {len(ranks)} ranks {what}{gathered}")
 
 
 def _step_label(step: Step, manual: bool) -> str:

@@ -4,10 +4,15 @@ Installed by accelkit.rehearsal.bootstrap before the script runs, in the origina
 of the converted run. It records, without changing what the script computes:
 - every optimizer step (accelkit.probes.steps): the learning rates it used, a digest of the weights right after it,
   the digest before the first step of each optimizer, and the training pass it belongs to;
-- whether each optimizer's parameters belong to a module DDP wrapped (and if not, which variable holds it);
+- whether each optimizer's parameters belong to a module DDP wrapped or FSDP sharded (and if not, which variable
+  holds it);
 - the modules the script calls at top level (its models), and fingerprints of their training inputs;
 - DataLoader passes and sample indices (probe_data), files written and lines printed (probe_io);
 (Hangs are the supervisor's: every process of both runs is watched by accelkit.launch's one stall watchdog.)
+
+Under FSDP (fully_shard) every rank holds a shard of each parameter (a DTensor): weights are read as the full
+tensors gathered from the shards (`full_tensor()`, a collective every rank runs at the same optimizer step, as the
+training itself does), so "identical on every rank" compares whole models under DDP and FSDP alike.
 
 Metrics at equal weights: rank 0 of the converted run saves the weights it evaluated with after each evaluation
 pass (a DataLoader pass without optimizer steps); the original run loads them right before its pass with the same
@@ -24,7 +29,7 @@ from pathlib import Path
 from accelkit.convert.check.frames import is_user_code, qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
-from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
+from accelkit.convert.check.record import BACKEND_ENV, REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
 from accelkit.rehearsal import WATCH_DIR_ENV
 
@@ -36,7 +41,7 @@ class CheckProbe:
         self.folder = Path(os.environ.get(PROBE_DIR_ENV) or ".")
         role = os.environ.get(ROLE_ENV, "original")
         self.record = Record(rank=int(os.environ.get("RANK", "0")), world=int(os.environ.get("WORLD_SIZE", "1")),
-                             role=role)
+                             role=role, backend=os.environ.get(BACKEND_ENV, "ddp"))
         self.main = self.record.rank == 0
         self.optimizer_index: dict[int, int] = {}  # id(torch optimizer) -> index
         self._keep: list[object] = []  # optimizers and models, alive, so ids are never reused
@@ -115,8 +120,8 @@ class CheckProbe:
             self.model_ids.add(id(module))
             self.models.append(module)
             inner = unwrap(module)
-            self.record.models.append({"name": type(inner).__name__, "trained": False,
-                                       "wrapper": type(module).__name__ if inner is not module else ""})
+            self.record.models.append({"name": class_name(inner), "trained": False,
+                                       "wrapper": wrapper_name(module, inner)})
         if module.training and torch.is_grad_enabled() and id(module) in self.model_ids:  # a model, not a loss
             self.record.models[self.models.index(module)]["trained"] = True
             self.step_keys += fingerprint_rows(self.record, args)
@@ -140,12 +145,24 @@ class CheckProbe:
         params = optimizer_params(optimizer)
         self.pending_before[index] = digest(params)
         if self.record.world > 1:
-            missing = [p for p in params if p.requires_grad and id(p) not in self.wrapped_params]
+            self._note_sharded(params)
+            missing = [p for p in params if p.requires_grad and id(p) not in self.wrapped_params and not sharded(p)]
             if missing:
                 self.record.unwrapped.append({
                     "optimizer": index, "kind": type(getattr(optimizer, "optimizer", optimizer)).__name__,
                     "tensors": len(missing), "numel": int(sum(p.numel() for p in missing)),
                     "owners": owners(missing)})
+
+    def _note_sharded(self, params: list) -> None:
+        """FSDP2 shards in place (no wrapper object to hook): the models whose parameters are DTensors."""
+        if not any(sharded(p) for p in params):
+            return
+        for model in self.models:
+            name = class_name(unwrap(model))
+            if wrapper_name(model, unwrap(model)) == "fully_shard" and name not in self.record.wrapped:
+                self.record.wrapped.append(name)
+        if not self.record.wrapped:
+            self.record.wrapped.append("parameters sharded by FSDP")
 
     def _after_step(self, event: StepEvent) -> None:
         optimizer = event.optimizer
@@ -202,11 +219,16 @@ class CheckProbe:
     def _pass_ended(self, record: Pass) -> None:
         if not record.steps and record.batches:
             self._watch_return(record)
-        if self.record.role != "converted" or not self.main or record.steps or not record.batches or not self.models:
+        if self.record.role != "converted" or record.steps or not record.batches or not self.models:
+            return
+        if not self.main and self.record.backend != "fsdp":
             return
         import torch
 
-        states = [{k: v.detach().cpu() for k, v in unwrap(m).state_dict().items()} for m in self.models]
+        # under FSDP every rank gathers the full tensors of its shards (a collective); rank 0 saves them
+        states = [{k: full(v).detach().cpu() for k, v in unwrap(m).state_dict().items()} for m in self.models]
+        if not self.main:
+            return
         torch.save(states, self.folder / eval_weights_name(record.loader, record.number))
         self.record.saved_eval_weights.append(f"{record.loader}:{record.number}")
 
@@ -276,6 +298,36 @@ def unwrap(module):
     return module
 
 
+def class_name(module) -> str:
+    """The script's class of a module: FSDP2 makes `FSDPNet`, a subclass of FSDPModule and `Net`."""
+    cls = type(module)
+    if _is_fsdp2(module):
+        cls = next((c for c in cls.__mro__[1:] if c.__name__ != "FSDPModule" and "FSDPModule" not in
+                    {b.__name__ for b in c.__mro__}), cls)
+    return cls.__name__
+
+
+def wrapper_name(module, inner) -> str:
+    """"DistributedDataParallel" & co. for a wrapper object, "fully_shard" for an FSDP2 module, "" for a bare one."""
+    if inner is not module:
+        return type(module).__name__
+    return "fully_shard" if _is_fsdp2(inner) else ""
+
+
+def _is_fsdp2(module) -> bool:
+    return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
+
+
+def sharded(tensor) -> bool:
+    """A DTensor: a parameter FSDP2 sharded across the ranks."""
+    return any(c.__name__ == "DTensor" for c in type(tensor).__mro__)
+
+
+def full(tensor):
+    """The whole tensor: gathered from every rank's shard for a DTensor (a collective), the tensor itself else."""
+    return tensor.full_tensor() if sharded(tensor) else tensor
+
+
 def optimizer_params(optimizer) -> list:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -285,7 +337,8 @@ def digest(params) -> str:
 
     sha = hashlib.sha256()
     for p in params:
-        flat = p.detach().to("cpu").contiguous().reshape(-1)
+        # a copy: a numpy view would pin the storage, which FSDP frees (resizes to 0) after the backward pass
+        flat = full(p.detach()).to("cpu").reshape(-1).clone()
         sha.update(flat.view(torch.uint8).numpy().tobytes())
     return sha.hexdigest()[:16]
 

@@ -16,6 +16,7 @@ PROBE_NAME = "convert-check"
 PROBE_MODULE = "accelkit.convert.check.probe"  # installed in every process of both runs
 ROLE_ENV = "ACCELKIT_CHECK_ROLE"  # "original" (1 process) or "converted" (N ranks)
 REPLAY_ENV = "ACCELKIT_CHECK_REPLAY_DIR"  # original run: load the converted run's weights before each eval pass
+BACKEND_ENV = "ACCELKIT_CHECK_BACKEND"  # converted run: "ddp" or "fsdp" (how the probe reads the weights)
 WORLD_ENV = "ACCELKIT_CHECK_WORLD"  # converted run's world size, known to the original run (progress alignment)
 
 
@@ -55,8 +56,9 @@ class Record:
     reason: str = ""  # "step limit" | "script end"
     steps: list[Step] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)  # class names, by index
-    unwrapped: list[dict[str, Any]] = field(default_factory=list)  # optimizers whose params no DDP wrapper owns
-    wrapped: list[str] = field(default_factory=list)  # class names of the modules DDP wrapped
+    unwrapped: list[dict[str, Any]] = field(default_factory=list)  # optimizers whose params no wrapper owns
+    backend: str = "ddp"  # converted run: the rehearsed backend ("ddp" or "fsdp")
+    wrapped: list[str] = field(default_factory=list)  # class names of the modules DDP wrapped (FSDP: sharded)
     # modules the script called at top level, in order: {"name": class, "wrapper": DDP class or "", "trained": bool}
     models: list[dict[str, Any]] = field(default_factory=list)
     passes: list[Pass] = field(default_factory=list)

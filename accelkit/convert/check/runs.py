@@ -1,7 +1,7 @@
 """Run the original (one process) and the converted script (N CPU ranks) with the check probe, each in a sandbox
 of its own, and collect what every process recorded. Both runs go through accelkit.launch's supervised-run API: the
-original as one plain process, the conversion as a DDP rehearsal on N CPU ranks (what
-`accelkit launch --cpu --backend ddp --num-processes N` runs); the launch's one stall watchdog watches both, and
+original as one plain process, the conversion as a DDP or FSDP rehearsal on N CPU ranks (what
+`accelkit launch --cpu --backend ddp|fsdp --num-processes N` runs); the launch's one stall watchdog watches both, and
 the supervisor stops every process of a run, whatever happens.
 
 Each run starts in a real copy of the user's working directory (sandbox.py): whatever it writes lands in the copy,
@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelkit.convert.check.record import PROBE_MODULE, REPLAY_ENV, ROLE_ENV, WORLD_ENV, Record, read_records
+from accelkit.convert.check.record import (
+    BACKEND_ENV,
+    PROBE_MODULE,
+    REPLAY_ENV,
+    ROLE_ENV,
+    WORLD_ENV,
+    Record,
+    read_records,
+)
 from accelkit.convert.check.sandbox import Sandbox
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
@@ -86,20 +94,23 @@ def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str],
 
 
 def converted_spec(scratch: Scratch, box: Sandbox, code: str, args: list[str], steps: int, world: int,
-                   stall: float, timeout: float) -> RunSpec:
+                   stall: float, timeout: float, backend: str = "ddp") -> RunSpec:
     box.script.write_text(code, encoding="utf-8")
     probe_dir = scratch.folder("probe-converted")
-    env = {ROLE_ENV: "converted", MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
-    return RunSpec("converted", converted_request(box.script, args, world), box.cwd, probe_dir, env, stall, timeout)
+    env = {ROLE_ENV: "converted", BACKEND_ENV: backend, MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
+    return RunSpec("converted", converted_request(box.script, args, world, backend), box.cwd, probe_dir, env, stall,
+                   timeout)
 
 
-def converted_request(script: Path, args: list[str], world: int):
-    """The conversion on `world` CPU ranks: a DDP rehearsal, as `accelkit launch --cpu --backend ddp` runs it."""
+def converted_request(script: Path, args: list[str], world: int, backend: str = "ddp"):
+    """The conversion on `world` CPU ranks: a DDP or FSDP (fully_shard, FSDP2) rehearsal, as
+    `accelkit launch --cpu --backend ddp|fsdp` runs it."""
     from accelkit.configs import ConfigOptions
     from accelkit.launch import LaunchRequest, LaunchTarget
 
     return LaunchRequest(target=LaunchTarget(str(script), tuple(args)), cpu=True,
-                         options=ConfigOptions(backend="ddp", num_processes=world),
+                         options=ConfigOptions(backend=backend, num_processes=world,
+                                               fsdp_version=2 if backend == "fsdp" else None),
                          command_line="accelkit convert --check")
 
 
