@@ -29,6 +29,7 @@ from pathlib import Path
 from accelkit.convert.check.frames import is_user_code, qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
+from accelkit.convert.check.probe_metrics import CallerMetrics
 from accelkit.convert.check.record import BACKEND_ENV, REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
 from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
 from accelkit.rehearsal import WATCH_DIR_ENV
@@ -58,7 +59,9 @@ class CheckProbe:
         self.loaders = LoaderTracker(self.record, _nothing, self._pass_started, self._pass_ended)
         # the probe's own files, and the launch's per-rank watch files (accelkit.rehearsal.watch), not the script's
         ignore = [str(self.folder), *filter(None, [os.environ.get(WATCH_DIR_ENV)])]
-        self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
+        self.callers = CallerMetrics()
+        self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main,
+                                metric_positions=self.callers.positions)
 
     # -- installation ----------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -195,6 +198,8 @@ class CheckProbe:
 
     # -- evaluation passes: weights for metrics at equal weights ---------------------------------------------
     def _pass_started(self, record: Pass) -> None:
+        if self.main:  # only the main process keeps its lines
+            self.callers.pass_started(list(user_frames(2)))
         replay = os.environ.get(REPLAY_ENV)
         if not replay or not self.models:
             return

@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from accelkit.convert.check.frames import innermost_user_function, is_user_code
+from accelkit.convert.check.frames import innermost_user_function, is_user_code, user_frames
 from accelkit.convert.check.record import Record
 
 MAX_LINES = 20_000
@@ -19,11 +19,13 @@ WRITE_MODES = set("wax+")
 
 
 class OutputTracker:
-    def __init__(self, record: Record, ignore: list[str], tag: Callable[[], str], keep_lines: bool) -> None:
+    def __init__(self, record: Record, ignore: list[str], tag: Callable[[], str], keep_lines: bool,
+                 metric_positions: Callable[[str, object], list[int] | None] | None = None) -> None:
         self.record = record
         self.ignore = [os.path.abspath(p) for p in ignore]  # the probe's own files
         self.tag = tag
         self.keep_lines = keep_lines
+        self.metric_positions = metric_positions  # lines after an evaluation: which numbers are its metrics
         self.real_open = builtins.open
 
     def install(self) -> None:
@@ -78,7 +80,11 @@ class OutputTracker:
             return  # `[2026-11-24 02:47:44,298] [WARNING] [real_accelerator.py:213:...]`: DeepSpeed's logger, which
             # `unwrap_model` imports mid-run; not the script's output on either side
         if self.keep_lines and len(self.record.lines) < MAX_LINES:
-            self.record.lines.append([self.tag(), innermost_user_function(), text])
+            tag = self.tag()
+            line: list = [tag, innermost_user_function(), text]
+            if tag.endswith(":end") and self.metric_positions is not None:
+                line.append(self.metric_positions(text, next(user_frames(2), None)))
+            self.record.lines.append(line)
             return
         if not from_script:
             return  # a library's log line (DeepSpeed's accelerator notice, warnings): not the script's output
