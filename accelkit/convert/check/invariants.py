@@ -212,9 +212,20 @@ def samples(runs: Runs) -> Verdict:
     original_passes = {(p.loader, p.number): p for p in runs.original.passes} if runs.original else {}
     checked: list[str] = []
     training_loaders: set[int] = set()
+    streams: dict[int, list[str]] = defaultdict(list)  # IterableDataset loader -> what was checked, per epoch
     for key in keys:
         passes = [next((p for p in r.passes if (p.loader, p.number) == key), None) for r in ranks]
         present = [p for p in passes if p is not None]
+        if present and any(p.stream and p.rows for p in present):
+            kind = "training" if any(p.steps for p in present) else "evaluation"
+            problem, what = _stream_problem(passes, original_passes.get(key), runs.world)
+            if problem:
+                return Verdict(name, FAIL, f"{kind} loader #{key[0]} (IterableDataset), epoch {key[1] + 1}: "
+                                           f"{problem[0]}", problem[1])
+            streams[key[0]].append(what)
+            if kind == "training":
+                training_loaders.add(key[0])
+            continue
         if not present or not any(p.indices for p in present):
             continue
         if any(p.steps for p in present):
@@ -224,12 +235,61 @@ def samples(runs: Runs) -> Verdict:
             kind = "training" if any(p.steps for p in present) else "evaluation"
             return Verdict(name, FAIL, f"{kind} loader #{key[0]}, epoch {key[1] + 1}: {problem[0]}", problem[1])
         checked.append(f"{key[0]}:{key[1]}")
-    if not checked:
+    if not checked and not streams:
         return _fingerprints(runs) if not training_loaders else Verdict(name, SKIP, "no sample index was recorded")
     loaders = Counter(k.split(":")[0] for k in checked)
     described = ", ".join(f"loader #{k} ({'training' if int(k) in training_loaders else 'evaluation'}, "
                           f"{n} epoch(s))" for k, n in sorted(loaders.items()))
-    return Verdict(name, PASS, f"each sample seen once per epoch across the {runs.world} ranks: {described}")
+    if not streams:
+        return Verdict(name, PASS, f"each sample seen once per epoch across the {runs.world} ranks: {described}")
+    parts = [f"each sample seen once per epoch across the {runs.world} ranks: {described}"] if described else []
+    for loader, whats in sorted(streams.items()):
+        kind = "training" if loader in training_loaders else "evaluation"
+        epochs = "; ".join(f"{n} epoch(s): {what}" for what, n in Counter(whats).items())
+        parts.append(f"IterableDataset loader #{loader} ({kind}, samples compared by content): {epochs}")
+    return Verdict(name, PASS, "; ".join(parts))
+
+
+STREAM_ALL = "every sample of the one-process epoch taken, each by one rank"
+STREAM_DISJOINT = "no sample taken by two ranks"
+
+
+def _stream_problem(passes: list[Pass | None], original: Pass | None, world: int):
+    """An IterableDataset's epoch, by the samples' content (a hash of each row the script took): no sample on two
+    ranks (beyond Accelerate's padding of the last batch), and, when both runs finished the epoch with the same
+    samples, none missed. Returns (problem or None, what was checked)."""
+    taken: Counter[str] = Counter()
+    ranks_of: dict[str, set[int]] = defaultdict(set)
+    for rank, p in enumerate(passes):
+        for row, count in (p.rows if p else {}).items():
+            taken[row] += count
+            ranks_of[row].add(rank)
+    once = original.rows if original is not None and original.complete and original.rows else None
+    complete = all(p is not None and p.complete for p in passes)
+    extra = sum(taken[row] - max(1, (once or {}).get(row, 1)) for row, rs in ranks_of.items() if len(rs) > 1)
+    batch = max((p.batch_size for p in passes if p is not None), default=-1)
+    allowed = 0
+    if complete and batch > 0:  # the last batch evened out with samples from the epoch's start (even_batches)
+        allowed = (-sum(once.values())) % (world * batch) if once else world * batch - 1
+    if extra > max(allowed, 0):
+        shared = sum(1 for rs in ranks_of.values() if len(rs) > 1)
+        return ((f"{shared} sample(s) taken by more than one rank: the stream is not sharded across processes",
+                 (f"{len(taken)} distinct samples, {sum(taken.values())} taken over {len(passes)} ranks",)),
+                "")
+    if not complete:
+        return None, f"{STREAM_DISJOINT} (the converted run stopped within the epoch: missed samples not checked)"
+    if once is None:
+        return None, f"{STREAM_DISJOINT} (the one-process run did not finish this epoch: missed samples not checked)"
+    if set(taken) - set(once):
+        return None, (f"{STREAM_DISJOINT} (its samples differ from the one-process run's, e.g. drawn at random: missed "
+                      "samples not checked)")
+    missing = set(once) - set(taken)
+    if missing:
+        return ((f"{len(missing)} of {len(once)} sample(s) of the epoch taken by no rank",
+                 ("the one-process run took every one of them",)), "")
+    if extra:
+        return None, f"{STREAM_ALL} ({extra} taken again to even out the last batch)"
+    return None, STREAM_ALL
 
 
 def _pass_problem(key, passes: list[Pass | None], original: Pass | None, world: int):

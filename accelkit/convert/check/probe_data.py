@@ -35,6 +35,7 @@ class LoaderTracker:
         self.depth = 0  # > 0 while the outer iterator runs (inner DataLoaders are not new passes)
         self.tag = ""  # "<loader>:<pass>:in" or "...:end": the last loader event, for printed lines
         self.indices_kept = 0
+        self.rows_kept = 0
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def hook_torch(self) -> None:
@@ -88,7 +89,7 @@ class LoaderTracker:
             self._keep.append(dataset)
         number = sum(1 for p in self.record.passes if p.loader == key)
         record = Pass(loader=key, number=number, length=_length(loader), dataset_length=_length(dataset),
-                      batch_size=_batch_size(loader), owner=innermost_user_function())
+                      batch_size=_batch_size(loader), owner=innermost_user_function(), stream=_is_stream(dataset))
         self.record.passes.append(record)
         self.active[key] = record
         self.tag = f"{key}:{number}:in"
@@ -111,8 +112,10 @@ class LoaderTracker:
             record.indices.extend(values)
             self.indices_kept += len(values)
 
-    def _batch(self, record: Pass) -> None:
+    def _batch(self, record: Pass, batch: Any = None) -> None:
         record.batches += 1
+        if record.stream and self.rows_kept < MAX_FINGERPRINTS:
+            self.rows_kept += _count_rows(record.rows, batch)
         self.tag = f"{record.loader}:{record.number}:in"
         self.on_batch()
 
@@ -155,7 +158,7 @@ class _PassIterator:
             raise
         finally:
             self._tracker.depth -= 1
-        self._tracker._batch(self._record)
+        self._tracker._batch(self._record, item)
         return item
 
     def __len__(self) -> int:
@@ -163,6 +166,45 @@ class _PassIterator:
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
+
+
+def _is_stream(dataset) -> bool:
+    """An IterableDataset (Accelerate's shards of one too): the sampler hands out no indices to follow."""
+    return any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__)
+
+
+def _first_tensor(batch: Any, depth: int = 0):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if depth < 3 and isinstance(batch, dict):
+        batch = list(batch.values())
+    if depth < 3 and isinstance(batch, (list, tuple)):
+        for item in batch:
+            found = _first_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _count_rows(rows: dict[str, int], batch: Any) -> int:
+    """Count a hash of each sample of a batch (the rows of its first tensor); return how many were counted."""
+    tensor = _first_tensor(batch)
+    if tensor is None or tensor.dim() == 0 or tensor.numel() > MAX_FINGERPRINT_ELEMENTS:
+        return 0
+    for key in _row_hashes(tensor):
+        rows[key] = rows.get(key, 0) + 1
+    return int(tensor.shape[0])
+
+
+def _row_hashes(tensor) -> list[str]:
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(tensor.shape[0], -1)
+    if flat.dtype == torch.bfloat16:
+        flat = flat.float()
+    return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in flat.numpy()]
 
 
 def _length(obj) -> int:
@@ -188,10 +230,7 @@ def fingerprint_rows(record: Record, args: tuple) -> list[str]:
         return []
     if len(record.fingerprints) >= MAX_FINGERPRINTS:
         return []
-    rows = tensor.detach().to("cpu").contiguous().reshape(tensor.shape[0], -1)
-    if rows.dtype == torch.bfloat16:
-        rows = rows.float()
-    keys = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows.numpy()]
+    keys = _row_hashes(tensor)
     for key in keys:
         record.fingerprints[key] = record.fingerprints.get(key, 0) + 1
     return keys

@@ -45,6 +45,10 @@ class Pass:
     steps: int = 0  # optimizer steps taken while the pass was running
     complete: bool = False  # the script iterated to the end
     owner: str = ""  # "train.py:evaluate": the script's function that iterated the loader
+    # an IterableDataset (no indices): a short hash of each sample (row of the batch's first tensor) the script
+    # took from the loader -> times taken
+    stream: bool = False
+    rows: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
