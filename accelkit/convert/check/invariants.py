@@ -363,8 +363,8 @@ def metrics(runs: Runs) -> Verdict:
         if key not in original.replayed:
             continue
         where = f"evaluation pass {p.number + 1} of loader #{p.loader} ({p.owner.split(':')[-1]})"
-        if key in rank0.returns and key in original.returns:
-            ours, theirs = rank0.returns[key], original.returns[key]
+        ours, theirs = rank0.returns.get(key), original.returns.get(key)
+        if key in rank0.returns and key in original.returns and (ours, theirs) != (None, None):  # None: no number
             problem = _compare_values(ours, theirs)
             if problem:
                 return Verdict(name, FAIL, f"{where} returned {problem} (same weights on both sides)",
