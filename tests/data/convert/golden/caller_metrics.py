@@ -67,6 +67,7 @@ def main():
     for epoch in range(1, 3):
         start = time.time()
         train_loss = train_epoch(model, train_loader, optimizer, device)
+        accelerator.print(f"LOSS epoch={epoch} train_loss={train_loss:.6f}")
         result = evaluate(model, val_loader, device)
         accelerator.print(f"| end of epoch {epoch:3d} | time: {time.time() - start:5.2f}s | train loss {train_loss:5.4f} | "
               f"valid loss {result.loss:5.4f} | valid acc {result.accuracy:5.4f}")

@@ -73,7 +73,7 @@ def main():
             optimizer.step()
             running = 0.9 * running + 0.1 * loss.item()
         val_loss = evaluate(model, val_loader)
-        accelerator.print(f"epoch {epoch}: train loss (smoothed) {running:.4f}, val loss {val_loss:.4f}")
+        accelerator.print(f"LOSS epoch {epoch}: train loss (smoothed) {running:.4f}, val loss {val_loss:.4f}")
 
 
 if __name__ == "__main__":
