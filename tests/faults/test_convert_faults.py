@@ -66,6 +66,8 @@ def test_a_script_that_cannot_be_converted_completely_writes_nothing_unless_part
     (["--check", "--steps", "0"], "0 is not in the range x>=1"),
     (["--check", "--stall-timeout", "nan"], "'nan' is not a finite number of seconds"),
     (["--check", "--stall-timeout", "inf"], "'inf' is not a finite number of seconds"),
+    (["--backend", "fsdp"], "--backend goes with --check"),
+    (["--check", "--backend", "deepspeed"], "'deepspeed' is not one of 'ddp', 'fsdp'"),
 ])
 def test_bad_arguments_are_usage_errors(args: list[str], message: str, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
