@@ -13,6 +13,7 @@ Imports nothing heavy: the checking side reads NUMBER and `shows` too.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -69,14 +70,17 @@ def _collect(value, out: list[float], depth: int) -> None:
         return  # modules, tensors of many values, optimizers: not a printed metric
     if depth >= 3:
         return
+    # the last 64 items of a container at most (a history list grows: its latest entries are this epoch's)
     if isinstance(value, dict):
-        for item in list(value.values())[-64:]:
+        for item in itertools.islice(reversed(value.values()), 64):
             _collect(item, out, depth + 1)
     elif isinstance(value, (list, tuple)):
-        for item in list(value)[-64:]:
+        for item in value[-64:]:
             _collect(item, out, depth + 1)
-    elif hasattr(value, "__dataclass_fields__") or type(value).__name__ in {"SimpleNamespace"}:
-        for item in vars(value).values():
+    elif hasattr(value, "__dataclass_fields__") or type(value).__name__ == "SimpleNamespace":
+        fields = getattr(value, "__dict__", None) or {k: getattr(value, k, None) for k in
+                                                      getattr(value, "__dataclass_fields__", {})}
+        for item in list(fields.values())[:64]:
             _collect(item, out, depth + 1)
 
 
