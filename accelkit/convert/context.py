@@ -22,6 +22,7 @@ class Context:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self._lines: dict[cst.CSTNode, int] | None = None
+        self._code: dict[int, str] = {}
         collector = _Indexer()
         self.module.visit(collector)
         self.nodes: list[cst.CSTNode] = collector.nodes
@@ -94,7 +95,13 @@ class Context:
         return {".".join([head, *reversed(parts)])}
 
     def code(self, node: cst.CSTNode) -> str:
-        return self.module.code_for_node(node).strip()
+        key = id(node)
+        if key not in self._index:  # a node made by a transform: its id may be reused, so it is not kept
+            return self.module.code_for_node(node).strip()
+        found = self._code.get(key)
+        if found is None:  # the report quotes the same expressions many times
+            found = self._code[key] = self.module.code_for_node(node).strip()
+        return found
 
     def of_type(self, *types: type) -> Iterator[cst.CSTNode]:
         """Nodes of the given (possibly abstract) types in source order, from a per-class index: isinstance on

@@ -66,15 +66,17 @@ def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNod
                 isinstance(target, cst.Tuple) and len(target.elements) == 2:
             target = target.elements[1]  # `step` of `for step, batch in enumerate(loader)` counts alike everywhere
         tainted |= {n.value for n in ctx.descendants(target) if type(n) is cst.Name}
-    assigns = [n for n in ctx.descendants(scope) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
+    # what each assignment reads, runs and is guarded by, read once: the propagation below repeats over them
+    assigns = []
+    for node in ctx.descendants(scope):
+        if not isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or node.value is None:
+            continue
+        runs_model = any(isinstance(c, cst.Call) and dotted(c.func) in models for c in ctx.descendants(node.value))
+        guards = [_names(ctx, a.test) for a in ctx.ancestors(node) if isinstance(a, cst.If)]
+        assigns.append((node, runs_model, guards, _names(ctx, node.value)))
     for _ in range(4):
-        for node in assigns:
-            value = node.value
-            if value is None:
-                continue
-            runs_model = any(isinstance(c, cst.Call) and dotted(c.func) in models for c in ctx.descendants(value))
-            guarded = any(isinstance(a, cst.If) and _names(ctx, a.test) & tainted for a in ctx.ancestors(node))
-            if runs_model or guarded or _names(ctx, value) & tainted:
+        for node, runs_model, guards, reads in assigns:
+            if runs_model or reads & tainted or any(guard & tainted for guard in guards):
                 if isinstance(node, cst.AugAssign):
                     key = dotted(node.target)
                     if key:
