@@ -1,6 +1,7 @@
 """`accelkit convert --check`: prove a conversion by running it.
 
-The original script runs on one process and the converted one on 2 CPU ranks (DDP rehearsal), both with the
+The original script runs on one process and the converted one on 2 CPU ranks (DDP rehearsal, or FSDP2 with
+`CheckOptions(backend="fsdp")`), both with the
 probe in `probe.py` installed in every process; `invariants.py` then compares what the probes saw against the
 invariants of correct data parallelism (every trainable module wrapped, weights identical across ranks after every
 step, learning rates equal to the original's at the same point of training, each sample seen once per epoch,

@@ -15,6 +15,8 @@ from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
 from accelkit.errors import AccelkitError
 from accelkit.shellwords import command_line
 
+CHECK_BACKENDS = ("ddp", "fsdp")
+
 
 @dataclass(frozen=True)
 class CheckOptions:
@@ -109,6 +111,9 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
     from accelkit.convert import convert_source
 
     options = options or CheckOptions()
+    if options.backend not in CHECK_BACKENDS:
+        raise AccelkitError(f"--check rehearses {' or '.join(CHECK_BACKENDS)}, not {options.backend!r}",
+                            hint="check under ddp or fsdp; run other backends with `accelkit launch --cpu --backend`")
     source = script.read_text(encoding="utf-8")
     result = convert_source(source, filename=script.name)
     if result.report.status == "already-accelerate":

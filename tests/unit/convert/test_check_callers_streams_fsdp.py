@@ -135,3 +135,16 @@ def test_under_fsdp_the_verdicts_name_sharding_and_gathered_weights() -> None:
     assert verdict.status == FAIL and "that no FSDP shards: `model` (Net)" in verdict.evidence[0]
     assert wrapped(Runs(Record(), [Record(rank=r, backend="fsdp", steps=step) for r in range(2)], 2, False)).summary \
         == "no module was wrapped by FSDP"
+
+
+def test_the_library_refuses_a_backend_the_check_does_not_rehearse(tmp_path) -> None:
+    import pytest
+
+    from accelkit.convert.check import CheckOptions, check_script
+    from accelkit.errors import AccelkitError
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(AccelkitError, match="--check rehearses ddp or fsdp, not 'deepspeed'"):
+        check_script(script, [], CheckOptions(backend="deepspeed"), workdir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # refused before anything was made
