@@ -148,8 +148,24 @@ NAIVE = {
 FSDP = ["ddp_torchrun"]
 
 
-def _check(script: Path, workdir: Path, converted: Path | None = None, backend: str = "ddp") -> Checked:
-    args = [sys.executable, "-m", "accelkit", "convert", "--check", "--stall-timeout", "120", "--backend", backend]
+def naive_state_dict_under_rank_guard() -> str:
+    # the full state dict asked for by rank 0 alone: harmless under DDP, a collective under FSDP (rank 0 waits in it,
+    # rank 1 at the barrier after the guard)
+    return _replace(_converted("ddp_torchrun"),
+                    "        model_state_dict = accelerator.get_state_dict(model)\n        if rank == 0:\n",
+                    "        if rank == 0:\n            model_state_dict = accelerator.get_state_dict(model)\n")
+
+
+FSDP_NAIVE = {
+    # name: (original, naive conversion, invariant that must fail under FSDP, words the evidence must hold)
+    "state_dict_under_rank_guard": ("ddp_torchrun", naive_state_dict_under_rank_guard, "no hang",
+                                    "rank 0: ddp_torchrun_naive.py:67 in main"),
+}
+
+
+def _check(script: Path, workdir: Path, converted: Path | None = None, backend: str = "ddp",
+           stall: int = 120) -> Checked:
+    args = [sys.executable, "-m", "accelkit", "convert", "--check", "--stall-timeout", str(stall), "--backend", backend]
     if converted is not None:
         args += ["--converted", str(converted)]
     proc = subprocess.run([*args, str(script)], cwd=workdir, capture_output=True, text=True, timeout=900,
@@ -170,6 +186,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
         jobs[f"naive:{name}"] = (CORPUS_DIR / f"{original}.py", work, converted)
     for name in FSDP:
         jobs[f"fsdp:{name}"] = (CORPUS_DIR / f"{name}.py", tmp_path_factory.mktemp(f"fsdp-{name}"), None, "fsdp")
+    for name, (original, make, _, _) in FSDP_NAIVE.items():  # a hang: stopped after 10 s without progress
+        work = tmp_path_factory.mktemp(f"fsdp-naive-{name}")
+        converted = work / f"{original}_naive.py"
+        converted.write_text(make())
+        jobs[f"fsdp-naive:{name}"] = (CORPUS_DIR / f"{original}.py", work, converted, "fsdp", 10)
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = {key: pool.submit(_check, *job) for key, job in jobs.items()}
         done = {key: future.result() for key, future in futures.items()}
@@ -226,10 +247,11 @@ def test_the_converted_ddp_script_passes_every_invariant_under_fsdp(name: str, r
     assert "FSDP rehearsal" in checked.stderr and "(FSDP) as the original" in checked.stdout
 
 
-@pytest.mark.parametrize("name", sorted(NAIVE))
+@pytest.mark.parametrize("name", [*sorted(NAIVE), *(f"fsdp-{n}" for n in sorted(FSDP_NAIVE))])
 def test_the_naive_conversion_fails_the_invariant_it_breaks(name: str, results: dict[str, Checked]) -> None:
-    checked = results[f"naive:{name}"]
-    _, _, invariant, evidence = NAIVE[name]
+    fsdp = name.startswith("fsdp-")
+    checked = results[f"fsdp-naive:{name[5:]}" if fsdp else f"naive:{name}"]
+    _, _, invariant, evidence = FSDP_NAIVE[name[5:]] if fsdp else NAIVE[name]
     verdicts = checked.verdicts()
     assert checked.returncode == 1, checked.text()
     assert verdicts[invariant][0] == "FAIL", f"{invariant}: {verdicts.get(invariant)}\n{checked.text()}"
