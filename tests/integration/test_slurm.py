@@ -106,23 +106,26 @@ def test_two_node_ddp_training_of_a_template_and_merge(cluster: SlurmCluster, tm
 def test_gpu_shaped_job_gives_every_rank_its_place_and_its_nodes_gpus(cluster: SlurmCluster, tmp_path: Path) -> None:
     """`--nodes 2 --gpus-per-node 8` without --cpu: SLURM accepts the job for the nodes' 8 GPUs each, and accelkit's
     batch step and per-node launchers (with their GPU checks, on torch counting the GPUs SLURM gave) start 16 ranks,
-    which record what they see instead of training."""
-    shutil.copy(RECORD_RANK, tmp_path / "record_rank.py")
-    job = write_job(tmp_path, "--nodes", "2", "--gpus-per-node", str(GPUS_PER_NODE), "record_rank.py", "seen")
+    which record what they see instead of training. The job's folder has a space in its name (#SBATCH --chdir is
+    quoted)."""
+    folder = tmp_path / "gpu job"
+    folder.mkdir()
+    shutil.copy(RECORD_RANK, folder / "record_rank.py")
+    job = write_job(folder, "--nodes", "2", "--gpus-per-node", str(GPUS_PER_NODE), "record_rank.py", "seen")
     assert f"#SBATCH --gpus-per-node={GPUS_PER_NODE}" in job.read_text()
-    accepted = cluster.run("sbatch", "--test-only", str(job), cwd=tmp_path)
+    accepted = cluster.run("sbatch", "--test-only", str(job), cwd=folder)
     assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted.stderr
     # The fake Gres is real to the scheduler: a node shape no node has is refused.
-    bigger = cluster.run("sbatch", "--test-only", f"--gpus-per-node={GPUS_PER_NODE + 1}", str(job), cwd=tmp_path)
+    bigger = cluster.run("sbatch", "--test-only", f"--gpus-per-node={GPUS_PER_NODE + 1}", str(job), cwd=folder)
     assert bigger.returncode != 0, bigger.stderr
 
-    (tmp_path / "seen").mkdir()
+    (folder / "seen").mkdir()
     pythonpath = os.pathsep.join(filter(None, [str(FAKE_CUDA), str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     code, job_id, log = submit(cluster, job, env={"PYTHONPATH": pythonpath})
     assert code == 0, log
     assert "CPU rehearsal" not in log and "ACCELKIT_REHEARSAL" not in log  # the GPU path, not a rehearsal
     seen = {int(path.stem.removeprefix("rank-")): json.loads(path.read_text())
-            for path in (tmp_path / "seen").glob("rank-*.json")}
+            for path in (folder / "seen").glob("rank-*.json")}
     assert sorted(seen) == list(range(2 * GPUS_PER_NODE)), log
     port = re.search(r"machine 0 is n1 at 127\.0\.0\.1:(\d+)", log).group(1)
     for rank, env in seen.items():
