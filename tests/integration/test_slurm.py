@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -197,6 +198,23 @@ def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_pat
     log = (tmp_path / f"accelkit-{job_id}.out").read_text()
     cluster.wait_idle()
     assert "accelkit: the job failed: rank 1 on node n2 (machine 1) exited with status 7" in log
+    assert job_processes(cluster, job_id) == []
+
+
+def test_a_fixed_port_in_use_on_machine_zero_stops_the_job_before_any_node_starts(cluster: SlurmCluster,
+                                                                                     tmp_path: Path) -> None:
+    shutil.copy(PROBE, tmp_path / "probe.py")
+    with socket.socket() as busy:  # another job's rendezvous on machine 0 (every node is this host here)
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--main-process-port", str(port),
+                        "probe.py")
+        code, job_id, log = submit(cluster, job)
+    assert code == 1, log
+    errors = [line for line in log.splitlines() if line.startswith("Error: ")]
+    assert errors == [f"Error: port {port} is already in use on machine 0 (node n1)"], log
+    assert "Traceback" not in log and "PROBE" not in log and "srun" not in log, log
     assert job_processes(cluster, job_id) == []
 
 
