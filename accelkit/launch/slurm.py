@@ -9,19 +9,15 @@ rank's exit status.
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.slurm_values import check_slurm_options, sbatch_directive
 
 REQUEST_DELIMITER = "ACCELKIT_REQUEST"
-MAX_SIGNAL_BEFORE = 65535  # SLURM's --signal=...@SECONDS takes at most this (sbatch: "Invalid --signal specification")
-# sbatch's time limit forms: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS[:MINUTES[:SECONDS]]
-_TIME_LIMIT = re.compile(r"(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)")
 
 
 @dataclass(frozen=True)
@@ -38,78 +34,22 @@ class SlurmOptions:
     signal_before: int = 120  # with requeue: seconds before the time limit that SLURM sends SIGUSR1
 
 
-def time_limit_seconds(text: str) -> int | None:
-    """A SLURM time limit (as `sbatch --time` reads it) in seconds; None for no limit (UNLIMITED, INFINITE, 0)."""
-    if text.strip().upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = _TIME_LIMIT.fullmatch(text.strip())
-    if match is None:
-        raise AccelkitError(f"--time {text} is not a SLURM time limit",
-                            hint="write MINUTES, HOURS:MINUTES:SECONDS or DAYS-HOURS:MINUTES:SECONDS, e.g. 04:00:00")
-    part = {key: int(value) for key, value in match.groupdict().items() if value is not None}
-    if "days" in part:
-        seconds = ((part["days"] * 24 + part["dh"]) * 60 + part.get("dm", 0)) * 60 + part.get("ds", 0)
-    elif "c" in part:  # HOURS:MINUTES:SECONDS
-        seconds = (part["a"] * 60 + part["b"]) * 60 + part["c"]
-    else:  # MINUTES or MINUTES:SECONDS
-        seconds = part["a"] * 60 + part.get("b", 0)
-    return seconds or None  # SLURM: a time limit of 0 is no limit
-
-
-def _check_directive_value(option: str, value: str, *, spaces: bool, hint: str | None = None) -> None:
-    """A value that goes into an `#SBATCH` line: one line, no double quote (values with spaces are quoted)."""
-    if any(char == '"' or not char.isprintable() for char in value) or (not spaces and any(c.isspace() for c in value)):
-        what = "spaces, quotes or control characters" if not spaces else "quotes or control characters"
-        raise AccelkitError(f"{option} {value!r} cannot go into an #SBATCH line: it has {what}",
-                            hint=hint or f"pass {option} without them")
-
-
-def check_slurm_options(options: SlurmOptions) -> None:
-    """Refuse what sbatch would refuse (or misread) in the script, before anything is written."""
-    if options.partition is not None:
-        _check_directive_value("--partition", options.partition, spaces=False)
-    _check_directive_value("--job-name", options.job_name, spaces=True)
-    if "/" in options.job_name:
-        raise AccelkitError(f"--job-name {options.job_name} has a '/': it names the job's log (%x-%j.out)",
-                            hint="pass a job name without '/'")
-    if options.chdir is not None:
-        _check_directive_value("the job's folder", str(options.chdir), spaces=True,
-                               hint="run accelkit launch --slurm from a folder whose path has no quotes")
-    limit = time_limit_seconds(options.time) if options.time is not None else None
-    if not options.requeue:
-        return
-    if options.signal_before > MAX_SIGNAL_BEFORE:
-        raise AccelkitError(f"--signal-before {options.signal_before} is more than SLURM allows "
-                            f"({MAX_SIGNAL_BEFORE} seconds)", hint=f"pass --signal-before {MAX_SIGNAL_BEFORE} or less")
-    if limit is not None and options.signal_before >= limit:
-        raise AccelkitError(f"--requeue's warning {options.signal_before} s before the time limit (--signal-before) "
-                            f"is not shorter than --time {options.time} ({limit} s): SLURM would ask the job to save "
-                            "as soon as it starts",
-                            hint="pass a shorter --signal-before (a few minutes: time to save a checkpoint), or a "
-                                 "longer --time")
-
-
-def _directive(option: str, value: object) -> str:
-    text = str(value)
-    return f'#SBATCH --{option}="{text}"' if any(char.isspace() for char in text) else f"#SBATCH --{option}={text}"
-
-
 def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
     """The sbatch script text for the cluster `request` (its options describe all nodes)."""
     header = [
         "#!/bin/bash",
-        _directive("job-name", options.job_name),
+        sbatch_directive("job-name", options.job_name),
         f"#SBATCH --nodes={options.nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
     if options.gpus_per_node > 0:
         header.append(f"#SBATCH --gpus-per-node={options.gpus_per_node}")
     if options.partition:
-        header.append(_directive("partition", options.partition))
+        header.append(sbatch_directive("partition", options.partition))
     if options.time:
-        header.append(_directive("time", options.time))
+        header.append(sbatch_directive("time", options.time))
     if options.chdir is not None:
-        header.append(_directive("chdir", options.chdir))  # quoted when it has spaces (sbatch reads the quotes)
+        header.append(sbatch_directive("chdir", options.chdir))  # quoted when it has spaces (sbatch reads the quotes)
     if options.requeue:
         # SLURM warns the batch step (B:) this long before the time limit; a preemption's warning is SIGUSR1 too
         # where the cluster sets SlurmctldParameters=preempt_send_user_signal. Requeued, the job starts over.

@@ -142,14 +142,14 @@ def test_slurm_refuses_inconsistent_shapes(tmp_path, monkeypatch):
     ("UNLIMITED", None), ("infinite", None), ("0", None),
 ])
 def test_slurm_time_limits_read_as_sbatch_reads_them(text, seconds):
-    from accelkit.launch.slurm import time_limit_seconds
+    from accelkit.launch.slurm_values import time_limit_seconds
 
     assert time_limit_seconds(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["abc", "1:2:3:4", "-5", "1-", "4h", "04:00:00x"])
 def test_slurm_time_limits_sbatch_would_refuse(text):
-    from accelkit.launch.slurm import time_limit_seconds
+    from accelkit.launch.slurm_values import time_limit_seconds
 
     with pytest.raises(AccelkitError, match="is not a SLURM time limit"):
         time_limit_seconds(text)
