@@ -31,6 +31,8 @@ PROBE = DATA / "launch" / "probe.py"
 RECORD_RANK = DATA / "slurm" / "record_rank.py"
 FAKE_CUDA = DATA / "slurm" / "fake_cuda"  # sitecustomize: torch counts the GPUs SLURM gave (CUDA_VISIBLE_DEVICES)
 GPUS_PER_NODE = 8
+UNFINISHED = ("", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
+              "SUSPENDED")  # a job's states before its end (scontrol show job's JobState)
 
 STALL_SCRIPT = """\
 import sys, time
@@ -303,7 +305,8 @@ def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weight
         # Sent as the job starts: the nodes repeat the request to their ranks until the script's handler takes it.
         cluster.run("scancel", "--signal=USR1", "--batch", job_id)
         deadline = time.monotonic() + 300
-        while (state := cluster.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip()):
+        # Until the job ends for good; a query that fails under load ("" state) is no answer, not the end.
+        while (state := cluster.job_fields(job_id).get("JobState", "")) in UNFINISHED:
             assert time.monotonic() < deadline, state
             if state == "PENDING":  # SLURM holds a requeued job for 120 s before it may start again: not here
                 cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
