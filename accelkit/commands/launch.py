@@ -85,7 +85,8 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     if slurm_file is not None:
         from accelkit.launch import SlurmOptions, write_slurm_job
 
-        slurm = SlurmOptions(nodes=options.num_machines or 1, gpus_per_node=gpus_per_node or 0,
+        nodes = 1 if options.num_machines is None else options.num_machines
+        slurm = SlurmOptions(nodes=nodes, gpus_per_node=gpus_per_node or 0,
                              partition=partition, time=time_limit, job_name=job_name or "accelkit",
                              chdir=Path.cwd(), stall_timeout=stall_timeout, requeue=bool(requeue),
                              signal_before=signal_before or 120)

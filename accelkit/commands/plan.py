@@ -17,7 +17,7 @@ from accelkit.shellwords import command_line
 STRATEGY_NAMES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid", "zero1", "zero2", "zero3",
                   "fsdp-offload", "zero3-offload")
 # --mixed-precision (Accelerate's values, and bf16-true: the script casts the model itself) -> the planner's precision.
-PRECISIONS = {"no": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed", "bf16-true": "bf16"}
+PRECISIONS = {"no": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed", "bf16-true": "bf16"}
 OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
 
 

@@ -129,6 +129,9 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     options = request.options
     if slurm.requeue:
         check_saves_on_signal(request)
+    if slurm.nodes < 1:
+        raise AccelkitError(f"--num-machines must be at least 1 (got {slurm.nodes})",
+                            hint="use 1 for one machine (--num-machines 1)")
     if options.num_machines is not None and options.num_machines != slurm.nodes:
         raise AccelkitError(f"--nodes {slurm.nodes} and --num-machines {options.num_machines} disagree",
                             hint="--nodes is another spelling of --num-machines: give one of them")
