@@ -159,3 +159,18 @@ def test_launch_and_bench_check_their_launcher_options_alike(name: str, args: li
     result = CliRunner().invoke(cli, [name, *args, str(tmp_path / "train.py")])
     assert result.exit_code == 2 and message in result.stderr, result.output
 
+
+
+@pytest.mark.parametrize("name", list(ALIASES))
+def test_each_command_page_lists_its_other_spellings(name: str) -> None:
+    from helpers import REPO_ROOT
+
+    page = (REPO_ROOT / "docs" / "commands" / f"{name}.md").read_text()
+    section = page.split("## Other spellings", 1)[-1]
+    for alias in ALIASES[name]:
+        assert f"`{alias.spelling}`" in section, f"docs/commands/{name}.md does not list {alias.spelling}"
+        for old in alias.values:
+            assert f"`{old}`" in section
+    for flag, values in VALUE_ALIASES.items():
+        if any(flag in p.opts for p in _command(name).params):
+            assert all(f"`{old}`" in section for old in values), f"docs/commands/{name}.md: {flag}'s old values"
