@@ -124,7 +124,7 @@ def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> No
 
 def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Path) -> tuple[Path, list[str]]:
     """Write the sbatch script for `request` and its config; return the config path and the summary lines."""
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
 
     options = request.options
     if slurm.requeue:
