@@ -70,9 +70,11 @@ def check_merge(work: Path) -> None:
 def assert_plan_predicts_the_states(result: dict, layout) -> None:
     """`accelkit plan`'s N-D row for the layout gives rank 0's measured parameters, gradients and moments (2%)."""
     from accelkit.plan import nd
+    from accelkit.plan.nd_report import tp_plan_of
 
     model = nd.Model.llama(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, intermediate=64)
-    row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16)
+    row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16,
+                 tp_plan=tp_plan_of("LlamaForCausalLM"))  # the installed transformers' plan
     measured = sum(result["state_bytes"].values())
     assert row.states == pytest.approx(measured, rel=0.02), (row.states, result["state_bytes"])
 
@@ -103,6 +105,32 @@ def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
     from accelkit.plan import nd
 
     assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_replicate=2, dp_shard=2))
+    check_merge(work)
+
+
+def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_version(base: Path):
+    """dp_shard 2 x tp 2 (Accelerate's FSDP2+TP preparation over a 2-D mesh). Under a version set that has what it
+    needs (constraints/nd-layouts.txt, CI's N-D step) it trains like one process, resumes exactly and merges bit for
+    bit; under one that lacks it (the newest releases) launch refuses it in one line before any rank starts."""
+    from accelkit.configs import compat
+    from accelkit.plan import nd
+
+    flags = ("--backend", "fsdp", "--num-processes", "4", "--dp-shard-size", "2", "--tp-size", "2")
+    gap = compat.fsdp2_tp_gap()
+    if gap is not None:
+        work = base / "fsdp2-tp-refused"
+        work.mkdir()
+        proc = run_accelkit("launch", "--cpu", *flags, str(SCRIPT), str(work), cwd=work, timeout=120)
+        assert proc.returncode != 0
+        assert gap.message in proc.stderr and "transformers==5.0.0" in gap.hint
+        assert "Traceback" not in proc.stderr and "[rank" not in proc.stderr  # refused before any rank started
+        assert sorted(p.name for p in work.iterdir()) == []
+        return
+    result, reference, work = run_layout(base, "fsdp2-tp", "dp_shard 2 x tp 2", *flags)
+    assert result["mesh"] == {"dp_shard": 2, "tp": 2} and result["dtensor"]
+    assert result["distributed_type"].endswith("FSDP")
+    assert_same_run(result, reference)
+    assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_shard=2, tp=2))
     check_merge(work)
 
 
