@@ -137,10 +137,11 @@ def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_
     check_merge(work)
 
 
-def test_sequence_parallel_2_matches_one_process(base: Path):
+def test_sequence_parallel_2_matches_one_process_resumes_and_merges(base: Path):
     """sp 2 (DeepSpeed Ulysses through Accelerate, ZeRO-2): each micro-batch split along the sequence over 2 ranks
     gives the one-process loss at every step (each shard's loss weighted by its tokens, the model in train mode:
-    Accelerate registers Ulysses with disable_in_eval, and in eval mode each rank attends over its shard alone)."""
+    Accelerate registers Ulysses with disable_in_eval, and in eval mode each rank attends over its shard alone),
+    resumes exactly from its checkpoint, and the checkpoint merges bit for bit."""
     losses = {}
     for name in ("sp-one", "sp2"):
         work = base / name
@@ -159,6 +160,8 @@ def test_sequence_parallel_2_matches_one_process(base: Path):
     assert len(losses["sp2"]) == 4
     for got, want in zip(losses["sp2"], losses["sp-one"], strict=True):
         assert math.isclose(got, want, rel_tol=1e-5), losses
+    assert result["resumed"] == losses["sp2"][2:]  # load_state restored the step-2 ZeRO state exactly
+    check_merge(base / "sp2")
 
 
 def test_causal_lm_template_loads_its_model_with_the_tp_plan_and_resumes(tmp_path: Path):

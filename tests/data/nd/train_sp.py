@@ -5,10 +5,10 @@ order: one process trains on them one by one; under sp N each rank's loader yiel
 Accelerate's Ulysses adapter hands every rank each of them in turn, split along the sequence. The loss of a
 micro-batch is the mean over its tokens: each rank's loss over its shard is weighted by the shard's tokens and the
 weighted sum is divided by the micro-batch's tokens (the last shard has one label fewer: nothing follows the
-sequence's last token). Rank 0 writes result.json: the loss of every micro-batch and how it was averaged.
-
-With --unweighted, the shards' losses are averaged plainly instead (what a data-parallel loop does), which
-weights the last shard's tokens more: the test shows that this, not the parallel code, moves the loss.
+sequence's last token). After the second step it saves state (Accelerate's save_state: DeepSpeed's ZeRO checkpoint
+under sp) and writes the whole model gathered in the run (full.safetensors); after the fourth it loads the state
+back and takes steps 3 and 4 again. Rank 0 writes result.json: the loss of every step and of the two resumed ones.
+--sgd trains with SGD instead of AdamW (a wrong gradient scale shows in its losses; Adam's hide it).
 """
 
 import json
@@ -21,7 +21,6 @@ from accelerate import Accelerator
 from transformers import LlamaForCausalLM
 
 work = Path(sys.argv[1])
-unweighted = "--unweighted" in sys.argv[2:]
 accelerator = Accelerator()
 pc = accelerator.parallelism_config
 sp = pc.sp_size if pc else 1
@@ -61,15 +60,13 @@ def sequence_parallel_loss(batch: dict) -> torch.Tensor:
     loss = unwrapped.loss_function(logits=logits, labels=None, shift_labels=shift_labels,
                                    vocab_size=unwrapped.config.vocab_size)
     losses = torch.distributed.nn.functional.all_gather(loss, group=sp_group)
-    if unweighted:
-        return sum(losses) / len(losses)
     tokens = (shift_labels != -100).sum()
     counts = torch.distributed.nn.functional.all_gather(tokens, group=sp_group)
     return sum(part * count for part, count in zip(losses, counts, strict=True)) / sum(counts)
 
 
-losses = []
-for batch in loader:
+def step(batch: dict) -> float:
+    batch = dict(batch)  # the loss pops shift_labels; a resumed step replays the same micro-batch
     loss = sequence_parallel_loss(batch) if sp > 1 else model(**batch).loss
     accelerator.backward(loss)
     # DeepSpeed clips at the config's gradient_clipping (Accelerate fills "auto" with 1.0) inside its step; the same
@@ -77,8 +74,28 @@ for batch in loader:
     accelerator.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad()
-    losses.append(loss.item())
+    return loss.item()
+
+
+def write_full_model(path: Path) -> None:
+    """The whole model gathered from every rank, as `merge-ckpt` must rebuild it from the checkpoint."""
+    from safetensors.torch import save_file
+
+    full = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        save_file({k: v.contiguous() for k, v in full.items()}, str(path))
+
+
+losses, seen = [], []
+for batch in loader:
+    seen.append(batch)
+    losses.append(step(batch))
+    if len(losses) == 2:
+        accelerator.save_state(str(work / "ckpt"))
+        write_full_model(work / "full.safetensors")
+accelerator.load_state(str(work / "ckpt"))
+resumed = [step(batch) for batch in seen[2:]]
 if accelerator.is_main_process:
     (work / "result.json").write_text(json.dumps({
-        "losses": losses, "sp": sp, "weighted": not unweighted,
+        "losses": losses, "resumed": resumed, "sp": sp,
         "distributed_type": str(accelerator.distributed_type), "world": dist.get_world_size() if sp > 1 else 1}))
