@@ -1,0 +1,115 @@
+"""Communication of one training step, counted in the rank: every collective the step issues (DDP's bucketed
+all-reduce, FSDP2's all-gathers and reduce-scatters, DTensor's tensor-parallel all-reduces, DeepSpeed's, the
+script's own), with its bytes and the size of the group it ran on.
+
+All of them reach torch's dispatcher as `c10d::*` ops (the eager `torch.distributed` calls and the C++ reducer
+alike) or `_c10d_functional::*` ops (DTensor, functional collectives), so one TorchDispatchMode sees them, whatever
+library issued them. The mode costs a Python call per tensor operation, so the probe counts one warmup step only
+(never a measured one).
+
+Bytes follow nccl-tests' `size`: the full buffer (all-reduce: the tensor; all-gather: the gathered output;
+reduce-scatter: the input before scattering).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# op name -> (which argument holds the full buffer, how many times to scale it: "group" = by the group's size)
+_FULL_BUFFER = {
+    "allreduce_": (0, None), "allreduce_coalesced_": (0, None), "all_reduce": (0, None),
+    "all_reduce_coalesced": (0, None), "allgather_": (0, None), "_allgather_base_": (0, None),
+    "allgather_coalesced_": (0, None), "allgather_into_tensor_coalesced_": (0, None),
+    "all_gather_into_tensor": (0, "group"), "all_gather_into_tensor_coalesced": (0, "group"),
+    "reduce_scatter_": (1, None), "_reduce_scatter_base_": (1, None), "reduce_scatter_tensor_coalesced_": (1, None),
+    "reduce_scatter_tensor": (0, None), "reduce_scatter_tensor_coalesced": (0, None),
+    "broadcast_": (0, None), "broadcast": (0, None), "alltoall_": (1, None), "alltoall_base_": (1, None),
+    "all_to_all_single": (0, None), "reduce_": (0, None), "gather_": (1, None), "scatter_": (0, None),
+    "send": (0, None), "recv_": (0, None), "_allgather_base": (0, None),
+}
+_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# a readable name per family, the way nccl-tests and the table name them
+_FAMILY = {"allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather": "all_gather",
+           "all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "broadcast": "broadcast",
+           "alltoall": "all_to_all", "all_to_all": "all_to_all"}
+
+
+def _tensor_bytes(value: Any) -> int:
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        return int(value.numel()) * int(value.element_size())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def family(op_name: str) -> str:
+    bare = op_name.lstrip("_")
+    return next((name for prefix, name in _FAMILY.items() if bare.startswith(prefix)), bare.rstrip("_"))
+
+
+def _group_size(args: tuple, kwargs: dict) -> int | None:
+    """The size of the group an op runs on: a ProcessGroup argument (c10d ops), a group name (functional ones)."""
+    for value in (*args, *kwargs.values()):
+        size = getattr(value, "size", None)
+        if callable(size) and type(value).__name__ in ("ProcessGroup", "ScriptObject"):
+            try:
+                return int(size())
+            except Exception:  # noqa: BLE001 - a ScriptObject of another kind
+                continue
+        if isinstance(value, str) and value:
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                return int(_resolve_process_group(value).size())
+            except Exception:  # noqa: BLE001 - not a group name
+                continue
+    return None
+
+
+def collective_bytes(op_name: str, args: tuple, kwargs: dict) -> int:
+    where, scale = _FULL_BUFFER.get(op_name, (0, None))
+    data = args[where] if len(args) > where else None
+    size = _tensor_bytes(data)
+    if scale == "group":
+        group = args[1] if len(args) > 1 and isinstance(args[1], int) else None
+        size *= group or 1
+    return size
+
+
+class CommCounter:
+    """Counts the collectives issued between `start()` and `stop()` on this thread (and the autograd threads it
+    starts). `totals`: {"op@group_size": {"calls": n, "bytes": b}}."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, dict[str, int]] = {}
+        self._mode = None
+
+    def start(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func.namespace in _NAMESPACES:
+                    counter.add(func.overloadpacket.__name__, args, kwargs)
+                return func(*args, **kwargs)
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+
+    def add(self, op_name: str, args: tuple, kwargs: dict) -> None:
+        if op_name in ("barrier", "monitored_barrier_", "wait_tensor"):
+            return
+        group = _group_size(args, kwargs)
+        key = f"{family(op_name)}@{group}" if group else family(op_name)
+        entry = self.totals.setdefault(key, {"calls": 0, "bytes": 0})
+        entry["calls"] += 1
+        entry["bytes"] += collective_bytes(op_name, args, kwargs)
+
+    def stop(self) -> dict[str, dict[str, int]]:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        return self.totals
