@@ -50,13 +50,15 @@ def family(op_name: str) -> str:
 def _group_size(args: tuple, kwargs: dict) -> int | None:
     """The size of the group an op runs on: a ProcessGroup argument (c10d ops), a group name (functional ones)."""
     for value in (*args, *kwargs.values()):
-        size = getattr(value, "size", None)
-        if callable(size) and type(value).__name__ in ("ProcessGroup", "ScriptObject"):
+        if type(value).__name__ == "ScriptObject":  # c10d ops carry the group boxed as a TorchScript object
             try:
-                return int(size())
-            except Exception:  # noqa: BLE001 - a ScriptObject of another kind
+                if value._type().name().endswith("ProcessGroup"):
+                    from torch.distributed import ProcessGroup
+
+                    return int(ProcessGroup.unbox(value).size())
+            except Exception:  # noqa: BLE001 - a ScriptObject of another kind (a ReduceOp)
                 continue
-        if isinstance(value, str) and value:
+        elif isinstance(value, str) and value:
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -100,7 +102,7 @@ class CommCounter:
         self._mode.__enter__()
 
     def add(self, op_name: str, args: tuple, kwargs: dict) -> None:
-        if op_name in ("barrier", "monitored_barrier_", "wait_tensor"):
+        if op_name not in _FULL_BUFFER:  # barriers, waits, autograd wrappers: no data moved
             return
         group = _group_size(args, kwargs)
         key = f"{family(op_name)}@{group}" if group else family(op_name)

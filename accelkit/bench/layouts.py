@@ -109,6 +109,9 @@ def parse_layouts(values: tuple[str, ...] | str) -> tuple[Layout, ...]:
         if not part:
             continue
         layout = parse_layout(part)
+        if layout.world < 2:
+            raise AccelkitError(f"--layouts: {part} is one process: there is nothing to lay out",
+                                hint=f"give sizes whose product is 2 or more, {EXAMPLE}")
         if layout in layouts:
             raise AccelkitError(f"--layouts: {layout.name} is given twice", hint="give each layout once")
         layouts.append(layout)
@@ -118,9 +121,6 @@ def parse_layouts(values: tuple[str, ...] | str) -> tuple[Layout, ...]:
         raise AccelkitError(f"--layouts: {first.name} is {first.world} processes but {other.name} is {other.world}: "
                             "layouts are compared at one world size",
                             hint=f"make every layout's sizes multiply to the same number, {EXAMPLE}")
-    if layouts[0].world < 2:
-        raise AccelkitError(f"--layouts: {layouts[0].name} is one process: there is nothing to lay out",
-                            hint=f"give sizes whose product is 2 or more, {EXAMPLE}")
     return tuple(layouts)
 
 
