@@ -26,7 +26,8 @@ REQUIRED = {"num_processes": int, "backend": str, "steps": int, "samples_per_s":
 
 
 def bench(work: Path, *args: str, timeout: float = 900):
-    result = run_fault(["bench", "--cpu", "-o", str(work / "results"), *args], watch=[work], cwd=work,
+    window = [] if "--min-time" in args else ["--min-time", "0"]  # exactly --steps: the counts are checked
+    result = run_fault(["bench", "--cpu", "-o", str(work / "results"), *window, *args], watch=[work], cwd=work,
                        kind="bench run", expect="ok", timeout=timeout)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     assert not result.orphans, result.orphans  # the step limit stopped every rank; nothing outlived the command
