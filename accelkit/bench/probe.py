@@ -95,7 +95,7 @@ class StepRecorder:
         if event.clock_steps == self.checkpoint:
             self._decide()
             self._interval_start = time.perf_counter()  # the agreement is the probe's time, not the next step's
-        if self.count_comm and event.clock_steps == self.warmup - 1:
+        if self.count_comm and event.clock_steps == self.warmup - 1 and not _compiled_graphs():
             from accelkit.bench.comm_count import CommCounter
 
             self._counter = CommCounter()
@@ -154,6 +154,16 @@ def model_facts(event: StepEvent) -> tuple[int | None, dict[str, Any]]:
         return None, facts
     total = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for p in params)
     return total, facts
+
+
+def _compiled_graphs() -> bool:
+    """Whether torch.compile has compiled anything: a dispatch mode entered around a compiled step would make it
+    recompile (or fall back), changing what is measured, so the collectives are then not counted."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(dynamo and dynamo.counters["stats"]["unique_graphs"])
+    except (AttributeError, KeyError, TypeError):
+        return False
 
 
 def _cuda_in_use() -> bool:

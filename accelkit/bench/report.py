@@ -185,8 +185,8 @@ def comm_lines(sweep: Sweep) -> list[str]:
         if r.summary is None or not r.spec.layout:
             continue
         if counted is None:
-            lines.append(f"{r.label}: communication not counted (it is counted on the last warmup step: "
-                         "--warmup 2 or more)")
+            lines.append(f"{r.label}: communication not counted (it is counted on the last warmup step: that "
+                         "needs --warmup 2 or more, and a script not using torch.compile)")
             continue
         parts = [f"{key.replace('@', ' over ')} x{value['calls']} {human_bytes(value['bytes'])}"
                  for key, value in sorted(counted.items(), key=lambda kv: -kv[1]["bytes"])]
