@@ -1,0 +1,35 @@
+"""--layouts parsing: the syntax, the spellings read as a dimension, and every refusal, in one line with a hint."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelkit.bench.layouts import Layout, parse_layouts
+from accelkit.errors import AccelkitError
+
+
+def test_syntax_and_spellings() -> None:
+    assert parse_layouts(("dp_shard=4;dp_shard=2,tp=2",)) == (Layout(dp_shard=4), Layout(dp_shard=2, tp=2))
+    assert parse_layouts(("dp-shard=2, TP=2", "dp_replicate_size=2,dp_shard_size=2")) == (
+        Layout(dp_shard=2, tp=2), Layout(dp_replicate=2, dp_shard=2))
+    assert parse_layouts("tp=2;") == (Layout(tp=2),)  # a trailing `;` is no layout
+    hsdp_tp = Layout(dp_replicate=2, dp_shard=2, tp=2)
+    assert hsdp_tp.world == 8 and hsdp_tp.name == "dp_replicate=2,dp_shard=2,tp=2"
+    assert hsdp_tp.slug == "dp_replicate2-dp_shard2-tp2" and hsdp_tp.batch_replicas == 2
+    assert Layout(cp=2, dp_shard=2).name == "dp_shard=2,cp=2"  # mesh order, whatever order was typed
+
+
+@pytest.mark.parametrize(("value", "match"), [
+    ("tp=0", r"'tp=0': a size is a whole number of 1 or more"),
+    ("tp=x", r"'tp=x': a size is a whole number"),
+    ("tp=2,tp=2", r"tp is given twice in 'tp=2,tp=2'"),
+    ("tp=2;tp=2", r"tp=2 is given twice"),
+    (";", r"no layout given"),
+    ("tp=2,", r"'tp=2,' is not DIM=SIZE"),
+    ("pp=2", r"unknown dimension 'pp'"),
+    ("tp=1", r"tp=1 is one process"),
+])
+def test_refusals(value: str, match: str) -> None:
+    with pytest.raises(AccelkitError, match=match) as error:
+        parse_layouts((value,))
+    assert error.value.hint and "\n" not in error.value.message
