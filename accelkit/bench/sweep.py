@@ -12,6 +12,7 @@ Failure policy (what someone deciding between 8 and 64 GPUs expects):
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -318,8 +319,9 @@ def short_window_note(summary: RunSummary, spec: BenchSpec, ranks: list[dict[str
     short_time = spec.min_time > 0 and summary.measured_s < spec.min_time * 0.95
     if short_steps or short_time:
         done = spec.warmup + summary.steps
-        per_step = summary.step_median_s
-        wanted = spec.warmup + max(spec.steps, int(spec.min_time / per_step * 1.1) + 1 if per_step > 0 else 0)
+        per_step = summary.measured_s / summary.steps  # the window is wall time: project with the mean step
+        projected = math.ceil(round(spec.min_time * 1.1 / per_step, 6)) if per_step > 0 else 0
+        wanted = spec.warmup + max(spec.steps, projected)
         return (f"the script ended after {done} steps: {summary.steps} measured over {summary.measured_s:.2f} s, "
                 f"less than the {spec.steps} steps / {spec.min_time:g} s window asked (give it more steps or "
                 f"epochs: about {wanted} steps in all)")

@@ -61,3 +61,25 @@ def test_the_recorder_moves_the_step_limit_at_checkpoints_until_the_window_is_fu
     assert limits and limits[-1] == len(recorder.steps)  # the last limit is where the run stopped
     assert sum(step["seconds"] for step in measured) >= 0.1 and len(measured) >= 4
     assert recorder.window == "time" and recorder.checkpoint is None
+
+
+def test_a_script_that_ends_before_the_window_is_full_is_told_how_many_steps_it_needs() -> None:
+    from pathlib import Path
+
+    from accelkit.bench.spec import BenchSpec
+    from accelkit.bench.stats import summarize
+    from accelkit.bench.sweep import short_window_note
+
+    spec = BenchSpec(script="train.py", script_args=(), module=False, world_sizes=(1,), backends=("ddp",), steps=20,
+                     warmup=5, min_time=2.0, output=Path("out"))
+    ranks = [{"steps": [{"step": i, "seconds": 0.01, "data_wait_s": 0.0, "samples": 4, "tokens": 0}
+                        for i in range(1, 101)], "window": "time"}]
+    summary = summarize(ranks, warmup=5)  # 95 steps of 10 ms: 0.95 s of the 2 s asked
+    note = short_window_note(summary, spec, ranks)
+    assert note.startswith("the script ended after 100 steps: 95 measured over 0.95 s, less than the 20 steps / 2 s")
+    assert note.endswith("about 225 steps in all)")  # 5 + 2 s x 1.1 / 10 ms
+    full = summarize([{**ranks[0], "steps": ranks[0]["steps"] * 3}], warmup=5)
+    assert short_window_note(full, spec, ranks) is None
+    fixed = [{**ranks[0], "window": "steps (the ranks had no process group to agree on a time window)"}]
+    assert short_window_note(full, spec, fixed) == ("measured --steps alone: the ranks had no process group to agree "
+                                                    "on a time window")
