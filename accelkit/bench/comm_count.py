@@ -47,25 +47,48 @@ def family(op_name: str) -> str:
     return next((name for prefix, name in _FAMILY.items() if bare.startswith(prefix)), bare.rstrip("_"))
 
 
-def _group_size(args: tuple, kwargs: dict) -> int | None:
-    """The size of the group an op runs on: a ProcessGroup argument (c10d ops), a group name (functional ones)."""
+def _group(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """(size, stride) of the group an op runs on, from its ProcessGroup argument (c10d ops) or group name
+    (functional ones); stride = the distance between consecutive ranks of the group (1 for a tensor-parallel group
+    of neighbours), which tells the mesh dimension apart from another of the same size. None: not found."""
     for value in (*args, *kwargs.values()):
-        if type(value).__name__ == "ScriptObject":  # c10d ops carry the group boxed as a TorchScript object
-            try:
-                if value._type().name().endswith("ProcessGroup"):
-                    from torch.distributed import ProcessGroup
+        group = None
+        try:
+            if type(value).__name__ == "ScriptObject" and value._type().name().endswith("ProcessGroup"):
+                from torch.distributed import ProcessGroup
 
-                    return int(ProcessGroup.unbox(value).size())
-            except Exception:  # noqa: BLE001 - a ScriptObject of another kind (a ReduceOp)
-                continue
-        elif isinstance(value, str) and value:
-            try:
+                group = ProcessGroup.unbox(value)  # c10d ops carry the group boxed as a TorchScript object
+            elif isinstance(value, str) and value:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return int(_resolve_process_group(value).size())
-            except Exception:  # noqa: BLE001 - not a group name
-                continue
+                group = _resolve_process_group(value)
+        except Exception:  # noqa: BLE001 - a ScriptObject of another kind (a ReduceOp), a string that names no group
+            continue
+        if group is not None:
+            return int(group.size()), _stride(group)
     return None
+
+
+def _stride(group) -> int:
+    try:
+        from torch.distributed import get_process_group_ranks
+
+        ranks = get_process_group_ranks(group)
+    except Exception:  # noqa: BLE001 - a group this rank cannot list
+        return 0
+    steps = {b - a for a, b in zip(ranks, ranks[1:], strict=False)}
+    return steps.pop() if len(steps) == 1 else 0
+
+
+def group_key(op_family: str, group: tuple[int, int] | None) -> str:
+    """`all_reduce@2/1`: the collective, its group's size and rank stride (`all_reduce` when unknown)."""
+    return f"{op_family}@{group[0]}/{group[1]}" if group else op_family
+
+
+def parse_key(key: str) -> tuple[str, int | None, int | None]:
+    op, _, where = key.partition("@")
+    size, _, stride = where.partition("/")
+    return op, int(size) if size.isdigit() else None, int(stride) if stride.isdigit() else None
 
 
 def collective_bytes(op_name: str, args: tuple, kwargs: dict) -> int:
@@ -80,7 +103,7 @@ def collective_bytes(op_name: str, args: tuple, kwargs: dict) -> int:
 
 class CommCounter:
     """Counts the collectives issued between `start()` and `stop()` on this thread (and the autograd threads it
-    starts). `totals`: {"op@group_size": {"calls": n, "bytes": b}}."""
+    starts). `totals`: {"op@group_size/rank_stride": {"calls": n, "bytes": b}}."""
 
     def __init__(self) -> None:
         self.totals: dict[str, dict[str, int]] = {}
@@ -104,8 +127,7 @@ class CommCounter:
     def add(self, op_name: str, args: tuple, kwargs: dict) -> None:
         if op_name not in _FULL_BUFFER:  # barriers, waits, autograd wrappers: no data moved
             return
-        group = _group_size(args, kwargs)
-        key = f"{family(op_name)}@{group}" if group else family(op_name)
+        key = group_key(family(op_name), _group(args, kwargs))
         entry = self.totals.setdefault(key, {"calls": 0, "bytes": 0})
         entry["calls"] += 1
         entry["bytes"] += collective_bytes(op_name, args, kwargs)

@@ -67,6 +67,23 @@ class Layout:
             return "fsdp"
         return "ddp"
 
+    def dimension_of(self, size: int | None, stride: int | None) -> str | None:
+        """The mesh dimension(s) a process group of `size` ranks, `stride` apart, spans: `tp`, `dp_shard`,
+        `dp_shard_cp` (a flattened pair, as Accelerate builds them), `world`; None when no run of the mesh matches.
+        Ranks are laid out row-major in DIMENSIONS order, so a dimension's stride is the product of the inner ones."""
+        if not size or not stride:
+            return None
+        if size == self.world:
+            return "world"
+        split = [(dim, n) for dim, n in self.sizes.items() if n > 1]
+        for first in range(len(split)):
+            for last in range(first, len(split)):
+                run = split[first:last + 1]
+                inner = math.prod(n for _, n in split[last + 1:])
+                if math.prod(n for _, n in run) == size and inner == stride:
+                    return "_".join(dim for dim, _ in run)
+        return None
+
     def option_values(self) -> dict[str, int]:
         """The ConfigOptions fields (--dp-shard-size ...) that ask for this layout: only the split dimensions."""
         return {f"{dim}_size": size for dim, size in self.sizes.items() if size > 1}

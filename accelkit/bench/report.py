@@ -14,6 +14,7 @@ import io
 from typing import Any
 
 from accelkit import __version__
+from accelkit.bench.comm_count import parse_key
 from accelkit.bench.rerun import longer_command, longer_window
 from accelkit.bench.spec import BenchSpec
 from accelkit.bench.stats import NOISY_SPREAD
@@ -67,6 +68,7 @@ def run_json(record: RunRecord) -> dict[str, Any]:
         "predicted_comm_s": record.comm_predicted_s,
         "comm_per_step": record.comm_per_step,
         "comm_bytes_per_step": record.comm_bytes_per_step,
+        "comm_per_dimension": comm_per_dimension(record),
         "comm_busbw_gbs": record.comm_busbw_gbs,
         "probe_overhead_s": max((r.get("probe_overhead_s", 0.0) for r in record.ranks), default=None),
         "wall_time_s": record.wall_s,
@@ -188,10 +190,32 @@ def comm_lines(sweep: Sweep) -> list[str]:
             lines.append(f"{r.label}: communication not counted (it is counted on the last warmup step: that "
                          "needs --warmup 2 or more, and a script not using torch.compile)")
             continue
-        parts = [f"{key.replace('@', ' over ')} x{value['calls']} {human_bytes(value['bytes'])}"
+        parts = [f"{where(r, key)} x{value['calls']} {human_bytes(value['bytes'])}"
                  for key, value in sorted(counted.items(), key=lambda kv: -kv[1]["bytes"])]
         lines.append(f"{r.label}: one step's collectives per rank: {'; '.join(parts) or 'none'}")
     return lines
+
+
+def where(record: RunRecord, key: str) -> str:
+    """`all_reduce over tp (2 ranks)`: a counted collective with the mesh dimension its group spans."""
+    op, size, stride = parse_key(key)
+    if size is None:
+        return op
+    dim = record.spec.layout.dimension_of(size, stride) if record.spec.layout is not None else None
+    return f"{op} over {dim} ({size} ranks)" if dim else f"{op} over {size} ranks"
+
+
+def comm_per_dimension(record: RunRecord) -> dict[str, int] | None:
+    """Bytes per step per mesh dimension (`tp`, `dp_shard`, `world`, ...; `other` for groups of no dimension)."""
+    counted = record.comm_per_step
+    if counted is None or record.spec.layout is None:
+        return None
+    out: dict[str, int] = {}
+    for key, value in counted.items():
+        _, size, stride = parse_key(key)
+        dim = record.spec.layout.dimension_of(size, stride) or "other"
+        out[dim] = out.get(dim, 0) + value["bytes"]
+    return out
 
 
 def noise_lines(sweep: Sweep) -> list[str]:

@@ -48,17 +48,19 @@ def test_two_layouts_of_world_size_two(tmp_path: Path) -> None:
     # the whole model) all-gathers the parameters and reduce-scatters the gradients, each the model's full size
     grads = replicate["gradient_bytes"]
     assert grads == shard["gradient_bytes"] and grads > 0
-    assert replicate["comm_per_step"]["all_reduce@2"] == {"calls": 1, "bytes": grads}
-    assert shard["comm_per_step"]["all_gather@2"]["bytes"] == grads
-    assert shard["comm_per_step"]["reduce_scatter@2"]["bytes"] == grads
-    assert "all_reduce@2" not in shard["comm_per_step"]
+    # (keys: collective @ group size / rank stride; at world size 2 every group of 2 is the world)
+    assert replicate["comm_per_step"]["all_reduce@2/1"] == {"calls": 1, "bytes": grads}
+    assert shard["comm_per_step"]["all_gather@2/1"]["bytes"] == grads
+    assert shard["comm_per_step"]["reduce_scatter@2/1"]["bytes"] == grads
+    assert "all_reduce@2/1" not in shard["comm_per_step"]
+    assert set(shard["comm_per_dimension"]) <= {"world", "other"} and shard["comm_per_dimension"]["world"] >= 2 * grads
     # the table: a row per layout, relative throughput against the first, the collectives listed
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("layout"))
     assert header.split()[:2] == ["layout", "backend"] and "comm/step" in header and "vs first" in header
     assert any(line.startswith("dp_replicate=2 ") and "1.00x" in line for line in lines)
-    assert any(line.startswith("dp_shard=2 (fsdp): one step's collectives per rank: all_gather over 2") for line in
-               lines)
+    assert any(line.startswith("dp_shard=2 (fsdp): one step's collectives per rank: all_gather over world (2 ranks)")
+               for line in lines)
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [row["layout"] for row in rows] == ["dp_replicate=2", "dp_shard=2"]
     with Image.open(out / "scaling.png") as image:

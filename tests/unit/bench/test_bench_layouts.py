@@ -33,3 +33,22 @@ def test_refusals(value: str, match: str) -> None:
     with pytest.raises(AccelkitError, match=match) as error:
         parse_layouts((value,))
     assert error.value.hint and "\n" not in error.value.message
+
+
+def test_a_process_group_is_named_by_the_mesh_dimension_it_spans() -> None:
+    """Ranks are laid out row-major over (dp_replicate, dp_shard, cp, sp, tp): a group's size and rank stride name
+    its dimension (the collectives counter records both)."""
+    hsdp_tp = Layout(dp_replicate=2, dp_shard=2, tp=2)  # ranks 0..7; tp = neighbours, dp_shard 2 apart, replicas 4
+    assert hsdp_tp.dimension_of(2, 1) == "tp" and hsdp_tp.dimension_of(2, 2) == "dp_shard"
+    assert hsdp_tp.dimension_of(2, 4) == "dp_replicate" and hsdp_tp.dimension_of(4, 2) == "dp_replicate_dp_shard"
+    assert hsdp_tp.dimension_of(8, 1) == "world" and hsdp_tp.dimension_of(3, 1) is None
+    assert hsdp_tp.dimension_of(None, None) is None
+    fsdp_cp = Layout(dp_shard=2, cp=2)
+    assert fsdp_cp.dimension_of(2, 1) == "cp" and fsdp_cp.dimension_of(2, 2) == "dp_shard"
+
+
+def test_collective_keys() -> None:
+    from accelkit.bench.comm_count import group_key, parse_key
+
+    assert group_key("all_reduce", (2, 1)) == "all_reduce@2/1" and group_key("all_gather", None) == "all_gather"
+    assert parse_key("all_reduce@2/1") == ("all_reduce", 2, 1) and parse_key("all_gather") == ("all_gather", None, None)
