@@ -1,6 +1,6 @@
 """`accelkit bench`: scaling efficiency, throughput and interconnect bandwidth of the user's own script.
 
-    run.py          the command as one library call: checks, the sweep, the files, the exit status
+    api.py          the command as one library call: checks, the sweep, the files, the exit status
     cli_spec.py     command-line values -> a checked BenchSpec (defaults for world sizes, backends, --comm sizes)
     spec.py         what to run: a typed sweep (world sizes x backends, steps, scaling mode) and its checks
     launching.py    the ONE module that talks to the config -> launch spine (options, requests, supervised runs)
@@ -9,6 +9,7 @@
     window.py       how long a run measures: at least --steps steps and --min-time seconds (checkpoints)
     comm_count.py   the collectives one step issues (bytes by op and group size), counted in the rank
     layouts.py      --layouts: N-D parallelism layouts of one world size (parsing, checks, launch options)
+    rerun.py        the command that measures a noisy result again over a longer window
     loaders.py      the data-loader side of the probe (time blocked on the loader, samples and tokens per batch)
     stats.py        pure arithmetic: per-run summary from rank results, speedup and efficiency across a sweep
     report.py       table, diagnosis lines, bench.json, bench.csv
@@ -30,5 +31,6 @@ MIN_TIME_ENV = "ACCELKIT_BENCH_MIN_TIME"  # the measured window's minimum length
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "build_spec": "cli_spec",
-    "run_bench": "run",
+    "run_bench": "api",
+    "split_command_line": "rerun",
 }, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV", "MIN_TIME_ENV"])

@@ -25,7 +25,7 @@ from typing import Any
 from accelkit.bench import MIN_TIME_ENV, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
 from accelkit.bench.window import agree_seconds, next_checkpoint
-from accelkit.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
+from accelkit.ranks.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
 
 
 class StepRecorder:

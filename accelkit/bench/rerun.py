@@ -32,3 +32,20 @@ def longer_command(options: Sequence[str], script: Sequence[str], min_time: floa
     """`options`: the words before SCRIPT (`accelkit bench --cpu ...`), `script`: SCRIPT and its arguments."""
     kept = _without(_without(options, "--min-time", True), "--force", False)
     return command_line(*kept, "--min-time", f"{longer_window(min_time):g}", "--force", *script)
+
+
+def split_command_line(argv: Sequence[str], script: str | None,
+                       script_args: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`accelkit bench`'s words (`argv`: after the program name) split into ("accelkit", "bench", OPTIONS...) and
+    (SCRIPT, its arguments) as typed, `--` separators included. `script_args` arrive without the `--` that may
+    follow SCRIPT."""
+    words = tuple(argv)
+    if script is None:
+        return ("accelkit", *words), ()
+    end = len(words) - len(script_args)
+    start = end - 1
+    if start >= 1 and words[start] == "--" and words[start - 1] == script:  # `SCRIPT -- ARGS`
+        start -= 1
+    if start >= 1 and words[start - 1] == "--":  # `[OPTIONS] -- SCRIPT`
+        start -= 1
+    return ("accelkit", *words[:start]), words[start:]

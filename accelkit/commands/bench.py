@@ -9,15 +9,17 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options_except, options_from_kwargs
+from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
+from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
 from accelkit.shellwords import command_line
 
 DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; pyperf and timeit use 0.1 to 0.2 s
 
 
-@click.command(name="bench", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE", help="Start from this Accelerate config; options given here override its values.")
+@click.command(name="bench", cls=ScriptCommand,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@config_file_option
 @config_options_except("num_processes")
 @click.option("--num-processes", "num_processes_list", default=None, metavar="N,N,...",
               help="World sizes to run, e.g. 1,2,4,8. Default: 1 and every power of two up to the GPUs present "
@@ -28,8 +30,7 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
               help="Compare N-D parallelism layouts of one world size, e.g. \"dp_shard=4;dp_shard=2,tp=2\" "
                    "(dimensions dp_replicate, dp_shard, tp, cp, sp; `;` between layouts, or repeat the option). "
                    "Each layout runs with the backend that composes it unless --backend names one.")
-@click.option("--cpu", is_flag=True, default=False, help="CPU rehearsal: gloo ranks on this machine's cores.")
-@click.option("-m", "--module", is_flag=True, default=False, help="SCRIPT is a module name, run like `python -m`.")
+@run_options
 @click.option("--steps", type=int, default=20, show_default=True, metavar="N",
               help="Measured optimizer steps per run, at least (after warmup); every rank then stops cleanly.")
 @click.option("--min-time", type=Seconds(minimum=0), default=DEFAULT_MIN_TIME, show_default=True, metavar="SECONDS",
@@ -59,11 +60,9 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
 @stall_timeout_option(effect="record the run as stalled")
 @click.option("--show-output", is_flag=True, default=False,
               help="Show the script's output instead of saving it to DIR/runs/<run>/output.log.")
-@click.option("--rdzv-backend", default=None, metavar="NAME", help="torchrun rendezvous backend (multi-node).")
-@click.option("--rdzv-conf", default=None, metavar="K=V,...", help="Extra rendezvous settings for torchrun.")
-@click.option("--same-network", is_flag=True, default=None, help="All machines share one local network.")
+@rendezvous_options
 @click.argument("script", metavar="[SCRIPT]", required=False)
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+@script_args_argument()
 def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None,
             layouts: tuple[str, ...], cpu: bool, module: bool, steps: int, min_time: float, warmup: int,
             scaling: str, batch_arg: str | None, global_batch: int | None,
@@ -88,15 +87,9 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
     (superlinear or too variable) with the command that measures longer. Exit status: 0 when every run succeeded,
     1 when one failed, 128+N when stopped by signal N.
     """
-    from accelkit.bench import build_spec, run_bench
+    from accelkit.bench import build_spec, run_bench, split_command_line
 
-    argv = tuple(sys.argv[1:])
-    tail = (1 + len(script_args)) if script is not None else 0
-    if tail and len(argv) > tail and argv[-tail - 1] == "--":
-        tail += 1  # `accelkit bench [OPTIONS] -- SCRIPT`
-    command_words, script_words = ("accelkit", *argv[:len(argv) - tail]), argv[len(argv) - tail:]
-    if script_args[:1] == ("--",):
-        script_args = script_args[1:]
+    command_words, script_words = split_command_line(tuple(sys.argv[1:]), script, script_args)
     if script is None and not comm:
         from accelkit.errors import AccelkitError
 

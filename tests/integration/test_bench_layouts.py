@@ -13,7 +13,7 @@ from helpers import DATA
 from helpers.faults import run_fault
 from PIL import Image
 
-from accelkit.probes.results import read_results
+from accelkit.ranks.probes.results import read_results
 
 COUNTED = DATA / "bench" / "counted_train.py"
 MIN_TIME = 0.5

@@ -113,3 +113,16 @@ def test_the_measure_longer_command_is_the_users_with_a_longer_window() -> None:
         "accelkit bench --cpu --num-processes 1,2 --min-time 10 --force train.py --min-time 7")
     assert longer_command(("accelkit", "bench", "--min-time=4", "--layouts", "dp_shard=2;tp=2"), ("t.py",), 4.0) == (
         "accelkit bench --layouts 'dp_shard=2;tp=2' --min-time 20 --force t.py")
+
+
+@pytest.mark.parametrize(("argv", "script", "args", "options", "script_words"), [
+    (["bench", "--cpu", "t.py", "--x", "1"], "t.py", ("--x", "1"), ["bench", "--cpu"], ("t.py", "--x", "1")),
+    (["bench", "t.py", "--", "--x"], "t.py", ("--x",), ["bench"], ("t.py", "--", "--x")),
+    (["bench", "--cpu", "--", "t.py", "--x"], "t.py", ("--x",), ["bench", "--cpu"], ("--", "t.py", "--x")),
+    (["bench", "t.py", "--"], "t.py", (), ["bench"], ("t.py", "--")),
+    (["bench", "--comm"], None, (), ["bench", "--comm"], ()),
+])
+def test_the_command_line_splits_at_the_script(argv, script, args, options, script_words) -> None:
+    from accelkit.bench.rerun import split_command_line
+
+    assert split_command_line(argv, script, args) == (("accelkit", *options), script_words)

@@ -7,7 +7,7 @@ import pytest
 
 from accelkit.bench.probe import StepRecorder
 from accelkit.bench.window import MAX_GROWTH, next_checkpoint
-from accelkit.probes.steps import StepEvent
+from accelkit.ranks.probes.steps import StepEvent
 
 
 def test_done_only_when_both_the_steps_and_the_time_are_reached() -> None:
