@@ -42,9 +42,9 @@ def _load(module: str) -> Any:
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "DTYPES": "run",
-    "MergeOptions": "run",
-    "MergeReport": "run",
+    "MergeOptions": "options",
+    "MergeReport": "options",
     "inspect_checkpoint": "run",
-    "merge_checkpoint": "run",
+    "merge_checkpoint": "light_run",
     "format_report": "summary",
 }, load=_load)
