@@ -30,7 +30,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, extras, light_dcp, manifest
+from accelkit.merge import counters, extras, light_dcp, manifest, records
 from accelkit.merge.header import safetensors_header
 from accelkit.merge.light_pickle import DTYPES, Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
@@ -221,7 +221,7 @@ def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: Re
         with open(target, "r+b", buffering=0) as out:
             _write_all(out, header, label)
             for tensor in found.tensors:
-                floating = tensor.dtype in _FLOATS
+                floating = tensor.dtype in _FLOATS and records.SCAN_NONFINITE
                 for piece in tensor.pieces:
                     for begin in range(0, piece.nbytes, READ_BYTES):
                         view = buffer[:min(READ_BYTES, piece.nbytes - begin)]

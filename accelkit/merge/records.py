@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 _DATA_RECORD = re.compile(r"(^|/)data/\d+$")  # tensor storages; every other record is the pickle or a version
 _CHUNK = 8 * 1024 * 1024
 CHECK_CRC = True  # benchmarks/merge.py turns the checks off to measure what they cost; nothing else does
+SCAN_NONFINITE = True  # the same, for the non-finite scan of both merge paths (stream, light_run)
 
 
 @dataclass(frozen=True, eq=False)
