@@ -8,7 +8,7 @@ record is mapped from the page cache, its CRC-32 and the scan read it there, and
 (`os.copy_file_range`). The output is the same file the torch path writes, byte for byte.
 
 Everything else goes to the torch path (run), which says why in the report's notes: other formats, layouts it
-cannot prove, a `--dtype` cast, `--max-shard-size`, `--verify`, an Accelerate save_state folder (its optimizer and
+cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
 RNG files are checked with torch), a config.json that may tie weights (asking the model class needs transformers),
 and any non-finite value (the torch path reports it, or writes it with --allow-nonfinite). A corrupt record found
 while copying fails here with the torch path's own message; the staged output is then removed.
@@ -24,7 +24,9 @@ import importlib
 import json
 import os
 import shutil
+import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from accelkit.merge.header import safetensors_header
 from accelkit.merge.light_pickle import DTYPES, Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
 from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
-from accelkit.merge.records import RecordReader, read_error
+from accelkit.merge.records import RecordReader, pread_into, read_error
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
 SAFETENSORS_METADATA = {"format": "pt"}
@@ -81,7 +83,7 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
     output = opts.output
     if output is None or output.suffix in _TORCH_SUFFIXES:
         raise _TorchPath("no safetensors output")
-    for asked, reason in ((opts.max_shard_size, "--max-shard-size"), (opts.verify, "--verify"),
+    for asked, reason in ((opts.max_shard_size, "--max-shard-size"),
                           (opts.tag, "--tag"), (opts.model_index is not None, "--model-index")):
         if asked:
             raise _TorchPath(f"{reason} was given")
@@ -178,8 +180,13 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
             check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
                              + sum(f.stat().st_size for f in side_files), output)
             notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
-            _copy_tensors(found, target, header, reader, scan, output)
+            with _progress(data_bytes, "merge", opts.progress) as bar:
+                _copy_tensors(found, target, header, reader, scan, output, bar.update)
             reader.finish()
+            if opts.verify:
+                with _progress(data_bytes, "verify", opts.progress) as bar:
+                    _verify(found, target, len(header), reader, bar.update)
+                report.verified = True
             if not to_file:
                 _copy_side_files(temp, side_files, output)
                 report.copied = [f.name for f in side_files]
@@ -206,8 +213,51 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext(_NoBar())
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: RecordReader,
+            on_bytes: Callable[[int], None]) -> None:
+    """Re-read the output and compare every byte with the input read again (what --verify promises)."""
+    expected, written = memoryview(bytearray(READ_BYTES)), memoryview(bytearray(READ_BYTES))
+    try:
+        fd = os.open(target, os.O_RDONLY)
+    except OSError as exc:
+        raise read_error(exc, target) from None
+    try:
+        offset = data_start
+        for tensor in found.tensors:
+            for piece in tensor.pieces:
+                for begin in range(0, piece.nbytes, READ_BYTES):
+                    length = min(READ_BYTES, piece.nbytes - begin)
+                    reader.peek(piece.record, piece.start + begin, expected[:length])
+                    try:
+                        pread_into(fd, written[:length], offset, target)
+                    except AccelkitError:
+                        raise AccelkitError(f"verification failed: {target.name} is shorter than planned",
+                                            hint="report this as a bug; no output was written") from None
+                    if expected[:length] != written[:length]:
+                        raise AccelkitError(f"verification failed: {tensor.name} in the output differs from the "
+                                            "source", hint="report this as a bug; no output was written")
+                    offset += length
+                    on_bytes(length)
+    finally:
+        os.close(fd)
+
+
 def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: RecordReader, scan: _NonFiniteScan,
-                  label: Path) -> None:
+                  label: Path, on_bytes: Callable[[int], None]) -> None:
     """Header, then every chunk of every tensor: read through a small reused buffer (the record's CRC-32 advances as
     it is read, the scan runs while the bytes are in the CPU's caches), then copied file to file by the kernel.
     Where the kernel cannot copy between these files (another file system), each buffer is written instead.
@@ -238,6 +288,7 @@ def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: Re
                                                    piece.nbytes, label)
                         if not kernel_copy:  # learnt on the first chunk: write it from user memory
                             _write_piece(reader, piece, buffer, out, label)
+                    on_bytes(piece.nbytes)
     except OSError as exc:
         raise write_error(exc, label) from None
     finally:
