@@ -45,7 +45,7 @@ _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 _RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
-_FAST = "read without torch: every tensor is stored as row blocks, copied file to file (see docs/guides/merge)"
+_FAST = "read without torch: every tensor is stored as row blocks, copied file to file"
 
 
 class _TorchPath(Exception):
@@ -88,7 +88,9 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
         if asked:
             raise _TorchPath(f"{reason} was given")
     if not (opts.input.is_dir() and (opts.input / light_dcp.METADATA_FILE).is_file()):
-        raise _TorchPath("not a torch DCP folder")
+        if opts.input.is_dir() and any(p.name.startswith("pytorch_model_fsdp_") for p in opts.input.iterdir()):
+            raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+        raise _TorchPath("only torch DCP folders are read without torch")
     check_paths(opts.input, output, opts.force)
     root = opts.input
     if any(_save_state_files(folder) for folder in (root, root.parent, root.parent.parent)):
