@@ -70,9 +70,13 @@ def test_merge_is_bit_identical_to_the_producers_state_dict(ckpts: Path, tmp_pat
 def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path: Path, case: str) -> None:
     """FSDP2's 2-rank DCP merges without torch, to the same bytes as the torch path; ZeRO goes to the torch path,
     and the report says which path was taken."""
+    import shutil
+
     from accelkit.merge import MergeOptions, merge_checkpoint, run
 
     src = ckpts / CASES[case][0]
+    if case == "fsdp2-dcp":  # without the config.json above it, which ties the tiny Llama's weights
+        src = Path(shutil.copytree(src, tmp_path / "dcp"))
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False))
     run.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False))
     assert (tmp_path / "light.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
@@ -80,6 +84,14 @@ def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path:
     other = ["read with torch: only torch DCP folders are read without torch"]
     assert taken == ([] if case == "fsdp2-dcp" else other), light.notes
     assert any(note.startswith("read without torch") for note in light.notes) == (case == "fsdp2-dcp")
+
+
+def test_a_config_that_ties_weights_goes_to_the_torch_path(ckpts: Path, tmp_path: Path) -> None:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "dcp", output=tmp_path / "out", progress=False))
+    assert "config.json may tie weights (the model class says which)" in report.notes[-1]
+    assert report.dropped_aliases == {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path) -> None:
