@@ -88,7 +88,7 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
         if asked:
             raise _TorchPath(f"{reason} was given")
     if not (opts.input.is_dir() and (opts.input / light_dcp.METADATA_FILE).is_file()):
-        if opts.input.is_dir() and any(p.name.startswith("pytorch_model_fsdp_") for p in opts.input.iterdir()):
+        if any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
             raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
         raise _TorchPath("only torch DCP folders are read without torch")
     check_paths(opts.input, output, opts.force)
@@ -111,11 +111,16 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
     return _write(opts, found, checks, to_file, side_folder, side_files, scan, start)
 
 
-def _save_state_files(folder: Path) -> bool:
+def _names(folder: Path) -> list[str]:
+    """What a folder holds; nothing when it is not a readable folder (the torch path then says what is wrong)."""
     try:
-        return any(p.name.startswith(_RNG_FILE) and p.name.endswith(".pkl") for p in folder.iterdir())
+        return [p.name for p in folder.iterdir()]
     except OSError:
-        return False
+        return []
+
+
+def _save_state_files(folder: Path) -> bool:
+    return any(name.startswith(_RNG_FILE) and name.endswith(".pkl") for name in _names(folder))
 
 
 def _may_tie(config: Path) -> bool:
