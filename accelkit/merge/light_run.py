@@ -7,7 +7,7 @@ makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite
 record is mapped from the page cache, its CRC-32 and the scan read it there, and the kernel copies it file to file
 (`os.copy_file_range`). The output is the same file the torch path writes, byte for byte.
 
-Everything else goes to the torch path (run), which says why in the report's notes: other formats, layouts it
+Everything else goes to the torch path (pipeline), which says why in the report's notes: other formats, layouts it
 cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
 RNG files are checked with torch), a config.json that may tie weights (asking the model class needs transformers),
 and any non-finite value (the torch path reports it, or writes it with --allow-nonfinite). A corrupt record found
@@ -70,7 +70,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     except _TorchPath as why:
         from accelkit.merge import _load
 
-        report = _load("accelkit.merge.run").merge_checkpoint(opts)
+        report = _load("accelkit.merge.pipeline").merge_checkpoint(opts)
         report.notes.append(f"read with torch: {why}")
         return report
     finally:

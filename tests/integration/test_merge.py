@@ -72,13 +72,13 @@ def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path:
     and the report says which path was taken."""
     import shutil
 
-    from accelkit.merge import MergeOptions, merge_checkpoint, run
+    from accelkit.merge import MergeOptions, merge_checkpoint, pipeline
 
     src = ckpts / CASES[case][0]
     if case == "fsdp2-dcp":  # without the config.json above it, which ties the tiny Llama's weights
         src = Path(shutil.copytree(src, tmp_path / "dcp"))
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False))
-    run.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False))
+    pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False))
     assert (tmp_path / "light.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
     taken = [note for note in light.notes if note.startswith("read with torch")]
     other = ["read with torch: only torch DCP folders are read without torch"]

@@ -14,7 +14,7 @@ import torch
 from test_merge_synthetic import dcp_save, tiny_state, tree
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import light_pickle, run
+from accelkit.merge import light_pickle, pipeline
 from accelkit.merge.light_run import merge_checkpoint
 from accelkit.merge.options import MergeOptions
 
@@ -53,7 +53,7 @@ def test_only_listed_names_are_built(tmp_path: Path) -> None:
 def _merge_both(src: Path, tmp_path: Path, **options) -> tuple[bytes, bytes, list[str]]:
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False,
                                           **options))
-    heavy = run.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
+    heavy = pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
                                               **options))
     assert "read without torch" not in " ".join(heavy.notes)
     return ((tmp_path / "light.safetensors").read_bytes(), (tmp_path / "torch.safetensors").read_bytes(),
@@ -78,7 +78,7 @@ def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
     src = dcp_save(tiny_state(), tmp_path / "run" / "dcp")
     (tmp_path / "run" / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": false}')
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "a", progress=False))
-    run.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "b", progress=False))
+    pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "b", progress=False))
     assert "read without torch" in " ".join(light.notes)
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
