@@ -19,7 +19,7 @@ from accelkit.launch import job_board
 from accelkit.launch.cluster_preflight import differences
 from accelkit.launch.node import describe_failure, node_request
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.slurm import REQUEST_DELIMITER
+from accelkit.launch.targets.slurm import REQUEST_DELIMITER
 from accelkit.launch.slurm_job import main_address
 
 PROBE = DATA / "launch" / "probe.py"
