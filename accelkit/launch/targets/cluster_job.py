@@ -118,12 +118,26 @@ def plan_cluster_job(request: LaunchRequest, target: ClusterTarget, *, nodes: in
 
 
 def check_outputs(paths: list[Path], force: bool) -> None:
-    """Refuse, before anything is written, an output that exists (without --force) or cannot be replaced."""
-    from accelkit.fsio import refuse_overwrite, writable_target
+    """Refuse, before anything is resolved or written, an output that exists (without --force), cannot be replaced,
+    or whose folder cannot take it (missing, read-only, not ours)."""
+    import errno
+    import os
+
+    from accelkit.fsio import refuse_overwrite, writable_target, write_error
 
     for path in paths:
         refuse_overwrite(path, force)
         writable_target(path)
+        folder = path.absolute().parent
+        if not folder.exists():
+            raise AccelkitError(f"cannot write {path}: the folder {path.parent} does not exist",
+                                hint="create it first, or choose another output path")
+        if not folder.is_dir():
+            raise write_error(OSError(errno.ENOTDIR, "not a folder"), path)
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            raise write_error(OSError(errno.EROFS, "read-only"), path)
+        if not os.access(folder, os.W_OK):
+            raise write_error(OSError(errno.EACCES, "permission denied"), path)
 
 
 def write_job_file(path: Path, text: str, mode: int = 0o644) -> None:
