@@ -68,7 +68,7 @@ def test_usage_errors(project: Path, args: list[str], match: str) -> None:
     refused(project, args, match, exit_code=2)
 
 
-@pytest.mark.parametrize("target", [SKY, KUBE])
+@pytest.mark.parametrize("target", [SKY, KUBE, ["--slurm", "job.sbatch"]])
 def test_existing_output_without_force(project: Path, target: list[str]) -> None:
     (project / target[1]).write_text("mine\n")
     refused(project, [*target, "--cpu", "--nodes", "2", "--gpus-per-node", "1"], f"{target[1]} already exists")
