@@ -52,6 +52,7 @@ def node_request(request: LaunchRequest, machine_rank: int, main_process_ip: str
 
 BOARD_WAIT = 900.0  # seconds a node waits for machine 0's job board (torchrun's own rendezvous timeout)
 FAILURE_WAIT = 5.0  # seconds machine 0 waits, after a failure, for the node that failed first to report
+HOST_GRACE = 2.0  # seconds machine 0 keeps the board up after its own error, for the other nodes to read it
 
 
 def check_scheduler_shape(request: LaunchRequest, machines: str | None, per_node: str | None) -> None:
@@ -226,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                           port=args.main_process_port, node=node, stall_timeout=args.stall_timeout,
                           board_wait=board_wait)
         return _job_status(hosted, status) if hosted is not None else status
+    except (EOFError, ConnectionError) as lost:  # the board's host (machine 0) ended while this node used it
+        if debug_enabled():
+            raise
+        print(f"accelkit: node {node} (machine {args.machine_rank}):", file=sys.stderr, flush=True)
+        return report(AccelkitError(f"lost the job board on machine 0 ({type(lost).__name__}): machine 0 ended",
+                                    hint="machine 0's log says why"))
     except AccelkitError as error:
         if debug_enabled():
             raise
@@ -235,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "status": error.exit_code, "stalled": False, "rank": None,
                                                       "signal": None, "message": error.message})
         print(f"accelkit: node {node} (machine {args.machine_rank}):", file=sys.stderr, flush=True)
+        if hosted is not None:
+            time.sleep(HOST_GRACE)  # the other nodes read the same findings (e.g. the preflight's) before it closes
         return report(error)
     finally:
         if hosted is not None:

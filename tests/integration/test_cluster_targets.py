@@ -129,3 +129,31 @@ def test_a_rank_failing_on_node_1_is_the_jobs_exit_status(tmp_path: Path) -> Non
     assert status0 == 7, log0  # machine 0 reports the job's first failure, from the job board it hosts
     assert "the job failed: rank 1 on node" in log0 and "(machine 1) exited with status 7" in log0
     assert not list(project.glob("accelkit-launch-*"))
+
+
+def test_pods_with_different_scripts_stop_before_any_rank(tmp_path: Path) -> None:
+    """The cross-node preflight through the board machine 0 hosts: pod 1's image has another copy of the script."""
+    pod0, pod1 = tmp_path / "pod0", tmp_path / "pod1"
+    for pod in (pod0, pod1):
+        pod.mkdir()
+        (pod / "probe.py").write_text(PROBE.read_text())
+    (pod1 / "probe.py").write_text(PROBE.read_text() + "\n# an older copy\n")
+    job = yaml.safe_load(write(pod0, "--cpu", "--kubernetes", "trainjob.yaml", "--nodes", "2", "--gpus-per-node", "1",
+                               "--image", "img", "probe.py").read_text())
+    trainer = job["spec"]["trainer"]
+    env = {item["name"]: item["value"] for item in trainer["env"]}
+    port = str(two_free_ports())
+    procs = []
+    for rank, cwd in ((0, pod0), (1, pod1)):
+        pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(rank),
+               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
+        procs.append(subprocess.Popen(["bash", "-c", trainer["command"][2]], cwd=cwd, text=True,
+                                      env={**os.environ, **env, **pet}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    for proc, text in zip(procs, outputs, strict=True):
+        assert proc.returncode == 1, text
+        errors = [line for line in text.splitlines() if line.startswith("Error: ")]
+        assert len(errors) == 1 and "Traceback" not in text, text
+        assert errors[0].startswith("Error: the nodes would not run the same job: script sha256:"), text
+        assert "world size" not in text  # no rank started
