@@ -130,3 +130,25 @@ def _target():
     from accelkit.launch.plan import LaunchTarget
 
     return LaunchTarget(script="train.py")
+
+
+def test_a_node_of_a_cluster_job_launches_as_machine_rank_does(tmp_path, monkeypatch):
+    """A node's launch (the job's request with its rank, address and port filled in) is the launch
+    `accelkit launch --num-machines 2 --num-processes 16 --machine-rank 1 ...` plans on a bare machine."""
+    from dataclasses import replace
+
+    from accelkit.configs.options import ConfigOptions
+    from accelkit.launch.prepare import prepare_launch
+
+    _write(tmp_path, monkeypatch, "--backend", "fsdp", "--kubernetes", "tj.yaml", "--nodes", "2", "--gpus-per-node",
+           "8", "--image", "img", "train.py", "--lr", "1e-4")
+    trainer = yaml.safe_load((tmp_path / "tj.yaml").read_text())["spec"]["trainer"]
+    cluster = LaunchRequest.from_json(trainer["env"][0]["value"])
+    node = prepare_launch(node_request(cluster, 1, "10.0.0.1", 29400), config_path=tmp_path / "node.yaml",
+                          check_hardware=False)
+    bare_request = replace(cluster, for_cluster=False, source_labels={}, options=ConfigOptions(
+        backend="fsdp", num_machines=2, num_processes=16, machine_rank=1, main_process_ip="10.0.0.1",
+        main_process_port=29400))
+    bare = prepare_launch(bare_request, config_path=tmp_path / "bare.yaml", check_hardware=False)
+    assert node.plan.launcher_args()[2:] == bare.plan.launcher_args()[2:]  # all but --config_file PATH
+    assert node.plan.config.to_accelerate_dict() == bare.plan.config.to_accelerate_dict()
