@@ -27,7 +27,7 @@ for path in sys.argv[1:]:
     accelerators = [r.accelerators for r in task.resources]
     out.append({"name": task.name, "num_nodes": task.num_nodes, "accelerators": accelerators,
                 "cpus": [r.cpus for r in task.resources], "setup": task.setup, "run": task.run,
-                "envs": task.envs, "workdir": task.workdir})
+                "envs": task.envs, "workdir": task.workdir, "file_mounts": task.file_mounts})
 print("SKY-RESULT " + json.dumps(out))
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import DATA
+from helpers import DATA, REPO_ROOT
 from helpers.skypilot import parse_tasks
 
 from accelkit.launch.ports import free_port, port_free
@@ -84,6 +84,9 @@ def test_skypilots_parser_accepts_the_tasks_and_rejects_broken_ones(tmp_path: Pa
     parsed = parse_tasks([gpu, cpu, *(tmp_path / name for name in broken)])
     assert parsed[0]["num_nodes"] == 2 and parsed[0]["accelerators"] == [{"A100-80GB": 8}], parsed[0]
     assert parsed[0]["workdir"] == str(tmp_path) and parsed[0]["setup"].startswith("pip install")
+    # accelkit runs from a checkout here: its source tree goes to every node, and setup installs it from there
+    assert parsed[0]["file_mounts"] == {"~/.accelkit/src": str(REPO_ROOT)}, parsed[0]
+    assert parsed[0]["setup"].rstrip().endswith("pip install ~/.accelkit/src")
     assert "SKYPILOT_NODE_RANK" in parsed[0]["run"] and "ACCELKIT_LAUNCH_REQUEST" in parsed[0]["envs"]
     assert parsed[1]["num_nodes"] == 3 and parsed[1]["accelerators"] == [None] and parsed[1]["cpus"] == ["2+"]
     errors = {name: result.get("error", "") for name, result in zip(broken, parsed[2:], strict=True)}

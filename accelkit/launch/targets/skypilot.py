@@ -35,6 +35,7 @@ DEFAULT_PORT = 29500  # SkyPilot's nodes are the job's own machines: a fixed por
 REQUEST_ENV = "ACCELKIT_LAUNCH_REQUEST"
 # What the nodes install (pinned to this machine's versions, the ones the cross-node preflight compares).
 SETUP_PACKAGES = ("accelkit", "torch", "accelerate", "transformers")
+ACCELKIT_MOUNT = "~/.accelkit/src"  # where accelkit's own source tree goes on every node, when it runs from one
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,27 @@ def _installed(package: str) -> str | None:
     return version.split("+")[0]  # a local build tag (2.13.0+cpu) is not on the package index
 
 
-def setup_command(job: ClusterJob) -> str:
-    """`pip install` of what every node needs, at this machine's versions (the preflight compares them)."""
-    packages = list(SETUP_PACKAGES) + (["deepspeed"] if job.backend == "deepspeed" else [])
+def accelkit_source() -> Path | None:
+    """The source tree this accelkit runs from (a checkout, installed editable), or None for an installed wheel."""
+    import accelkit
+
+    root = Path(accelkit.__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and 'name = "accelkit"' in pyproject.read_text(errors="replace"):
+        return root
+    return None
+
+
+def setup_command(job: ClusterJob, source_mount: str | None) -> str:
+    """`pip install` of what every node needs, at this machine's versions (the preflight compares them): the
+    packages from the index, accelkit from its uploaded source tree when it runs from one."""
+    packages = [name for name in SETUP_PACKAGES if not (name == "accelkit" and source_mount)]
+    packages += ["deepspeed"] if job.backend == "deepspeed" else []
     pins = [f"{name}=={version}" for name in packages if (version := _installed(name))]
-    return "pip install " + " ".join(f'"{pin}"' for pin in pins)
+    command = "pip install " + " ".join(f'"{pin}"' for pin in pins)
+    if source_mount:
+        command += f" && pip install {source_mount}"
+    return command
 
 
 def run_command(job: ClusterJob, options: SkyPilotOptions) -> str:
@@ -87,14 +104,16 @@ def render_task(job: ClusterJob, options: SkyPilotOptions, key: str | None = Non
         resources["accelerators"] = f"{options.accelerator}:{job.gpus_per_node}"
     else:  # a CPU job: enough cores for its processes
         resources["cpus"] = f"{job.processes_per_node}+"
+    source = accelkit_source()
     task = {
         "name": options.job_name,
         "workdir": str(options.workdir),
         "num_nodes": job.nodes,
         "resources": resources,
+        **({"file_mounts": {ACCELKIT_MOUNT: str(source)}} if source is not None else {}),
         # What every node runs (accelkit launch's request) and the key of the job board machine 0 hosts.
         "envs": {REQUEST_ENV: job.request.to_json(), "ACCELKIT_JOB_KEY": key or secrets.token_hex(16)},
-        "setup": setup_command(job) + "\n",
+        "setup": setup_command(job, ACCELKIT_MOUNT if source is not None else None) + "\n",
         "run": run_command(job, options),
     }
     header = [f"# Written by: {job.request.command_line}",

@@ -41,7 +41,8 @@ def test_skypilot_task_for_two_h100_nodes(tmp_path, monkeypatch):
     assert "sky launch -c accelkit task.yaml" in result.stdout
     task = yaml.safe_load((tmp_path / "task.yaml").read_text())
     assert (task["num_nodes"], task["resources"], task["workdir"]) == (2, {"accelerators": "H100:8"}, str(tmp_path))
-    assert task["setup"].startswith('pip install "accelkit==') and '"deepspeed==' in task["setup"]
+    assert task["setup"].startswith('pip install "torch==') and '"deepspeed==' in task["setup"]
+    assert task["setup"].rstrip().endswith("pip install ~/.accelkit/src")  # accelkit from this checkout
     run = task["run"]
     subprocess.run(["bash", "-n"], input=run, text=True, check=True)
     for variable in ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"):
