@@ -9,7 +9,7 @@ from typing import Any
 
 from accelkit.configs.choices import Backend
 from accelkit.configs.resolved import ResolvedConfig
-from accelkit.launch.plan import LaunchPlan
+from accelkit.launch.launch_plan import LaunchPlan
 
 # (label, option name) of the values worth a word, by backend
 _COMMON = (("processes", "num_processes"), ("machines", "num_machines"), ("mixed_precision", "mixed_precision"))

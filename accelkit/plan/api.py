@@ -33,7 +33,7 @@ class PlanResult:
 def hardware_from(gpus: int | None, nodes: int, gpu_memory: int | None, cpu_memory: int | None,
                   given: dict[str, str]) -> Hardware:
     """Hardware from the flags, this machine filling what is missing (`given`: the flags' text, for the output)."""
-    from accelkit.plan.detect import local_gpus, local_memory
+    from accelkit.hardware import local_gpus, local_memory
 
     sources: dict[str, str] = {}
     if gpus is not None:
@@ -190,13 +190,13 @@ def _write(plan, path: Path, command_line: str, result: PlanResult) -> None:
 def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, result: PlanResult,
              stall_timeout: float | None = None) -> None:
     from accelkit.plan import spine
-    from accelkit.plan.measure import run as measuring
+    from accelkit.plan.measure import api as measuring
 
     chosen = plan.chosen
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no launch to measure",
                             hint="pick one with --strategy NAME to measure it anyway")
-    from accelkit.plan.detect import local_gpus
+    from accelkit.hardware import local_gpus
 
     cpu = local_gpus().count == 0  # no GPU here: rehearse the launch on CPU processes
     if cpu and chosen.strategy.sharding == "hybrid":

@@ -104,7 +104,7 @@ def cluster_request(request: LaunchRequest, target: ClusterTarget, nodes: int, g
 def plan_cluster_job(request: LaunchRequest, target: ClusterTarget, *, nodes: int, gpus_per_node: int | None,
                      config_path: Path, workdir: Path | None = None) -> ClusterJob:
     """Check the shape, resolve the config once (written to `config_path`) and return the job."""
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
 
     for_all, per_node = cluster_request(request, target, nodes, gpus_per_node, workdir)
     # Resolved here once, so a bad option fails now rather than on the cluster; the config beside the job file

@@ -13,7 +13,7 @@ from helpers import DATA, run_accelkit
 
 from accelkit.configs.reader import read_config
 from accelkit.errors import AccelkitError
-from accelkit.launch.plan import BOOTSTRAP_MODULE, LAUNCHER_MODULE, LauncherFlags, LaunchTarget, plan_launch
+from accelkit.launch.launch_plan import BOOTSTRAP_MODULE, LAUNCHER_MODULE, LauncherFlags, LaunchTarget, plan_launch
 from accelkit.launch.request import LaunchRequest
 
 PROBE = DATA / "launch" / "probe.py"
@@ -238,7 +238,7 @@ def test_missing_deepspeed_is_refused_before_anything_starts(monkeypatch):
     import importlib.util
 
     from accelkit.configs import ConfigOptions
-    from accelkit.launch.prepare import check_deepspeed, prepare_launch
+    from accelkit.launch.build_plan import check_deepspeed, prepare_launch
 
     real_find_spec, real_version = importlib.util.find_spec, importlib.metadata.version
 

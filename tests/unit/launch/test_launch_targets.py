@@ -33,7 +33,7 @@ def _write(tmp_path, monkeypatch, *args: str):
 def test_skypilot_task_for_two_h100_nodes(tmp_path, monkeypatch):
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
 
     result = _write(tmp_path, monkeypatch, "--backend", "deepspeed", "--zero-stage", "3", "--skypilot", "task.yaml",
                     "--nodes", "2", "--gpus-per-node", "8", "--accelerator", "h100", "--stall-timeout", "600",
@@ -128,7 +128,7 @@ def test_a_node_refuses_a_shape_the_job_was_not_written_for():
 
 
 def _target():
-    from accelkit.launch.plan import LaunchTarget
+    from accelkit.launch.launch_plan import LaunchTarget
 
     return LaunchTarget(script="train.py")
 
@@ -139,7 +139,7 @@ def test_a_node_of_a_cluster_job_launches_as_machine_rank_does(tmp_path, monkeyp
     from dataclasses import replace
 
     from accelkit.configs.options import ConfigOptions
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
 
     _write(tmp_path, monkeypatch, "--backend", "fsdp", "--kubernetes", "tj.yaml", "--nodes", "2", "--gpus-per-node",
            "8", "--image", "img", "train.py", "--lr", "1e-4")
