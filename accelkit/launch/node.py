@@ -60,7 +60,7 @@ def check_scheduler_shape(request: LaunchRequest, machines: str | None, per_node
     by hand, or a runtime that overrides it, would otherwise wait for ranks that never come."""
     want_machines = request.options.num_machines or 1
     want_per_node = (request.options.num_processes or want_machines) // want_machines
-    for label, given, want, fix in (("nodes", machines, want_machines, "--nodes"),
+    for label, given, want, fix in (("nodes", machines, want_machines, "--num-machines"),
                                     ("processes per node", per_node, want_per_node, "--gpus-per-node")):
         if not given or not given.strip():
             continue

@@ -38,16 +38,17 @@ def hardware_from(gpus: int | None, nodes: int, gpu_memory: int | None, cpu_memo
     sources: dict[str, str] = {}
     if gpus is not None:
         check_hardware(gpus, nodes)
-    # Explicit hardware (--gpus and --gpu-memory) is planned as given; only missing values come from this machine.
+    # Explicit hardware (--num-processes, --gpu-memory) is planned as given; only missing values come from this machine.
     local = local_gpus() if gpus is None or gpu_memory is None else None
     if gpus is None:
         if not local.count and nodes > 1:
-            raise AccelkitError(f"--nodes {nodes} needs --gpus (the total over all machines): this machine has no "
-                                "GPU to count", hint=f"e.g. --gpus {8 * nodes} for {nodes} machines of 8 GPUs")
+            raise AccelkitError(f"--num-machines {nodes} needs --num-processes (the total over all machines): this "
+                                "machine has no GPU to count",
+                                hint=f"e.g. --num-processes {8 * nodes} for {nodes} machines of 8 GPUs")
         gpus = local.count * nodes if local.count else 1
         sources["gpus"] = f"this machine's {local.count} GPU(s) x {nodes}" if local.count else "default: 1"
     else:
-        sources["gpus"] = "--gpus"
+        sources["gpus"] = "--num-processes"
     if gpu_memory is not None:
         sources["gpu_memory"] = f"--gpu-memory {given['gpu_memory']}"
     elif local.count:

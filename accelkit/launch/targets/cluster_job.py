@@ -67,16 +67,19 @@ def cluster_request(request: LaunchRequest, target: ClusterTarget, nodes: int, g
     `workdir`: the folder the scheduler copies to every node (its files are named relative to it there); None: the
     nodes share this file system (SLURM), so paths are made absolute."""
     options = request.options
+    if nodes < 1:
+        raise AccelkitError(f"--num-machines must be at least 1 (got {nodes})",
+                            hint="use 1 for one machine (--num-machines 1)")
     if options.num_machines is not None and options.num_machines != nodes:
         raise AccelkitError(f"--nodes {nodes} and --num-machines {options.num_machines} disagree",
-                            hint=f"with {target.flag}, --nodes is the number of machines: drop --num-machines")
+                            hint="--nodes is another spelling of --num-machines: give one of them")
     if options.machine_rank is not None or options.main_process_ip is not None:
         raise AccelkitError(f"--machine-rank and --main-process-ip come from {target.scheduler} in "
                             f"{target.job_file}", hint=f"drop them; each node takes its rank from {target.rank_source}")
     per_node = gpus_per_node or 0
     if options.num_processes is not None:
         if per_node and options.num_processes != per_node * nodes:
-            raise AccelkitError(f"--num-processes {options.num_processes} is not --nodes x --gpus-per-node "
+            raise AccelkitError(f"--num-processes {options.num_processes} is not --num-machines x --gpus-per-node "
                                 f"({nodes} x {per_node})", hint="drop --num-processes; it is the total")
         if options.num_processes % nodes:
             raise AccelkitError(f"--num-processes {options.num_processes} does not split over {nodes} nodes",
@@ -84,9 +87,9 @@ def cluster_request(request: LaunchRequest, target: ClusterTarget, nodes: int, g
         per_node = options.num_processes // nodes
     if not per_node:
         raise AccelkitError(f"{target.flag} needs the number of GPUs per node", hint="pass --gpus-per-node G, e.g. 8")
-    labels = {"num_machines": "--nodes"}
+    labels = {"num_machines": "--num-machines"}
     if options.num_processes is None:
-        labels["num_processes"] = "--nodes x --gpus-per-node"
+        labels["num_processes"] = "--num-machines x --gpus-per-node"
     config_file, script = request.config_file, request.target
     if workdir is None:
         config_file = config_file.resolve() if config_file is not None else None

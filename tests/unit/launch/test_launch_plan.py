@@ -265,8 +265,10 @@ def test_missing_deepspeed_is_refused_before_anything_starts(monkeypatch):
 def test_fp16_rehearsal_and_slurm_only_flags_are_refused():
     result = _cli("launch", "--cpu", "--backend", "ddp", "--mixed-precision", "fp16", "--dry-run", str(PROBE))
     assert result.exit_code == 1 and "fp16" in result.stderr and "Hint:" in result.stderr
-    result = _cli("launch", "--nodes", "2", str(PROBE))
-    assert result.exit_code == 2 and "--nodes only applies with --slurm" in result.stderr
+    result = _cli("launch", "--gpus-per-node", "2", str(PROBE))
+    assert result.exit_code == 2 and "--gpus-per-node only applies with --slurm" in result.stderr
+    result = _cli("launch", "--nodes", "2", "--dry-run", str(PROBE))  # `--nodes` is `--num-machines`, slurm or not
+    assert result.exit_code == 1 and "--num-machines 2 but no main_process_ip" in result.stderr
 
 
 def test_help_does_not_import_torch():
