@@ -129,8 +129,8 @@ def check_outputs(paths: list[Path], force: bool) -> None:
     from accelkit.fsio import refuse_overwrite, writable_target, write_error
 
     for path in paths:
+        writable_target(path)  # what is not a regular file is refused as such, --force or not
         refuse_overwrite(path, force)
-        writable_target(path)
         folder = path.absolute().parent
         if not folder.exists():
             raise AccelkitError(f"cannot write {path}: the folder {path.parent} does not exist",

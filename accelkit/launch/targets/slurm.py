@@ -15,6 +15,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.slurm_values import check_slurm_options, sbatch_directive
 from accelkit.launch.targets.cluster_job import (
     ClusterJob,
     ClusterTarget,
@@ -48,18 +49,18 @@ def render_sbatch(job: ClusterJob, options: SlurmOptions) -> str:
     request = job.request
     header = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={options.job_name}",
+        sbatch_directive("job-name", options.job_name),
         f"#SBATCH --nodes={job.nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
     if job.gpus_per_node > 0:
         header.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
     if options.partition:
-        header.append(f"#SBATCH --partition={options.partition}")
+        header.append(sbatch_directive("partition", options.partition))
     if options.time:
-        header.append(f"#SBATCH --time={options.time}")
+        header.append(sbatch_directive("time", options.time))
     if options.chdir is not None:
-        header.append(f"#SBATCH --chdir={options.chdir}")
+        header.append(sbatch_directive("chdir", options.chdir))  # quoted when it has spaces (sbatch reads the quotes)
     if options.requeue:
         # SLURM warns the batch step (B:) this long before the time limit; a preemption's warning is SIGUSR1 too
         # where the cluster sets SlurmctldParameters=preempt_send_user_signal. Requeued, the job starts over.
@@ -124,6 +125,7 @@ def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> No
 def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Path,
                     force: bool = False) -> ClusterJob:
     """Write the sbatch script for `request` and its config beside it; return the job (its summary for the user)."""
+    check_slurm_options(slurm)
     if slurm.requeue:
         check_saves_on_signal(request)
     config_path = config_path_for(sbatch_path)
