@@ -4,7 +4,7 @@
     lay the given options on top                                       (_merge)
     fill every default, noting where each value came from             (_fill)
     assemble the typed config, keeping the base's other keys           (_assemble)
-    run the one rule set; errors stop here, warnings travel along      (rules.check)
+    run the one rule set; errors stop here, warnings travel along      (rules.check_rules)
     let Accelerate's own ClusterConfig accept what will be written     (_through_accelerate)
 """
 
@@ -77,7 +77,7 @@ def resolve_config(options: ConfigOptions, *, base: Mapping[str, Any] | None = N
     filled = _fill(merged, sources, keeps_json=bool(json_file) and options.deepspeed_json is None)
     resolved = _assemble(filled, layer, sources, per_machine=per_machine)
 
-    findings = rules.check(resolved, options, writes_file=not launch)
+    findings = rules.check_rules(resolved, options, writes_file=not launch)
     raise_first_error(findings, more=None)
     _through_accelerate(resolved.to_accelerate_dict())
     warnings = [*(layer.findings if layer else ()), *findings]

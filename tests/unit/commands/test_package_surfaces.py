@@ -14,7 +14,8 @@ from pathlib import Path
 
 import accelkit
 
-CLOSED = ("accelkit.launch", "accelkit.bench", "accelkit.convert", "accelkit.merge", "accelkit.plan", "accelkit.probes")
+CLOSED = ("accelkit.launch", "accelkit.bench", "accelkit.configs", "accelkit.convert", "accelkit.merge",
+          "accelkit.plan", "accelkit.probes")
 ROOT = Path(accelkit.__file__).parent
 
 
