@@ -157,7 +157,8 @@ def _fill(m: ConfigOptions, sources: dict[str, Source], keeps_json: bool) -> Con
     backend = Backend(r.backend)
     default("num_machines", 1)
     default("machine_rank", 0)
-    default("num_processes", hardware.default_num_processes(backend.value, max(r.num_machines, 1)))
+    if r.num_processes is None:  # counting GPUs imports torch: only when the default is needed
+        default("num_processes", hardware.default_num_processes(backend.value, max(r.num_machines, 1)))
     if r.num_machines > 1:
         default("main_process_port", DEFAULT_PORT)
     if not (backend is Backend.DEEPSPEED and (r.deepspeed_json is not None or keeps_json)):  # the JSON decides
