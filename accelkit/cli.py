@@ -44,11 +44,14 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            code = super().invoke(ctx)
         except AccelkitError as error:
             if debug_enabled():
                 raise
             ctx.exit(report(error))
+        if isinstance(code, int) and code:  # a command returns its exit status: the same under main() and CliRunner
+            ctx.exit(code)
+        return code
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)

@@ -5,7 +5,7 @@ The workload is an ordinary Accelerate loop (prepared model, optimizer and DataL
 installs is on the path: the step clock on AcceleratedOptimizer.step and the timed DataLoaderShard iterator) with a
 step of a few milliseconds, where a fixed per-step cost would show most. The script records its own step times
 (time.perf_counter() after each optimizer step); the probe is never asked. Two figures:
-- A/B: median step time with the probe (`python -m accelkit.rehearsal.bootstrap` with ACCELKIT_PROBES) vs without
+- A/B: median step time with the probe (`python -m accelkit.ranks.bootstrap` with ACCELKIT_PROBES) vs without
   (`python workload.py`), over interleaved runs so machine load hits both alike;
 - same run: the time the probe spends in its own code per step (its hooks time themselves), as a share of that
   run's median step time. This one is immune to machine load.
@@ -60,7 +60,7 @@ def run(workload: Path, steps: int, warmup: int, probed: bool, folder: Path) -> 
     command = [sys.executable, str(workload), str(steps), str(warmup), str(out)]
     if probed:
         env.update({"ACCELKIT_PROBES": "accelkit.bench.probe", "ACCELKIT_PROBE_DIR": str(folder)})
-        command[1:1] = ["-m", "accelkit.rehearsal.bootstrap"]
+        command[1:1] = ["-m", "accelkit.ranks.bootstrap"]
     subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     times = json.loads(out.read_text())
     overhead = None

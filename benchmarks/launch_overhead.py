@@ -48,8 +48,8 @@ def free_port() -> int:
 def accelerate_config() -> tuple[Path, dict[str, str], Path]:
     """The config file and rank environment accelkit resolves for the job, for Accelerate to run as they are."""
     from accelkit.configs import ConfigOptions
-    from accelkit.launch.plan import LaunchTarget
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
+    from accelkit.launch.launch_plan import LaunchTarget
     from accelkit.launch.request import LaunchRequest
 
     request = LaunchRequest(target=LaunchTarget(str(PROBE)), options=ConfigOptions(num_processes=2), cpu=True)

@@ -1,6 +1,6 @@
 """`accelkit bench`: scaling efficiency, throughput and interconnect bandwidth of the user's own script.
 
-    run.py          the command as one library call: checks, the sweep, the files, the exit status
+    api.py          the command as one library call: checks, the sweep, the files, the exit status
     cli_spec.py     command-line values -> a checked BenchSpec (defaults for world sizes, backends, --comm sizes)
     spec.py         what to run: a typed sweep (world sizes x backends, steps, scaling mode) and its checks
     launching.py    the ONE module that talks to the config -> launch spine (options, requests, supervised runs)
@@ -26,5 +26,5 @@ WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured windo
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "build_spec": "cli_spec",
-    "run_bench": "run",
+    "run_bench": "api",
 }, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV"])

@@ -14,7 +14,7 @@ import time
 
 from accelkit.bench import COMM_NAME
 from accelkit.bench.comm import COLLECTIVES, fit_size
-from accelkit.probes import write_rank_result
+from accelkit.ranks.probes import write_rank_result
 
 
 def _buffers(op: str, size: int, n: int, device, dtype):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelkit.bench import PROBE_MODULE
-from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 if TYPE_CHECKING:
     from accelkit.launch import RunOutcome
@@ -72,12 +72,10 @@ def backend_given(settings: LaunchSettings) -> bool:
 
 def available_devices(cpu: bool) -> int:
     """GPUs on this machine, or (with --cpu, or without GPUs) the CPU cores this process may use."""
-    if not cpu:
-        import torch
+    from accelkit.hardware import cpu_cores, gpu_count
 
-        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-            return torch.cuda.device_count()
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    gpus = 0 if cpu else gpu_count()
+    return gpus if gpus > 0 else cpu_cores()
 
 
 def backend_of(settings: LaunchSettings, backend: str | None) -> str:
@@ -111,7 +109,7 @@ def comm_request(settings: LaunchSettings, backend: str, num_processes: int, arg
     return request_for(settings, backend, num_processes, COMM_MODULE, args, module=True, probes=())
 
 
-def check_script(script: str, module: bool) -> None:
+def check_script_exists(script: str, module: bool) -> None:
     """The script (or module) exists: checked first, before the heavier config checks."""
     from accelkit.launch import LaunchTarget, check_target
 

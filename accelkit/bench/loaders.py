@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from accelkit.probes import after_import
+from accelkit.ranks.probes import after_import
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 
 from accelkit.bench import PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
-from accelkit.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
+from accelkit.ranks.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
 
 
 class StepRecorder:

@@ -30,7 +30,7 @@ from accelkit.bench.launching import (
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, scaling, summarize
 from accelkit.launch import RunOutcome
-from accelkit.probes import read_results
+from accelkit.ranks.probes import read_results
 
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "MemoryError")
 

@@ -8,21 +8,22 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options_except, options_from_kwargs
+from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
+from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
 from accelkit.shellwords import command_line
 
 
-@click.command(name="bench", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE", help="Start from this Accelerate config; options given here override its values.")
+@click.command(name="bench", cls=ScriptCommand,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@config_file_option
 @config_options_except("num_processes")
 @click.option("--num-processes", "num_processes_list", default=None, metavar="N,N,...",
               help="World sizes to run, e.g. 1,2,4,8. Default: 1 and every power of two up to the GPUs present "
                    "(with --cpu: up to the cores), times --num-machines.")
 @click.option("--compare-backends", default=None, metavar="B,B,...",
               help="Run each of these backends (e.g. ddp,fsdp,deepspeed); default world size: the largest.")
-@click.option("--cpu", is_flag=True, default=False, help="CPU rehearsal: gloo ranks on this machine's cores.")
-@click.option("-m", "--module", is_flag=True, default=False, help="SCRIPT is a module name, run like `python -m`.")
+@run_options
 @click.option("--steps", type=int, default=20, show_default=True, metavar="N",
               help="Measured optimizer steps per run (after warmup); every rank then stops cleanly.")
 @click.option("--warmup", type=int, default=5, show_default=True, metavar="W",
@@ -49,11 +50,9 @@ from accelkit.shellwords import command_line
 @stall_timeout_option(effect="record the run as stalled")
 @click.option("--show-output", is_flag=True, default=False,
               help="Show the script's output instead of saving it to DIR/runs/<run>/output.log.")
-@click.option("--rdzv-backend", default=None, metavar="NAME", help="torchrun rendezvous backend (multi-node).")
-@click.option("--rdzv-conf", default=None, metavar="K=V,...", help="Extra rendezvous settings for torchrun.")
-@click.option("--same-network", is_flag=True, default=None, help="All machines share one local network.")
+@rendezvous_options
 @click.argument("script", metavar="[SCRIPT]", required=False)
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+@script_args_argument()
 def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None, cpu: bool,
             module: bool, steps: int, warmup: int, scaling: str, batch_arg: str | None, global_batch: int | None,
             output: Path, force: bool, comm: bool, comm_sizes: str | None, comm_iters: int | None,
@@ -76,8 +75,6 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
     """
     from accelkit.bench import build_spec, run_bench
 
-    if script_args[:1] == ("--",):
-        script_args = script_args[1:]
     if script is None and not comm:
         from accelkit.errors import AccelkitError
 

@@ -8,6 +8,7 @@ import click
 
 from accelkit import shellwords
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
+from accelkit.commands.vocabulary import AccelkitCommand
 
 
 def command_line(options, output: Path | None) -> str:
@@ -54,7 +55,7 @@ def _refuse_overwrite(paths: list[Path], force: bool) -> None:
         refuse_overwrite(path, force)
 
 
-@click.command(name="config")
+@click.command(name="config", cls=AccelkitCommand)
 @config_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               callback=nonempty_path, help="Write the YAML here (without it: print the YAML).")
@@ -80,10 +81,7 @@ def command(output: Path | None, force: bool, list_: bool, check_path: Path | No
             raise click.UsageError("use --list or --check, not both")
         if options.given() or output is not None:
             raise click.UsageError("--list and --check take no other options")
-        code = _list_presets() if list_ else _check(check_path)
-        if code:
-            click.get_current_context().exit(code)  # works under main() and click's CliRunner alike
-        return code
+        return _list_presets() if list_ else _check(check_path)
 
     from accelkit.configs import render_yaml, resolve_config, write_config, write_deepspeed_json
 

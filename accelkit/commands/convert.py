@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds
 from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
 from accelkit.errors import AccelkitError
@@ -15,7 +16,7 @@ from accelkit.shellwords import command_line
 CHECK_PROCESSES = 2
 
 
-@click.command(name="convert", context_settings={"ignore_unknown_options": True})
+@click.command(name="convert", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the converted script (default: <name>_accelerate.py beside SCRIPT).")
 @click.option("--in-place", is_flag=True, help=f"Rewrite SCRIPT itself, keeping the original as SCRIPT{BACKUP_SUFFIX}.")
@@ -44,7 +45,7 @@ CHECK_PROCESSES = 2
                    "starts in (the scripts' writes land in the copy, never in your files), e.g. 8GiB.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+@script_args_argument()
 def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_place: bool, show_diff: bool,
             exit_code: bool, mixed_precision: str | None, partial: bool, check: bool,
             converted_file: Path | None, steps: int, stall_timeout: float, sandbox_limit: str, force: bool) -> int:
@@ -58,8 +59,6 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
       accelkit convert --check train.py -- --steps 5 # after --, everything goes to the script
       accelkit convert train.py --diff --exit-code   # CI: exit 1 if there is something to convert
     """
-    if script_args[:1] == ("--",):
-        script_args = script_args[1:]
     if sum([output is not None, in_place, show_diff, check]) > 1:
         raise click.UsageError("use only one of -o/--output, --in-place, --diff and --check")
     if exit_code and not show_diff:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from accelkit.commands.vocabulary import AccelkitCommand
 
-@click.command(name="env")
+
+@click.command(name="env", cls=AccelkitCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 def command(as_json: bool) -> None:
     """Show versions (python, torch, accelerate, transformers, datasets, deepspeed), CUDA/NCCL availability,

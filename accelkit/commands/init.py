@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.vocabulary import AccelkitCommand
 from accelkit.configs import Backend
 from accelkit.errors import AccelkitError
 
@@ -22,7 +23,7 @@ def _list_templates() -> int:
     return 0
 
 
-@click.command(name="init")
+@click.command(name="init", cls=AccelkitCommand)
 @click.argument("directory", type=click.Path(path_type=Path), required=False)
 @click.option("-t", "--template", "template", metavar="NAME", default=None,
               help="Template to copy (see --list).")

@@ -9,52 +9,28 @@ from pathlib import Path
 import click
 
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
+from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
+from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import stall_timeout_option
 
-# The rendezvous handlers torch registers (torch.distributed.elastic.rendezvous.registry).
-RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
-
-def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """KEY=VALUE pairs separated by commas, as torchrun parses them (checked here, before any process starts)."""
-    if value is None:
-        return None
-    for pair in value.split(","):
-        key, _, setting = pair.partition("=")
-        if pair and (not key.strip() or not setting.strip()):
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE; write KEY=VALUE pairs separated by commas, e.g. "
-                                     "join_timeout=900,read_timeout=60", ctx=ctx, param=param)
-    return value
-
-
-@click.command(name="launch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="FILE", callback=nonempty_path,
-              help="Start from this Accelerate config (e.g. from `accelkit config -o`); options given here override "
-                   "its values.")
+@click.command(name="launch", cls=ScriptCommand,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@config_file_option
 @config_options
-@click.option("--cpu", is_flag=True, default=False,
-              help="Run N real processes on CPU over gloo for any backend (DDP, FSDP and DeepSpeed are rehearsed "
-                   "with their real code).")
-@click.option("-m", "--module", is_flag=True, default=False, help="SCRIPT is a module name, run like `python -m`.")
+@run_options
 @click.option("--dry-run", is_flag=True, default=False,
               help="Print the exact command, its environment and the config; start nothing.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=None, metavar="N",
               help="Restart the whole worker group up to N times after a failure (torchrun). Default 0.")
 @click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="How often torchrun checks its ranks. Default 0.1.")
-@click.option("--rdzv-backend", type=click.Choice(RDZV_BACKENDS), default=None,
-              help="torchrun rendezvous backend. Default: static.")
-@click.option("--rdzv-conf", default=None, metavar="K=V,...", callback=_rdzv_conf,
-              help="Extra rendezvous settings for torchrun.")
-@click.option("--same-network", is_flag=True, default=None,
-              help="All machines share one local network (torchrun uses master address/port directly).")
+@rendezvous_options
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
 @stall_timeout_option()
 @click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", callback=nonempty_path,
               help="Write an sbatch script (and its config beside it) instead of launching.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None, metavar="N", help="With --slurm: nodes.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
               help="With --slurm: GPUs per node (with --cpu: processes per node).")
 @click.option("--partition", default=None, metavar="P", help="With --slurm: partition.")
@@ -66,10 +42,10 @@ def _rdzv_conf(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--signal-before", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="With --slurm --requeue: send SIGUSR1 this long before the time limit. Default 120.")
 @click.argument("script", metavar="SCRIPT")
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT_ARGS]...")
+@script_args_argument()
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
-            same_network: bool | None, slurm_file: Path | None, nodes: int | None, gpus_per_node: int | None,
+            same_network: bool | None, slurm_file: Path | None, gpus_per_node: int | None,
             partition: str | None, time_limit: str | None, job_name: str | None, requeue: bool | None,
             signal_before: int | None, script: str,
             script_args: tuple[str, ...], **kwargs: object) -> int:
@@ -81,7 +57,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
       accelkit launch --cpu --num-processes 2 train.py
       accelkit launch --cpu --backend deepspeed --zero-stage 3 --num-processes 2 train.py
       accelkit launch --backend ddp --dry-run train.py
-      accelkit launch --backend fsdp --slurm job.sbatch --nodes 2 --gpus-per-node 8 train.py
+      accelkit launch --backend fsdp --slurm job.sbatch --num-machines 2 --gpus-per-node 8 train.py
 
     Without GPUs, GPU backends need --cpu (a CPU rehearsal); `--cpu --num-processes N` alone runs N data-parallel
     CPU processes. Exit status: the first failing rank's.
@@ -90,9 +66,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
     stall_timeout = kwargs.pop("stall_timeout")  # for the supervisor (run_request), not a config option
     options = options_from_kwargs(kwargs)
-    if script_args[:1] == ("--",):  # `SCRIPT -- ARGS`: the separator is ours, not the script's
-        script_args = script_args[1:]
-    slurm_only = {"--nodes": nodes, "--gpus-per-node": gpus_per_node, "--partition": partition,
+    slurm_only = {"--gpus-per-node": gpus_per_node, "--partition": partition,
                   "--time": time_limit, "--job-name": job_name, "--requeue": requeue,
                   "--signal-before": signal_before}
     if slurm_file is None and any(v is not None for v in slurm_only.values()):
@@ -111,7 +85,8 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     if slurm_file is not None:
         from accelkit.launch import SlurmOptions, write_slurm_job
 
-        slurm = SlurmOptions(nodes=nodes or options.num_machines or 1, gpus_per_node=gpus_per_node or 0,
+        nodes = 1 if options.num_machines is None else options.num_machines
+        slurm = SlurmOptions(nodes=nodes, gpus_per_node=gpus_per_node or 0,
                              partition=partition, time=time_limit, job_name=job_name or "accelkit",
                              chdir=Path.cwd(), stall_timeout=stall_timeout, requeue=bool(requeue),
                              signal_before=signal_before or 120)

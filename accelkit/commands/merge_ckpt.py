@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.vocabulary import AccelkitCommand
 from accelkit.errors import AccelkitError  # noqa: F401 - raised by the library; documented here for readers
 
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")
 
 
-@click.command(name="merge-ckpt")
+@click.command(name="merge-ckpt", cls=AccelkitCommand)
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="OUTPUT.safetensors for one file; any other path is a folder loadable with from_pretrained.")

@@ -9,27 +9,19 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.script_args import ScriptCommand
 from accelkit.commands.supervision_options import stall_timeout_option
 from accelkit.shellwords import command_line
 
 # Kept literal (this module imports only click at load); tests/unit/plan/test_plan_cli.py checks they match.
 STRATEGY_NAMES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid", "zero1", "zero2", "zero3",
                   "fsdp-offload", "zero3-offload")
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+# --mixed-precision (Accelerate's values, and bf16-true: the script casts the model itself) -> the planner's precision.
+PRECISIONS = {"no": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed", "bf16-true": "bf16"}
 OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
 
 
-class PlanCommand(click.Command):
-    """Everything after `--` belongs to the script of --measure, whatever it looks like."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            split = args.index("--")
-            args, ctx.meta["script_args"] = args[:split], tuple(args[split + 1:])
-        return super().parse_args(ctx, args)
-
-
-@click.command(name="plan", cls=PlanCommand)
+@click.command(name="plan", cls=ScriptCommand)
 @click.argument("model", required=False, metavar="[MODEL] [-- SCRIPT_ARGS]")
 @click.option("--params", metavar="COUNT", help="Parameter count instead of a model, e.g. 7B or 1.3e9: "
                                                 "planned as the Llama shape of that size (named in the output).")
@@ -39,14 +31,17 @@ class PlanCommand(click.Command):
 @click.option("--kv-heads", type=int, help="Key/value heads (grouped-query attention). Default: --heads.")
 @click.option("--vocab", type=int, help="Vocabulary size. Default 32000.")
 @click.option("--intermediate", type=int, help="MLP width. Default: Llama's 8h/3 rounded up to 256.")
-@click.option("--gpus", type=int, help="Total GPUs. Default: the GPUs of this machine x --nodes, else 1.")
-@click.option("--nodes", type=int, default=1, show_default=True, help="Machines.")
+@click.option("--num-processes", "gpus", type=int, metavar="N",
+              help="Total GPUs (one process each) over all machines. Default: the GPUs of this machine x "
+                   "--num-machines, else 1.")
+@click.option("--num-machines", "nodes", type=int, default=1, show_default=True, metavar="N", help="Machines.")
 @click.option("--gpu-memory", metavar="SIZE", help="Memory per GPU, e.g. 80GB or 24GiB. Default: detected; "
                                                    "required without GPUs.")
 @click.option("--cpu-memory", metavar="SIZE", help="Memory per machine for CPU offload, e.g. 512GB (10^9 bytes) or "
                                                    "512GiB (2^30). Default: this machine's when the GPUs are "
                                                    "detected here, else unknown (offload rows then never fit).")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True)
+@click.option("--mixed-precision", "precision", type=click.Choice(list(PRECISIONS)), default="bf16", show_default=True,
+              help="Accelerate's mixed precision; bf16-true: pure bf16, the script casts the model itself.")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
 @click.option("--seq-len", type=int, help="Tokens per sample. Default: the project's, else 2048.")
 @click.option("--micro-batch", type=int, help="Samples per GPU per forward. Default: the project's, else 1.")
@@ -68,28 +63,28 @@ class PlanCommand(click.Command):
 @stall_timeout_option(effect="exit 124 (with --measure)")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes as integers).")
 def command(model: str | None, as_json: bool, write_config: Path | None, force: bool, measure_script: str | None,
-            **options) -> int:
+            script_args: tuple[str, ...], precision: str, **options) -> int:
     """Plan memory per GPU for every strategy (single, DDP, FSDP, ZeRO, offload), and recommend one.
 
     \b
     MODEL: a model directory or config.json, a Hugging Face Hub id (only config.json is fetched), a project made
     by `accelkit init`, or nothing with --params / --layers --hidden --heads.
     \b
-      accelkit plan meta-llama/Llama-2-7b-hf --gpus 4 --gpu-memory 24GiB --cpu-memory 256GiB
-      accelkit plan ./my-model --gpus 8 --gpu-memory 80GB --seq-len 4096 --activation-checkpointing --json
-      accelkit plan --layers 32 --hidden 4096 --heads 32 --gpus 4 --gpu-memory 24GiB
-      accelkit plan my-run --gpus 2 --gpu-memory 24GiB --measure my-run/train.py -- --max-steps 2
-      accelkit plan --params 70B --gpus 64 --nodes 8 --gpu-memory 80GB --global-batch 1024 \\
+      accelkit plan meta-llama/Llama-2-7b-hf --num-processes 4 --gpu-memory 24GiB --cpu-memory 256GiB
+      accelkit plan ./my-model --num-processes 8 --gpu-memory 80GB --seq-len 4096 --activation-checkpointing --json
+      accelkit plan --layers 32 --hidden 4096 --heads 32 --num-processes 4 --gpu-memory 24GiB
+      accelkit plan my-run --num-processes 2 --gpu-memory 24GiB --measure my-run/train.py -- --max-steps 2
+      accelkit plan --params 70B --num-processes 64 --num-machines 8 --gpu-memory 80GB --global-batch 1024 \\
           --base-lr 3e-4 --base-batch 256
     """
     from accelkit.plan import run_plan
 
-    script_args = click.get_current_context().meta.get("script_args", ())
     if script_args and measure_script is None:
         raise click.UsageError(f"unexpected arguments {shlex.join(script_args)}: arguments after `--` go to the "
                                "script of --measure")
     result = run_plan(model=model, write_config=write_config, force=force, measure_script=measure_script,
-                      script_args=script_args, command_line=_command_line(), **options)
+                      script_args=script_args, command_line=_command_line(), precision=PRECISIONS[precision],
+                      **options)
     if as_json:
         click.echo(json.dumps(result.json, indent=2))
     else:
@@ -111,4 +106,4 @@ def _command_line() -> str:
     return command_line("accelkit", "plan", *(value for param, value in given if isinstance(param, click.Argument)),
                         flags=[(param.opts[0], value) for param, value in given
                                if not isinstance(param, click.Argument)],
-                        script_args=ctx.meta.get("script_args", ()))
+                        script_args=ctx.params["script_args"])

@@ -1,19 +1,12 @@
-"""What this machine has, for defaults. torch is imported only when a default is actually needed."""
+"""The defaults a config takes from this machine's GPUs (counted by accelkit.hardware, only when needed)."""
 
 from __future__ import annotations
+
+from accelkit.hardware import gpu_count
 
 # Without GPUs, multi-process backends still default to 2 processes: the smallest setup that really exercises
 # DDP/FSDP/DeepSpeed, and what `accelkit launch --cpu` rehearses on CPU processes.
 CPU_REHEARSAL_PROCESSES = 2
-
-
-def gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken CUDA install must not stop a config from being written
-        return 0
 
 
 def default_backend(num_processes: int | None = None, num_machines: int | None = None) -> str:

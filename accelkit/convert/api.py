@@ -11,8 +11,8 @@ from libcst.metadata import MetadataWrapper
 
 from accelkit.convert.analysis import analyze
 from accelkit.convert.context import Context
+from accelkit.convert.edits import Plan, PlanApplier
 from accelkit.convert.library import LazyAccelerator
-from accelkit.convert.plan import Plan, PlanApplier
 from accelkit.convert.report import Report
 from accelkit.convert.trainers import find_trainer
 from accelkit.convert.transforms import TRANSFORMS

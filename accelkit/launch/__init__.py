@@ -10,14 +10,14 @@ The public surface (what the rest of accelkit imports; the modules below are thi
 
 Modules, in the order a launch uses them:
 - request.py  LaunchRequest: what the user asked for (crosses into the launcher process as JSON);
-- prepare.py  resolve the config (accelkit.configs), decide CPU rehearsal (accelkit.rehearsal), check script, GPUs,
+- build_plan.py  resolve the config (accelkit.configs), decide CPU rehearsal (accelkit.rehearsal), check script, GPUs,
               DeepSpeed and the rendezvous port, write the config, then plan;
-- plan.py     LaunchPlan: the launcher module, its flags, the bootstrap, the port, the environment and the script
+- launch_plan.py  LaunchPlan: the launcher module, its flags, the bootstrap, the port, the environment and the script
               argv as fields (argv derived), made by a pure function;
 - summary.py  which value came from where, for the user (read from the config's sources and the plan's fields);
 - worker.py   the launcher process: prepare, print, then run accelerate_main in-process;
 - accelerate_main.py  `accelerate launch` with the failing rank's exit status;
-- run.py      the Supervisor in the `accelkit` process: signals, no orphans, stall watchdog, deadline, exit status;
+- supervisor.py  the Supervisor in the `accelkit` process: signals, no orphans, stall watchdog, deadline, exit status;
 - supervised.py  the supervised-run API on top of it (request in, outcome out);
 - slurm.py    the sbatch script, from a plan without per-machine values; ports.py  free and busy ports.
 
@@ -26,20 +26,19 @@ Importing this package is cheap: its names load on first use (no torch, no psuti
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accelkit.exports import lazy_exports
 
-_EXPORTS = {
-    "LaunchPlan": "plan",
-    "LaunchTarget": "plan",
-    "LauncherFlags": "plan",
-    "plan_launch": "plan",
+__all__, __getattr__ = lazy_exports(__name__, {
+    "LaunchPlan": "launch_plan",
+    "LaunchTarget": "launch_plan",
+    "LauncherFlags": "launch_plan",
+    "plan_launch": "launch_plan",
     "LaunchRequest": "request",
-    "check_target": "prepare",
-    "prepare_launch": "prepare",
+    "check_target": "build_plan",
+    "prepare_launch": "build_plan",
     "dry_run_text": "summary",
-    "run_request": "run",
-    "STALL_EXIT_STATUS": "run",
+    "run_request": "supervisor",
+    "STALL_EXIT_STATUS": "supervisor",
     "RunOutcome": "supervised",
     "ScriptProcess": "supervised",
     "Stream": "supervised",
@@ -47,13 +46,4 @@ _EXPORTS = {
     "run_supervised": "supervised",
     "SlurmOptions": "slurm",
     "write_slurm_job": "slurm",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accelkit.launch' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"accelkit.launch.{module}"), name)
+})

@@ -20,7 +20,7 @@ from pathlib import Path
 from accelkit.errors import AccelkitError, report
 from accelkit.launch import failures
 from accelkit.launch.launch_dir import is_stalled, restore_user_tmpdir
-from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
+from accelkit.ranks import WATCH_DIR_ENV
 
 
 def exit_status(returncode: int) -> int:
@@ -123,8 +123,8 @@ def _is_rendezvous_timeout(exc: BaseException) -> bool:
 
 
 def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
-    """The explanation the lowest failed rank left (see accelkit.rehearsal.bootstrap), if any."""
-    from accelkit.rehearsal.rank_files import RankFiles, read_error
+    """The explanation the lowest failed rank left (see accelkit.ranks.bootstrap), if any."""
+    from accelkit.ranks import RankFiles, read_error
 
     if watch_dir is None:
         return None
@@ -140,12 +140,12 @@ def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
 def _first_failure(exc, watch_dir: Path | None):
     """(rank, failure) of the rank that failed first. torchrun orders failures by a timestamp in seconds, so a rank
     that failed because a peer died (gloo's "Connection closed by peer") ties with it; the ranks' own failure
-    records (accelkit.rehearsal.bootstrap) carry the exact time. In order:
+    records (accelkit.ranks.bootstrap) carry the exact time. In order:
     - a rank killed by a signal (the OOM killer's SIGKILL, a segfault), which records nothing: the others' errors
       are consequences (SIGTERM is the launcher's own way to stop the other ranks, never a cause);
     - the rank whose recorded failure is the earliest;
     - a rank that exited with an error by itself (before the ones the launcher stopped)."""
-    from accelkit.rehearsal.rank_files import read_failures
+    from accelkit.ranks import read_failures
 
     recorded = read_failures(watch_dir) if watch_dir is not None else []
     mine = {failure.pid for failure in recorded}
@@ -168,7 +168,7 @@ def _recorded_exit_code(pid: int, watch_dir: Path | None) -> int | None:
     """The exit code a rank recorded when it failed by itself. A rank that failed at the same moment as a peer can
     be stopped by the launcher's SIGTERM while it prints its traceback: it failed with its own error, not of the
     signal."""
-    from accelkit.rehearsal.rank_files import read_failures
+    from accelkit.ranks import read_failures
 
     recorded = read_failures(watch_dir) if watch_dir is not None else []
     return next((failure.exit_code for failure in recorded if failure.pid == pid), None)
@@ -176,7 +176,7 @@ def _recorded_exit_code(pid: int, watch_dir: Path | None) -> int | None:
 
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
-    from accelkit.rehearsal.rank_files import RankFiles, read_error
+    from accelkit.ranks import RankFiles, read_error
 
     for path in sorted((watch_dir / "ranks").glob("*.error")) if watch_dir is not None else []:
         found = read_error(RankFiles.of(watch_dir, int(path.stem)))
@@ -187,7 +187,7 @@ def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
 
 def _single_process_died(signum: int, watch_dir: Path | None) -> int:
     """Accelerate's one-process launcher reports only the status; the rank's pid comes from its watch files."""
-    from accelkit.rehearsal.rank_files import registered_ranks
+    from accelkit.ranks import registered_ranks
 
     ranks = registered_ranks(watch_dir) if watch_dir is not None else []
     pid = ranks[0].pid if ranks else 0
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if is_stalled(watch_dir):  # the supervisor stopped a stalled job and has said why
             return 1
         explained = _explained_failure(exc, watch_dir)
-        if explained is not None:  # a known failure the rank described in one line (accelkit.rehearsal.explain)
+        if explained is not None:  # a known failure the rank described in one line (accelkit.ranks.explain)
             return report(explained)
         rank, failure = _first_failure(exc, watch_dir)
         exit_code = _recorded_exit_code(failure.pid, watch_dir) or failure.exitcode

@@ -23,11 +23,11 @@ class Machine:
 
 
 def this_machine() -> Machine:
-    import os
-
     import psutil
 
-    return Machine(cores=os.cpu_count() or 1, available_bytes=psutil.virtual_memory().available)
+    from accelkit.hardware import cpu_cores
+
+    return Machine(cores=cpu_cores(), available_bytes=psutil.virtual_memory().available)
 
 
 def _gib(n: float) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.stacks import main_thread_stack
-from accelkit.rehearsal.rank_files import RankFiles, read_text
+from accelkit.ranks import RankFiles, read_text
 
 # Why a rank usually dies of each signal, and what to do about it.
 _SIGNAL_HINTS = {

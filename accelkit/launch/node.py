@@ -3,9 +3,9 @@
     python -m accelkit.launch.node --machine-rank R --main-process-ip A --main-process-port P [--node-name N]
 
 reads the job's LaunchRequest (JSON, from $ACCELKIT_LAUNCH_REQUEST, which the job script sets), gives it this
-node's rank, machine 0's address and the rendezvous port, and runs it under accelkit.launch.run's Supervisor: this
-node's ranks are supervised and watched for stalls exactly as in a single-machine launch. Through the job board
-(accelkit.launch.job_board), when the job has one, the node
+node's rank, machine 0's address and the rendezvous port, and runs it under accelkit.launch.supervisor's
+Supervisor: this node's ranks are supervised and watched for stalls exactly as in a single-machine launch. Through
+the job board (accelkit.launch.job_board), when the job has one, the node
 - checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight);
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
 - passes a save request (a preemption's warning) on to its ranks, which save a checkpoint and end;
@@ -131,7 +131,7 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
              stall_timeout: float | None) -> int:
     from accelkit.launch.accelerate_main import FAILURE_FILE_ENV
     from accelkit.launch.preflight import check_syntax
-    from accelkit.launch.run import supervised
+    from accelkit.launch.supervisor import supervised
 
     request = node_request(request, machine_rank, main_process_ip, port)
     machines = request.options.num_machines or 1

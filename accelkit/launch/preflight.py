@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-from accelkit.launch.plan import LaunchTarget
+from accelkit.launch.launch_plan import LaunchTarget
 
 
 def module_file(name: str, cwd: Path) -> Path | None:

@@ -1,5 +1,5 @@
 """The supervisor's view of the ranks on this machine: who they are, how much they compute and write, and their
-Python stacks on demand. The ranks describe themselves through accelkit.rehearsal.rank_files (written by the watch
+Python stacks on demand. The ranks describe themselves through accelkit.ranks.rank_files (written by the watch
 probe); everything else is read from the operating system (psutil), so a rank frozen in native code is still seen.
 """
 
@@ -14,7 +14,7 @@ import psutil
 
 from accelkit.launch.stacks import RankStack, main_thread_stack
 from accelkit.launch.watchdog import RankSample
-from accelkit.rehearsal.rank_files import STACK_SIGNAL, RankFiles, RankInfo, read_steps, read_text, registered_ranks
+from accelkit.ranks import STACK_SIGNAL, RankFiles, RankInfo, read_steps, read_text, registered_ranks
 
 
 class RankMonitor:

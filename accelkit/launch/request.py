@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accelkit.configs import ConfigOptions
-from accelkit.launch.plan import LauncherFlags, LaunchTarget
+from accelkit.launch.launch_plan import LauncherFlags, LaunchTarget
 
 
 @dataclass
@@ -26,7 +26,7 @@ class LaunchRequest:
     for_cluster: bool = False
     # Option field -> how the user actually gave it, when not by its own flag (e.g. "--nodes x --gpus-per-node").
     source_labels: dict[str, str] = field(default_factory=dict)
-    # Modules whose install() each rank runs before the script (accelkit.rehearsal.bootstrap, $ACCELKIT_PROBES).
+    # Modules whose install() each rank runs before the script (accelkit.ranks.bootstrap, $ACCELKIT_PROBES).
     probes: tuple[str, ...] = ()
 
     def to_json(self) -> str:

@@ -124,21 +124,24 @@ def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> No
 
 def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Path) -> tuple[Path, list[str]]:
     """Write the sbatch script for `request` and its config; return the config path and the summary lines."""
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
 
     options = request.options
     if slurm.requeue:
         check_saves_on_signal(request)
+    if slurm.nodes < 1:
+        raise AccelkitError(f"--num-machines must be at least 1 (got {slurm.nodes})",
+                            hint="use 1 for one machine (--num-machines 1)")
     if options.num_machines is not None and options.num_machines != slurm.nodes:
         raise AccelkitError(f"--nodes {slurm.nodes} and --num-machines {options.num_machines} disagree",
-                            hint="with --slurm, --nodes is the number of machines: drop --num-machines")
+                            hint="--nodes is another spelling of --num-machines: give one of them")
     if options.machine_rank is not None or options.main_process_ip is not None:
         raise AccelkitError("--machine-rank and --main-process-ip come from SLURM in the sbatch script",
                             hint="drop them; each node takes its rank from SLURM_NODEID")
     per_node = slurm.gpus_per_node
     if options.num_processes is not None:
         if per_node and options.num_processes != per_node * slurm.nodes:
-            raise AccelkitError(f"--num-processes {options.num_processes} is not --nodes x --gpus-per-node "
+            raise AccelkitError(f"--num-processes {options.num_processes} is not --num-machines x --gpus-per-node "
                                 f"({slurm.nodes} x {per_node})", hint="drop --num-processes; it is the total")
         if options.num_processes % slurm.nodes:
             raise AccelkitError(f"--num-processes {options.num_processes} does not split over {slurm.nodes} nodes",
@@ -147,9 +150,9 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     if not per_node:
         raise AccelkitError("--slurm needs the number of GPUs per node", hint="pass --gpus-per-node G, e.g. 8")
     cluster_options = replace(options, num_machines=slurm.nodes, num_processes=per_node * slurm.nodes)
-    labels = {"num_machines": "--nodes"}
+    labels = {"num_machines": "--num-machines"}
     if options.num_processes is None:
-        labels["num_processes"] = "--nodes x --gpus-per-node"
+        labels["num_processes"] = "--num-machines x --gpus-per-node"
     config_file = request.config_file.resolve() if request.config_file is not None else None
     cluster_request = replace(request, options=cluster_options, config_file=config_file, for_cluster=True,
                               source_labels=labels)

@@ -12,12 +12,12 @@ import linecache
 import re
 from dataclasses import dataclass
 
-from accelkit.rehearsal.user_code import is_library_file
+from accelkit.ranks import is_library_file
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 # Frames of the machinery every rank starts in; not worth showing.
-_STARTUP = ("accelkit/rehearsal/bootstrap.py", "<frozen runpy>")
+_STARTUP = ("accelkit/ranks/bootstrap.py", "<frozen runpy>")
 
 
 @dataclass(frozen=True)

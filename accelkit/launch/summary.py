@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from accelkit.configs import Backend, ResolvedConfig
-from accelkit.launch.plan import LaunchPlan
+from accelkit.launch.launch_plan import LaunchPlan
 
 # (label, option name) of the values worth a word, by backend
 _COMMON = (("processes", "num_processes"), ("machines", "num_machines"), ("mixed_precision", "mixed_precision"))

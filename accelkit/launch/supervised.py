@@ -7,9 +7,9 @@
 
 The job is either a launch (a LaunchRequest: N ranks through Accelerate's launcher, as `accelkit launch` runs it)
 or one plain Python process (a ScriptProcess: convert --check's run of the original script). Either way the
-supervisor (accelkit.launch.run.Supervisor) owns every process it starts: no process outlives it, whatever happens
-(a failing rank, Ctrl-C, SIGTERM, a SIGKILLed launcher); every rank starts with the watch probe, so the one stall
-watchdog (accelkit.launch.watchdog) sees it, and its stacks can be read when it stalls or runs past its deadline.
+supervisor (accelkit.launch.supervisor.Supervisor) owns every process it starts: no process outlives it, whatever
+happens (a failing rank, Ctrl-C, SIGTERM, a SIGKILLed launcher); every rank starts with the watch probe, so the one
+stall watchdog (accelkit.launch.watchdog) sees it, and its stacks can be read when it stalls or runs past its deadline.
 
 Parameters, never globals: the job's environment is a parameter (os.environ is read, never changed), output goes
 to files (or this process's stderr) through the job's own file descriptors (this process's are never swapped), and
@@ -47,7 +47,7 @@ class Stream(enum.Enum):
 @dataclass(frozen=True)
 class ScriptProcess:
     """One plain Python process (not a launch): `python SCRIPT ARGS` (or `-m MODULE` with module=True), started
-    in the rank bootstrap (accelkit.rehearsal.bootstrap) with the probes, so it is watched like a rank 0."""
+    in the rank bootstrap (accelkit.ranks.bootstrap) with the probes, so it is watched like a rank 0."""
 
     script: str
     args: tuple[str, ...] = ()
@@ -125,7 +125,7 @@ class RunOutcome:
 
 def run_supervised(run: SupervisedRun) -> RunOutcome:
     """Run `run.job` under a Supervisor until every process it started is gone; see the module docstring."""
-    from accelkit.launch.run import WATCH_PROBE, WORKER_MODULE, supervised_job
+    from accelkit.launch.supervisor import WATCH_PROBE, WORKER_MODULE, supervised_job
 
     env = dict(os.environ if run.env is None else run.env)
     if isinstance(run.job, LaunchRequest):
@@ -135,8 +135,8 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
         request = replace(run.job, probes=(*run.job.probes, *run.probes, WATCH_PROBE))
         argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
     else:
-        from accelkit.launch.plan import BOOTSTRAP_MODULE
-        from accelkit.rehearsal.bootstrap import PROBES_ENV
+        from accelkit.launch.launch_plan import BOOTSTRAP_MODULE
+        from accelkit.ranks import PROBES_ENV
 
         job = run.job
         argv = [sys.executable, "-m", BOOTSTRAP_MODULE, *(["-m"] if job.module else []), job.script, *job.args]
@@ -185,7 +185,7 @@ def _open_outputs(run: SupervisedRun, files: contextlib.ExitStack):
 
 def outcome_of(supervisor, exit_code: int, seconds: float) -> RunOutcome:
     """The typed outcome of a finished Supervisor."""
-    from accelkit.launch.run import stall_error
+    from accelkit.launch.supervisor import stall_error
 
     user_signal = supervisor.signals[0] if supervisor.signals else None
     if supervisor.stalled:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     request = LaunchRequest.from_json(argv[0])
     temp_dir = None
     try:
-        from accelkit.launch.prepare import prepare_launch
+        from accelkit.launch.build_plan import prepare_launch
 
         prepared = prepare_launch(request)
         temp_dir = prepared.temp_dir

@@ -41,10 +41,10 @@ def _load(module: str) -> Any:
 
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "DTYPES": "run",
-    "MergeOptions": "run",
-    "MergeReport": "run",
-    "inspect_checkpoint": "run",
-    "merge_checkpoint": "run",
-    "format_report": "summary",
+    "DTYPES": "pipeline",
+    "MergeOptions": "pipeline",
+    "MergeReport": "pipeline",
+    "inspect_checkpoint": "pipeline",
+    "merge_checkpoint": "pipeline",
+    "format_report": "report",
 }, load=_load)

@@ -13,7 +13,6 @@
     planner.py, report.py    the plan, as a table and as JSON
     spine.py                 the one place that builds configs and launches (what `accelkit config` / `launch` use)
     measure/                 the per-rank probe, what a rank holds, planned-vs-measured (--measure)
-    detect.py                this machine's GPUs and RAM, for defaults
 """
 
 from __future__ import annotations

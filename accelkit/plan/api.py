@@ -33,21 +33,22 @@ class PlanResult:
 def hardware_from(gpus: int | None, nodes: int, gpu_memory: int | None, cpu_memory: int | None,
                   given: dict[str, str]) -> Hardware:
     """Hardware from the flags, this machine filling what is missing (`given`: the flags' text, for the output)."""
-    from accelkit.plan.detect import local_gpus, local_memory
+    from accelkit.hardware import local_gpus, local_memory
 
     sources: dict[str, str] = {}
     if gpus is not None:
         check_hardware(gpus, nodes)
-    # Explicit hardware (--gpus and --gpu-memory) is planned as given; only missing values come from this machine.
+    # Explicit hardware (--num-processes, --gpu-memory) is planned as given; only missing values come from this machine.
     local = local_gpus() if gpus is None or gpu_memory is None else None
     if gpus is None:
         if not local.count and nodes > 1:
-            raise AccelkitError(f"--nodes {nodes} needs --gpus (the total over all machines): this machine has no "
-                                "GPU to count", hint=f"e.g. --gpus {8 * nodes} for {nodes} machines of 8 GPUs")
+            raise AccelkitError(f"--num-machines {nodes} needs --num-processes (the total over all machines): this "
+                                "machine has no GPU to count",
+                                hint=f"e.g. --num-processes {8 * nodes} for {nodes} machines of 8 GPUs")
         gpus = local.count * nodes if local.count else 1
         sources["gpus"] = f"this machine's {local.count} GPU(s) x {nodes}" if local.count else "default: 1"
     else:
-        sources["gpus"] = "--gpus"
+        sources["gpus"] = "--num-processes"
     if gpu_memory is not None:
         sources["gpu_memory"] = f"--gpu-memory {given['gpu_memory']}"
     elif local.count:
@@ -190,13 +191,13 @@ def _write(plan, path: Path, command_line: str, result: PlanResult) -> None:
 def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, result: PlanResult,
              stall_timeout: float | None = None) -> None:
     from accelkit.plan import spine
-    from accelkit.plan.measure import run as measuring
+    from accelkit.plan.measure import api as measuring
 
     chosen = plan.chosen
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no launch to measure",
                             hint="pick one with --strategy NAME to measure it anyway")
-    from accelkit.plan.detect import local_gpus
+    from accelkit.hardware import local_gpus
 
     cpu = local_gpus().count == 0  # no GPU here: rehearse the launch on CPU processes
     if cpu and chosen.strategy.sharding == "hybrid":

@@ -27,7 +27,8 @@ class Strategy:
                 return "FSDP on 1 GPU shards nothing; its benefit on one GPU is CPU offload (fsdp-offload)"
             return "DDP needs 2+ GPUs"
         if self.sharding == "hybrid" and nodes < 2:
-            return "hybrid sharding replicates across machines and shards within one: it needs --nodes 2 or more"
+            return ("hybrid sharding replicates across machines and shards within one: it needs --num-machines 2 "
+                    "or more")
         return None
 
 

@@ -65,18 +65,21 @@ class Training:
 
 def check_hardware(gpus: int, nodes: int) -> None:
     if gpus < 1:
-        raise AccelkitError(f"--gpus {gpus} must be at least 1", hint="--gpus is the total number of GPUs")
+        raise AccelkitError(f"--num-processes {gpus} must be at least 1",
+                            hint="--num-processes is the total number of GPUs")
     if nodes < 1:
-        raise AccelkitError(f"--nodes {nodes} must be at least 1", hint="--nodes is the number of machines")
-    for option, value, what in (("--gpus", gpus, "the total number of GPUs over all machines"),
-                                ("--nodes", nodes, "the number of machines")):
+        raise AccelkitError(f"--num-machines {nodes} must be at least 1",
+                            hint="--num-machines is the number of machines")
+    for option, value, what in (("--num-processes", gpus, "the total number of GPUs over all machines"),
+                                ("--num-machines", nodes, "the number of machines")):
         if value > MAX_GPUS:
             raise AccelkitError(f"{option} {value:,} is more than any cluster has (the plan stops at {MAX_GPUS:,})",
                                 hint=f"check {option}: {what}")
     if gpus % nodes:
-        raise AccelkitError(f"--gpus {gpus} does not divide evenly over --nodes {nodes}",
-                            hint="--gpus is the total across machines: give a multiple of --nodes, e.g. "
-                                 f"--gpus {nodes * max(1, gpus // nodes)}")
+        raise AccelkitError(f"--num-processes {gpus} does not divide evenly over --num-machines {nodes}",
+                            hint="--num-processes is the total across machines: give a multiple of --num-machines, "
+                                 "e.g. "
+                                 f"--num-processes {nodes * max(1, gpus // nodes)}")
 
 
 def check_training(training: Training) -> None:

@@ -143,7 +143,7 @@ def make_plan(spec: ModelSpec, hardware: Hardware, training: Training, *, prefer
 
 def _alternative(strategy: str, hardware: Hardware) -> str:
     if BY_NAME[strategy].sharding == "hybrid":
-        return "on one machine use --strategy fsdp-full; hybrid sharding needs --nodes 2 or more"
+        return "on one machine use --strategy fsdp-full; hybrid sharding needs --num-machines 2 or more"
     if hardware.gpus == 1:
         offload = "zero3-offload" if BY_NAME[strategy].family == "deepspeed" else "fsdp-offload"
         return f"on one GPU use --strategy single, or --strategy {offload} to move the model states to CPU memory"

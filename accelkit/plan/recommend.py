@@ -94,7 +94,7 @@ def _nothing_fits(estimates: list[Estimate], checkpointing: bool) -> str:
         if row.cpu_fits is None:
             return f"{needs}, and the CPU memory is not known: give --cpu-memory (each machine's RAM) to check it."
         return (f"{needs}, more than the {format_bytes(row.cpu_usable)} usable of the CPU memory given: CPU memory "
-                "is the limit; use machines with more memory, or more machines (--nodes), which split the "
+                "is the limit; use machines with more memory, or more machines (--num-machines), which split the "
                 "offloaded states.")
     best = min(runnable, key=lambda e: e.total)
     activations = best.activations or 0

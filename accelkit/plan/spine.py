@@ -61,7 +61,7 @@ def run_measurement(options, script: str, args: tuple[str, ...], cpu: bool, prob
     (accelkit.launch.run_supervised); return its RunOutcome. The ranks' stdout goes to this process's stderr, so
     stdout carries only the plan (and `--json` stays parseable)."""
     from accelkit.launch import LaunchRequest, LaunchTarget, Stream, SupervisedRun, check_target, run_supervised
-    from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+    from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
     target = LaunchTarget(script=script, args=tuple(args))
     check_target(target)

@@ -4,7 +4,7 @@ How CPU rehearsal works
 -----------------------
 `accelkit launch --cpu --backend {ddp,fsdp,deepspeed} --num-processes N script.py` starts N real ranks with
 Accelerate's torchrun-based launcher, talking over gloo (`accelerate launch --cpu --num_processes N` alone starts
-only ONE process). Each rank runs `accelkit.rehearsal.bootstrap`, which installs a small shim and then runs your
+only ONE process). Each rank runs `accelkit.ranks.bootstrap`, which installs a small shim and then runs your
 script unmodified as `__main__` (same argv, tracebacks and exit code). The shim patches two decisions Accelerate
 makes when it builds its state, and only when your script imports Accelerate; everything after that (DDP wrapping,
 FSDP sharding, DeepSpeed ZeRO, checkpointing) is Accelerate's, PyTorch's and DeepSpeed's real code:
@@ -52,10 +52,12 @@ from __future__ import annotations
 
 from accelkit.exports import lazy_exports
 
-# Lazy: every rank imports this package on its way to accelkit.rehearsal.bootstrap, which needs none of plan.py
-# (the config machinery), so a rank starts as fast as the script would alone.
+# Lazy: a rehearsal rank imports this package for its shim, which needs none of cpu_config.py (the config
+# machinery), so a rank starts as fast as the script would alone.
 __all__, __getattr__ = lazy_exports(__name__, {
-    "RehearsalPlan": "plan",
-    "rehearse": "plan",
-    "WATCH_DIR_ENV": "rank_files",
+    "RehearsalPlan": "cpu_config",
+    "rehearse": "cpu_config",
+    "REHEARSAL_ENV": "shim",
+    "install": "shim",
+    "DEEPSPEED_INSTALL_HINT": "versions",
 })

@@ -25,7 +25,7 @@ import inspect
 import os
 import sys
 
-from accelkit.rehearsal.user_code import caller_location
+from accelkit.ranks import caller_location
 
 _reported: set[str] = set()
 

@@ -40,7 +40,7 @@ import os
 
 from accelkit.configs import Backend
 from accelkit.errors import AccelkitError
-from accelkit.probes import after_import
+from accelkit.ranks.probes import after_import
 
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
 STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type

@@ -34,8 +34,9 @@ SEVEN_B = ["--params", "7B", *MEMORY]
     (["--params", "7B", *MEMORY, "--cpu-memory", "-1GB"], r"--cpu-memory '-1GB' is not a size"),
     (["--params", "7X", *MEMORY], r"--params '7X' is not a count"),
     (["--params", "0", *MEMORY], r"--params '0' must be a whole number of at least 1"),
-    (["--params", "7B", "--gpus", "3", "--nodes", "2"], r"--gpus 3 does not divide evenly over --nodes 2"),
-    (["--params", "7B", "--gpu-memory", "80GB", "--nodes", "2"], r"--nodes 2 needs --gpus \(the total"),
+    (["--params", "7B", "--gpus", "3", "--nodes", "2"],
+     r"--num-processes 3 does not divide evenly over --num-machines 2"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--nodes", "2"], r"--num-machines 2 needs --num-processes \(the total"),
     ([*SEVEN_B, "--base-lr", "3e-4"], r"--base-lr needs --base-batch too"),
     ([*SEVEN_B, "--seq-len", "0"], r"--seq-len 0 must be at least 1"),
     (["--layers", "32", *MEMORY], r"a model shape needs --hidden, --heads too"),
@@ -45,7 +46,7 @@ SEVEN_B = ["--params", "7B", *MEMORY]
     (["--params", "1e15", *MEMORY], r"--params 1e15 \(1,000,000,000,000,000 parameters\) is beyond any model"),
     (["--params", "7B", "--gpus", "1", "--gpu-memory", "1e30GB"], r"--gpu-memory 1e30GB is more than any GPU"),
     (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "100000000000"],
-     r"--gpus 100,000,000,000 is more than any cluster has"),
+     r"--num-processes 100,000,000,000 is more than any cluster has"),
     ([*SEVEN_B, "--cpu-memory", "1e30GB"], r"--cpu-memory 1e30GB is more than any machine holds"),
     (["--params", "5000", *MEMORY], r"--params 5,000 is smaller than the smallest Llama shape"),
 ])
@@ -57,7 +58,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str], m
 @pytest.mark.slow  # builds the model with transformers in a fresh interpreter (3-4 s of CPU)
 @pytest.mark.parametrize("args, match, hint", [
     (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--strategy", "fsdp-hybrid"],
-     r"needs --nodes 2 or more", "fsdp-full"),
+     r"needs --num-machines 2 or more", "fsdp-full"),
     ([*SEVEN_B, "--strategy", "zero2"], r"ZeRO-2 on 1 GPU shards nothing .* no memory saved", "zero3-offload"),
     (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--micro-batch", "2", "--global-batch", "20"],
      r"--global-batch 20 is not a whole number of steps of 8 samples .* accumulation would be 2\.5", "16 or 24"),

@@ -18,7 +18,7 @@ PROBE = DATA / "launch" / "probe.py"
     (["--nodes", "2", "--num-machines", "3", "--gpus-per-node", "8"], "--nodes 2 and --num-machines 3 disagree"),
     (["--nodes", "2"], "--slurm needs the number of GPUs per node"),
     (["--nodes", "3", "--num-processes", "4"], "--num-processes 4 does not split over 3 nodes"),
-    (["--nodes", "2", "--gpus-per-node", "4", "--num-processes", "6"], r"--num-processes 6 is not --nodes x"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--num-processes", "6"], r"--num-processes 6 is not --num-machines x"),
     (["--nodes", "2", "--gpus-per-node", "1", "--machine-rank", "1"], "come from SLURM in the sbatch script"),
 ])
 def test_bad_job_shapes_are_refused(args: list[str], match: str, tmp_path: Path) -> None:
@@ -27,10 +27,11 @@ def test_bad_job_shapes_are_refused(args: list[str], match: str, tmp_path: Path)
     result.assert_refused(match)
 
 
-def test_zero_nodes_is_a_usage_error(tmp_path: Path) -> None:
+def test_zero_nodes_is_refused(tmp_path: Path) -> None:
+    # `--nodes` is `--num-machines`: refused as --num-machines 0 is
     result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "0", "--gpus-per-node", "1",
                         str(PROBE)], watch=[tmp_path], cwd=tmp_path)
-    result.assert_refused("--nodes", exit_code=2, hint=False)
+    result.assert_refused("--num-machines must be at least 1")
 
 
 def test_unwritable_job_folder(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from helpers import DATA, REPO_ROOT
 from helpers.faults import run_fault
 from PIL import Image
 
-from accelkit.probes.results import read_results
+from accelkit.ranks.probes.results import read_results
 
 COUNTED = DATA / "bench" / "counted_train.py"
 REQUIRED = {"num_processes": int, "backend": str, "steps": int, "samples_per_s": float, "speedup": float,

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from helpers import DATA
 
-from accelkit.probes.results import read_results
+from accelkit.ranks.probes.results import read_results
 
 PROBES = DATA / "probes"
 LAUNCH = """
 import sys
 from accelkit.configs import ConfigOptions
-from accelkit.launch.plan import LaunchTarget
+from accelkit.launch.launch_plan import LaunchTarget
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.run import run_request
+from accelkit.launch.supervisor import run_request
 backend, script, *args = sys.argv[1:]
 request = LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True, probes=("count_probe",),
                         options=ConfigOptions(backend=backend, num_processes=2))
@@ -65,7 +65,7 @@ def test_a_script_that_ends_first_reports_script_end(tmp_path: Path) -> None:
 def test_plain_torch_two_optimizers_one_process(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(PROBES), "ACCELKIT_PROBE_DIR": str(tmp_path),
            "ACCELKIT_PROBES": "count_probe", "ACCELKIT_PROBE_MAX_STEPS": "3"}
-    proc = subprocess.run([sys.executable, "-m", "accelkit.rehearsal.bootstrap", str(PROBES / "plain_gan.py")],
+    proc = subprocess.run([sys.executable, "-m", "accelkit.ranks.bootstrap", str(PROBES / "plain_gan.py")],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ITER", "1", "ITER", "2", "ITER", "3"]

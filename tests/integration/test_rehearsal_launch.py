@@ -1,7 +1,7 @@
 """Real 2-rank CPU rehearsals of an unmodified Accelerate script: FSDP2 (bf16), FSDP1 and DeepSpeed ZeRO-3.
 
 Each test builds the plan with `rehearse_dict`, writes its launch config, and starts
-`accelerate launch --config_file <cfg> -m accelkit.rehearsal.bootstrap probe.py` with the plan's env, exactly as
+`accelerate launch --config_file <cfg> -m accelkit.ranks.bootstrap probe.py` with the plan's env, exactly as
 `accelkit launch --cpu` does. The probe prints what Accelerate really ran; the checkpoint on disk is inspected.
 """
 
@@ -26,7 +26,7 @@ def rehearse(config: dict, tmp_path: Path, *probe_args: str) -> tuple[list[dict]
     config_file.write_text(yaml.safe_dump(plan.launch_config))
     env = {**os.environ, **plan.env, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-           "--main_process_port", "0", "-m", "accelkit.rehearsal.bootstrap", str(PROBE), str(tmp_path), *probe_args]
+           "--main_process_port", "0", "-m", "accelkit.ranks.bootstrap", str(PROBE), str(tmp_path), *probe_args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=400)
     assert proc.returncode == 0, f"rehearsal failed ({proc.returncode})\n{proc.stdout}\n{proc.stderr[-6000:]}"
     probes = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("probe_rank*.json"))]

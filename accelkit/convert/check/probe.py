@@ -1,9 +1,9 @@
 """The per-process probe of `accelkit convert --check` (ACCELKIT_PROBES=accelkit.convert.check.probe).
 
-Installed by accelkit.rehearsal.bootstrap before the script runs, in the original's one process and in every rank
+Installed by accelkit.ranks.bootstrap before the script runs, in the original's one process and in every rank
 of the converted run. It records, without changing what the script computes:
-- every optimizer step (accelkit.probes.steps): the learning rates it used, a digest of the weights right after it,
-  the digest before the first step of each optimizer, and the training pass it belongs to;
+- every optimizer step (accelkit.ranks.probes.steps): the learning rates it used, a digest of the weights right
+  after it, the digest before the first step of each optimizer, and the training pass it belongs to;
 - whether each optimizer's parameters belong to a module DDP wrapped (and if not, which variable holds it);
 - the modules the script calls at top level (its models), and fingerprints of their training inputs;
 - DataLoader passes and sample indices (probe_data), files written and lines printed (probe_io);
@@ -25,8 +25,8 @@ from accelkit.convert.check.frames import is_user_code, qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.record import REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
-from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
-from accelkit.rehearsal import WATCH_DIR_ENV
+from accelkit.ranks import WATCH_DIR_ENV
+from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 
@@ -51,7 +51,7 @@ class CheckProbe:
         self.watching = 0  # frames whose return value is awaited
         self.step_keys: list[str] = []  # input hashes since the last clock step
         self.loaders = LoaderTracker(self.record, _nothing, self._pass_started, self._pass_ended)
-        # the probe's own files, and the launch's per-rank watch files (accelkit.rehearsal.watch), not the script's
+        # the probe's own files, and the launch's per-rank watch files (accelkit.ranks.watch), not the script's
         ignore = [str(self.folder), *filter(None, [os.environ.get(WATCH_DIR_ENV)])]
         self.io = OutputTracker(self.record, ignore, lambda: self.loaders.tag, keep_lines=self.main)
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelkit.probes import read_results, write_rank_result
+from accelkit.ranks.probes import read_results, write_rank_result
 
 PROBE_NAME = "convert-check"
 PROBE_MODULE = "accelkit.convert.check.probe"  # installed in every process of both runs

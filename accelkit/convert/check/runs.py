@@ -21,7 +21,7 @@ from typing import Any
 
 from accelkit.convert.check.record import PROBE_MODULE, REPLAY_ENV, ROLE_ENV, WORLD_ENV, Record, read_records
 from accelkit.convert.check.sandbox import Sandbox
-from accelkit.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
+from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 SCRATCH_PREFIX = "accelkit-check-"
 STOP_GRACE = 15.0  # seconds a stopped run gets to end by itself before it is killed

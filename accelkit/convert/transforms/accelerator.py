@@ -14,8 +14,8 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context, names_in
+from accelkit.convert.edits import Plan
 from accelkit.convert.library import is_library
-from accelkit.convert.plan import Plan
 
 IMPORT = "from accelerate import Accelerator\n"
 

@@ -18,8 +18,8 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, dotted
+from accelkit.convert.edits import Plan
 from accelkit.convert.flow import Flow
-from accelkit.convert.plan import Plan
 
 NOISE = {"torch.randn", "torch.rand", "torch.randint", "torch.randn_like", "torch.rand_like", "torch.randint_like",
          "torch.normal", "torch.bernoulli", "torch.multinomial", "torch.randperm", "numpy.random.randn",

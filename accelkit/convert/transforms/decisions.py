@@ -19,8 +19,8 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings
 from accelkit.convert.context import Context, dotted
+from accelkit.convert.edits import Plan
 from accelkit.convert.flow import Flow
-from accelkit.convert.plan import Plan
 
 EXITS = (cst.Break, cst.Continue, cst.Return)
 

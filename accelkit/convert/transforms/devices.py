@@ -9,7 +9,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, assign_parts, bindings, classify, inside_class, strip_chain
 from accelkit.convert.context import Context, accel, dotted
-from accelkit.convert.plan import Plan
+from accelkit.convert.edits import Plan
 
 ACCEL_DEVICE_RE = re.compile(r"^(cuda|mps|xpu|npu|hpu)(:\d+)?$")
 MOVE_METHODS = {"to", "cuda"}

@@ -21,7 +21,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings
 from accelkit.convert.context import Context, accel, dotted
-from accelkit.convert.plan import Plan
+from accelkit.convert.edits import Plan
 
 DIST = "torch.distributed."
 SETUP = {"torch.distributed.init_process_group", "torch.distributed.destroy_process_group"}

@@ -17,8 +17,8 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context, dotted, names_of
+from accelkit.convert.edits import Plan
 from accelkit.convert.flow import Flow
-from accelkit.convert.plan import Plan
 
 PYTHON_NUMBERS = ("item", "size", "numel", "__len__")
 LOSS = re.compile(r"(loss|criterion)", re.I)

@@ -19,8 +19,8 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, Tracked, bindings, models_of
 from accelkit.convert.context import Context, dotted
+from accelkit.convert.edits import Plan
 from accelkit.convert.flow import Flow, references
-from accelkit.convert.plan import Plan
 
 PREPARED = {"model", "optimizer", "loader", "scheduler"}
 KIND_ORDER = ["model", "optimizer", "loader", "scheduler"]

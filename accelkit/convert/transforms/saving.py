@@ -7,7 +7,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, inside_class
 from accelkit.convert.context import Context, accel, accel_call, dotted
-from accelkit.convert.plan import Plan
+from accelkit.convert.edits import Plan
 
 # nn.Module API that works the same on the wrapper DDP/FSDP returns (everything else needs the unwrapped model)
 WRAPPER_SAFE = {

@@ -7,7 +7,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import AUTOCASTS, Facts
 from accelkit.convert.context import Context, accel, accel_call, dotted
-from accelkit.convert.plan import Plan
+from accelkit.convert.edits import Plan
 
 CLIPS = {
     "torch.nn.utils.clip_grad_norm_": "clip_grad_norm_",

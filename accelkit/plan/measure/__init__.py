@@ -1,1 +1,1 @@
-"""Measuring what ranks really hold (probe.py, holdings.py) and comparing it with the plan (compare.py, run.py)."""
+"""Measuring what ranks really hold (probe.py, holdings.py) and comparing it with the plan (compare.py, api.py)."""

@@ -18,7 +18,7 @@ import os
 import weakref
 from typing import Any
 
-from accelkit.probes import after_import, clock, write_rank_result
+from accelkit.ranks.probes import after_import, clock, write_rank_result
 
 PROBE_NAME = "plan"
 

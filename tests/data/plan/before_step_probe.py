@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from accelkit.probes.results import write_rank_result
-from accelkit.probes.steps import clock
+from accelkit.ranks.probes.results import write_rank_result
+from accelkit.ranks.probes.steps import clock
 
 SEEN: list[dict] = []
 

@@ -14,9 +14,9 @@ HERE = Path(__file__).resolve().parent
 LAUNCH = """
 import sys
 from accelkit.configs import ConfigOptions
-from accelkit.launch.plan import LaunchTarget
+from accelkit.launch.launch_plan import LaunchTarget
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.run import run_request
+from accelkit.launch.supervisor import run_request
 backend, processes, stage, script, *args = sys.argv[1:]
 options = ConfigOptions(backend=backend, num_processes=int(processes), mixed_precision="bf16",
                         zero_stage=int(stage) if stage != "-" else None)
@@ -29,7 +29,7 @@ OP_CACHE = Path.home() / ".cache" / "torch_extensions" / "accelkit-tests-plan"
 
 def rehearse(backend: str, ranks: int, stage: str, args: tuple[str, ...], out: Path) -> list[dict]:
     """One launch (`stage`: the config's ZeRO stage or "-"); every rank's records, in rank order."""
-    from accelkit.probes.results import read_results
+    from accelkit.ranks.probes.results import read_results
 
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ACCELKIT_PROBE_DIR": str(out), "TORCH_EXTENSIONS_DIR": str(OP_CACHE),

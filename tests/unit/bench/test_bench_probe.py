@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accelkit.bench.loaders import BatchSize, LoaderHooks, batch_size
 from accelkit.bench.probe import StepRecorder
-from accelkit.probes.steps import StepEvent
+from accelkit.ranks.probes.steps import StepEvent
 
 
 def test_batch_sizes() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from accelkit.bench import run as bench_run
+from accelkit.bench import api as bench_run
 from accelkit.bench.launching import LaunchSettings
 from accelkit.bench.report import CSV_COLUMNS, bench_csv, bench_json, diagnosis, run_table, summary_text
 from accelkit.bench.spec import BenchSpec, RunSpec

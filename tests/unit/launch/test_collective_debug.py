@@ -11,7 +11,7 @@ from helpers import DATA
 
 from accelkit.cli import cli
 from accelkit.launch.collective_debug import NCCL_DEBUG_ENV, gpu_debug_env
-from accelkit.launch.plan import LAUNCHER_MODULE
+from accelkit.launch.launch_plan import LAUNCHER_MODULE
 
 PROBE = DATA / "launch" / "probe.py"
 

@@ -6,7 +6,7 @@ import pytest
 
 from accelkit.configs import ConfigOptions, resolve_config
 from accelkit.errors import AccelkitError
-from accelkit.launch.prepare import check_gpus
+from accelkit.launch.build_plan import check_gpus
 
 
 @pytest.mark.parametrize("processes, words", [(1, "on 1 CPU process "), (2, "on 2 CPU processes ")])

@@ -13,7 +13,7 @@ from helpers import DATA, invoke_accelkit, run_accelkit
 
 from accelkit.configs.reader import read_config
 from accelkit.errors import AccelkitError
-from accelkit.launch.plan import BOOTSTRAP_MODULE, LAUNCHER_MODULE, LauncherFlags, LaunchTarget, plan_launch
+from accelkit.launch.launch_plan import BOOTSTRAP_MODULE, LAUNCHER_MODULE, LauncherFlags, LaunchTarget, plan_launch
 from accelkit.launch.request import LaunchRequest
 
 PROBE = DATA / "launch" / "probe.py"
@@ -238,7 +238,7 @@ def test_missing_deepspeed_is_refused_before_anything_starts(monkeypatch):
     import importlib.util
 
     from accelkit.configs import ConfigOptions
-    from accelkit.launch.prepare import check_deepspeed, prepare_launch
+    from accelkit.launch.build_plan import check_deepspeed, prepare_launch
 
     real_find_spec, real_version = importlib.util.find_spec, importlib.metadata.version
 
@@ -265,8 +265,10 @@ def test_missing_deepspeed_is_refused_before_anything_starts(monkeypatch):
 def test_fp16_rehearsal_and_slurm_only_flags_are_refused():
     result = _cli("launch", "--cpu", "--backend", "ddp", "--mixed-precision", "fp16", "--dry-run", str(PROBE))
     assert result.exit_code == 1 and "fp16" in result.stderr and "Hint:" in result.stderr
-    result = _cli("launch", "--nodes", "2", str(PROBE))
-    assert result.exit_code == 2 and "--nodes only applies with --slurm" in result.stderr
+    result = _cli("launch", "--gpus-per-node", "2", str(PROBE))
+    assert result.exit_code == 2 and "--gpus-per-node only applies with --slurm" in result.stderr
+    result = _cli("launch", "--nodes", "2", "--dry-run", str(PROBE))  # `--nodes` is `--num-machines`, slurm or not
+    assert result.exit_code == 1 and "--num-machines 2 but no main_process_ip" in result.stderr
 
 
 def test_help_does_not_import_torch():

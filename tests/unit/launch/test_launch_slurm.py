@@ -41,7 +41,7 @@ def embedded_request(text: str) -> LaunchRequest:
 def test_sbatch_for_two_gpu_nodes_starts_one_launcher_per_node(tmp_path, monkeypatch):
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    from accelkit.launch.prepare import prepare_launch
+    from accelkit.launch.build_plan import prepare_launch
 
     script = tmp_path / "job.sbatch"
     result = _write(tmp_path, monkeypatch, "--backend", "deepspeed", "--zero-stage", "3", "--offload", "--slurm",

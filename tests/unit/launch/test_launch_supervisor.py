@@ -34,7 +34,7 @@ LAUNCHER = textwrap.dedent("""
 # Runs the Supervisor in a process of its own (it installs signal handlers and becomes a subreaper).
 DRIVER = textwrap.dedent("""
     import json, sys
-    from accelkit.launch.run import Supervisor
+    from accelkit.launch.supervisor import Supervisor
     launcher, mode, grace = sys.argv[1], sys.argv[2], float(sys.argv[3])
     status = Supervisor([sys.executable, launcher, mode], {}, grace=grace).run()
     print(json.dumps({"status": status}), flush=True)

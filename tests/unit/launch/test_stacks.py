@@ -113,7 +113,7 @@ def test_a_rank_waiting_on_a_subprocess_under_deepspeed_comm_is_not_in_a_collect
 
 
 def test_supervisor_confirms_a_busy_stall_only_when_an_idle_rank_waits_in_a_collective():
-    from accelkit.launch.run import Supervisor
+    from accelkit.launch.supervisor import Supervisor
     from accelkit.launch.watchdog import Stall
 
     spinning = stack(1, ("/work/train.py", 20, "main"))

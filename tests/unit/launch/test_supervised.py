@@ -77,7 +77,7 @@ def test_the_launcher_names_the_cause_not_a_consequence(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from accelkit.launch.accelerate_main import _first_failure
-    from accelkit.rehearsal.rank_files import RankFailure, RankFiles, write_failure
+    from accelkit.ranks.rank_files import RankFailure, RankFiles, write_failure
 
     def failed(**ranks):  # rank -> (pid, exit code)
         failures = {int(r[1:]): SimpleNamespace(pid=pid, exitcode=code, timestamp=100) for r, (pid, code) in
@@ -101,7 +101,7 @@ def test_a_rank_stopped_while_it_reported_its_own_error_failed_of_that_error(tmp
     """Both ranks raise at once; rank 0 records first and torchrun's SIGTERM reaches it mid-traceback: the job failed
     with rank 0's exception (exit status 1), not 'died of SIGTERM' (143) - the CI flake of stop 25."""
     from accelkit.launch.accelerate_main import _recorded_exit_code
-    from accelkit.rehearsal.rank_files import RankFailure, RankFiles, write_failure
+    from accelkit.ranks.rank_files import RankFailure, RankFiles, write_failure
 
     write_failure(RankFiles.of(tmp_path, 10), RankFailure(0, 10, "RuntimeError: lossss", 1, 4.0))
     assert _recorded_exit_code(10, tmp_path) == 1

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from accelkit.hardware import LocalGpus
 from accelkit.launch import RunOutcome
 from accelkit.plan import api, spine
-from accelkit.plan.detect import LocalGpus
 from accelkit.plan.measure import probe
 
 GiB = 2**30
@@ -38,7 +38,7 @@ def test_measure_launches_on_gpus_and_compares_the_peak(monkeypatch, tmp_path: P
                                                                              "records": [record]}))
         return RunOutcome("ok", 0, 1.0)
 
-    monkeypatch.setattr("accelkit.plan.detect.local_gpus", lambda: LocalGpus(2, 80 * 10**9, "NVIDIA H100 80GB"))
+    monkeypatch.setattr("accelkit.hardware.local_gpus", lambda: LocalGpus(2, 80 * 10**9, "NVIDIA H100 80GB"))
     monkeypatch.setattr(spine, "run_measurement", fake_launch)
     script = tmp_path / "train.py"
     script.write_text("print('train')\n")

@@ -24,7 +24,7 @@ def run(*args: str):
 
 def test_choices_are_the_library_s() -> None:
     assert tuple(s.name for s in STRATEGIES) == plan_command.STRATEGY_NAMES
-    assert plan_command.PRECISIONS == PRECISIONS and plan_command.OPTIMIZERS == OPTIMIZERS
+    assert tuple(plan_command.PRECISIONS.values()) == PRECISIONS and plan_command.OPTIMIZERS == OPTIMIZERS
 
 
 def test_json_output(tmp_path: Path) -> None:
@@ -46,8 +46,8 @@ def test_write_config_goes_through_the_config_builder(tmp_path: Path) -> None:
                  "32", "--write-config", str(out))
     assert result.exit_code == 0, result.output
     text = out.read_text()
-    assert text.startswith("# Written by: accelkit plan --params 7B --gpus 8 --gpu-memory 80GB --global-batch 32 "
-                           "--strategy zero3 --write-config")
+    assert text.startswith("# Written by: accelkit plan --params 7B --num-processes 8 --gpu-memory 80GB "
+                           "--global-batch 32 --strategy zero3 --write-config")
     assert "zero_stage: 3" in text and "num_processes: 8" in text and "gradient_accumulation_steps: 4" in text
     assert not [f for f in check_config(out) if f.severity == "error"]
     assert f"accelkit launch --config {out}" in result.output

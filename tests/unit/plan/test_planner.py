@@ -103,7 +103,7 @@ def test_several_machines_prefer_hybrid_sharding_when_a_machine_holds_a_full_sha
 
 
 def test_impossible_strategies_are_refused_with_the_alternative(llama7b) -> None:
-    with pytest.raises(AccelkitError, match="needs --nodes 2") as caught:
+    with pytest.raises(AccelkitError, match="needs --num-machines 2") as caught:
         make_plan(llama7b, Hardware(4, 1, 80 * GiB, None), Training(), strategy="fsdp-hybrid")
     assert "fsdp-full" in caught.value.hint
     with pytest.raises(AccelkitError, match="shards nothing") as caught:

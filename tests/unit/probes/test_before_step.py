@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from helpers import DATA
 
-from accelkit.probes.results import read_results
+from accelkit.ranks.probes.results import read_results
 
 
 @pytest.mark.slow  # a subprocess that imports torch
 def test_before_step_sees_complete_gradients_and_stops_at_the_limit(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(DATA / "plan"), "ACCELKIT_PROBE_DIR": str(tmp_path),
            "ACCELKIT_PROBES": "before_step_probe", "ACCELKIT_PROBE_MAX_STEPS": "3"}
-    proc = subprocess.run([sys.executable, "-m", "accelkit.rehearsal.bootstrap", str(DATA / "probes" / "plain_gan.py")],
+    proc = subprocess.run([sys.executable, "-m", "accelkit.ranks.bootstrap", str(DATA / "probes" / "plain_gan.py")],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (result,) = read_results(tmp_path, "before")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelkit.rehearsal.explain import explain
+from accelkit.ranks.explain import explain
 from accelkit.rehearsal.shim import REHEARSAL_ENV
 
 

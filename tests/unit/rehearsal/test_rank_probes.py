@@ -18,9 +18,9 @@ import pytest
 from accelkit.launch.failures import rank_died
 from accelkit.launch.ports import free_port
 from accelkit.launch.rank_monitor import RankMonitor
-from accelkit.rehearsal.rank_files import RankFiles, read_steps, registered_ranks
+from accelkit.ranks.rank_files import RankFiles, read_steps, registered_ranks
 
-WATCH = "accelkit.rehearsal.watch"
+WATCH = "accelkit.ranks.watch"
 
 
 def start(tmp_path: Path, source: str, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -29,7 +29,7 @@ def start(tmp_path: Path, source: str, env: dict[str, str]) -> subprocess.Popen[
     full_env = {k: v for k, v in os.environ.items() if k not in ("ACCELKIT_REHEARSAL", "ACCELKIT_PROBES")}
     full_env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                      "MASTER_PORT": str(free_port()), **env})
-    return subprocess.Popen([sys.executable, "-m", "accelkit.rehearsal.bootstrap", str(script)], cwd=tmp_path,
+    return subprocess.Popen([sys.executable, "-m", "accelkit.ranks.bootstrap", str(script)], cwd=tmp_path,
                             env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -113,7 +113,7 @@ def test_stack_dump_waits_for_slow_writers(tmp_path):
     watch = tmp_path / "watch"
     proc = start(tmp_path, """
         import signal, time
-        from accelkit.rehearsal.rank_files import STACK_SIGNAL
+        from accelkit.ranks.rank_files import STACK_SIGNAL
         signal.pthread_sigmask(signal.SIG_BLOCK, [STACK_SIGNAL])
         print("BLOCKED", flush=True)
         time.sleep(60)

@@ -149,7 +149,7 @@ def test_deepspeed_json_is_checked(tmp_path: Path):
 
 def test_missing_deepspeed_is_refused_with_install_hint(monkeypatch):
     real = versions.installed_version
-    monkeypatch.setattr("accelkit.rehearsal.plan.installed_version",
+    monkeypatch.setattr("accelkit.rehearsal.cpu_config.installed_version",
                         lambda dist: None if dist == "deepspeed" else real(dist))
     with pytest.raises(AccelkitError) as error:
         rehearse_dict(DEEPSPEED)
@@ -214,7 +214,7 @@ def test_shim_refuses_when_cuda_is_visible(monkeypatch):
 def _bootstrap(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_REHEARSAL"}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "accelkit.rehearsal.bootstrap", *args], cwd=cwd, env=full_env,
+    return subprocess.run([sys.executable, "-m", "accelkit.ranks.bootstrap", *args], cwd=cwd, env=full_env,
                           text=True, capture_output=True, timeout=120)
 
 

@@ -1,14 +1,14 @@
 """The files through which each rank tells the `accelkit launch` supervisor how it is doing.
 
 The supervisor creates one folder per launch and passes it to the ranks as $ACCELKIT_WATCH_DIR. Each rank that
-starts in the bootstrap with the watch probe (accelkit.rehearsal.watch) writes, under `ranks/`:
+starts in the bootstrap with the watch probe (accelkit.ranks.watch) writes, under `ranks/`:
 
     <pid>.json    who it is (rank, local rank, main thread id, whether it runs on CPU): written last, so a rank
                   listed here is ready to dump its stack on STACK_SIGNAL
     <pid>.steps   an 8-byte counter of optimizer steps, memory-mapped (an increment is one memory write)
     <pid>.stack   Python stacks of every thread, appended by faulthandler each time the rank gets STACK_SIGNAL
     <pid>.crash   the stacks faulthandler writes if the rank dies of a fatal signal (SIGSEGV, SIGABRT, ...)
-    <pid>.error   the one-line explanation of a known failure (accelkit.rehearsal.explain), for the launcher to
+    <pid>.error   the one-line explanation of a known failure (accelkit.ranks.explain), for the launcher to
                   print once instead of every rank printing it
     <pid>.failed  when and how the rank's script failed (its exception, or its usage error and exit status): the
                   supervisor names the rank that failed FIRST with its own error, not a peer's consequence

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from accelkit.merge.output import format_bytes
 
 if TYPE_CHECKING:
-    from accelkit.merge.run import MergeReport
+    from accelkit.merge.pipeline import MergeReport
 
 
 def format_report(report: MergeReport, inspect_only: bool) -> str:

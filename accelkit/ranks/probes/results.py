@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from accelkit.probes import PROBE_DIR_ENV
+from accelkit.ranks.probes import PROBE_DIR_ENV
 
 
 def rank() -> int:

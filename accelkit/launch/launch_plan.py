@@ -19,7 +19,7 @@ from accelkit.configs import Backend, ResolvedConfig
 LAUNCHER_MODULE = "accelkit.launch.accelerate_main"
 # The module each rank starts in when something must be installed before the user's script: the CPU rehearsal
 # shim, or per-rank probes (owned by accelkit.rehearsal).
-BOOTSTRAP_MODULE = "accelkit.rehearsal.bootstrap"
+BOOTSTRAP_MODULE = "accelkit.ranks.bootstrap"
 
 # Top-level config keys `accelerate launch` reads only from its command line: a value in the YAML is ignored,
 # so a launch passes them as flags.

@@ -9,7 +9,7 @@ import linecache
 import re
 
 from accelkit.errors import AccelkitError
-from accelkit.rehearsal.user_code import is_user_file
+from accelkit.ranks.user_code import is_user_file
 
 _SCALAR_FSDP = re.compile(r"(fully_shard|FSDP) doesn't support scalar parameters\. Change (\S+) to a 1D tensor")
 _SCALAR_DEEPSPEED = "self.dim() cannot be 0 to view"
@@ -78,7 +78,7 @@ def _explain_scalar_deepspeed(exc: BaseException) -> AccelkitError | None:
 def _explain_no_cuda(exc: BaseException) -> AccelkitError | None:
     import os
 
-    from accelkit.rehearsal.shim import REHEARSAL_ENV
+    from accelkit.rehearsal import REHEARSAL_ENV
 
     if not os.environ.get(REHEARSAL_ENV) or not any(text in str(exc) for text in _NO_CUDA):
         return None

@@ -1,13 +1,13 @@
 """Rank entry point: install the CPU rehearsal shim and any probes, then run the user's script unmodified.
 
-    accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...]
-    accelerate launch --config_file cfg.yaml -m accelkit.rehearsal.bootstrap -m MODULE [ARGS...]
+    accelerate launch --config_file cfg.yaml -m accelkit.ranks.bootstrap SCRIPT [ARGS...]
+    accelerate launch --config_file cfg.yaml -m accelkit.ranks.bootstrap -m MODULE [ARGS...]
 
 The rehearsed backend comes from $ACCELKIT_REHEARSAL (set by `rehearse`'s plan; absent on GPUs). Probes are
 per-rank instruments (bench's step timer, plan's byte counter) named in $ACCELKIT_PROBES as a comma-separated
 list of modules; each module's `install()` runs before the script, on CPU rehearsals and on GPUs alike. The
 script sees the same sys.argv and sys.path[0] as under `python SCRIPT ARGS`; its exit codes pass through untouched,
-and so do its exceptions, except the few accelkit.rehearsal.explain recognises (a 0-dim parameter under FSDP or
+and so do its exceptions, except the few accelkit.ranks.explain recognises (a 0-dim parameter under FSDP or
 DeepSpeed, a hard-coded CUDA tensor in a rehearsal, ...): those end the rank with one `Error:` line naming the cause
 and the way out (ACCELKIT_DEBUG=1 shows the traceback instead). Under `accelkit launch` the rank leaves that line
 to the launcher, which prints it once for the whole job.
@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, debug_enabled, report
-from accelkit.rehearsal.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_error, write_failure
-from accelkit.rehearsal.shim import REHEARSAL_ENV, install
+from accelkit.ranks.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_error, write_failure
+from accelkit.rehearsal import REHEARSAL_ENV, install
 
 PROBES_ENV = "ACCELKIT_PROBES"
-USAGE = "usage: python -m accelkit.rehearsal.bootstrap SCRIPT [ARGS...] | -m MODULE [ARGS...]"
+USAGE = "usage: python -m accelkit.ranks.bootstrap SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
 
 def _record_failure(error: str, exit_code: int) -> None:
@@ -81,7 +81,7 @@ def _install_from_env() -> None:
     probes = [name.strip() for name in os.environ.get(PROBES_ENV, "").split(",") if name.strip()]
     if not backend and not probes:
         raise AccelkitError(
-            f"accelkit.rehearsal.bootstrap runs only inside an accelkit launch (${REHEARSAL_ENV} and "
+            f"accelkit.ranks.bootstrap runs only inside an accelkit launch (${REHEARSAL_ENV} and "
             f"${PROBES_ENV} are not set).",
             hint="start the script with `accelkit launch --cpu ...` (a rehearsal) or `accelkit launch ...`",
         )
@@ -137,7 +137,7 @@ def _run(argv: list[str] | None) -> int:
     except AccelkitError as error:  # raised by the shim when the script imports Accelerate
         return _fail(error)
     except Exception as exc:  # the script's own failure: explained when it is one we know, else untouched
-        from accelkit.rehearsal.explain import explain
+        from accelkit.ranks.explain import explain
 
         error = None if debug_enabled() else explain(exc)
         if error is None:

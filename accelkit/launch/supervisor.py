@@ -35,10 +35,10 @@ from accelkit.fsio import remove_path
 from accelkit.launch.accelerate_main import exit_status
 from accelkit.launch.launch_dir import STALLED_MARKER, create_launch_dir, launcher_env
 from accelkit.launch.request import LaunchRequest
-from accelkit.rehearsal.rank_files import WATCH_DIR_ENV
+from accelkit.ranks import WATCH_DIR_ENV
 
 WORKER_MODULE = "accelkit.launch.worker"
-WATCH_PROBE = "accelkit.rehearsal.watch"  # the per-rank side of the watchdog (see accelkit.rehearsal.watch)
+WATCH_PROBE = "accelkit.ranks.watch"  # the per-rank side of the watchdog (see accelkit.ranks.watch)
 STALL_EXIT_STATUS = 124  # what `timeout` returns for a command it stopped
 # Default stall timeouts: a CPU rehearsal of a small model steps or prints within seconds; a GPU job's own
 # collective timeout (NCCL: 10 minutes) comes first there, so the watchdog only catches what NCCL cannot see.
@@ -303,7 +303,7 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self.watch is not None:
-                from accelkit.rehearsal.rank_files import read_failures
+                from accelkit.ranks import read_failures
 
                 self.failures = read_failures(self.watch.watch_dir)
         if self.stalled:
@@ -357,7 +357,7 @@ def supervised_job(argv: list[str], env: dict[str, str], *, plain: bool = False,
     launch_dir = create_launch_dir()
     try:
         if plain:  # one process keeps the user's TMPDIR; it registers as rank 0 through the watch probe
-            from accelkit.rehearsal.bootstrap import PROBES_ENV
+            from accelkit.ranks import PROBES_ENV
 
             probes = [name for name in env.get(PROBES_ENV, "").split(",") if name]
             full_env = {**env, PROBES_ENV: ",".join([*probes, WATCH_PROBE])}

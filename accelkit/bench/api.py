@@ -16,7 +16,7 @@ from accelkit.bench.launching import (
     available_devices,
     backend_of,
     check_request,
-    check_script,
+    check_script_exists,
     comm_request,
     launched_backend,
     script_request,
@@ -51,11 +51,12 @@ def hardware(spec: BenchSpec, env: dict[str, str]) -> dict[str, Any]:
                              "threads_per_rank": int(threads) if threads and threads.isdigit() else None,
                              "machines": spec.machines}
     if not spec.cpu:
-        import torch
+        from accelkit.hardware import local_gpus
 
-        if torch.cuda.is_available():
-            facts["gpus"] = torch.cuda.device_count()
-            facts["gpu_name"] = torch.cuda.get_device_name(0)
+        gpus = local_gpus()
+        if gpus.count:
+            facts["gpus"] = gpus.count
+            facts["gpu_name"] = gpus.name
     return facts
 
 
@@ -100,7 +101,7 @@ def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
     check_counts(spec.steps, spec.warmup)
     check_output(spec.output, force)
     if spec.script is not None:
-        check_script(spec.script, spec.module)
+        check_script_exists(spec.script, spec.module)
     backends = {asked: backend_of(settings, asked) for asked in spec.backends}
     check_all(spec, settings, backends)
 

@@ -47,7 +47,7 @@ class RehearsalPlan:
     env: dict[str, str]
     backend: Backend
     notes: tuple[str, ...] = field(default=())
-    # Whether ranks must start in accelkit.rehearsal.bootstrap (False for one process: nothing to patch).
+    # Whether ranks must start in accelkit.ranks.bootstrap (False for one process: nothing to patch).
     bootstrap: bool = True
 
     @property
@@ -145,7 +145,7 @@ def _deepspeed(config: ResolvedConfig, notes: list[str]) -> tuple[DeepSpeedSetti
 
 
 def rehearse(config: ResolvedConfig) -> RehearsalPlan:
-    """The config + environment that make `accelerate launch --config_file <config> -m accelkit.rehearsal.bootstrap
+    """The config + environment that make `accelerate launch --config_file <config> -m accelkit.ranks.bootstrap
     SCRIPT` start real gloo ranks running `config`'s backend with its real code. AccelkitError for anything that
     cannot work on CPU."""
     backend = Backend.SINGLE if config.distributed_type == "NO" else config.backend.rehearsal

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from accelkit.probes import MAX_STEPS_ENV
-from accelkit.probes.imports import after_import
+from accelkit.ranks.probes import MAX_STEPS_ENV
+from accelkit.ranks.probes.imports import after_import
 
 EXIT_GRACE_SECONDS = 60.0  # after a stop, force the exit if interpreter shutdown hangs (e.g. loader workers)
 
@@ -191,5 +191,6 @@ def clock() -> StepClock:
 
 
 def install() -> None:
-    """Probe entry point (ACCELKIT_PROBES=accelkit.probes.steps): count steps, stop after $ACCELKIT_PROBE_MAX_STEPS."""
+    """Probe entry point (ACCELKIT_PROBES=accelkit.ranks.probes.steps): count steps, stop after
+    $ACCELKIT_PROBE_MAX_STEPS."""
     clock().install()

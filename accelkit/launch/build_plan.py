@@ -13,7 +13,7 @@ from pathlib import Path
 from accelkit.configs import FILE, Backend, ResolvedConfig
 from accelkit.errors import AccelkitError
 from accelkit.launch import ports
-from accelkit.launch.plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
+from accelkit.launch.launch_plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
 from accelkit.launch.request import LaunchRequest
 from accelkit.launch.summary import describe
 
@@ -61,9 +61,9 @@ def resolve_request(request: LaunchRequest) -> ResolvedConfig:
 
 def check_gpus(config: ResolvedConfig) -> None:
     """A GPU backend on a machine without (enough) GPUs would start ranks that never connect: refuse instead."""
-    import torch
+    from accelkit.hardware import gpu_count
 
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    available = gpu_count()
     per_machine = config.processes_per_machine
     if available == 0:
         source = config.source("backend")
@@ -78,7 +78,7 @@ def check_gpus(config: ResolvedConfig) -> None:
 
 
 def check_deepspeed() -> None:
-    from accelkit.rehearsal.versions import DEEPSPEED_INSTALL_HINT
+    from accelkit.rehearsal import DEEPSPEED_INSTALL_HINT
 
     if importlib.util.find_spec("deepspeed") is None:
         raise AccelkitError("the config uses DeepSpeed, which is not installed", hint=DEEPSPEED_INSTALL_HINT)
@@ -148,7 +148,7 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
 
         env.update(gpu_debug_env())
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
-        from accelkit.rehearsal.bootstrap import PROBES_ENV
+        from accelkit.ranks import PROBES_ENV
 
         env[PROBES_ENV] = ",".join(request.probes)
         bootstrap = True

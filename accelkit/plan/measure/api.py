@@ -35,7 +35,7 @@ def measure(options, script: str, args: tuple[str, ...], *, cpu: bool, precision
     activations for the batch it saw (None: not planned); `planned_peak` is the plan's total per GPU, compared
     with the allocator's peak on GPUs."""
     from accelkit.plan import spine
-    from accelkit.probes import read_results
+    from accelkit.ranks.probes import read_results
 
     with tempfile.TemporaryDirectory(prefix="accelkit-plan-measure-") as folder:
         outcome = spine.run_measurement(options, script, args, cpu=cpu, probe_dir=Path(folder),

@@ -23,9 +23,9 @@ import sys
 import threading
 from pathlib import Path
 
-from accelkit.probes import after_import
-from accelkit.rehearsal.rank_files import STACK_SIGNAL, WATCH_DIR_ENV, RankFiles, RankInfo, StepCounter, write_info
-from accelkit.rehearsal.shim import REHEARSAL_ENV
+from accelkit.ranks.probes import after_import
+from accelkit.ranks.rank_files import STACK_SIGNAL, WATCH_DIR_ENV, RankFiles, RankInfo, StepCounter, write_info
+from accelkit.rehearsal import REHEARSAL_ENV
 
 _open_files: list[io.TextIOBase] = []  # faulthandler writes to their descriptors for the life of the process
 

@@ -1,7 +1,7 @@
 """Per-rank probes: small instruments that run inside every rank of a launch, around the user's unmodified script.
 
 A launch asks for probes with `LaunchRequest(probes=("accelkit.bench.probe", ...))`; each rank then starts in
-`accelkit.rehearsal.bootstrap`, which imports every module named in $ACCELKIT_PROBES and calls its `install()`
+`accelkit.ranks.bootstrap`, which imports every module named in $ACCELKIT_PROBES and calls its `install()`
 before running the script (on CPU rehearsals and on GPUs alike). What probes share lives here:
 
 - `imports.after_import(module, callback)`: run a patch as soon as the script imports a library (never import
