@@ -137,7 +137,7 @@ MEMORY = ["--gpu-memory", "80GB", "--gpus", "1"]
 
 @pytest.mark.parametrize("args, config, match, hint", [
     (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--strategy", "fsdp-hybrid"], None,
-     r"needs --nodes 2 or more", "fsdp-full"),
+     r"needs --num-machines 2 or more", "fsdp-full"),
     (["--params", "7B", *MEMORY, "--strategy", "zero2"], None, r"ZeRO-2 on 1 GPU shards nothing .* no memory saved",
      "zero3-offload"),
     (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--micro-batch", "2", "--global-batch", "20"], None,
