@@ -13,14 +13,24 @@ Peers, computed on the same model built locally from its config (no network):
   device, with their 1.5x buffer factor), for the ZeRO rows.
 - Korthikanti et al.'s activation formula (accelkit.plan.activations.formula) for the activation column.
 
-    python benchmarks/plan_accuracy.py [--ranks 2,4]
+N-D rows (plan's accelkit/plan/nd.py): the model-state bytes rank 0 holds in CPU rehearsals of tensor parallelism 2,
+HSDP 2 x 2, FSDP2 4 and FSDP2 2 x TP 2 (tests/data/nd/train_nd.py on a tiny Llama through `accelkit launch --cpu`:
+transformers' TP plan, FSDP2 over Accelerate's mesh, one AdamW step), measured with `to_local()`. A layout the
+installed versions cannot run (FSDP2 x TP with transformers >= 5.1) prints launch's one-line refusal instead.
+No peer estimates N-D layouts from a model (DeepSpeed's and Accelerate's estimators know no TP).
 
-The last line reads `worst error: model states X%, activations Y%` (accelkit's plan against the measurement).
+    python benchmarks/plan_accuracy.py [--ranks 2,4 | --ranks ''] [--nd-layouts tp2,hsdp2x2,fsdp4,fsdp2xtp2 | '']
+
+The last line reads `worst error: model states X%, activations Y%` (accelkit's plan against the measurement, the
+N-D rows included).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +42,72 @@ sys.path.insert(0, str(DATA))
 LAUNCHES = [("ddp", "-", ()), ("fsdp", "-", ("--fsdp-modes", "full,grad-op")),
             ("deepspeed", "1", ("--zero-stages", "1,2,3"))]
 PRECISION = "bf16-mixed"
+ND_SCRIPT = REPO / "tests" / "data" / "nd" / "train_nd.py"
+ND_TINY = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "vocab": 64, "intermediate": 64}
+ND_FLAGS = {  # name: (Layout arguments, launch flags)
+    "tp2": ({"backend": "ddp", "tp": 2}, ["--backend", "ddp", "--num-processes", "2", "--tp-size", "2"]),
+    "hsdp2x2": ({"backend": "fsdp", "dp_replicate": 2, "dp_shard": 2},
+                ["--backend", "fsdp", "--num-processes", "4", "--dp-replicate-size", "2", "--dp-shard-size", "2"]),
+    "fsdp4": ({"backend": "fsdp", "dp_shard": 4},
+              ["--backend", "fsdp", "--num-processes", "4", "--dp-shard-size", "4"]),
+    "fsdp2xtp2": ({"backend": "fsdp", "dp_shard": 2, "tp": 2},
+                  ["--backend", "fsdp", "--num-processes", "4", "--dp-shard-size", "2", "--tp-size", "2"]),
+}
+
+
+def save_tiny_llama(folder: Path) -> None:
+    code = ("import torch; from transformers import LlamaConfig, LlamaForCausalLM; torch.manual_seed(0); "
+            f"c = LlamaConfig(vocab_size={ND_TINY['vocab']}, hidden_size={ND_TINY['hidden']}, "
+            f"intermediate_size={ND_TINY['intermediate']}, num_hidden_layers={ND_TINY['layers']}, "
+            f"num_attention_heads={ND_TINY['heads']}, num_key_value_heads={ND_TINY['kv_heads']}, "
+            f"max_position_embeddings=64); LlamaForCausalLM(c).save_pretrained({str(folder)!r})")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def run_nd(names: list[str], folder: Path) -> list[tuple[str, dict | None, str]]:
+    """(name, rank 0's measured state bytes or None, launch's last line when it refused) per N-D layout."""
+    save_tiny_llama(folder / "base")
+    results = []
+    for name in names:
+        work = folder / name
+        work.mkdir()
+        shutil.copytree(folder / "base", work / "base")
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "accelkit", "launch", "--cpu", *ND_FLAGS[name][1],
+                               str(ND_SCRIPT), str(work)], capture_output=True, text=True, cwd=work)
+        print(f"  measured N-D {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        if proc.returncode != 0:
+            lines = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+            results.append((name, None, (lines or proc.stderr.strip().splitlines() or ["failed"])[-1]))
+            continue
+        results.append((name, json.loads((work / "result.json").read_text())["state_bytes"], ""))
+    return results
+
+
+def print_nd(results: list[tuple[str, dict | None, str]]) -> float:
+    """The N-D table; returns the worst model-state error of its measured rows."""
+    from accelkit.plan import nd
+    from accelkit.plan.nd_report import tp_plan_of
+
+    model, plan = nd.Model.llama(**ND_TINY), tp_plan_of("LlamaForCausalLM")  # the installed transformers' TP plan
+    print()
+    print(f"N-D layouts: model states on rank 0 (bytes: parameters + gradients + AdamW moments, fp32), planned vs "
+          f"measured after one optimizer step, tiny Llama ({model.parameters:,} parameters), CPU ranks over gloo:")
+    header = f"{'layout':36} {'N':>2} | {'measured states':>15} | {'accelkit plan':>21}"
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    for name, measured, refusal in results:
+        layout = nd.Layout(**ND_FLAGS[name][0])
+        planned = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16, tp_plan=plan).states
+        if measured is None:
+            print(f"{layout.describe():36} {layout.world:>2} | {'-':>15} | {planned:>10,} (not run)  {refusal}")
+            continue
+        total = sum(measured.values())
+        worst = max(worst, abs(planned - total) / total)
+        error = (planned - total) / total
+        print(f"{layout.describe():36} {layout.world:>2} | {total:>15,} | {planned:>10,} ({error:+7.1%})")
+    return worst
 
 
 def run_launches(ranks: list[int], folder: Path) -> list[dict]:
@@ -76,9 +152,16 @@ def peers(name: str, world: int) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="2,4", help="world sizes to measure (comma-separated)")
+    parser.add_argument("--ranks", default="2,4",
+                        help="world sizes to measure (comma-separated; '' for the N-D rows alone)")
+    parser.add_argument("--nd-layouts", default=",".join(ND_FLAGS),
+                        help=f"N-D layouts to measure (comma-separated: {', '.join(ND_FLAGS)}; '' for none)")
     args = parser.parse_args()
-    ranks = [int(r) for r in args.ranks.split(",")]
+    ranks = [int(r) for r in args.ranks.split(",") if r]  # --ranks "" measures the N-D rows alone
+    nd_names = [name for name in args.nd_layouts.split(",") if name]
+    unknown = sorted(set(nd_names) - set(ND_FLAGS))
+    if unknown:
+        parser.error(f"unknown N-D layout(s) {', '.join(unknown)}: choose from {', '.join(ND_FLAGS)}")
 
     import tiny_models
     from rehearse import case
@@ -92,6 +175,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="accelkit-plan-accuracy-") as folder:
         records = run_launches(ranks, Path(folder))
+        if nd_names:
+            (Path(folder) / "nd").mkdir()
+        nd_results = run_nd(nd_names, Path(folder) / "nd") if nd_names else []
 
     rows: dict[tuple, dict] = {}
     for record in records:
@@ -120,21 +206,24 @@ def main() -> None:
     header = (f"{'model':6} {'strategy':13} {'N':>2} | {'measured states':>15} | {'accelkit plan':>21} | "
               f"{'DeepSpeed estimator':>22} | {'accelerate est-mem':>22} || {'measured act.':>13} | "
               f"{'accelkit plan':>21} | {'Korthikanti formula':>21}")
-    print("Model states and activations per GPU (bytes, the rank holding the most), planned vs measured after one "
-          "optimizer step on CPU ranks (bf16 mixed, AdamW, two optimizer groups):")
-    print(header)
-    print("-" * len(header))
     worst_states = worst_act = 0.0
-    for (name, strat, world), row in sorted(rows.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
-        peer = peers(name, world)
-        measured_act, plan_act, formula, _, _ = row["act"]
-        worst_states = max(worst_states, row["state_error"])
-        worst_act = max(worst_act, abs(plan_act - measured_act) / measured_act)
-        print(f"{name:6} {strat:13} {world:>2} | {row['measured']:>15,} | {err(row['planned'], row['measured'])} | "
-              f"{err(peer.get(strat), row['measured']):>22} | {err(peer['accelerate'], row['measured'])} || "
-              f"{measured_act:>13,} | {err(plan_act, measured_act)} | {err(formula, measured_act)}")
-    print("DeepSpeed's estimators cover model states of ZeRO-2/3 only (x1.5 buffer factor); accelerate estimate-memory "
-          "has one figure per model (no ranks, no activations, no batch).")
+    if rows:  # --ranks '' measures the N-D rows alone
+        print("Model states and activations per GPU (bytes, the rank holding the most), planned vs measured after one "
+              "optimizer step on CPU ranks (bf16 mixed, AdamW, two optimizer groups):")
+        print(header)
+        print("-" * len(header))
+        for (name, strat, world), row in sorted(rows.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+            peer = peers(name, world)
+            measured_act, plan_act, formula, _, _ = row["act"]
+            worst_states = max(worst_states, row["state_error"])
+            worst_act = max(worst_act, abs(plan_act - measured_act) / measured_act)
+            print(f"{name:6} {strat:13} {world:>2} | {row['measured']:>15,} | {err(row['planned'], row['measured'])} | "
+                  f"{err(peer.get(strat), row['measured']):>22} | {err(peer['accelerate'], row['measured'])} || "
+                  f"{measured_act:>13,} | {err(plan_act, measured_act)} | {err(formula, measured_act)}")
+        print("DeepSpeed's estimators cover model states of ZeRO-2/3 only (x1.5 buffer factor); accelerate "
+              "estimate-memory has one figure per model (no ranks, no activations, no batch).")
+    if nd_results:
+        worst_states = max(worst_states, print_nd(nd_results))
     print(f"worst error: model states {worst_states * 100:.2f}%, activations {worst_act * 100:.2f}%")
 
 

@@ -6,6 +6,10 @@
     launching.py    the ONE module that talks to the config -> launch spine (options, requests, supervised runs)
     sweep.py        runs the sweep: a launch per point, progress lines, the failure policy, results after each run
     probe.py        the per-rank instrument: step times, data-loading wait, samples/tokens, peak memory
+    window.py       how long a run measures: at least --steps steps and --min-time seconds (checkpoints)
+    comm_count.py   the collectives one step issues (bytes by op and group size), counted in the rank
+    layouts.py      --layouts: N-D parallelism layouts of one world size (parsing, checks, launch options)
+    rerun.py        the command that measures a noisy result again over a longer window
     loaders.py      the data-loader side of the probe (time blocked on the loader, samples and tokens per batch)
     stats.py        pure arithmetic: per-run summary from rank results, speedup and efficiency across a sweep
     report.py       table, diagnosis lines, bench.json, bench.csv
@@ -23,8 +27,10 @@ PROBE_NAME = "bench"  # per-rank results: $ACCELKIT_PROBE_DIR/bench.rank<R>.json
 COMM_MODULE = "accelkit.bench.comm_worker"
 COMM_NAME = "comm"
 WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured window starts
+MIN_TIME_ENV = "ACCELKIT_BENCH_MIN_TIME"  # the measured window's minimum length in seconds (0: --steps alone)
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "build_spec": "cli_spec",
     "run_bench": "api",
-}, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV"])
+    "split_command_line": "rerun",
+}, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV", "MIN_TIME_ENV"])

@@ -61,11 +61,19 @@ def hardware(spec: BenchSpec, env: dict[str, str]) -> dict[str, Any]:
 
 
 def check_all(spec: BenchSpec, settings: LaunchSettings, backends: dict[str | None, str]) -> None:
-    """Every launch of the sweep passes launch's own checks before the first one starts."""
+    """Every launch of the sweep passes launch's own checks before the first one starts (a layout the rule set
+    refuses is named with the rule's reason)."""
     for run in spec.runs():
         backend = backends[run.backend]
-        check_request(script_request(settings, launched_backend(backend, run.num_processes), run.num_processes,
-                                     spec.script or "", run.script_args, spec.module))
+        request = script_request(settings, launched_backend(backend, run.num_processes), run.num_processes,
+                                 spec.script or "", run.script_args, spec.module, run.layout)
+        try:
+            check_request(request)
+        except AccelkitError as exc:
+            if run.layout is None:
+                raise
+            raise AccelkitError(f"--layouts {run.layout.name} ({backend}): {exc.message}", hint=exc.hint,
+                                exit_code=exc.exit_code) from None
     if spec.comm is not None:
         for n in (n for n in spec.world_sizes if n >= 2):
             backend = backends[spec.backends[0]]
@@ -98,11 +106,12 @@ def draw(sweep: Sweep) -> list[str]:
 
 def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
               progress: Callable[[str], None]) -> BenchOutcome:
-    check_counts(spec.steps, spec.warmup)
+    check_counts(spec.steps, spec.warmup, spec.min_time)
     check_output(spec.output, force)
     if spec.script is not None:
         check_script_exists(spec.script, spec.module)
-    backends = {asked: backend_of(settings, asked) for asked in spec.backends}
+    asked = dict.fromkeys([*spec.backends, *(run.backend for run in spec.runs())])
+    backends = {name: backend_of(settings, name) for name in asked}
     check_all(spec, settings, backends)
 
     if force:

@@ -15,9 +15,12 @@ from accelkit.bench.launching import (
     launch_settings,
     num_machines,
 )
+from accelkit.bench.layouts import Layout, check_world_size, parse_layouts
 from accelkit.bench.spec import (
     BenchSpec,
     CommSettings,
+    check_counts,
+    data_parallel_degree,
     default_world_sizes,
     parse_backends,
     parse_int_list,
@@ -54,14 +57,47 @@ def world_sizes(text: str | None, settings: LaunchSettings, cpu: bool, compare: 
     return sizes
 
 
+def layouts_of(values: tuple[str, ...], settings: LaunchSettings, num_processes: str | None,
+               compare_backends: str | None, comm: bool) -> tuple[tuple[Layout, ...], int]:
+    """--layouts checked against the options it cannot be combined with; the layouts and their world size."""
+    if compare_backends is not None:
+        raise AccelkitError("--layouts and --compare-backends both choose what each run launches",
+                            hint="pass one; with --layouts, --backend (optional) sets the backend of every layout")
+    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+             if getattr(settings.options, name, None) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise AccelkitError(f"--layouts and {flag} both set the parallelism sizes",
+                            hint=f"drop {flag}: write the sizes in each layout, e.g. --layouts \"dp_shard=4;tp=4\"")
+    if comm:
+        raise AccelkitError("--comm cannot be combined with --layouts: every layout reports the collectives its "
+                            "steps issue", hint="drop --comm (or run `accelkit bench --comm` on its own)")
+    layouts = parse_layouts(values)
+    sizes = parse_int_list(num_processes, "--num-processes") if num_processes is not None else None
+    return layouts, check_world_size(layouts, sizes, num_machines(settings))
+
+
 def build_spec(*, options: Any, config_file: Path | None, num_processes: str | None, compare_backends: str | None,
                cpu: bool, module: bool, steps: int, warmup: int, scaling: str, batch_arg: str | None,
                global_batch: int | None, output: Path, comm: bool, comm_sizes: str | None, comm_iters: int | None,
                timeout: float | None, show_output: bool, rdzv_backend: str | None, rdzv_conf: str | None,
                same_network: bool | None, script: str | None, script_args: tuple[str, ...],
-               command_line: str, stall_timeout: float | None = None) -> tuple[BenchSpec, LaunchSettings]:
+               command_line: str, stall_timeout: float | None = None, min_time: float = 0.0,
+               layouts: tuple[str, ...] = ()) -> tuple[BenchSpec, LaunchSettings]:
+    check_counts(steps, warmup, min_time)
     settings = launch_settings(options, config_file, cpu, rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                same_network=same_network, command_line=command_line)
+    if layouts:
+        parsed, world = layouts_of(layouts, settings, num_processes, compare_backends, comm)
+        degrees = tuple(sorted({data_parallel_degree(world, layout) for layout in parsed}))
+        if scaling == "strong" and script is not None:
+            global_batch = resolve_global_batch(script_args, batch_arg, global_batch, degrees)
+        spec = BenchSpec(script=script, script_args=script_args, module=module, world_sizes=(world,),
+                         backends=(asked_backend(settings),), steps=steps, warmup=warmup, scaling=scaling,
+                         batch_arg=batch_arg, global_batch=global_batch, cpu=cpu, comm=None, output=output,
+                         show_output=show_output, timeout=timeout, stall_timeout=stall_timeout,
+                         machines=num_machines(settings), min_time=min_time, layouts=parsed)
+        return spec, settings
     if compare_backends is not None:
         if asked_backend(settings) is not None:
             raise AccelkitError("--backend and --compare-backends both name the backend",
@@ -78,5 +114,5 @@ def build_spec(*, options: Any, config_file: Path | None, num_processes: str | N
                      steps=steps, warmup=warmup, scaling=scaling, batch_arg=batch_arg, global_batch=global_batch,
                      cpu=cpu, comm=comm_settings(comm_sizes, comm_iters, cpu) if comm else None, output=output,
                      show_output=show_output, timeout=timeout, stall_timeout=stall_timeout,
-                     machines=num_machines(settings))
+                     machines=num_machines(settings), min_time=min_time)
     return spec, settings

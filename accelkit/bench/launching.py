@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelkit.bench import PROBE_MODULE
+from accelkit.bench.layouts import Layout
 from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 if TYPE_CHECKING:
@@ -89,18 +90,20 @@ def launched_backend(backend: str, num_processes: int) -> str:
 
 
 def request_for(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
-                *, module: bool, probes: tuple[str, ...]):
+                *, module: bool, probes: tuple[str, ...], layout: Layout | None = None):
     from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget
 
-    options = replace(settings.options, backend=backend, num_processes=num_processes)
+    sizes = layout.option_values() if layout is not None else {}  # --layouts: the N-D flags of `accelkit launch`
+    options = replace(settings.options, backend=backend, num_processes=num_processes, **sizes)
     return LaunchRequest(target=LaunchTarget(script=script, args=tuple(args), module=module), options=options,
                          config_file=settings.config_file, cpu=settings.cpu,
                          flags=settings.flags or LauncherFlags(), command_line=settings.command_line, probes=probes)
 
 
 def script_request(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
-                   module: bool):
-    return request_for(settings, backend, num_processes, script, args, module=module, probes=(PROBE_MODULE,))
+                   module: bool, layout: Layout | None = None):
+    return request_for(settings, backend, num_processes, script, args, module=module, probes=(PROBE_MODULE,),
+                       layout=layout)
 
 
 def comm_request(settings: LaunchSettings, backend: str, num_processes: int, args: tuple[str, ...]):

@@ -1,5 +1,6 @@
 """scaling.png: measured speedup against the ideal line, and efficiency per world size (one line per backend);
-with a single world size per backend (--compare-backends), throughput and peak memory per backend instead.
+with a single world size per backend (--compare-backends, --layouts), throughput (tokens/s when every run counted
+tokens, else samples/s; both from the median step) and peak memory per backend or layout instead.
 matplotlib is the optional extra `accelkit[plot]`."""
 
 from __future__ import annotations
@@ -74,10 +75,13 @@ def _scaling_axes(left, right, done: list[RunRecord], backends: list[str]) -> No
 
 
 def _comparison_axes(left, right, done: list[RunRecord], backends: list[str]) -> None:
-    labels = [f"{r.backend}\nx{r.spec.num_processes}" for r in done]
+    labels = [f"{r.spec.layout.name.replace(',', chr(10))}\n({r.backend})" if r.spec.layout is not None
+              else f"{r.backend}\nx{r.spec.num_processes}" for r in done]
     assert all(r.summary is not None for r in done)
-    left.bar(labels, [r.summary.samples_per_s or 0 for r in done])  # type: ignore[union-attr]
-    left.set_ylabel("samples/s")
+    tokens = all(r.summary.tokens_per_s for r in done)  # type: ignore[union-attr]
+    left.bar(labels, [(r.summary.tokens_per_s if tokens else r.summary.samples_per_s) or 0  # type: ignore[union-attr]
+                      for r in done])
+    left.set_ylabel("tokens/s" if tokens else "samples/s")
     left.set_title("throughput", fontsize=10)
     right.bar(labels, [r.summary.peak_memory_bytes / 2**20 for r in done])  # type: ignore[union-attr]
     right.set_ylabel("MiB")

@@ -5,8 +5,10 @@ records the step's wall time (from the end of the previous step to the end of th
 up to its wall time), the part of it spent blocked on data loaders, and the samples and tokens of the training
 loader's batches that went into it. At the end it adds the rank's peak memory (`torch.cuda.max_memory_allocated`
 on GPUs, peak RSS on CPU), the model's gradient bytes, and the error that ended the script if one did, and writes
-$ACCELKIT_PROBE_DIR/bench.rank<R>.json. The step limit ($ACCELKIT_PROBE_MAX_STEPS = warmup + steps) stops every
-rank cleanly with exit 0.
+$ACCELKIT_PROBE_DIR/bench.rank<R>.json. The step limit stops every rank cleanly with exit 0: $ACCELKIT_PROBE_MAX_STEPS
+= warmup + the minimum steps, raised at checkpoints until the measured window holds $ACCELKIT_BENCH_MIN_TIME seconds
+(accelkit.bench.window). The last warmup step runs under a collective counter (accelkit.bench.comm_count): the
+bytes a step moves, by collective and group size.
 
 Which loader trains: the one that yielded the last batch before a step (an evaluation loader iterated between two
 steps adds to the step's data wait, never to its samples).
@@ -20,16 +22,27 @@ import sys
 import time
 from typing import Any
 
-from accelkit.bench import PROBE_NAME, WARMUP_ENV
+from accelkit.bench import MIN_TIME_ENV, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
+from accelkit.bench.window import agree_seconds, next_checkpoint
 from accelkit.ranks.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
 
 
 class StepRecorder:
     """Accumulates loader fetches between clock steps and closes one step record per clock step."""
 
-    def __init__(self, sync_at: tuple[int, ...] = ()) -> None:
+    def __init__(self, sync_at: tuple[int, ...] = (), *, warmup: int = 0, min_steps: int = 0, min_time: float = 0.0,
+                 set_limit=None, count_comm: bool = False) -> None:
         self.sync_at = sync_at  # clock steps after which CUDA is synchronised (end of warmup, last measured step)
+        self.warmup = warmup
+        self.min_steps = min_steps
+        self.min_time = min_time
+        self.set_limit = set_limit  # moves the step clock's limit (the window grows at checkpoints)
+        self.checkpoint = warmup + min_steps if min_time > 0 and min_steps > 0 else None
+        self.window = "steps" if self.checkpoint is None else "time"
+        self.count_comm = count_comm and warmup >= 2  # count the last warmup step; its predecessor starts it
+        self.comm: dict[str, dict[str, int]] | None = None
+        self._counter = None
         self.steps: list[dict[str, Any]] = []
         self.error: str | None = None
         self.gradient_bytes: int | None = None
@@ -56,7 +69,10 @@ class StepRecorder:
         if not event.is_clock:
             return
         finished = event.finished
-        if event.clock_steps in self.sync_at and _cuda_in_use():
+        if self._counter is not None and event.clock_steps == self.warmup:
+            self.comm = self._counter.stop()
+            self._counter = None
+        if (event.clock_steps in self.sync_at or event.clock_steps == self.checkpoint) and _cuda_in_use():
             # GPU work is asynchronous: wait for it at the edges of the measured window (only there), so the
             # window holds exactly the measured steps' GPU work.
             import torch
@@ -76,7 +92,28 @@ class StepRecorder:
         self._wait = 0.0
         self._per_loader = {}
         self._last_loader = None
+        if event.clock_steps == self.checkpoint:
+            self._decide()
+            self._interval_start = time.perf_counter()  # the agreement is the probe's time, not the next step's
+        if self.count_comm and event.clock_steps == self.warmup - 1 and not _compiled_graphs():
+            from accelkit.bench.comm_count import CommCounter
+
+            self._counter = CommCounter()
+            self._counter.start()
+            self._interval_start = time.perf_counter()
         self.overhead_seconds += time.perf_counter() - entered
+
+    def _decide(self) -> None:
+        """At a checkpoint: stop after this step, or move the limit so the window reaches --min-time."""
+        measured = self.steps[self.warmup:]
+        agreed = agree_seconds(sum(step["seconds"] for step in measured))
+        if agreed is None:  # no process group to agree through: the minimum steps are the window
+            self.window, self.checkpoint = "steps (the ranks had no process group to agree on a time window)", None
+            return
+        target = next_checkpoint(len(measured), agreed, self.min_time, self.min_steps)
+        self.checkpoint = None if target is None else self.warmup + target
+        if self.checkpoint is not None and self.set_limit is not None:
+            self.set_limit(self.checkpoint)
 
     def result(self, reason: str, loader_seconds: float) -> dict[str, Any]:
         return {
@@ -87,6 +124,9 @@ class StepRecorder:
             "error": self.error,
             "steps": self.steps,
             "other_samples": self.other_samples,
+            "window": self.window,
+            "min_time_s": self.min_time,
+            "comm_per_step": self.comm,
             "gradient_bytes": self.gradient_bytes,
             **self.distributed,
             **peak_memory(),
@@ -116,6 +156,16 @@ def model_facts(event: StepEvent) -> tuple[int | None, dict[str, Any]]:
     return total, facts
 
 
+def _compiled_graphs() -> bool:
+    """Whether torch.compile has compiled anything: a dispatch mode entered around a compiled step would make it
+    recompile (or fall back), changing what is measured, so the collectives are then not counted."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(dynamo and dynamo.counters["stats"]["unique_graphs"])
+    except (AttributeError, KeyError, TypeError):
+        return False
+
+
 def _cuda_in_use() -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -141,10 +191,17 @@ def install() -> None:
         return
     warmup = int(os.environ.get(WARMUP_ENV, "0"))
     limit = int(os.environ.get(MAX_STEPS_ENV, "0"))
-    recorder = _RECORDER = StepRecorder(sync_at=tuple(n for n in (warmup, limit) if n > 0))
+    min_time = float(os.environ.get(MIN_TIME_ENV, "0") or 0)
+    step_clock = clock()
+
+    def set_limit(steps: int) -> None:
+        step_clock.max_steps = steps
+
+    recorder = _RECORDER = StepRecorder(sync_at=tuple(n for n in (warmup, limit) if n > 0), warmup=warmup,
+                                        min_steps=max(0, limit - warmup), min_time=min_time, set_limit=set_limit,
+                                        count_comm=True)
     loaders = LoaderHooks(recorder.on_fetch)
     loaders.install()
-    step_clock = clock()
     step_clock.on_step(recorder.on_step)
     step_clock.on_finish(lambda reason: write_rank_result(
         PROBE_NAME, recorder.result("error" if recorder.error else reason, loaders.counting_seconds)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelkit.bench.layouts import Layout
 from accelkit.errors import AccelkitError
 
 SCALING_MODES = ("weak", "strong")
@@ -35,9 +36,12 @@ class RunSpec:
     num_processes: int
     script_args: tuple[str, ...]
     per_device_batch: int | None = None  # set under strong scaling
+    layout: Layout | None = None  # --layouts: the N-D layout this run launches
 
     @property
     def name(self) -> str:
+        if self.layout is not None:
+            return f"{self.backend or 'default'}-{self.layout.slug}"
         return f"{self.backend or 'default'}-np{self.num_processes}"
 
 
@@ -60,20 +64,33 @@ class BenchSpec:
     timeout: float | None = None  # seconds per run
     stall_timeout: float | None = None  # the supervisor's stall watchdog (None: its default; 0: off)
     machines: int = 1  # each machine runs the same sweep; results cover this machine's ranks
+    min_time: float = 0.0  # seconds: every run measures at least this long (and at least `steps` steps)
+    layouts: tuple[Layout, ...] = ()  # --layouts: one run per layout at world_sizes[0] (backends[0] or its own)
+    command_words: tuple[str, ...] = ("accelkit", "bench")  # the command as typed, up to SCRIPT (for hints)
+    script_words: tuple[str, ...] = ()  # SCRIPT and its arguments as typed
 
     def runs(self) -> list[RunSpec]:
         if self.script is None:
             return []
-        points = [(backend, n) for backend in self.backends for n in self.world_sizes]
+        points: list[tuple[str | None, int, Layout | None]]
+        if self.layouts:
+            points = [(self.backends[0] or layout.natural_backend, layout.world, layout) for layout in self.layouts]
+        else:
+            points = [(backend, n, None) for backend in self.backends for n in self.world_sizes]
         runs = []
-        for index, (backend, n) in enumerate(points, start=1):
+        for index, (backend, n, layout) in enumerate(points, start=1):
             args, per_device = self.script_args, None
             if self.scaling == "strong":
                 assert self.global_batch is not None and self.batch_arg is not None
-                per_device = self.global_batch // n
+                per_device = self.global_batch // data_parallel_degree(n, layout)
                 args = set_flag(args, self.batch_arg, str(per_device))
-            runs.append(RunSpec(index, len(points), backend, n, args, per_device))
+            runs.append(RunSpec(index, len(points), backend, n, args, per_device, layout))
         return runs
+
+
+def data_parallel_degree(num_processes: int, layout: Layout | None) -> int:
+    """Processes that take different batches: all of them, but one per tensor/context-parallel group."""
+    return num_processes // layout.batch_replicas if layout is not None else num_processes
 
 
 # -- parsing and checks (all before anything starts) -------------------------------------------------------------
@@ -131,7 +148,8 @@ def set_flag(args: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
 
 def resolve_global_batch(spec_args: tuple[str, ...], batch_arg: str | None, global_batch: int | None,
                          world_sizes: tuple[int, ...]) -> int:
-    """The global batch of a strong-scaling sweep, checked against every world size."""
+    """The global batch of a strong-scaling sweep, checked against every world size (with --layouts: every
+    layout's data-parallel degree)."""
     if batch_arg is None:
         raise AccelkitError("--scaling strong needs the script's batch-size flag, to tell each run its per-device "
                             "batch (global batch / processes)",
@@ -175,9 +193,12 @@ def default_world_sizes(devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def check_counts(steps: int, warmup: int) -> None:
+def check_counts(steps: int, warmup: int, min_time: float = 0.0) -> None:
     if steps < 1:
         raise AccelkitError(f"--steps must be at least 1 (got {steps})", hint="e.g. --steps 20")
+    if not min_time >= 0 or min_time == float("inf"):
+        raise AccelkitError(f"--min-time must be a finite number of seconds, 0 or more (got {min_time})",
+                            hint="e.g. --min-time 2 (0: measure exactly --steps steps)")
     if warmup < 0:
         raise AccelkitError(f"--warmup cannot be negative (got {warmup})", hint="e.g. --warmup 5 (or 0 for none)")
 

@@ -12,13 +12,14 @@ Failure policy (what someone deciding between 8 and 64 GPUs expects):
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelkit.bench import COMM_NAME, PROBE_NAME, WARMUP_ENV
+from accelkit.bench import COMM_NAME, MIN_TIME_ENV, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.comm import CommRow, comm_volume_factor, nearest_all_reduce, predicted_comm_seconds, rows_from_ranks
 from accelkit.bench.launching import (
     LaunchSettings,
@@ -28,7 +29,7 @@ from accelkit.bench.launching import (
     script_request,
 )
 from accelkit.bench.spec import BenchSpec, RunSpec
-from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, scaling, summarize
+from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, noise_reasons, scaling, summarize
 from accelkit.launch import RunOutcome
 from accelkit.ranks.probes import read_results
 
@@ -55,11 +56,26 @@ class RunRecord:
 
     @property
     def label(self) -> str:
+        if self.spec.layout is not None:
+            return f"{self.spec.layout.name} ({self.backend})"
         return f"{self.backend} x{self.spec.num_processes}"
 
     @property
     def folder_name(self) -> str:
+        if self.spec.layout is not None:
+            return f"{self.backend}-{self.spec.layout.slug}"
         return f"{self.backend}-np{self.spec.num_processes}"
+
+    @property
+    def comm_per_step(self) -> dict[str, dict[str, int]] | None:
+        """The collectives of one (warmup) step on the rank that moved the most bytes: {"op@group": {calls, bytes}}."""
+        counted = [rank["comm_per_step"] for rank in self.ranks if rank.get("comm_per_step") is not None]
+        return max(counted, key=lambda c: sum(v["bytes"] for v in c.values()), default=None)
+
+    @property
+    def comm_bytes_per_step(self) -> int | None:
+        counted = self.comm_per_step
+        return None if counted is None else sum(v["bytes"] for v in counted.values())
 
     @property
     def gradient_bytes(self) -> int | None:
@@ -220,12 +236,15 @@ class Sweep:
         folder = self._prepare_dir(record.folder_name)
         note = f" (as {launched})" if launched != backend else ""
         batch = f", per-device batch {run.per_device_batch}" if run.per_device_batch else ""
-        self.progress(f"[{run.index}/{run.total}] {backend}, {run.num_processes} process(es){note}{batch}: "
-                      f"warmup {self.spec.warmup} + {self.spec.steps} steps ...")
+        window = f"at least {self.spec.steps} steps and {self.spec.min_time:g} s" if self.spec.min_time > 0 else \
+            f"{self.spec.steps} steps"
+        self.progress(f"[{run.index}/{run.total}] {run_title(record)}{note}{batch}: warmup {self.spec.warmup} + "
+                      f"{window} ...")
         request = script_request(self.settings, launched, run.num_processes, self.spec.script or "",
-                                 run.script_args, self.spec.module)
+                                 run.script_args, self.spec.module, run.layout)
         outcome = run_launch(request, probe_dir=folder, max_steps=self.spec.warmup + self.spec.steps,
-                             env={**self.env, WARMUP_ENV: str(self.spec.warmup)},
+                             env={**self.env, WARMUP_ENV: str(self.spec.warmup),
+                                  MIN_TIME_ENV: str(self.spec.min_time)},
                              log_path=None if self.spec.show_output else folder / "output.log",
                              timeout=self.spec.timeout, stall_timeout=self.spec.stall_timeout)
         record.exit_code, record.wall_s = outcome.exit_code, outcome.seconds
@@ -241,15 +260,13 @@ class Sweep:
         if record.ranks and not any(rank.get("steps") for rank in record.ranks):
             record.status, record.error = "failed", NO_OPTIMIZER_STEP
             return record
+        replicas = run.layout.batch_replicas if run.layout is not None else 1
         try:
-            record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines)
+            record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines, replicas)
         except TooFewSteps as exc:
             record.status, record.error = "failed", f"{exc}; lower --warmup/--steps or let the script run longer"
             return record
-        if record.summary.steps < self.spec.steps:
-            record.note = (f"the script ended after {self.spec.warmup + record.summary.steps} steps: "
-                           f"{record.summary.steps} measured of --steps {self.spec.steps} (give it more steps or "
-                           "epochs)")
+        record.note = short_window_note(record.summary, self.spec, record.ranks)
         return record
 
     def _attach_comm(self, record: RunRecord) -> None:
@@ -265,7 +282,19 @@ class Sweep:
         record.comm_predicted_s = predicted_comm_seconds(grad, row.busbw_gbs, factor)
 
     def finish(self) -> None:
-        """Speedup and efficiency of every successful run against its backend's smallest successful world size."""
+        """Speedup and efficiency of every successful run against its backend's smallest successful world size;
+        with --layouts, each layout's throughput against the first layout that succeeded (same world size: a
+        ratio, not an efficiency, so a faster layout is no superlinear noise)."""
+        if self.spec.layouts:
+            done = [r for r in self.records if r.summary is not None]
+            for r in done:
+                base = done[0]
+                assert r.summary is not None and base.summary is not None
+                ratio = scaling(r.spec.num_processes, r.summary, base.spec.num_processes, base.summary,
+                                self.spec.scaling).speedup if r is not base else 1.0
+                r.scaling = Scaling(base.spec.num_processes, ratio, None,
+                                    noise_reasons(None, r.summary, base.summary))
+            return
         for backend in dict.fromkeys(r.backend for r in self.records):
             done = [r for r in self.records if r.backend == backend and r.summary is not None]
             if not done:
@@ -276,6 +305,28 @@ class Sweep:
                 assert r.summary is not None
                 r.scaling = scaling(r.spec.num_processes, r.summary, base.spec.num_processes, base.summary,
                                     self.spec.scaling)
+
+
+def run_title(record: RunRecord) -> str:
+    if record.spec.layout is not None:
+        return f"{record.spec.layout.name} ({record.backend}, {record.spec.num_processes} processes)"
+    return f"{record.backend}, {record.spec.num_processes} process(es)"
+
+
+def short_window_note(summary: RunSummary, spec: BenchSpec, ranks: list[dict[str, Any]]) -> str | None:
+    """What to say when a run measured less than asked: the script ended first, or the ranks could not agree."""
+    short_steps = summary.steps < spec.steps
+    short_time = spec.min_time > 0 and summary.measured_s < spec.min_time * 0.95
+    if short_steps or short_time:
+        done = spec.warmup + summary.steps
+        per_step = summary.measured_s / summary.steps  # the window is wall time: project with the mean step
+        projected = math.ceil(round(spec.min_time * 1.1 / per_step, 6)) if per_step > 0 else 0
+        wanted = spec.warmup + max(spec.steps, projected)
+        return (f"the script ended after {done} steps: {summary.steps} measured over {summary.measured_s:.2f} s, "
+                f"less than the {spec.steps} steps / {spec.min_time:g} s window asked (give it more steps or "
+                f"epochs: about {wanted} steps in all)")
+    fixed = next((r["window"] for r in ranks if str(r.get("window", "")).startswith("steps (")), None)
+    return f"measured --steps alone: {fixed[7:-1]}" if fixed and spec.min_time > 0 else None
 
 
 def log_tail(path: Path, lines: int = 12) -> list[str]:
@@ -297,11 +348,12 @@ def human_bytes(value: float) -> str:
 
 
 def progress_line(record: RunRecord) -> str:
-    head = f"[{record.spec.index}/{record.spec.total}] {record.backend}, {record.spec.num_processes} process(es)"
+    head = f"[{record.spec.index}/{record.spec.total}] {run_title(record)}"
     if record.summary is None:
         return f"{head}: {record.status.upper()}: {record.error} ({record.wall_s:.1f} s)"
     s = record.summary
     rate = f"{s.samples_per_s:,.0f} samples/s" if s.samples_per_s else "samples unknown"
     note = f"; {record.note}" if record.note else ""
-    return (f"{head}: {s.step_median_s * 1000:.1f} ms/step (p90 {s.step_p90_s * 1000:.1f}), {rate}, data wait "
-            f"{s.data_wait_share:.0%}, peak {human_bytes(s.peak_memory_bytes)}/rank ({record.wall_s:.1f} s){note}")
+    return (f"{head}: {s.step_median_s * 1000:.1f} ms/step (IQR {s.spread:.0%}, {s.steps} steps over "
+            f"{s.measured_s:.1f} s), {rate}, data wait {s.data_wait_share:.0%}, peak "
+            f"{human_bytes(s.peak_memory_bytes)}/rank ({record.wall_s:.1f} s){note}")

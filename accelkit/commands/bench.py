@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -12,6 +13,8 @@ from accelkit.commands.launcher_options import config_file_option, rendezvous_op
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
 from accelkit.shellwords import command_line
+
+DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; pyperf and timeit use 0.1 to 0.2 s
 
 
 @click.command(name="bench", cls=ScriptCommand,
@@ -23,9 +26,16 @@ from accelkit.shellwords import command_line
                    "(with --cpu: up to the cores), times --num-machines.")
 @click.option("--compare-backends", default=None, metavar="B,B,...",
               help="Run each of these backends (e.g. ddp,fsdp,deepspeed); default world size: the largest.")
+@click.option("--layouts", "layouts", multiple=True, metavar="DIM=N,...;...",
+              help="Compare N-D parallelism layouts of one world size, e.g. \"dp_shard=4;dp_shard=2,tp=2\" "
+                   "(dimensions dp_replicate, dp_shard, tp, cp, sp; `;` between layouts, or repeat the option). "
+                   "Each layout runs with the backend that composes it unless --backend names one.")
 @run_options
 @click.option("--steps", type=int, default=20, show_default=True, metavar="N",
-              help="Measured optimizer steps per run (after warmup); every rank then stops cleanly.")
+              help="Measured optimizer steps per run, at least (after warmup); every rank then stops cleanly.")
+@click.option("--min-time", type=Seconds(minimum=0), default=DEFAULT_MIN_TIME, show_default=True, metavar="SECONDS",
+              help="Measure each run for at least this long (and at least --steps steps): a short window's "
+                   "figures are noise. 0: exactly --steps steps.")
 @click.option("--warmup", type=int, default=5, show_default=True, metavar="W",
               help="Optimizer steps run before measuring (first-step allocations, autotuning, caches).")
 @click.option("--scaling", type=click.Choice(("weak", "strong")), default="weak", show_default=True,
@@ -53,8 +63,9 @@ from accelkit.shellwords import command_line
 @rendezvous_options
 @click.argument("script", metavar="[SCRIPT]", required=False)
 @script_args_argument()
-def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None, cpu: bool,
-            module: bool, steps: int, warmup: int, scaling: str, batch_arg: str | None, global_batch: int | None,
+def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None,
+            layouts: tuple[str, ...], cpu: bool, module: bool, steps: int, min_time: float, warmup: int,
+            scaling: str, batch_arg: str | None, global_batch: int | None,
             output: Path, force: bool, comm: bool, comm_sizes: str | None, comm_iters: int | None,
             timeout: float | None, stall_timeout: float | None, show_output: bool, rdzv_backend: str | None,
             rdzv_conf: str | None, same_network: bool | None, script: str | None, script_args: tuple[str, ...],
@@ -66,15 +77,19 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
       accelkit bench --cpu --backend ddp --num-processes 1,2 train.py --max-steps 1000
       accelkit bench --num-processes 1,2,4,8 --backend fsdp train.py
       accelkit bench --compare-backends ddp,fsdp,deepspeed --num-processes 8 train.py
+      accelkit bench --layouts "dp_shard=4;dp_shard=2,tp=2" train.py
       accelkit bench --scaling strong --batch-arg --per-device-batch-size --global-batch 256 train.py
       accelkit bench --comm --num-processes 8                # interconnect only
       accelkit bench --comm --backend ddp train.py           # and predicted communication per step
 
-    Table: step time (median, p90; slowest rank), samples/s, tokens/s, speedup, efficiency, data-wait share, peak
-    memory per rank. Exit status: 0 when every run succeeded, 1 when one failed, 128+N when stopped by signal N.
+    Table: the measured window, step time (median of the slowest rank's steps) and its spread (IQR), samples/s,
+    tokens/s, speedup and efficiency (all from the median), data-wait share, peak memory per rank, and a noise flag
+    (superlinear or too variable) with the command that measures longer. Exit status: 0 when every run succeeded,
+    1 when one failed, 128+N when stopped by signal N.
     """
-    from accelkit.bench import build_spec, run_bench
+    from accelkit.bench import build_spec, run_bench, split_command_line
 
+    command_words, script_words = split_command_line(tuple(sys.argv[1:]), script, script_args)
     if script is None and not comm:
         from accelkit.errors import AccelkitError
 
@@ -87,8 +102,9 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
         batch_arg=batch_arg, global_batch=global_batch, output=output, comm=comm, comm_sizes=comm_sizes,
         comm_iters=comm_iters, timeout=timeout, stall_timeout=stall_timeout, show_output=show_output,
         rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, same_network=same_network, script=script,
-        script_args=script_args,
+        script_args=script_args, min_time=min_time, layouts=layouts,
         command_line=command_line("accelkit", *sys.argv[1:]))
+    spec = replace(spec, command_words=command_words, script_words=script_words)
     outcome = run_bench(spec, settings, force, progress=lambda line: click.echo(f"bench: {line}", err=True))
     for line in outcome.lines:
         click.echo(line)

@@ -5,9 +5,12 @@ the one thing a layout needs that a release removed or has not yet added, and sa
 packages, and which versions work. The version table (measured on torch 2.13 CPU, 2026-11-24):
 
     layout           needs                                                            works with
-    FSDP2 x TP       accelerate 1.10 to 1.15's FSDP2+TP preparation imports           transformers 4.52.x to 5.0.0
-                     transformers' `integrations.tensor_parallel.ReplicateParallel`:  (4.51.3 and 5.1.0+ lack it:
-                     added in 4.52, removed in 5.1.0                                   every 5.1 to 5.23 release)
+    FSDP2 x TP       accelerate 1.10 to 1.15's FSDP2+TP preparation imports           transformers 5.0.0 (run: dp_shard
+                     transformers' `integrations.tensor_parallel.ReplicateParallel`:  2 x tp 2 with accelerate 1.15,
+                     added in 4.52, removed in 5.1.0                                   torch 2.13; constraints/
+                                                                                      nd-layouts.txt); 4.52 to 4.57
+                                                                                      have the class too (not run);
+                                                                                      4.51.3 and 5.1 to 5.23 lack it
     TP (any)         accelerate >= 1.10 (ParallelismConfig)
     CP               torch's `torch.distributed.tensor.experimental.context_parallel`  torch 2.13 (tested)
     SP               DeepSpeed's `runtime.sequence_parallel.ulysses_sp` (ALST)         deepspeed 0.19.8 (tested)
@@ -24,8 +27,10 @@ from pathlib import Path
 from accelkit.envinfo import installed_version
 
 # The transformers releases that define ReplicateParallel (checked in the released wheels: 4.51.3 no, 4.52.4 to
-# 4.57.6 yes, 5.0.0 yes, 5.1.0 to 5.12.1 no).
-FSDP2_TP_WORKS = "transformers >=4.52,<5.1 (e.g. 'transformers==5.0.0' or '4.57.6') with accelerate 1.10 to 1.15"
+# 4.57.6 yes, 5.0.0 yes, 5.1.0 to 5.12.1 no). 5.0.0 is the one run here (tests/integration/test_nd_rehearsal.py in
+# CI's N-D step, constraints/nd-layouts.txt): it needs tokenizers <0.23.1 and huggingface-hub <2.
+FSDP2_TP_WORKS = ("transformers 5.0.0 with accelerate 1.15 and torch 2.13 (pip install 'transformers==5.0.0' "
+                  "'tokenizers<0.23.1' 'huggingface-hub<2'; 4.52 to 4.57 also have the class)")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.slurm_values import check_slurm_options, sbatch_directive
 
 REQUEST_DELIMITER = "ACCELKIT_REQUEST"
 
@@ -37,18 +38,18 @@ def render_sbatch(request: LaunchRequest, options: SlurmOptions) -> str:
     """The sbatch script text for the cluster `request` (its options describe all nodes)."""
     header = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={options.job_name}",
+        sbatch_directive("job-name", options.job_name),
         f"#SBATCH --nodes={options.nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
     if options.gpus_per_node > 0:
         header.append(f"#SBATCH --gpus-per-node={options.gpus_per_node}")
     if options.partition:
-        header.append(f"#SBATCH --partition={options.partition}")
+        header.append(sbatch_directive("partition", options.partition))
     if options.time:
-        header.append(f"#SBATCH --time={options.time}")
+        header.append(sbatch_directive("time", options.time))
     if options.chdir is not None:
-        header.append(f"#SBATCH --chdir={options.chdir}")
+        header.append(sbatch_directive("chdir", options.chdir))  # quoted when it has spaces (sbatch reads the quotes)
     if options.requeue:
         # SLURM warns the batch step (B:) this long before the time limit; a preemption's warning is SIGUSR1 too
         # where the cluster sets SlurmctldParameters=preempt_send_user_signal. Requeued, the job starts over.
@@ -127,6 +128,7 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     from accelkit.launch.build_plan import prepare_launch
 
     options = request.options
+    check_slurm_options(slurm)
     if slurm.requeue:
         check_saves_on_signal(request)
     if slurm.nodes < 1:

@@ -13,16 +13,20 @@ NEEDED_DIMS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
 
 
 def tp_plan_of(class_name: str) -> Mapping[str, str]:
-    """The model class's own TP plan (its config's base_model_tp_plan plus the head's), Llama's when unknown."""
+    """The TP plan the installed transformers applies to a model of this class, Llama's when unknown.
+
+    Read from a one-layer instance built on the meta device (no memory, milliseconds): releases differ in what the
+    instance keeps (5.0 drops the head's class-level plan, so lm_head stays replicated; 5.1 and later add the input
+    embedding to every plan), and only the instance says which."""
     try:
+        import torch
         import transformers
 
         cls = getattr(transformers, class_name)
-        plan = dict(getattr(cls.config_class(), "base_model_tp_plan", None) or {})
-        plan.update(getattr(cls, "_tp_plan", None) or {})
-        if plan:  # transformers 5.x splits the input embedding too (DistributedConfig adds it to any plan)
-            plan = {"embed_tokens": "embedding_rowwise", **plan}
-    except Exception:  # a class transformers does not export, or a config that cannot be built without arguments
+        with torch.device("meta"):
+            model = cls(cls.config_class(num_hidden_layers=1))
+        plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
+    except Exception:  # a class transformers does not export, or a config that cannot be built this way
         return nd.LLAMA_TP_PLAN
     return plan or nd.LLAMA_TP_PLAN
 

@@ -94,29 +94,35 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
-def tensor_parallel_kwargs(tp_size: int) -> dict:
+def tensor_parallel_kwargs(tp_size: int, accelerator: Accelerator | None = None) -> dict:
     """from_pretrained arguments that load the model split by its own TP plan over `tp_size` ranks, through the
-    API the installed transformers has: DistributedConfig (5.x), else tp_plan/tp_size (4.52 to 4.57)."""
+    API the installed transformers has: DistributedConfig(tp_size=...) (5.1 and later), else tp_plan="auto" over
+    Accelerate's device mesh (4.52 to 5.0: transformers takes the mesh's "tp" dimension, so FSDP2 x TP works)."""
     if tp_size <= 1:
         return {}
+    import dataclasses
+
     try:
         from transformers.distributed import DistributedConfig
     except ImportError:
-        import inspect
+        DistributedConfig = None
+    if DistributedConfig is not None and "tp_size" in {field.name for field in dataclasses.fields(DistributedConfig)}:
+        return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+    import inspect
 
-        import transformers
+    import transformers
 
-        if "tp_size" not in inspect.getsource(transformers.PreTrainedModel.from_pretrained):
-            raise SystemExit(f"tensor parallelism (tp_size {tp_size}) needs transformers >= 4.52 (installed: "
-                             f"{transformers.__version__}): pip install 'transformers>=4.52'") from None
-        return {"tp_plan": "auto", "tp_size": tp_size}
-    return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+    if "tp_size" not in inspect.getsource(transformers.PreTrainedModel.from_pretrained):
+        raise SystemExit(f"tensor parallelism (tp_size {tp_size}) needs transformers >= 4.52 (installed: "
+                         f"{transformers.__version__}): pip install 'transformers>=4.52'")
+    mesh = accelerator.torch_device_mesh if accelerator is not None else None
+    return {"tp_plan": "auto", "device_mesh": mesh} if mesh is not None else {"tp_plan": "auto", "tp_size": tp_size}
 
 
 def build_tokenizer_and_model(args: argparse.Namespace, accelerator: Accelerator | None = None, tp_size: int = 1):
     """The tokenizer and model; with tensor parallelism (Accelerate's parallelism_config tp_size) the model is
     loaded already split by its TP plan, which Accelerate then prepares."""
-    tp = tensor_parallel_kwargs(tp_size if accelerator is not None else 1)
+    tp = tensor_parallel_kwargs(tp_size if accelerator is not None else 1, accelerator)
     if args.model:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model, **tp)

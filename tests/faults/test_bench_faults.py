@@ -40,6 +40,42 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str], match: 
     result.assert_refused(match)
 
 
+@pytest.mark.parametrize(("layouts", "extra", "match"), [
+    ("tp2", [], r"--layouts: 'tp2' is not DIM=SIZE"),
+    ("pp=2", [], r"--layouts: unknown dimension 'pp' in 'pp=2'"),
+    ("dp_shard=4;dp_shard=2", [], r"--layouts: dp_shard=4 is 4 processes but dp_shard=2 is 2"),
+    ("tp=1", [], r"--layouts: tp=1 is one process"),
+    ("dp_shard=4;dp_shard=2,tp=2", ["--num-processes", "2"], r"multiply to 4, not --num-processes 2"),
+    ("tp=2", ["--tp-size", "2"], r"--layouts and --tp-size both set the parallelism sizes"),
+])  # every other --layouts check: tests/unit/bench/test_bench_cli_spec.py and test_bench_layouts.py (in-process)
+def test_bad_layouts_are_refused_before_anything_starts(layouts: str, extra: list[str], match: str,
+                                                        tmp_path: Path, script: Path) -> None:
+    result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--layouts", layouts, *extra, str(script)],
+                       watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(match)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_min_time_that_is_not_seconds_is_refused(value: str, tmp_path: Path, script: Path) -> None:
+    result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--min-time", value, str(script)],
+                       watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused("--min-time", exit_code=2, hint=False)
+
+
+@pytest.mark.slow  # the rule set builds each layout's config with Accelerate (a few seconds of imports)
+@pytest.mark.parametrize(("layouts", "match"), [
+    ("dp_shard=2;cp=2", r"--layouts cp=2 \(fsdp\): .*context parallelism does not run on CPU"),
+    ("dp_shard=4;dp_shard=2,tp=2", r"--layouts dp_shard=2,tp=2 \(fsdp\): FSDP2 x TP cannot start with accelerate"),
+    ("tp=2", r"--layouts tp=2 \(fsdp\): .*leaves FSDP nothing to shard"),
+])
+def test_a_layout_the_rule_set_refuses_is_named_before_any_starts(layouts: str, match: str, tmp_path: Path,
+                                                                  script: Path) -> None:
+    backend = ["--backend", "fsdp"] if layouts == "tp=2" else []
+    result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), *backend, "--layouts", layouts, str(script)],
+                       watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(match)
+
+
 def test_no_script(tmp_path: Path) -> None:
     run_fault(["bench", "--cpu"], watch=[tmp_path], cwd=tmp_path).assert_refused("no SCRIPT to bench")
 

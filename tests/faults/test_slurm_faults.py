@@ -86,3 +86,39 @@ def test_signal_before_without_requeue(tmp_path: Path) -> None:
     result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
                         "--signal-before", "60", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("--signal-before only applies with --requeue", exit_code=2, hint=False)
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--time", "4h"], "--time 4h is not a SLURM time limit"),
+    (["--time", "1:2:3:4"], "--time 1:2:3:4 is not a SLURM time limit"),
+    (["--partition", "gpu a100"], "--partition 'gpu a100' cannot go into an #SBATCH line"),
+    (["--job-name", "ft\nrm -rf ~"], r"--job-name 'ft\\nrm -rf ~' cannot go into an #SBATCH line"),
+    (["--job-name", "runs/ft"], "--job-name runs/ft has a '/'"),
+])
+def test_options_sbatch_would_refuse_or_misread(args: list[str], match: str, tmp_path: Path) -> None:
+    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1", *args,
+                        str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(match)
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--time", "00:02:00"], r"--requeue's warning 120 s before the time limit \(--signal-before\) is not shorter "
+                             r"than --time 00:02:00 \(120 s\)"),
+    (["--time", "1-00:00:00", "--signal-before", "70000"], "--signal-before 70000 is more than SLURM allows"),
+])
+def test_requeue_warning_that_cannot_come_before_the_time_limit(args: list[str], match: str, tmp_path: Path) -> None:
+    from accelkit.scaffold import init_project
+
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                        "--requeue", *args, "train.py", "--resume-from-checkpoint", "latest"], watch=[tmp_path],
+                       cwd=project)
+    result.assert_refused(match)
+
+
+def test_a_folder_where_the_jobs_config_goes(tmp_path: Path) -> None:
+    (tmp_path / "job.accelerate.yaml").mkdir()
+    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                        str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused("cannot write job.accelerate.yaml: it is a folder")
+    assert not (tmp_path / "job.sbatch").exists()

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -54,6 +55,13 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+def _placeholder_device(path: Path) -> None:
+    """A character device with /dev/null's numbers: slurmd takes only device files as a GPU's File= (a plain file
+    is rejected, and then no CUDA_VISIBLE_DEVICES is set), and nothing here opens it as a GPU."""
+    if not path.exists():
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
 
 
 @dataclass
@@ -96,7 +104,7 @@ class SlurmCluster:
                 devices = self.root / "dev" / node
                 devices.mkdir(parents=True, exist_ok=True)
                 for index in range(self.gpus_per_node):
-                    (devices / f"nvidia{index}").touch()
+                    _placeholder_device(devices / f"nvidia{index}")
                 lines.append(f"NodeName={node} Name=gpu File={devices}/nvidia[0-{self.gpus_per_node - 1}]")
             (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
         nodes = "\n".join(
@@ -201,9 +209,11 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         return "\n".join(parts)
 
     # -- use -------------------------------------------------------------------------------------------------
-    def run(self, *argv: str, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """A Slurm client command against this cluster."""
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    def run(self, *argv: str, timeout: float = 60, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """A Slurm client command against this cluster (`env`: more variables, which sbatch passes to the job)."""
+        return subprocess.run(list(argv), env={**self.env, **(env or {})}, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)
 
     def sbatch_wait(self, script: Path, *extra: str, timeout: float = 240,
                     cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -211,25 +221,38 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         state with growing intervals, so it returns seconds after the job ended: `submit_and_wait` is quicker.)"""
         return self.run("sbatch", "--wait", *extra, str(script), timeout=timeout, cwd=cwd or script.parent)
 
-    def submit_and_wait(self, script: Path, timeout: float = 240) -> tuple[str, int]:
-        """Submit SCRIPT and poll its state every 0.2 s until it ends: (job id, the job's exit code as sbatch --wait
-        gives it)."""
-        submitted = self.run("sbatch", "--parsable", str(script), cwd=script.parent)
+    def submit(self, script: Path, env: dict[str, str] | None = None) -> str:
+        """`sbatch SCRIPT` (with `env` added to the job's environment, from SCRIPT's folder): the job id."""
+        submitted = self.run("sbatch", "--parsable", str(script), cwd=script.parent, env=env)
         job_id = submitted.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise AssertionError(f"sbatch refused {script}: {submitted.stderr}")
+        return job_id
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as a dict (JobState, ExitCode, StartTime, EndTime, ...)."""
+        shown = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(item.partition("=")[::2] for item in shown.split())
+
+    def wait_job(self, job_id: str, timeout: float = 240) -> int:
+        """Poll the job's state every 0.2 s until it ends: its exit code as sbatch --wait gives it."""
         deadline = time.monotonic() + timeout
         while True:
-            fields = dict(item.partition("=")[::2] for item in
-                          self.run("scontrol", "show", "job", "-o", job_id).stdout.split())
+            fields = self.job_fields(job_id)
             state = fields.get("JobState", "")
             if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
                 code, _, sig = fields.get("ExitCode", "0:0").partition(":")
-                return job_id, int(code) or (128 + int(sig) if sig and int(sig) else 0)
+                return int(code) or (128 + int(sig) if sig and int(sig) else 0)
             if time.monotonic() > deadline:
                 self.run("scancel", job_id)
                 raise AssertionError(f"job {job_id} still {state} after {timeout:g} s")
             time.sleep(0.2)
+
+    def submit_and_wait(self, script: Path, timeout: float = 240,
+                        env: dict[str, str] | None = None) -> tuple[str, int]:
+        """Submit SCRIPT and wait for its end, polled (quicker than sbatch --wait): (job id, the job's exit code)."""
+        job_id = self.submit(script, env=env)
+        return job_id, self.wait_job(job_id, timeout)
 
     def wait_idle(self, timeout: float = 60) -> None:
         """Until both nodes are idle again (the previous job's epilog and clean-up are done)."""

@@ -1,9 +1,11 @@
 """N-D layouts rehearsed on real gloo ranks through `accelkit launch --cpu` (issue 22, items 1, 2 and 4).
 
-One tiny Llama, three steps, the same global batch: tensor parallelism 2 (transformers' DistributedConfig, DTensor
-weights) and HSDP 2 x 2 (FSDP2 over Accelerate's dp_replicate x dp_shard mesh) give the one-process losses, resume
-exactly from their checkpoint, and `accelkit merge-ckpt` rebuilds the model bit for bit from that checkpoint, loadable
-with from_pretrained. Kept small: 4 ranks on the 2-core CI machine.
+One tiny Llama, three steps, the same global batch: tensor parallelism 2 (the model split by its TP plan, DTensor
+weights), HSDP 2 x 2 (FSDP2 over Accelerate's dp_replicate x dp_shard mesh) and FSDP2 2 x TP 2 (under a version set
+that has what it needs: constraints/nd-layouts.txt, CI's N-D step) give the one-process losses, resume exactly from
+their checkpoint, and `accelkit merge-ckpt` rebuilds the model bit for bit from that checkpoint, loadable with
+from_pretrained. Sequence parallelism 2 (DeepSpeed Ulysses) gives the one-process losses. Kept small: at most 4 ranks
+on the 2-core CI machine.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from helpers import DATA, run_accelkit
 
 SCRIPT = DATA / "nd" / "train_nd.py"
+SP_SCRIPT = DATA / "nd" / "train_sp.py"
 pytestmark = pytest.mark.slow
 
 
@@ -70,9 +73,11 @@ def check_merge(work: Path) -> None:
 def assert_plan_predicts_the_states(result: dict, layout) -> None:
     """`accelkit plan`'s N-D row for the layout gives rank 0's measured parameters, gradients and moments (2%)."""
     from accelkit.plan import nd
+    from accelkit.plan.nd_report import tp_plan_of
 
     model = nd.Model.llama(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, intermediate=64)
-    row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16)
+    row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16,
+                 tp_plan=tp_plan_of("LlamaForCausalLM"))  # the installed transformers' plan
     measured = sum(result["state_bytes"].values())
     assert row.states == pytest.approx(measured, rel=0.02), (row.states, result["state_bytes"])
 
@@ -104,6 +109,59 @@ def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
 
     assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_replicate=2, dp_shard=2))
     check_merge(work)
+
+
+def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_version(base: Path):
+    """dp_shard 2 x tp 2 (Accelerate's FSDP2+TP preparation over a 2-D mesh). Under a version set that has what it
+    needs (constraints/nd-layouts.txt, CI's N-D step) it trains like one process, resumes exactly and merges bit for
+    bit; under one that lacks it (the newest releases) launch refuses it in one line before any rank starts."""
+    from accelkit.configs import compat
+    from accelkit.plan import nd
+
+    flags = ("--backend", "fsdp", "--num-processes", "4", "--dp-shard-size", "2", "--tp-size", "2")
+    gap = compat.fsdp2_tp_gap()
+    if gap is not None:
+        work = base / "fsdp2-tp-refused"
+        work.mkdir()
+        proc = run_accelkit("launch", "--cpu", *flags, str(SCRIPT), str(work), cwd=work, timeout=120)
+        assert proc.returncode != 0
+        assert gap.message in proc.stderr and "transformers==5.0.0" in gap.hint
+        assert "Traceback" not in proc.stderr and "[rank" not in proc.stderr  # refused before any rank started
+        assert sorted(p.name for p in work.iterdir()) == []
+        return
+    result, reference, work = run_layout(base, "fsdp2-tp", "dp_shard 2 x tp 2", *flags)
+    assert result["mesh"] == {"dp_shard": 2, "tp": 2} and result["dtensor"]
+    assert result["distributed_type"].endswith("FSDP")
+    assert_same_run(result, reference)
+    assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_shard=2, tp=2))
+    check_merge(work)
+
+
+def test_sequence_parallel_2_matches_one_process_resumes_and_merges(base: Path):
+    """sp 2 (DeepSpeed Ulysses through Accelerate, ZeRO-2): each micro-batch split along the sequence over 2 ranks
+    gives the one-process loss at every step (each shard's loss weighted by its tokens, the model in train mode:
+    Accelerate registers Ulysses with disable_in_eval, and in eval mode each rank attends over its shard alone),
+    resumes exactly from its checkpoint, and the checkpoint merges bit for bit."""
+    losses = {}
+    for name in ("sp-one", "sp2"):
+        work = base / name
+        work.mkdir()
+        shutil.copytree(base / "base", work / "base")
+        if name == "sp-one":
+            subprocess.run([sys.executable, str(SP_SCRIPT), str(work)], check=True, timeout=300, capture_output=True)
+        else:
+            proc = run_accelkit("launch", "--cpu", "--backend", "deepspeed", "--num-processes", "2", "--sp-size", "2",
+                                str(SP_SCRIPT), str(work), cwd=work, timeout=500)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            assert "layout=sp 2" in proc.stderr
+        result = json.loads((work / "result.json").read_text())
+        losses[name] = result["losses"]
+    assert result["sp"] == 2 and result["distributed_type"].endswith("DEEPSPEED")
+    assert len(losses["sp2"]) == 4
+    for got, want in zip(losses["sp2"], losses["sp-one"], strict=True):
+        assert math.isclose(got, want, rel_tol=1e-5), losses
+    assert result["resumed"] == losses["sp2"][2:]  # load_state restored the step-2 ZeRO state exactly
+    check_merge(base / "sp2")
 
 
 def test_causal_lm_template_loads_its_model_with_the_tp_plan_and_resumes(tmp_path: Path):

@@ -3,13 +3,18 @@ tests/helpers/slurm.py). Every test writes its job with `accelkit launch --slurm
 would (`sbatch --wait`), then checks the job's exit status, its log and what it left behind.
 
 Node names do not resolve here, so a job that took machine 0's address from its name would fail at once. One
-cluster serves the whole module (all tests in this file run on one pytest worker: --dist loadfile).
+cluster serves the whole module (all tests in this file run on one pytest worker: --dist loadfile). Each node has a
+fake `Gres=gpu:8` (placeholder device files): GPU-shaped jobs are scheduled as on a GPU cluster, and SLURM gives
+their steps CUDA_VISIBLE_DEVICES; the CPU jobs (`--cpu`) ask for no GPU.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -17,12 +22,17 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import DATA, run_accelkit
+from helpers import DATA, REPO_ROOT, run_accelkit
 from helpers.slurm import INSTALL_HINT, SlurmCluster, missing_binaries
 
 from accelkit.scaffold import init_project
 
 PROBE = DATA / "launch" / "probe.py"
+RECORD_RANK = DATA / "slurm" / "record_rank.py"
+FAKE_CUDA = DATA / "slurm" / "fake_cuda"  # sitecustomize: torch counts the GPUs SLURM gave (CUDA_VISIBLE_DEVICES)
+GPUS_PER_NODE = 8
+UNFINISHED = ("", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
+              "SUSPENDED")  # a job's states before its end (scontrol show job's JobState)
 
 STALL_SCRIPT = """\
 import sys, time
@@ -45,7 +55,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     missing = missing_binaries()
     if missing:
         pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"))
+    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"), gpus_per_node=GPUS_PER_NODE)
     slurm.start()
     try:
         yield slurm
@@ -59,9 +69,9 @@ def write_job(project: Path, *args: str) -> Path:
     return project / "job.sbatch"
 
 
-def submit(cluster: SlurmCluster, job: Path) -> tuple[int, str, str]:
+def submit(cluster: SlurmCluster, job: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Submit and wait for the end (polled: quicker than sbatch --wait); the job's exit code, id and log."""
-    job_id, code = cluster.submit_and_wait(job)
+    job_id, code = cluster.submit_and_wait(job, env=env)
     log = (job.parent / f"accelkit-{job_id}.out").read_text(errors="replace")
     cluster.wait_idle()
     return code, job_id, log
@@ -96,6 +106,90 @@ def test_two_node_ddp_training_of_a_template_and_merge(cluster: SlurmCluster, tm
     assert list((tmp_path / "merged").glob("*.safetensors"))
 
 
+def test_gpu_shaped_job_gives_every_rank_its_place_and_its_nodes_gpus(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """`--nodes 2 --gpus-per-node 8` without --cpu: SLURM accepts the job for the nodes' 8 GPUs each, and accelkit's
+    batch step and per-node launchers (with their GPU checks, on torch counting the GPUs SLURM gave) start 16 ranks,
+    which record what they see instead of training. The job's folder has a space in its name (#SBATCH --chdir is
+    quoted)."""
+    folder = tmp_path / "gpu job"
+    folder.mkdir()
+    shutil.copy(RECORD_RANK, folder / "record_rank.py")
+    job = write_job(folder, "--nodes", "2", "--gpus-per-node", str(GPUS_PER_NODE), "record_rank.py", "seen")
+    assert f"#SBATCH --gpus-per-node={GPUS_PER_NODE}" in job.read_text()
+    accepted = cluster.run("sbatch", "--test-only", str(job), cwd=folder)
+    assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted.stderr
+    # The fake Gres is real to the scheduler: a node shape no node has is refused.
+    bigger = cluster.run("sbatch", "--test-only", f"--gpus-per-node={GPUS_PER_NODE + 1}", str(job), cwd=folder)
+    assert bigger.returncode != 0, bigger.stderr
+
+    (folder / "seen").mkdir()
+    pythonpath = os.pathsep.join(filter(None, [str(FAKE_CUDA), str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    code, job_id, log = submit(cluster, job, env={"PYTHONPATH": pythonpath})
+    assert code == 0, log
+    assert "CPU rehearsal" not in log and "ACCELKIT_REHEARSAL" not in log  # the GPU path, not a rehearsal
+    seen = {int(path.stem.removeprefix("rank-")): json.loads(path.read_text())
+            for path in (folder / "seen").glob("rank-*.json")}
+    assert sorted(seen) == list(range(2 * GPUS_PER_NODE)), log
+    port = re.search(r"machine 0 is n1 at 127\.0\.0\.1:(\d+)", log).group(1)
+    for rank, env in seen.items():
+        machine, local = divmod(rank, GPUS_PER_NODE)
+        assert env["SLURMD_NODENAME"] == f"n{machine + 1}" and env["SLURM_NODEID"] == str(machine), env
+        assert env["GROUP_RANK"] == str(machine) and env["LOCAL_RANK"] == str(local), env
+        assert env["WORLD_SIZE"] == str(2 * GPUS_PER_NODE) and env["LOCAL_WORLD_SIZE"] == str(GPUS_PER_NODE), env
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", port), env
+        # Every rank sees its node's 8 GPUs (LOCAL_RANK picks its own), and no rank is told to use the CPU.
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(GPUS_PER_NODE))), env
+        assert env["SLURM_GPUS_ON_NODE"] == str(GPUS_PER_NODE) and env["ACCELERATE_USE_CPU"] is None, env
+    assert job_processes(cluster, job_id) == []
+
+
+SHARDED = {"fsdp": (["--backend", "fsdp"], "FSDP", "dtensor"),
+           "zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "DEEPSPEED", "zero3")}
+
+
+def test_fsdp_and_zero3_rehearsals_on_two_nodes_by_two_processes_at_once(cluster: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    """Two jobs sharing the two nodes at the same time (each takes one CPU a node): an FSDP and a DeepSpeed ZeRO-3
+    rehearsal of 2 nodes x 2 processes, each on its own port; then the shards their four ranks saved from two nodes
+    merge into one model."""
+    jobs = {}
+    for name, (backend, _, _) in SHARDED.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(PROBE, folder / "probe.py")
+        jobs[name] = write_job(folder, "--cpu", *backend, "--nodes", "2", "--gpus-per-node", "2", "probe.py",
+                               "--output", "state")
+    ids = {name: cluster.submit(job) for name, job in jobs.items()}
+    codes = {name: cluster.wait_job(job_id) for name, job_id in ids.items()}
+    logs = {name: (jobs[name].parent / f"accelkit-{job_id}.out").read_text(errors="replace")
+            for name, job_id in ids.items()}
+    assert codes == {"fsdp": 0, "zero3": 0}, logs
+    times = {name: cluster.job_fields(job_id) for name, job_id in ids.items()}
+    assert times["fsdp"]["StartTime"] <= times["zero3"]["EndTime"], times  # the jobs shared the nodes
+    assert times["zero3"]["StartTime"] <= times["fsdp"]["EndTime"], times
+    ports = {name: re.search(r"machine 0 is n1 at 127\.0\.0\.1:(\d+)", log).group(1) for name, log in logs.items()}
+    assert ports["fsdp"] != ports["zero3"], ports
+
+    merges = {name: subprocess.Popen([sys.executable, "-m", "accelkit", "merge-ckpt", str(job.parent / "state"), "-o",
+                                      str(job.parent / "merged"), "--verify"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for name, job in jobs.items()}
+    for name, (_, kind, shard) in SHARDED.items():
+        log = logs[name]
+        found = re.findall(r"PROBE rank=(\d+) world=(\d+) type=(\w+) wrapper=\w+ shard=(\w+):(\d+)/(\d+) "
+                           r"backend=(\w+)", log)
+        assert sorted(int(rank) for rank, *_ in found) == [0, 1, 2, 3], log
+        for _, world, distributed_type, layout, held, total, process_group in found:
+            assert (world, distributed_type, layout, process_group) == ("4", kind, shard, "gloo"), log
+            assert int(held) * 4 == int(total), log  # each rank holds a quarter of every parameter
+        nodes = dict(re.findall(r"PROBE done rank=(\d+) slurm_node=(\w+)", log))
+        assert nodes == {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}, log
+        out, err = merges[name].communicate(timeout=300)
+        assert merges[name].returncode == 0, err
+        assert "world size 4" in out, out
+        assert (jobs[name].parent / "merged" / "model.safetensors").is_file()
+    cluster.wait_idle()
+
+
 def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_path: Path) -> None:
     shutil.copy(PROBE, tmp_path / "probe.py")
     job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "probe.py", "--crash-rank", "1",
@@ -106,6 +200,23 @@ def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_pat
     log = (tmp_path / f"accelkit-{job_id}.out").read_text()
     cluster.wait_idle()
     assert "accelkit: the job failed: rank 1 on node n2 (machine 1) exited with status 7" in log
+    assert job_processes(cluster, job_id) == []
+
+
+def test_a_fixed_port_in_use_on_machine_zero_stops_the_job_before_any_node_starts(cluster: SlurmCluster,
+                                                                                     tmp_path: Path) -> None:
+    shutil.copy(PROBE, tmp_path / "probe.py")
+    with socket.socket() as busy:  # another job's rendezvous on machine 0 (every node is this host here)
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--main-process-port", str(port),
+                        "probe.py")
+        code, job_id, log = submit(cluster, job)
+    assert code == 1, log
+    errors = [line for line in log.splitlines() if line.startswith("Error: ")]
+    assert errors == [f"Error: port {port} is already in use on machine 0 (node n1)"], log
+    assert "Traceback" not in log and "PROBE" not in log and "srun" not in log, log
     assert job_processes(cluster, job_id) == []
 
 
@@ -194,7 +305,8 @@ def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weight
         # Sent as the job starts: the nodes repeat the request to their ranks until the script's handler takes it.
         cluster.run("scancel", "--signal=USR1", "--batch", job_id)
         deadline = time.monotonic() + 300
-        while (state := cluster.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip()):
+        # Until the job ends for good; a query that fails under load ("" state) is no answer, not the end.
+        while (state := cluster.job_fields(job_id).get("JobState", "")) in UNFINISHED:
             assert time.monotonic() < deadline, state
             if state == "PENDING":  # SLURM holds a requeued job for 120 s before it may start again: not here
                 cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")

@@ -80,4 +80,4 @@ say(f"PROBE rank={rank} world={accelerator.num_processes} type={accelerator.dist
 if args.output:
     accelerator.save_state(args.output)
 accelerator.wait_for_everyone()
-say(f"PROBE done rank={rank}")
+say(f"PROBE done rank={rank} slurm_node={os.environ.get('SLURMD_NODENAME', '-')}")

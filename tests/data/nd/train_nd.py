@@ -1,9 +1,9 @@
 """A tiny Llama trained for 3 steps under whatever layout the launcher gives (plain script: one process).
 
-argv: WORKDIR (holds base/, a saved tiny Llama). Loads the model with transformers' DistributedConfig when the layout
-has tensor parallelism, feeds each data-parallel rank its slice of one fixed global batch, saves state after step 2,
+argv: WORKDIR (holds base/, a saved tiny Llama). Loads the model split by its TP plan when the layout has tensor
+parallelism, feeds each data-parallel rank its slice of one fixed global batch, saves state after step 2,
 takes step 3, loads the state back and takes step 3 again. Rank 0 writes result.json: the data-parallel mean loss
-of every step, both step-3 losses, the mesh and whether the parameters are DTensors.
+of every step, both step-3 losses, the mesh and whether any parameter is a DTensor.
 """
 
 import json
@@ -20,10 +20,17 @@ accelerator = Accelerator()
 pc = accelerator.parallelism_config
 tp = pc.tp_size if pc else 1
 kwargs = {}
-if tp > 1:
-    from transformers.distributed import DistributedConfig
+if tp > 1:  # the installed transformers' TP loading API: DistributedConfig(tp_size) from 5.1, the mesh up to 5.0
+    import dataclasses
 
-    kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError:
+        DistributedConfig = None
+    if DistributedConfig is not None and "tp_size" in {f.name for f in dataclasses.fields(DistributedConfig)}:
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
+    else:  # transformers takes the mesh's "tp" dimension (FSDP2 x TP: Accelerate shards the rest)
+        kwargs.update(tp_plan="auto", device_mesh=accelerator.torch_device_mesh)
 model = LlamaForCausalLM.from_pretrained(work / "base", **kwargs)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 model, optimizer = accelerator.prepare(model, optimizer)
@@ -115,9 +122,9 @@ load(work / "ckpt")
 resumed = step(batches[2])
 mesh = accelerator.torch_device_mesh
 if accelerator.is_main_process:
-    param = next(model.parameters())
     (work / "result.json").write_text(json.dumps({
         "losses": losses, "resumed": resumed, "state_bytes": measured,
         "distributed_type": str(accelerator.distributed_type),
         "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)) if mesh is not None else None,
-        "dtensor": type(param).__name__ == "DTensor" or type(getattr(param, "data", None)).__name__ == "DTensor"}))
+        "dtensor": any(type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor"
+                       for p in model.parameters())}))

@@ -60,3 +60,69 @@ def test_step_counts() -> None:
         check_counts(0, 1)
     with pytest.raises(AccelkitError, match="--warmup cannot be negative"):
         check_counts(3, -1)
+
+
+# -- --layouts (issue 22, item 5) ---------------------------------------------------------------------------------
+def test_layouts_run_at_their_world_size_with_the_backend_that_composes_them() -> None:
+    layouts = spec(layouts=("dp_shard=4;dp_shard=2,tp=2", "dp-replicate=2,dp_shard_size=2", "tp=4"),
+                   num_processes=None)
+    assert layouts.world_sizes == (4,)
+    runs = layouts.runs()
+    assert [(r.layout.name, r.backend, r.num_processes) for r in runs] == [
+        ("dp_shard=4", "fsdp", 4), ("dp_shard=2,tp=2", "fsdp", 4), ("dp_replicate=2,dp_shard=2", "fsdp", 4),
+        ("tp=4", "ddp", 4)]
+    assert [r.layout.batch_replicas for r in runs] == [1, 2, 1, 4]
+    assert runs[1].layout.option_values() == {"dp_shard_size": 2, "tp_size": 2}
+    assert len({r.name for r in runs}) == 4  # a folder each
+    assert spec(layouts=("sp=2",), num_processes=None).runs()[0].backend == "deepspeed"
+    assert spec(layouts=("cp=2",), num_processes=None).runs()[0].backend == "fsdp"
+    # --backend names the backend of every layout (the rule set then judges each)
+    assert {r.backend for r in spec(layouts=("tp=2;dp_shard=2",), num_processes="2",
+                                    options=ConfigOptions(backend="fsdp")).runs()} == {"fsdp"}
+
+
+def test_strong_scaling_splits_the_global_batch_over_each_layouts_data_parallel_ranks() -> None:
+    strong = spec(layouts=("dp_shard=4;dp_shard=2,tp=2",), num_processes=None, scaling="strong", batch_arg="--bs",
+                  global_batch=16)
+    assert [r.per_device_batch for r in strong.runs()] == [4, 8]  # 4 data-parallel ranks, then 2 (tp shares)
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"layouts": ("tp=2",), "num_processes": "1,2"}, r"multiply to 2, not --num-processes 1,2"),
+    ({"layouts": ("dp_shard=2;tp=4",)}, r"dp_shard=2 is 2 processes but tp=4 is 4"),
+    ({"layouts": ("tp=2",), "comm": True}, r"--comm cannot be combined with --layouts"),
+    ({"layouts": ("tp=2",), "compare_backends": "ddp"}, r"--layouts and --compare-backends"),
+    ({"layouts": ("tp=2",), "options": ConfigOptions(cp_size=2)}, r"--layouts and --cp-size"),
+    ({"layouts": ("tp=3",), "num_processes": None, "options": ConfigOptions(num_machines=2)},
+     r"3 processes cannot be spread evenly over 2 machines"),
+    ({"layouts": ("dp_shard=2;dp_shard=1,tp=2",), "num_processes": None, "scaling": "strong", "batch_arg": "--bs",
+      "global_batch": 3}, r"global batch 3 does not split evenly"),
+    ({"min_time": float("nan")}, r"--min-time must be a finite number"),
+])
+def test_layout_refusals(overrides: dict, match: str) -> None:
+    with pytest.raises(AccelkitError, match=match) as error:
+        spec(**overrides)
+    assert error.value.hint
+
+
+def test_the_measure_longer_command_is_the_users_with_a_longer_window() -> None:
+    from accelkit.bench.rerun import longer_command
+
+    options = ("accelkit", "bench", "--cpu", "--min-time", "2", "--num-processes", "1,2", "--force")
+    assert longer_command(options, ("train.py", "--min-time", "7"), 2.0) == (
+        "accelkit bench --cpu --num-processes 1,2 --min-time 10 --force train.py --min-time 7")
+    assert longer_command(("accelkit", "bench", "--min-time=4", "--layouts", "dp_shard=2;tp=2"), ("t.py",), 4.0) == (
+        "accelkit bench --layouts 'dp_shard=2;tp=2' --min-time 20 --force t.py")
+
+
+@pytest.mark.parametrize(("argv", "script", "args", "options", "script_words"), [
+    (["bench", "--cpu", "t.py", "--x", "1"], "t.py", ("--x", "1"), ["bench", "--cpu"], ("t.py", "--x", "1")),
+    (["bench", "t.py", "--", "--x"], "t.py", ("--x",), ["bench"], ("t.py", "--", "--x")),
+    (["bench", "--cpu", "--", "t.py", "--x"], "t.py", ("--x",), ["bench", "--cpu"], ("--", "t.py", "--x")),
+    (["bench", "t.py", "--"], "t.py", (), ["bench"], ("t.py", "--")),
+    (["bench", "--comm"], None, (), ["bench", "--comm"], ()),
+])
+def test_the_command_line_splits_at_the_script(argv, script, args, options, script_words) -> None:
+    from accelkit.bench.rerun import split_command_line
+
+    assert split_command_line(argv, script, args) == (("accelkit", *options), script_words)

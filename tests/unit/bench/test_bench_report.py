@@ -77,7 +77,8 @@ def test_table_and_diagnosis(tmp_path: Path) -> None:
     lines = summary_text(make_sweep(tmp_path, waits={4: 0.08}), make_sweep(tmp_path).spec)
     assert lines[0].startswith("CPU rehearsal figures")
     header = lines[1].split()
-    assert header[:4] == ["backend", "procs", "steps", "step"] and "tokens/s" in header
+    assert header[:7] == ["backend", "procs", "steps", "window", "step", "median", "IQR"] and "tokens/s" in header
+    assert header[-1] == "noise"
     assert lines[2].split()[:3] == ["ddp", "1", "4"] and "1.00x" in lines[2]
     assert any("ddp  8 process(es): FAILED: a rank was killed by SIGKILL" in line for line in lines)
     notes = diagnosis(make_sweep(tmp_path, waits={4: 0.08}))
@@ -112,7 +113,32 @@ def test_predicted_communication_in_the_table_and_the_diagnosis(tmp_path: Path) 
     four = sweep.records[2]
     four.comm_predicted_s = 0.08
     lines = run_table(sweep)
-    assert lines[0].split()[-2:] == ["comm", "(pred.)"] and lines[3].endswith("80.0 ms (50%)")
+    assert lines[0].split()[-3:] == ["comm", "(pred.)", "noise"]
+    assert lines[3].split()[-4:] == ["80.0", "ms", "(50%)", "-"]
     assert "communication-bound" in diagnosis(sweep)[0]
     four.comm_predicted_s = 0.008
     assert "(5%" not in diagnosis(sweep)[0] and "not the interconnect" in diagnosis(sweep)[0]
+
+
+def test_a_noisy_result_is_flagged_with_the_command_that_measures_longer(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from accelkit.bench.report import noise_lines
+
+    sweep = make_sweep(tmp_path)
+    quiet = run_table(sweep)
+    assert all(line.endswith("-") for line in quiet[1:4]) and not noise_lines(sweep)
+    # the 2-process run now steps in 0.09 s where one process took 0.10: 111% efficiency
+    two = sweep.records[1]
+    two.ranks = ranks(0.09, 0.005, 8, 2)
+    two.summary = summarize(two.ranks, warmup=1)
+    sweep.spec = replace(sweep.spec, min_time=2.0, command_words=("accelkit", "bench", "--cpu", "--min-time", "2"),
+                         script_words=("train.py", "--x", "1"))
+    sweep.finish()
+    assert two.scaling.efficiency == pytest.approx(10 / 9) and two.scaling.noise == ("superlinear",)
+    row = next(line for line in run_table(sweep) if line.startswith("ddp          2"))
+    assert row.endswith("superlinear") and "111%" in row
+    lines = noise_lines(sweep)
+    assert lines[0].startswith("ddp x2: NOISE? efficiency 111% is superlinear")
+    assert lines[-1].endswith("accelkit bench --cpu --min-time 10 --force train.py --x 1")
+    assert lines[-1] in summary_text(sweep, sweep.spec)

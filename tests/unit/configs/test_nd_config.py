@@ -101,7 +101,7 @@ def test_fsdp2_tp_gap_is_named_in_one_line_with_versions_that_work(monkeypatch, 
     gap = compat.fsdp2_tp_gap()
     assert gap is not None and "\n" not in gap.message
     assert gap.message.startswith("FSDP2 x TP cannot start with accelerate ")
-    assert "ReplicateParallel" in gap.message and "transformers >=4.52,<5.1" in gap.hint
+    assert "ReplicateParallel" in gap.message and "transformers==5.0.0" in gap.hint
     files["transformers"] = old
     assert compat.fsdp2_tp_gap() is None
     # A launch stops on it; `accelkit config` (a file, maybe for another machine) only warns.
@@ -193,7 +193,7 @@ def test_path_helper_finds_files_without_importing(tmp_path):
     assert compat._package_file("no_such_package_here") is None
 
 
-def test_cpu_rehearsal_refuses_cp_and_warns_about_sp_numbers(versions_work):
+def test_cpu_rehearsal_refuses_cp_and_runs_sp(versions_work):
     from dataclasses import replace
 
     from accelkit.configs import check_rules
@@ -203,5 +203,25 @@ def test_cpu_rehearsal_refuses_cp_and_warns_about_sp_numbers(versions_work):
     assert any(f.code == "cp-on-cpu" and f.is_error for f in found)
     sp = resolve(backend="deepspeed", num_processes=2, sp_size=2)
     found = check_rules(replace(sp, use_cpu=True))
-    assert [f.code for f in found if f.code.startswith("sp-")] == ["sp-on-cpu"]
+    assert [f.code for f in found if f.code.startswith("sp-")] == []
     assert not any(f.is_error for f in found)
+
+
+def test_the_cp_refusal_is_true_of_the_installed_torch():
+    """context_parallel's ring attention covers only SDPA kernels that have no CPU implementation, and the CPU's own
+    SDPA kernel has no context-parallel rule: the reason cp-on-cpu gives."""
+    import inspect
+
+    import torch
+    from torch.distributed.tensor.experimental import context_parallel
+
+    q = torch.randn(1, 2, 8, 4)
+    kernels = {"_scaled_dot_product_flash_attention": (q, q, q, 0.0, True),
+               "_scaled_dot_product_efficient_attention": (q, q, q, None, True, 0.0, True),
+               "_scaled_dot_product_cudnn_attention": (q, q, q, None, True, 0.0, True)}
+    for name, args in kernels.items():
+        with pytest.raises(NotImplementedError, match="CPU"):
+            getattr(torch.ops.aten, name)(*args)
+    source = Path(inspect.getsourcefile(inspect.unwrap(context_parallel))).read_text()  # under @contextmanager
+    assert all(f"aten.{name}" in source for name in kernels)
+    assert "_scaled_dot_product_flash_attention_for_cpu" not in source

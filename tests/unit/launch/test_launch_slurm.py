@@ -135,3 +135,30 @@ def test_slurm_refuses_inconsistent_shapes(tmp_path, monkeypatch):
     result = runner.invoke(cli, ["launch", "--backend", "ddp", "--slurm", "j.sbatch", "--nodes", "2", str(PROBE)])
     assert result.exit_code == 1 and "--gpus-per-node" in result.stderr
     assert not list(tmp_path.iterdir())  # nothing written on error
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30", 1800), ("0:30", 30), ("04:00:00", 14400), ("2-0", 172800), ("1-2:03", 93780), ("1-2:03:04", 93784),
+    ("UNLIMITED", None), ("infinite", None), ("0", None),
+])
+def test_slurm_time_limits_read_as_sbatch_reads_them(text, seconds):
+    from accelkit.launch.slurm_values import time_limit_seconds
+
+    assert time_limit_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["abc", "1:2:3:4", "-5", "1-", "4h", "04:00:00x"])
+def test_slurm_time_limits_sbatch_would_refuse(text):
+    from accelkit.launch.slurm_values import time_limit_seconds
+
+    with pytest.raises(AccelkitError, match="is not a SLURM time limit"):
+        time_limit_seconds(text)
+
+
+def test_values_with_spaces_are_quoted_in_sbatch_lines(tmp_path, monkeypatch):
+    folder = tmp_path / "my project"
+    folder.mkdir()
+    _write(folder, monkeypatch, "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+           "--job-name", "fine tune", str(PROBE))
+    lines = (folder / "job.sbatch").read_text().splitlines()
+    assert '#SBATCH --job-name="fine tune"' in lines and f'#SBATCH --chdir="{folder}"' in lines
