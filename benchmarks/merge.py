@@ -41,8 +41,8 @@ from pathlib import Path
 
 HIDDEN = 2816  # a 2816x2816 fp32 Linear weight is 31.7 MB
 MODELS = ("linear-1gb", "llama-217m")
-NO_CHECKS = ("import sys, accelkit.merge.records as r, accelkit.merge.stream as s; r.CHECK_CRC = False; "
-             "s.SCAN_NONFINITE = False; from accelkit.cli import main; sys.argv[0] = 'accelkit'; main()")
+NO_CHECKS = ("import sys, accelkit.merge.records as r; r.CHECK_CRC = False; r.SCAN_NONFINITE = False; "
+             "from accelkit.cli import main; sys.argv[0] = 'accelkit'; main()")
 
 
 def build_model(name: str):

@@ -55,9 +55,11 @@ def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: s
     templates write). Streams in bounded memory; the output is written under a temporary name and
     renamed at the end, so a failure never leaves a partial output and the input is never modified.
     """
-    from accelkit.merge import MergeOptions, format_report, inspect_checkpoint, merge_checkpoint
+    from accelkit.merge import MergeOptions, format_report, merge_checkpoint  # light: torch only when needed
 
     if inspect_only:
+        from accelkit.merge import inspect_checkpoint
+
         click.echo(format_report(inspect_checkpoint(input_path, tag, model_index), inspect_only=True))
         return 0
     if output is None:

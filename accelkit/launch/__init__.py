@@ -6,7 +6,8 @@ The public surface (what the rest of accelkit imports; the modules below are thi
 - run_supervised(SupervisedRun) -> RunOutcome: THE way to run a job (a launch, or one plain ScriptProcess) under
   supervision: environment, probes, stall timeout, deadline and output files as parameters; status, exit code,
   stacks and the first failing rank's own error back (supervised.py); run_request: `accelkit launch`'s run;
-- SlurmOptions, write_slurm_job: the sbatch script.
+- SlurmOptions, write_slurm_job / SkyPilotOptions, write_skypilot_task / KubernetesOptions, write_trainjob:
+  the cluster targets (targets/: one typed cluster job, one renderer per scheduler).
 
 Modules, in the order a launch uses them:
 - request.py  LaunchRequest: what the user asked for (crosses into the launcher process as JSON);
@@ -19,7 +20,9 @@ Modules, in the order a launch uses them:
 - accelerate_main.py  `accelerate launch` with the failing rank's exit status;
 - supervisor.py  the Supervisor in the `accelkit` process: signals, no orphans, stall watchdog, deadline, exit status;
 - supervised.py  the supervised-run API on top of it (request in, outcome out);
-- slurm.py    the sbatch script, from a plan without per-machine values; ports.py  free and busy ports.
+- targets/    cluster jobs: SLURM, SkyPilot and Kubernetes renderings of one ClusterJob and one per-node command
+              (node.py, the node launcher they all run; slurm_job.py, SLURM's batch step);
+- ports.py    free and busy ports.
 
 Importing this package is cheap: its names load on first use (no torch, no psutil until then).
 """
@@ -44,6 +47,10 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "Stream": "supervised",
     "SupervisedRun": "supervised",
     "run_supervised": "supervised",
-    "SlurmOptions": "slurm",
-    "write_slurm_job": "slurm",
+    "SlurmOptions": "targets.slurm",
+    "write_slurm_job": "targets.slurm",
+    "SkyPilotOptions": "targets.skypilot",
+    "write_skypilot_task": "targets.skypilot",
+    "KubernetesOptions": "targets.kubernetes",
+    "write_trainjob": "targets.kubernetes",
 })

@@ -9,8 +9,10 @@ torchrun's own store cannot give them (it exists only once ranks rendezvous, and
 - that a node's watchdog found the job stalled, so every node prints its ranks' stacks before any is stopped.
 
 Standard library only (multiprocessing.managers, authenticated with a per-job key), so the light processes that
-host and read it never import torch. The first node's job process (e.g. accelkit.launch.slurm_job) hosts it and
-publishes its address as ACCELKIT_JOB_BOARD=HOST:PORT and ACCELKIT_JOB_KEY to every node.
+host and read it never import torch. The first node's job process (accelkit.launch.slurm_job) hosts it and
+publishes its address as ACCELKIT_JOB_BOARD=HOST:PORT and ACCELKIT_JOB_KEY to every node. Where no batch step runs
+before the nodes (SkyPilot, Kubernetes), machine 0's node launcher hosts it on a port the job file names, with the
+key the job file carries (accelkit.launch.node --job-board-port).
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ _BoardManager.register("board")  # the client side: a proxy to whatever the host
 class HostedBoard:
     """The board served from this process on all addresses (`port` 0: one the OS picks), until `close()`."""
 
-    def __init__(self, port: int = 0) -> None:
-        self.key = secrets.token_hex(16)
+    def __init__(self, port: int = 0, key: str | None = None) -> None:
+        self.key = key or secrets.token_hex(16)
         self.board = Board()
 
         class Manager(BaseManager):  # a class per board: register() is class-wide

@@ -10,6 +10,12 @@ the job board (accelkit.launch.job_board), when the job has one, the node
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
 - passes a save request (a preemption's warning) on to its ranks, which save a checkpoint and end;
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
+
+Under SLURM the batch step hosts the board. Where the nodes start on their own (SkyPilot, Kubernetes),
+`--job-board-port P` has machine 0 host it on port P (with $ACCELKIT_JOB_KEY from the job file) and, at the end,
+print the first failing rank of the whole job and exit with its status; `--expect-machines` and
+`--expect-processes-per-node` take the scheduler's own counts (SKYPILOT_NUM_NODES, PET_NPROC_PER_NODE, ...) and
+refuse a job whose shape is not the one the request was written for.
 """
 
 from __future__ import annotations
@@ -42,6 +48,31 @@ def node_request(request: LaunchRequest, machine_rank: int, main_process_ip: str
     options = replace(request.options, machine_rank=machine_rank, main_process_ip=main_process_ip,
                       main_process_port=port)
     return replace(request, options=options, for_cluster=False)
+
+
+BOARD_WAIT = 900.0  # seconds a node waits for machine 0's job board (torchrun's own rendezvous timeout)
+FAILURE_WAIT = 5.0  # seconds machine 0 waits, after a failure, for the node that failed first to report
+HOST_GRACE = 2.0  # seconds machine 0 keeps the board up after its own error, for the other nodes to read it
+
+
+def check_scheduler_shape(request: LaunchRequest, machines: str | None, per_node: str | None) -> None:
+    """The scheduler's node count (and processes per node, where it sets one) must be the request's: a task edited
+    by hand, or a runtime that overrides it, would otherwise wait for ranks that never come."""
+    want_machines = request.options.num_machines or 1
+    want_per_node = (request.options.num_processes or want_machines) // want_machines
+    for label, given, want, fix in (("nodes", machines, want_machines, "--num-machines"),
+                                    ("processes per node", per_node, want_per_node, "--gpus-per-node")):
+        if not given or not given.strip():
+            continue
+        try:
+            value = int(given)
+        except ValueError:
+            raise AccelkitError(f"the scheduler's {label} is {given!r}, not a number",
+                                hint="run the job file accelkit wrote as it is") from None
+        if value and value != want:
+            raise AccelkitError(f"the scheduler runs {value} {label} but the job was written for {want}",
+                                hint=f"write the job again with {fix} {value} (accelkit launch ...), rather than "
+                                     "editing its shape by hand")
 
 
 def describe_failure(record: dict, stalls: dict[str, dict] | None = None) -> str:
@@ -128,14 +159,18 @@ def _forward_save_signal(supervisor, board) -> None:
 
 
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
-             stall_timeout: float | None) -> int:
+             stall_timeout: float | None, board_wait: float = 30.0) -> int:
     from accelkit.launch.accelerate_main import FAILURE_FILE_ENV
     from accelkit.launch.preflight import check_syntax
     from accelkit.launch.supervisor import supervised
 
     request = node_request(request, machine_rank, main_process_ip, port)
     machines = request.options.num_machines or 1
-    board = job_board.connect()
+    board = job_board.connect(timeout=board_wait)
+    if board is None and os.environ.get(job_board.BOARD_ENV):
+        raise AccelkitError(f"machine {machine_rank} could not reach the job board at "
+                            f"{os.environ[job_board.BOARD_ENV]} within {board_wait:g} s",
+                            hint="check that machine 0 started and that the nodes reach each other on that port")
     check_syntax(request.target)
     if board is not None:
         from accelkit.launch.cluster_preflight import check_nodes
@@ -155,7 +190,8 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
         # A node stopped from outside (srun ending the job after another node failed, scancel) is not the cause.
         if status != 0 and board is not None and not supervisor.signals:
             record = _failure_record(status, failure_file, node, machine_rank, supervisor.stalled)
-            board.put_first(job_board.FIRST_FAILURE, record)
+            with contextlib.suppress(Exception):  # machine 0, hosting the board, may have ended already
+                board.put_first(job_board.FIRST_FAILURE, record)
         return status
     finally:
         failure_file.unlink(missing_ok=True)
@@ -168,16 +204,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--main-process-port", type=int, required=True)
     parser.add_argument("--node-name", default=None)
     parser.add_argument("--stall-timeout", type=float, default=None)
+    parser.add_argument("--job-board-port", type=int, default=None,
+                        help="machine 0 hosts the job board on this port (no batch step hosts it)")
+    parser.add_argument("--expect-machines", default=None, help="the scheduler's node count")
+    parser.add_argument("--expect-processes-per-node", default=None, help="the scheduler's processes per node")
     args = parser.parse_args(argv)
     text = os.environ.get(REQUEST_ENV)
     if not text:
         return report(AccelkitError(f"${REQUEST_ENV} is not set: this runs one node of a job that accelkit wrote",
-                                    hint="submit the job file accelkit wrote (e.g. `sbatch job.sbatch`)"))
+                                    hint="submit the job file accelkit wrote (e.g. `sbatch job.sbatch`, "
+                                         "`sky launch task.yaml`, `kubectl apply -f trainjob.yaml`)"))
     node = args.node_name or socket.gethostname()
+    hosted = None
     try:
-        return run_node(LaunchRequest.from_json(text), machine_rank=args.machine_rank,
-                        main_process_ip=args.main_process_ip, port=args.main_process_port, node=node,
-                        stall_timeout=args.stall_timeout)
+        request = LaunchRequest.from_json(text)
+        check_scheduler_shape(request, args.expect_machines, args.expect_processes_per_node)
+        board_wait = 30.0
+        if args.job_board_port is not None:
+            hosted = _host_or_find_board(args.job_board_port, args.machine_rank, args.main_process_ip)
+            board_wait = BOARD_WAIT
+        status = run_node(request, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
+                          port=args.main_process_port, node=node, stall_timeout=args.stall_timeout,
+                          board_wait=board_wait)
+        return _job_status(hosted, status) if hosted is not None else status
+    except (EOFError, ConnectionError) as lost:  # the board's host (machine 0) ended while this node used it
+        if debug_enabled():
+            raise
+        print(f"accelkit: node {node} (machine {args.machine_rank}):", file=sys.stderr, flush=True)
+        return report(AccelkitError(f"lost the job board on machine 0 ({type(lost).__name__}): machine 0 ended",
+                                    hint="machine 0's log says why"))
     except AccelkitError as error:
         if debug_enabled():
             raise
@@ -187,7 +242,45 @@ def main(argv: list[str] | None = None) -> int:
                                                       "status": error.exit_code, "stalled": False, "rank": None,
                                                       "signal": None, "message": error.message})
         print(f"accelkit: node {node} (machine {args.machine_rank}):", file=sys.stderr, flush=True)
+        if hosted is not None:
+            time.sleep(HOST_GRACE)  # the other nodes read the same findings (e.g. the preflight's) before it closes
         return report(error)
+    finally:
+        if hosted is not None:
+            hosted.close()
+
+
+def _host_or_find_board(port: int, machine_rank: int, main_process_ip: str) -> job_board.HostedBoard | None:
+    """Machine 0 hosts the job board on `port`; every node (machine 0 too) then finds it through the environment."""
+    key = os.environ.get(job_board.KEY_ENV)
+    if not key:
+        raise AccelkitError(f"--job-board-port needs ${job_board.KEY_ENV} (the job file sets it)",
+                            hint="run the job file accelkit wrote as it is")
+    hosted = None
+    if machine_rank == 0:
+        try:
+            hosted = job_board.HostedBoard(port=port, key=key)
+        except OSError as exc:
+            raise AccelkitError(f"machine 0 cannot host the job board on port {port}: {exc.strerror or exc}",
+                                hint="free the port, or write the job again with another --main-process-port "
+                                     "(the board uses the port after it)") from None
+    os.environ[job_board.BOARD_ENV] = f"{'127.0.0.1' if hosted else main_process_ip}:{port}"
+    return hosted
+
+
+def _job_status(hosted: job_board.HostedBoard, status: int) -> int:
+    """On machine 0 (the board's host): the job's status is its first failing rank's, on whichever node; one line
+    names the rank, its node and its signal (this node's own ranks fail as a consequence)."""
+    record = hosted.board.get(job_board.FIRST_FAILURE)
+    deadline = time.monotonic() + FAILURE_WAIT
+    while status != 0 and record is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        record = hosted.board.get(job_board.FIRST_FAILURE)
+    if record is None:
+        return status
+    print(f"accelkit: {describe_failure(record, hosted.board.with_prefix(STALL_PREFIX))}", file=sys.stderr,
+          flush=True)
+    return int(record["status"]) or 1
 
 
 if __name__ == "__main__":

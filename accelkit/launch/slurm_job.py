@@ -27,11 +27,12 @@ import sys
 
 from accelkit.errors import AccelkitError, debug_enabled, report
 from accelkit.launch import job_board, ports
+from accelkit.launch.targets.node_command import NodeCommand
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Each srun task expands its own rank and node name; the arguments after the program come from this process.
-NODE_PROGRAM = ('exec "$ACCELKIT_PYTHON" -m accelkit.launch.node --machine-rank "$SLURM_NODEID" '
-                '--node-name "${SLURMD_NODENAME:-$(hostname)}" "$@"')
+NODE_PROGRAM = NodeCommand(python='"$ACCELKIT_PYTHON"', machine_rank='"$SLURM_NODEID"',
+                           node_name='"${SLURMD_NODENAME:-$(hostname)}"', extra='"$@"').render()
 
 
 def _say(text: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from accelkit.errors import AccelkitError
 
 if TYPE_CHECKING:
-    from accelkit.launch.slurm import SlurmOptions
+    from accelkit.launch.targets.slurm import SlurmOptions
 
 MAX_SIGNAL_BEFORE = 65535  # SLURM's --signal=...@SECONDS takes at most this (sbatch: "Invalid --signal specification")
 # sbatch's time limit forms: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS[:MINUTES[:SECONDS]]

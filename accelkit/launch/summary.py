@@ -47,7 +47,7 @@ def describe(request: Any, config: ResolvedConfig, plan: LaunchPlan, *, port_sou
         if value not in (None, False):
             items.append(f"{flag}={value} (--{flag.replace('_', '-')})")
 
-    verb = "SLURM job for" if request.for_cluster else "launching"
+    verb = "cluster job for" if request.for_cluster else "launching"
     lines = [f"accelkit: {verb} {plan.target.describe()}: " + ", ".join(items)]
     if plan.rehearsal is not None:
         how = "with the accelkit CPU shim" if plan.bootstrap else "unpatched"

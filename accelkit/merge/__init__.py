@@ -6,7 +6,10 @@ against its shards in dcp_layout, DeepSpeed's consistency signals in deepspeed_c
 in savestate, the templates' manifest in manifest, every step counter of the folder cross-checked in counters.
 Writing: pieces mapped from the page cache (or, when cast, in two reused buffers) in stream, a streaming
 safetensors writer in writer, output layout in shards, side files and tied weights in extras, what may be replaced
-in output, the orchestration in run, and the report for people in summary.
+in output, the orchestration in pipeline, and the report for people in report; what a merge is asked and reports in
+options. The torch-free path for DCP folders stored as row blocks: restricted unpicklers in light_pickle, the layout
+proven in light_dcp, the range copies in light_run, which is also the entry point (it hands everything else to
+pipeline); the safetensors header both paths write in header.
 
 Importing this package is cheap: its names load on first use, and the first one that needs torch imports it without
 collecting garbage (see _load).
@@ -42,9 +45,9 @@ def _load(module: str) -> Any:
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "DTYPES": "pipeline",
-    "MergeOptions": "pipeline",
-    "MergeReport": "pipeline",
+    "MergeOptions": "options",
+    "MergeReport": "options",
     "inspect_checkpoint": "pipeline",
-    "merge_checkpoint": "pipeline",
+    "merge_checkpoint": "light_run",
     "format_report": "report",
 }, load=_load)

@@ -29,9 +29,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from accelkit.errors import AccelkitError
 
@@ -40,9 +38,13 @@ try:  # ISA-L's CRC-32 (the zip polynomial, carry-less multiply): several times 
 except ImportError:  # pragma: no cover - depends on the environment
     _crc32 = zlib.crc32
 
+if TYPE_CHECKING:
+    import torch
+
 _DATA_RECORD = re.compile(r"(^|/)data/\d+$")  # tensor storages; every other record is the pickle or a version
 _CHUNK = 8 * 1024 * 1024
 CHECK_CRC = True  # benchmarks/merge.py turns the checks off to measure what they cost; nothing else does
+SCAN_NONFINITE = True  # the same, for the non-finite scan of both merge paths (stream, light_run)
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +204,8 @@ class TorchArchive:
 
     @classmethod
     def _open(cls, path: Path, fd: int, start: int, length: int, safe_globals: list) -> TorchArchive:
+        import torch  # here, not at the top: the torch-free merge path (see light_run) reads records too
+
         window = _Window(fd, start, length, path)
         if not zipfile.is_zipfile(window):
             if start == 0:  # a legacy (pre-1.6) torch.save file: no zip, no checksums; load it whole

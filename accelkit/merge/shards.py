@@ -7,9 +7,12 @@ overflow the limit, a tensor larger than the limit alone in its own shard.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
-from accelkit.merge.source import TensorEntry
+
+if TYPE_CHECKING:  # the output layout is imported by the torch-free merge path too (see light_run)
+    from accelkit.merge.source import TensorEntry
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge import records
 from accelkit.merge.records import pread_into, read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
 from accelkit.merge.writer import SafetensorsWriter
 
 PIECE_BYTES = 16 * 1024 * 1024  # a multiple of every element size
-SCAN_NONFINITE = True  # benchmarks/merge.py turns the checks off to measure what they cost; nothing else does
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
 
@@ -189,7 +189,7 @@ class TensorStream:
         return cast, True
 
     def _scan(self, name: str, values: torch.Tensor, source_values: torch.Tensor, cast: bool) -> None:
-        if not (SCAN_NONFINITE and values.is_floating_point()):
+        if not (records.SCAN_NONFINITE and values.is_floating_point()):
             return
         began = time.perf_counter()
         bad = count_nonfinite(values)

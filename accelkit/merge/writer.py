@@ -9,14 +9,13 @@ are known before any byte is read, the header can be written first and the data 
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import write_error
+from accelkit.merge.header import safetensors_header
 from accelkit.merge.source import TensorEntry
 
 SAFETENSORS_DTYPES = {
@@ -28,17 +27,7 @@ SAFETENSORS_DTYPES = {
 
 
 def build_header(entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> bytes:
-    header: dict[str, object] = {}
-    if metadata:
-        header["__metadata__"] = metadata
-    offset = 0
-    for e in entries:
-        header[e.name] = {"dtype": SAFETENSORS_DTYPES[e.dtype], "shape": list(e.shape),
-                          "data_offsets": [offset, offset + e.nbytes]}
-        offset += e.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw
+    return safetensors_header(((e.name, SAFETENSORS_DTYPES[e.dtype], e.shape, e.nbytes) for e in entries), metadata)
 
 
 class SafetensorsWriter:

@@ -37,7 +37,7 @@ def command_for(writer: str, target: Path, tmp_path: Path) -> list[str]:
         "plan": ["plan", "--params", "125M", "--gpus", "2", "--gpu-memory", "24GiB", "--write-config", str(target),
                  "--force"],
         "convert": ["convert", str(script), "-o", str(target), "--force"],
-        "launch --slurm": ["launch", "--cpu", "--backend", "ddp", "--slurm", str(target), "--nodes", "2",
+        "launch --slurm": ["launch", "--cpu", "--backend", "ddp", "--slurm", str(target), "--force", "--nodes", "2",
                            "--gpus-per-node", "1", str(script)],
     }[writer]
 

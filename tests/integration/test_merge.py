@@ -66,6 +66,34 @@ def test_merge_is_bit_identical_to_the_producers_state_dict(ckpts: Path, tmp_pat
         assert f.metadata() == {"format": "pt"}
 
 
+@pytest.mark.parametrize("case", ["fsdp2-dcp", "zero2", "zero3"])
+def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path: Path, case: str) -> None:
+    """FSDP2's 2-rank DCP merges without torch, to the same bytes as the torch path; ZeRO goes to the torch path,
+    and the report says which path was taken."""
+    import shutil
+
+    from accelkit.merge import MergeOptions, merge_checkpoint, pipeline
+
+    src = ckpts / CASES[case][0]
+    if case == "fsdp2-dcp":  # without the config.json above it, which ties the tiny Llama's weights
+        src = Path(shutil.copytree(src, tmp_path / "dcp"))
+    light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False))
+    pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False))
+    assert (tmp_path / "light.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
+    taken = [note for note in light.notes if note.startswith("read with torch")]
+    other = ["read with torch: only torch DCP folders are read without torch"]
+    assert taken == ([] if case == "fsdp2-dcp" else other), light.notes
+    assert any(note.startswith("read without torch") for note in light.notes) == (case == "fsdp2-dcp")
+
+
+def test_a_config_that_ties_weights_goes_to_the_torch_path(ckpts: Path, tmp_path: Path) -> None:
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "dcp", output=tmp_path / "out", progress=False))
+    assert "config.json may tie weights (the model class says which)" in report.notes[-1]
+    assert report.dropped_aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+
+
 def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path) -> None:
     """`accelkit launch --backend fsdp --cpu` + Accelerate's save_state; merge the save_state folder itself."""
     produced = ckpts / "accelerate"
@@ -82,6 +110,7 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
     assert "optimizer_0/ agrees with itself (optimizer step 2 in all 2 rank files)" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert_bit_identical(load_output(out), load_file(produced / "expected.safetensors"))
+    assert "read with torch: an Accelerate save_state folder" in proc.stdout  # its optimizer files need torch
     # The save after the first step merges too, and holds other weights: the two saves are really two steps.
     first = load_output(merge_to(produced / "ckpt-step1", out.parent / "step1"))
     assert not torch.equal(first["model.embed_tokens.weight"], load_output(out)["model.embed_tokens.weight"])

@@ -19,8 +19,8 @@ from accelkit.launch import job_board
 from accelkit.launch.cluster_preflight import differences
 from accelkit.launch.node import describe_failure, node_request
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.slurm import REQUEST_DELIMITER
 from accelkit.launch.slurm_job import main_address
+from accelkit.launch.targets.slurm import REQUEST_DELIMITER
 
 PROBE = DATA / "launch" / "probe.py"
 

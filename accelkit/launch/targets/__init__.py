@@ -1,0 +1,13 @@
+"""Cluster targets: one typed cluster job (cluster_job.ClusterJob, made once from the launch request and the job's
+shape), rendered for each scheduler. No renderer re-derives the job's values (nodes, processes per node, GPUs, port,
+the request every node runs); each only spells them in its scheduler's format.
+
+- cluster_job.py   ClusterJob: the request for all nodes, its shape checked and its config resolved once;
+                   write_cluster_job: refuse what cannot be written, then write the job file (and its config beside);
+- node_command.py  the one per-node command every target runs (accelkit.launch.node, which is what
+                   `accelkit launch --machine-rank R` runs on a bare machine), with the scheduler's variables;
+- slurm.py         the sbatch script (its batch step: accelkit.launch.slurm_job);
+- skypilot.py      a SkyPilot task (num_nodes, resources.accelerators, setup, run);
+- kubernetes.py    a Kubeflow Trainer TrainJob (runtimeRef torch-distributed);
+- accelerators.py  the accelerator names SkyPilot knows.
+"""

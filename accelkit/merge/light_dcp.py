@@ -1,0 +1,220 @@
+"""A DCP folder read without torch, when its layout can be proven to be plain byte ranges of the output.
+
+FSDP shards every tensor by rows and DCP stores each shard as one contiguous tensor in a `torch.save` item, so the
+output tensor's bytes are its chunks' data records' bytes back to back: the merge is a sequence of range copies.
+`plan` proves that from the files, with every check `dcp_layout` makes (items tile their files exactly, no stray
+shard, each item is a zip archive whose pickle and small records pass their CRC-32, holding one tensor of the dtype
+and shape `.metadata` names, whose bytes lie inside its record, chunks cover their tensor exactly) and returns
+where every byte is. Anything it cannot prove (another layout, a storage transform, a dtype or class it does not
+know, or a check that fails) raises `Unproven`: the torch path then merges the folder, or rejects it with its own
+message. Reading `.metadata` and the items' pickles goes through light_pickle: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from accelkit.merge.light_pickle import DTYPES, DType, Refused, TensorRef, load_archive_pickle, load_metadata
+from accelkit.merge.records import Record, _crc32, _local_data_offset, _Window, pread_into
+
+METADATA_FILE = ".metadata"
+_DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+_MODEL_KEYS = ("model", "module", "state_dict")  # as dcp.DCPSource: the top-level keys a model is nested under
+
+
+class Unproven(Exception):
+    """The folder's layout could not be proven to be plain byte ranges: the torch path merges it."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """`nbytes` bytes at `start` of a data record: one chunk of a tensor, in order."""
+
+    record: Record
+    start: int
+    nbytes: int
+
+
+@dataclass
+class Tensor:
+    name: str
+    dtype: str  # torch's name: "float32", ...
+    shape: tuple[int, ...]
+    pieces: list[Piece]
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * DTYPES[self.dtype][1]
+
+
+@dataclass
+class Plan:
+    root: Path
+    tensors: list[Tensor] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # every file of the checkpoint the merge reads
+    world_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def plan(path: Path) -> Plan:
+    """Where every byte of every tensor of the DCP folder `path` is (see the module docstring)."""
+    try:
+        return _plan(path)
+    except (Refused, Unproven):
+        raise
+    except Exception as exc:  # a truncated pickle, an odd zip, a missing file: the torch path says what is wrong
+        raise Unproven(f"{type(exc).__name__}: {exc}") from None
+
+
+def _plan(path: Path) -> Plan:
+    metadata = load_metadata((path / METADATA_FILE).read_bytes())
+    items = metadata.state_dict_metadata
+    if not isinstance(items, dict):
+        raise Unproven("state_dict_metadata is not a dict")
+    tensor_fqns = [fqn for fqn, item in items.items() if type(item).__name__ == "TensorStorageMetadata"]
+    skipped = [fqn for fqn in items if fqn not in set(tensor_fqns)]
+    out = Plan(root=path)
+    names = _output_names(metadata, tensor_fqns, out.notes)
+    if skipped:
+        out.notes.append(f"skipped {len(skipped)} non-tensor entries (e.g. {skipped[0]})")
+
+    by_file: dict[str, list[tuple[int, int, object]]] = {}
+    for index, info in metadata.storage_data.items():
+        if getattr(info, "transform_descriptors", None):
+            raise Unproven("items written through storage transforms")
+        by_file.setdefault(info.relative_path, []).append((info.offset, info.length, index))
+    fds: dict[str, int] = {}
+    try:
+        for rel in sorted(by_file):
+            if not isinstance(rel, str) or "/" in rel or not _DISTCP.match(rel):
+                raise Unproven(f"storage file {rel!r}")
+            fds[rel] = os.open(path / rel, os.O_RDONLY)
+            _check_tiling(fds[rel], sorted(by_file[rel], key=lambda item: item[0]))
+            out.files.append(path / rel)
+        if any(_DISTCP.match(p.name) and p.name not in by_file for p in path.iterdir()):
+            raise Unproven("stray shards")
+        ranks = {int(m.group(1)) for rel in by_file if (m := _DISTCP.match(rel))}
+        out.world_size = (max(ranks) + 1) if ranks else None
+        storage = {(index.fqn, tuple(offset)): info for index, info in metadata.storage_data.items()
+                   if (offset := getattr(index, "offset", None)) is not None}
+        count = 0
+        for out_name, fqn in names.items():
+            item = items[fqn]
+            dtype = item.properties.dtype
+            if not isinstance(dtype, DType):
+                raise Unproven(f"dtype of {fqn}")
+            shape = tuple(item.size)
+            chunks = [_open_chunk(path, fds, storage, fqn, chunk, dtype.name, shape) for chunk in item.chunks]
+            chunks.sort(key=lambda c: c[0])
+            position = 0
+            for start_row, rows, _ in chunks:  # row blocks that follow each other and cover the tensor
+                if start_row != position:
+                    raise Unproven(f"the chunks of {fqn} do not tile it by rows")
+                position += rows
+            if position != (shape[0] if shape else 1) or (not shape and len(chunks) != 1):
+                raise Unproven(f"the chunks of {fqn} do not cover it")
+            out.tensors.append(Tensor(out_name, dtype.name, shape, [p for _, _, p in chunks if p.nbytes]))
+            count += len(chunks)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    out.files.append(path / METADATA_FILE)
+    out.checks.append(f"{METADATA_FILE} matches the shards: {len(metadata.storage_data)} items tile {len(by_file)} "
+                      f"files exactly; {count} tensor items hold the shapes and dtypes it names (pickles and record "
+                      "tables CRC-checked)")
+    return out
+
+
+def _output_names(metadata, fqns: list[str], notes: list[str]) -> dict[str, str]:
+    """Output name -> DCP fqn, as dcp.DCPSource: a state dict saved as {"model": model_sd, ...} is unnested."""
+    planner = getattr(metadata, "planner_data", None)
+    paths = {fqn: tuple(planner.get(fqn, (fqn,))) for fqn in fqns} if planner else {fqn: (fqn,) for fqn in fqns}
+    tops = {p[0] for p in paths.values() if len(p) > 1}
+    if all(len(p) > 1 for p in paths.values()) and paths:
+        top = next((k for k in _MODEL_KEYS if k in tops), None)
+        if top is not None:
+            others = sorted(tops - {top})
+            note = f'tensors are nested under "{top}"; the "{top}." prefix is dropped'
+            if others:
+                note += f" and {', '.join(others)} entries are skipped"
+            notes.append(note)
+            return {".".join(str(x) for x in p[1:]): fqn for fqn, p in paths.items() if p[0] == top}
+    return {fqn: fqn for fqn in fqns}
+
+
+def _check_tiling(fd: int, items: list[tuple[int, int, object]]) -> None:
+    position = 0
+    for offset, length, _ in items:
+        if offset != position:
+            raise Unproven("items do not tile their file")
+        position = offset + length
+    if os.fstat(fd).st_size != position:
+        raise Unproven("a shard's size differs from what .metadata describes")
+
+
+def _open_chunk(path: Path, fds: dict[str, int], storage: dict, fqn: str, chunk, dtype: str,
+                shape: tuple[int, ...]) -> tuple[int, int, Piece]:
+    """(first row, rows, the chunk's bytes) of one chunk: a block of whole rows stored as one contiguous tensor."""
+    offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+    if len(offsets) != len(shape) or len(sizes) != len(shape) or any(offsets[1:]) or sizes[1:] != shape[1:]:
+        raise Unproven(f"a chunk of {fqn} is not a block of whole rows")
+    info = storage.get((fqn, offsets))
+    if info is None:
+        raise Unproven(f"no storage for a chunk of {fqn}")
+    file = path / info.relative_path
+    fd = fds[info.relative_path]
+    tensor, record = _read_item(fd, file, info.offset, info.length)
+    if tensor.storage.dtype != dtype or tensor.shape != sizes or not tensor.is_contiguous:
+        raise Unproven(f"the item of {fqn} is not the contiguous {dtype} {list(sizes)} .metadata names")
+    itemsize = DTYPES[dtype][1]
+    start, nbytes = tensor.storage_offset * itemsize, tensor.numel * itemsize
+    if record.size != tensor.storage.numel * itemsize or start + nbytes > record.size:
+        raise Unproven(f"the item of {fqn} reaches past its record")
+    return (offsets[0] if offsets else 0), (sizes[0] if sizes else 1), Piece(record, start, nbytes)
+
+
+def _read_item(fd: int, file: Path, start: int, length: int) -> tuple[TensorRef, Record]:
+    """The one tensor of a `torch.save` item at [start, start + length) of a .distcp file, and its data record."""
+    records: dict[str, Record] = {}
+    with zipfile.ZipFile(io.BufferedReader(_Window(fd, start, length, file))) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise Unproven("a compressed record")
+            offset = _local_data_offset(fd, start + info.header_offset, file)
+            records[info.filename] = Record(file, info.filename, offset, info.file_size, info.CRC)
+    pickles = [name for name in records if name.endswith("/data.pkl")]
+    if len(pickles) != 1:
+        raise Unproven("an item without one data.pkl")
+    prefix = pickles[0][: -len("data.pkl")]
+    pickled = b""
+    for name, record in records.items():  # the pickle and version records: checked before anything trusts them
+        if name.startswith(prefix + "data/"):
+            continue
+        data = bytearray(record.size)
+        pread_into(fd, memoryview(data), record.offset, file)
+        if _crc32(data) != record.crc:
+            raise Unproven(f"CRC-32 of {name}")
+        if name == prefix + "byteorder" and bytes(data) != b"little":
+            raise Unproven("a big-endian item")
+        if name == pickles[0]:
+            pickled = bytes(data)
+    tensor = load_archive_pickle(pickled)
+    if not isinstance(tensor, TensorRef) or tensor.storage.dtype not in DTYPES:
+        raise Unproven("an item that is not one plain tensor")
+    record = records.get(f"{prefix}data/{tensor.storage.key}")
+    if record is None:
+        raise Unproven("an item whose tensor has no data record")
+    return tensor, record

@@ -1,0 +1,198 @@
+"""Reading the pickles of DCP checkpoints without torch: `.metadata` and the `data.pkl` of every `.distcp` item.
+
+Both are pickles naming torch classes. Importing torch to rebuild them costs seconds, more than merging the bytes;
+the merge only needs plain facts from them (shapes, dtypes, offsets, which storage record holds a tensor). The
+unpicklers here build light stand-ins for an explicit list of names and refuse every other global, persistent id or
+opcode target with `Refused` (a `pickle.UnpicklingError`): nothing is imported and no pickled code ever runs, so a
+crafted file's `__reduce__` payload is refused, not executed. What they refuse, the torch path (see dcp_layout,
+records) reads with its own allowlist, or rejects with its messages.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+
+class Refused(pickle.UnpicklingError):
+    """The pickle names something the light reader does not build (never imported, never called)."""
+
+
+# torch dtype name -> (safetensors code, bytes per element). Only dtypes both sides know.
+DTYPES: dict[str, tuple[str, int]] = {
+    "float64": ("F64", 8), "float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
+    "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
+    "bool": ("BOOL", 1),
+}
+# The typed storage classes torch.save names for each dtype.
+_STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+             "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+             "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
+
+
+@dataclass(frozen=True)
+class DType:
+    """A torch dtype by name (`torch.float32` -> DType("float32"))."""
+
+    name: str
+
+
+class _Record:
+    """A stand-in for a DCP metadata class: keeps the state pickle gives it, runs no code of the real class."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        elif isinstance(state, tuple) and type(self).__name__ == "TensorProperties":
+            self.dtype = state[0]  # (dtype, layout, requires_grad, memory format, pin_memory)
+        else:
+            raise Refused(f"unexpected state for {type(self).__name__}")
+
+
+# Only these DCP metadata classes are built (torch 2.2 - 2.13 write no others for tensors and bytes).
+_DCP_CLASSES = {
+    "torch.distributed.checkpoint.metadata": ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
+                                              "_MEM_FORMAT_ENCODING", "StorageMeta"),
+    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
+}
+_STAND_INS = {(module, name): type(name, (_Record,), {"__module__": module})
+              for module, names in _DCP_CLASSES.items() for name in names}
+
+
+def _size(values: Any = ()) -> tuple:
+    """torch.Size(values) as a plain tuple of ints."""
+    out = tuple(values)
+    if not all(type(v) is int for v in out):
+        raise Refused("torch.Size of non-integers")
+    return out
+
+
+def _path(*parts: Any) -> str:
+    """A pickled pathlib path (the checkpoint id DCP records) as text."""
+    if not all(isinstance(part, str) for part in parts):
+        raise Refused("a path of non-strings")
+    return "/".join(parts)
+
+
+_PATHS = {("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+          ("pathlib", "PureWindowsPath")}
+
+
+def _layout(name: Any) -> str:
+    if name != "torch.strided":
+        raise Refused(f"tensor layout {name!r}")
+    return name
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Builds what a DCP `.metadata` is made of (as `_Record` stand-ins, sizes as tuples, dtypes as `DType`)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _STAND_INS:
+            return _STAND_INS[module, name]
+        if module == "torch" and name == "Size":
+            return _size
+        if module == "torch" and name in DTYPES:
+            return DType(name)
+        if (module, name) == ("torch.serialization", "_get_layout"):
+            return _layout
+        if (module, name) in _PATHS:
+            return _path
+        raise Refused(f"{module}.{name} is not part of the DCP metadata the light reader knows")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise Refused("persistent id in DCP metadata")
+
+
+def load_metadata(data: bytes) -> Any:
+    metadata = MetadataUnpickler(io.BytesIO(data)).load()
+    if type(metadata) is not _STAND_INS["torch.distributed.checkpoint.metadata", "Metadata"]:
+        raise Refused("not DCP metadata")
+    return metadata
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """One storage of a torch.save archive: the record `data/<key>`, holding `numel` elements of `dtype`."""
+
+    key: str
+    dtype: str
+    numel: int
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor of a torch.save archive: where its elements are in which storage (no byte of it read)."""
+
+    storage: StorageRef
+    storage_offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride), strict=True):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+
+def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any = False,
+                       backward_hooks: Any = None, metadata: Any = None) -> TensorRef:
+    if not isinstance(storage, StorageRef) or type(storage_offset) is not int:
+        raise Refused("a tensor without a storage")
+    shape, strides = _size(size), _size(stride)
+    if len(shape) != len(strides) or backward_hooks or metadata:
+        raise Refused("a tensor with hooks or metadata")
+    return TensorRef(storage, storage_offset, shape, strides)
+
+
+def _ordered_dict(*args: Any) -> dict:
+    if args:
+        raise Refused("OrderedDict with arguments")
+    return {}
+
+
+class _StorageType:
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+
+
+class ArchiveUnpickler(pickle.Unpickler):
+    """Builds the `data.pkl` of a torch.save archive holding plain tensors (as `TensorRef`s); anything else is
+    refused: parameters, subclasses, quantized or sparse tensors, and every class outside this list."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _rebuild_tensor_v2
+        if (module, name) == ("collections", "OrderedDict"):
+            return _ordered_dict
+        if module == "torch" and name in _STORAGES:
+            return _StorageType(_STORAGES[name])
+        raise Refused(f"{module}.{name} in a tensor archive")
+
+    def persistent_load(self, pid: Any) -> StorageRef:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and pid[3] == "cpu"
+                and type(pid[4]) is int):
+            raise Refused("a storage that is not a plain CPU storage")
+        return StorageRef(pid[2], pid[1].dtype, pid[4])
+
+
+def load_archive_pickle(data: bytes) -> Any:
+    return ArchiveUnpickler(io.BytesIO(data)).load()

@@ -1,0 +1,386 @@
+"""The merge, without torch when it can: the entry point of `merge-ckpt`.
+
+Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
+million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
+writes; proven by light_dcp, with dcp_layout's checks), the merge is a sequence of range copies, and this module
+makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite scan): each piece of a data
+record is mapped from the page cache, its CRC-32 and the scan read it there, and the kernel copies it file to file
+(`os.copy_file_range`). The output is the same file the torch path writes, byte for byte.
+
+Everything else goes to the torch path (pipeline), which says why in the report's notes: other formats, layouts it
+cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
+RNG files are checked with torch), a config.json that may tie weights (asking the model class needs transformers),
+and any non-finite value (the torch path reports it, or writes it with --allow-nonfinite). A corrupt record found
+while copying fails here with the torch path's own message; the staged output is then removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import gc
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+from accelkit.fsio import StagedOutput, write_error
+from accelkit.merge import counters, extras, light_dcp, manifest, records
+from accelkit.merge.header import safetensors_header
+from accelkit.merge.light_pickle import DTYPES, Refused
+from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
+from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
+from accelkit.merge.records import RecordReader, pread_into, read_error
+
+READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
+SAFETENSORS_METADATA = {"format": "pt"}
+_TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+_CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+_RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
+_FAST = "read without torch: every tensor is stored as row blocks, copied file to file"
+
+
+class _TorchPath(Exception):
+    """Why this merge goes to the torch path."""
+
+
+def merge_checkpoint(opts: MergeOptions) -> MergeReport:
+    """Merge `opts.input` into `opts.output`: without torch when the layout allows it, else with the torch path."""
+    told: set[str] = set()
+    notify = opts.notify or (lambda message: None)
+
+    def notify_once(message: str) -> None:  # a merge that went to the torch path half way says nothing twice
+        if message not in told:
+            told.add(message)
+            notify(message)
+
+    opts = dataclasses.replace(opts, notify=notify_once)
+    collecting = gc.isenabled()
+    gc.disable()  # the merge makes no cycles; collections while unpickling metadata cost more than they find
+    try:
+        return _light_merge(opts)
+    except _TorchPath as why:
+        from accelkit.merge import _load
+
+        report = _load("accelkit.merge.pipeline").merge_checkpoint(opts)
+        report.notes.append(f"read with torch: {why}")
+        return report
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _light_merge(opts: MergeOptions) -> MergeReport:
+    start = time.perf_counter()
+    output = opts.output
+    if output is None or output.suffix in _TORCH_SUFFIXES:
+        raise _TorchPath("no safetensors output")
+    for asked, reason in ((opts.max_shard_size, "--max-shard-size"),
+                          (opts.tag, "--tag"), (opts.model_index is not None, "--model-index")):
+        if asked:
+            raise _TorchPath(f"{reason} was given")
+    if not (opts.input.is_dir() and (opts.input / light_dcp.METADATA_FILE).is_file()):
+        if any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
+            raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+        raise _TorchPath("only torch DCP folders are read without torch")
+    check_paths(opts.input, output, opts.force)
+    root = opts.input
+    if any(_save_state_files(folder) for folder in (root, root.parent, root.parent.parent)):
+        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+    scan = _NonFiniteScan()  # imports NumPy beside the checks
+    try:
+        found = light_dcp.plan(root)
+    except (Refused, light_dcp.Unproven) as exc:
+        raise _TorchPath(f"the layout is not plain row blocks ({exc})") from None
+    if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype] for t in found.tensors):
+        raise _TorchPath(f"--dtype {opts.dtype} casts")
+    side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
+    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
+    if config is not None and _may_tie(config):
+        raise _TorchPath(f"{config} may tie weights (the model class says which)")
+    checks = _manifest_checks(found, side_files)
+    to_file = output.suffix == ".safetensors"
+    return _write(opts, found, checks, to_file, side_folder, side_files, scan, start)
+
+
+def _names(folder: Path) -> list[str]:
+    """What a folder holds; nothing when it is not a readable folder (the torch path then says what is wrong)."""
+    try:
+        return [p.name for p in folder.iterdir()]
+    except OSError:
+        return []
+
+
+def _save_state_files(folder: Path) -> bool:
+    return any(name.startswith(_RNG_FILE) and name.endswith(".pkl") for name in _names(folder))
+
+
+def _may_tie(config: Path) -> bool:
+    """Whether transformers could tie weights for this config (as extras.tied_pairs_from_config decides first)."""
+    from accelkit import hfmodel
+
+    try:
+        raw = hfmodel.read_raw(config)
+    except AccelkitError:
+        return False
+    return "model_type" in raw and raw.get("tie_word_embeddings") is not False
+
+
+def _manifest_checks(found: light_dcp.Plan, side_files: list[Path]) -> list[str]:
+    """The manifest's checks, as the torch path makes them (a DCP folder has no step counters of its own)."""
+    checks = []
+    signed = manifest.find(found.root)
+    steps = counters.FolderCounters()
+    if signed is not None:
+        if signed.step is not None:
+            steps.taken.append(counters.Counted(float(signed.step), signed.path, "step"))
+        checks += manifest.verify(signed, [*found.files, *side_files], found.world_size)
+    agreed = counters.cross_check(steps)
+    if agreed:
+        checks.append(agreed)
+    return checks
+
+
+def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file: bool, side_folder: Path | None,
+           side_files: list[Path], scan: _NonFiniteScan, start: float) -> MergeReport:
+    output = opts.output
+    assert output is not None
+    names = [output.name] if to_file else ["model.safetensors"]
+    folder_files = [*names, *(f.name for f in side_files)]
+    metadata = dict(SAFETENSORS_METADATA)
+    if not to_file:
+        metadata[FILES_KEY] = json.dumps(folder_files)
+    header = safetensors_header(((t.name, DTYPES[t.dtype][0], t.shape, t.nbytes) for t in found.tensors), metadata)
+    data_bytes = sum(t.nbytes for t in found.tensors)
+    files = [f for f in found.files if f.is_file()]
+    dtypes: dict[str, int] = {}
+    for t in found.tensors:
+        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+    notes = [f"{opts.input.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint",
+             *found.notes]
+    report = MergeReport(
+        format_name="torch DCP (torch.distributed.checkpoint)", world_size=found.world_size, notes=notes,
+        tensors=len(found.tensors), parameters=sum(_numel(t.shape) for t in found.tensors), bytes=data_bytes,
+        dtypes=dtypes, input_files=len(files), input_bytes=sum(f.stat().st_size for f in files),
+        checks=[*found.checks, *checks], output=output, output_files=list(names))
+    report.open_seconds = time.perf_counter() - start
+    notify = opts.notify or (lambda message: None)
+    reader = RecordReader()
+    staged = StagedOutput(output, is_dir=not to_file)
+    try:
+        with staged as temp:
+            for stale in staged.stale_removed:
+                notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
+            target = temp if to_file else temp / names[0]
+            try:
+                target.touch(exist_ok=False)  # prove the target is writable before judging its free space
+            except OSError as exc:
+                raise write_error(exc, output) from None
+            check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
+                             + sum(f.stat().st_size for f in side_files), output)
+            notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
+            with _progress(data_bytes, "merge", opts.progress) as bar:
+                _copy_tensors(found, target, header, reader, scan, output, bar.update)
+            reader.finish()
+            if opts.verify:
+                with _progress(data_bytes, "verify", opts.progress) as bar:
+                    _verify(found, target, len(header), reader, bar.update)
+                report.verified = True
+            if not to_file:
+                _copy_side_files(temp, side_files, output)
+                report.copied = [f.name for f in side_files]
+                if side_files:
+                    notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
+            staged.commit()
+    finally:
+        reader.close()
+    notes.append(_FAST)
+    report.checks.append(f"CRC-32 of {format_bytes(reader.checksum_bytes)} of zip records read "
+                         f"({reader.checksum_seconds:.2f} s)" if reader.checksum_bytes
+                         else "no zip records to checksum in this format")
+    report.checks.append(f"no NaN or inf in any floating-point tensor ({scan.seconds:.2f} s)")
+    report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
+    report.seconds = time.perf_counter() - start
+    report.peak_rss_bytes = peak_rss_bytes()
+    return report
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext(_NoBar())
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: RecordReader,
+            on_bytes: Callable[[int], None]) -> None:
+    """Re-read the output and compare every byte with the input read again (what --verify promises)."""
+    expected, written = memoryview(bytearray(READ_BYTES)), memoryview(bytearray(READ_BYTES))
+    try:
+        fd = os.open(target, os.O_RDONLY)
+    except OSError as exc:
+        raise read_error(exc, target) from None
+    try:
+        offset = data_start
+        for tensor in found.tensors:
+            for piece in tensor.pieces:
+                for begin in range(0, piece.nbytes, READ_BYTES):
+                    length = min(READ_BYTES, piece.nbytes - begin)
+                    reader.peek(piece.record, piece.start + begin, expected[:length])
+                    try:
+                        pread_into(fd, written[:length], offset, target)
+                    except AccelkitError:
+                        raise AccelkitError(f"verification failed: {target.name} is shorter than planned",
+                                            hint="report this as a bug; no output was written") from None
+                    if expected[:length] != written[:length]:
+                        raise AccelkitError(f"verification failed: {tensor.name} in the output differs from the "
+                                            "source", hint="report this as a bug; no output was written")
+                    offset += length
+                    on_bytes(length)
+    finally:
+        os.close(fd)
+
+
+def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: RecordReader, scan: _NonFiniteScan,
+                  label: Path, on_bytes: Callable[[int], None]) -> None:
+    """Header, then every chunk of every tensor: read through a small reused buffer (the record's CRC-32 advances as
+    it is read, the scan runs while the bytes are in the CPU's caches), then copied file to file by the kernel.
+    Where the kernel cannot copy between these files (another file system), each buffer is written instead.
+
+    One thread: handing chunks to a writer thread measured no faster on the 2-core machine (a wake-up per hand-over
+    costs what the overlap saves), and the copy is most of the CPU time either way."""
+    buffer = memoryview(bytearray(READ_BYTES))
+    sources: dict[Path, int] = {}
+    kernel_copy: bool | None = None if hasattr(os, "copy_file_range") else False  # None: not tried yet
+    try:
+        with open(target, "r+b", buffering=0) as out:
+            _write_all(out, header, label)
+            for tensor in found.tensors:
+                floating = tensor.dtype in _FLOATS and records.SCAN_NONFINITE
+                for piece in tensor.pieces:
+                    for begin in range(0, piece.nbytes, READ_BYTES):
+                        view = buffer[:min(READ_BYTES, piece.nbytes - begin)]
+                        reader.read(piece.record, piece.start + begin, view)
+                        if floating and scan.count(view, tensor.dtype):
+                            raise _TorchPath(f"{tensor.name} holds non-finite values")
+                        if kernel_copy is False:
+                            _write_all(out, view, label)
+                    if kernel_copy is not False:
+                        path = piece.record.path
+                        if path not in sources:
+                            sources[path] = _open_source(path)
+                        kernel_copy = _kernel_copy(sources[path], out.fileno(), piece.record.offset + piece.start,
+                                                   piece.nbytes, label)
+                        if not kernel_copy:  # learnt on the first chunk: write it from user memory
+                            _write_piece(reader, piece, buffer, out, label)
+                    on_bytes(piece.nbytes)
+    except OSError as exc:
+        raise write_error(exc, label) from None
+    finally:
+        for fd in sources.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _write_piece(reader: RecordReader, piece: light_dcp.Piece, buffer: memoryview, out, label: Path) -> None:
+    """A chunk already read and checked, written again from user memory (its CRC-32 is not counted twice)."""
+    for begin in range(0, piece.nbytes, len(buffer)):
+        view = buffer[:min(len(buffer), piece.nbytes - begin)]
+        reader.peek(piece.record, piece.start + begin, view)
+        _write_all(out, view, label)
+
+
+def _open_source(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise read_error(exc, path) from None
+
+
+def _kernel_copy(src: int, dst: int, offset: int, length: int, label: Path) -> bool:
+    """Copy inside the kernel; False (nothing copied) where the file systems do not allow it."""
+    done = 0
+    while done < length:
+        try:
+            n = os.copy_file_range(src, dst, length - done, offset + done)
+        except OSError as exc:
+            if done == 0 and exc.errno in _NO_KERNEL_COPY:
+                return False
+            raise write_error(exc, label) from None
+        if n == 0:
+            raise AccelkitError("a checkpoint file became shorter while it was being merged",
+                                hint="do not modify a checkpoint while merging it")
+        done += n
+    return True
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
+
+
+def _write_all(out, data, label: Path) -> None:
+    view, done = memoryview(data), 0
+    while done < len(view):
+        try:
+            done += out.write(view[done:])
+        except OSError as exc:
+            raise write_error(exc, label) from None
+
+
+def _copy_side_files(temp: Path, side_files: list[Path], output: Path) -> None:
+    try:
+        for f in side_files:
+            shutil.copyfile(f, temp / f.name)
+    except OSError as exc:
+        if exc.filename and Path(exc.filename) in side_files:
+            raise AccelkitError(f"cannot read {exc.filename}: {exc.strerror}",
+                                hint="make the config/tokenizer files readable, or pass --config-from") from None
+        raise write_error(exc, output) from None
+
+
+class _NonFiniteScan:
+    """NaN or inf in a piece, with NumPy: a float sum is finite exactly when no NaN or inf went in, unless large
+    finite values overflow it, which an exact test then rules out. bfloat16, which NumPy lacks, is tested on its
+    exponent bits (all ones: inf or NaN). NumPy is imported on a thread while the input is being checked."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._importing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-import")
+        self._numpy = self._importing.submit(importlib.import_module, "numpy")
+        self._importing.shutdown(wait=False)
+
+    def count(self, view: memoryview, dtype: str) -> bool:
+        np = self._numpy.result()
+        began = time.perf_counter()
+        try:
+            if dtype == "bfloat16":
+                bits = np.frombuffer(view, dtype=np.uint16)
+                return bool(np.any((bits & 0x7F80) == 0x7F80))
+            values = np.frombuffer(view, dtype={"float64": np.float64, "float32": np.float32,
+                                                "float16": np.float16}[dtype])
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = values.sum(dtype=np.float64 if dtype == "float64" else np.float32)
+            return not np.isfinite(total) and not bool(np.isfinite(values).all())
+        finally:
+            self.seconds += time.perf_counter() - began

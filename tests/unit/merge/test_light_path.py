@@ -1,0 +1,153 @@
+"""The torch-free merge path: its restricted unpicklers never run pickled code, and its output is the torch path's,
+byte for byte, on DCP checkpoints torch writes (one-process saves here; FSDP2 on 2 ranks in
+tests/integration/test_merge.py)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_merge_synthetic import dcp_save, tiny_state, tree
+
+from accelkit.errors import AccelkitError
+from accelkit.merge import light_pickle, pipeline
+from accelkit.merge.light_run import merge_checkpoint
+from accelkit.merge.options import MergeOptions
+
+
+class _Payload:
+    """Unpickling this runs exec(code): what a crafted checkpoint would try."""
+
+    def __init__(self, marker: Path) -> None:
+        self.code = f"open({str(marker)!r}, 'w').write('ran')"
+
+    def __reduce__(self):
+        return exec, (self.code,)
+
+
+@pytest.mark.parametrize("load", [light_pickle.load_metadata, light_pickle.load_archive_pickle],
+                         ids=["metadata", "archive"])
+def test_a_reduce_payload_is_refused_and_never_runs(tmp_path: Path, load) -> None:
+    marker = tmp_path / "marker"
+    for payload in (_Payload(marker), {"state_dict_metadata": [_Payload(marker)]}):
+        with pytest.raises(light_pickle.Refused, match=r"\.exec "):
+            load(pickle.dumps(payload, protocol=2))
+    assert not marker.exists()
+
+
+def test_only_listed_names_are_built(tmp_path: Path) -> None:
+    """A torch name the readers do not list (here a parameter, and os.system under a torch-looking module) is
+    refused, never imported."""
+    param = pickle.dumps(torch.nn.Parameter(torch.ones(2)))
+    with pytest.raises(light_pickle.Refused, match="_rebuild_parameter"):
+        light_pickle.load_archive_pickle(param)
+    crafted = b"\x80\x02ctorch.distributed.checkpoint.metadata\nsystem\nq\x00."
+    with pytest.raises(light_pickle.Refused):
+        light_pickle.load_metadata(crafted)
+
+
+def _merge_both(src: Path, tmp_path: Path, **options) -> tuple[bytes, bytes, list[str]]:
+    light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False,
+                                          **options))
+    heavy = pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
+                                              **options))
+    assert "read without torch" not in " ".join(heavy.notes)
+    return ((tmp_path / "light.safetensors").read_bytes(), (tmp_path / "torch.safetensors").read_bytes(),
+            light.notes)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested-under-model"])
+def test_light_path_writes_the_torch_paths_bytes(tmp_path: Path, nested: bool) -> None:
+    state = tiny_state()
+    state["bf16"] = torch.randn(5, 3).to(torch.bfloat16)
+    state["scalar"] = torch.tensor(3.5)
+    state["empty"] = torch.empty(0, 4)
+    src = dcp_save({"model": state} if nested else state, tmp_path / "dcp")
+    before = tree(src)
+    light, heavy, notes = _merge_both(src, tmp_path)
+    assert light == heavy
+    assert any(note.startswith("read without torch") for note in notes), notes
+    assert tree(src) == before
+
+
+def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
+    src = dcp_save(tiny_state(), tmp_path / "run" / "dcp")
+    (tmp_path / "run" / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": false}')
+    light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "a", progress=False))
+    pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "b", progress=False))
+    assert "read without torch" in " ".join(light.notes)
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_without_kernel_copies_and_with_verify(tmp_path: Path, monkeypatch) -> None:
+    """Where the kernel cannot copy between the files (another file system), buffers are written: same bytes; and
+    --verify re-reads the output and catches a write that went wrong."""
+    from accelkit.merge import light_run
+
+    src = dcp_save(tiny_state(), tmp_path / "dcp")
+    monkeypatch.setattr(light_run, "_kernel_copy", lambda *args: False)
+    light, heavy, notes = _merge_both(src, tmp_path, verify=True)
+    assert light == heavy and "read with torch" not in " ".join(notes)
+
+    def write_zeros(reader, piece, buffer, out, label) -> None:
+        out.write(bytes(piece.nbytes))
+
+    monkeypatch.setattr(light_run, "_write_piece", write_zeros)
+    out = tmp_path / "bad" / "merged.safetensors"
+    with pytest.raises(AccelkitError, match="verification failed"):
+        merge_checkpoint(MergeOptions(input=src, output=out, verify=True, progress=False))
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("options,why", [
+    ({"dtype": "bf16"}, "--dtype bf16 casts"),
+    ({"max_shard_size": "1KB"}, "--max-shard-size was given"),
+])
+def test_what_the_light_path_does_not_do_goes_to_torch(tmp_path: Path, options: dict, why: str) -> None:
+    src = dcp_save(tiny_state(), tmp_path / "dcp")
+    out = tmp_path / ("merged" if "max_shard_size" in options else "merged.safetensors")
+    report = merge_checkpoint(MergeOptions(input=src, output=out, progress=False, **options))
+    assert f"read with torch: {why}" in report.notes
+
+
+def test_non_finite_values_are_reported_by_the_torch_path_once(tmp_path: Path) -> None:
+    state = tiny_state()
+    state["norm.weight"][3] = float("nan")
+    src = dcp_save(state, tmp_path / "dcp")
+    told: list[str] = []
+    with pytest.raises(AccelkitError, match="non-finite"):
+        merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False,
+                                      notify=told.append))
+    assert len([m for m in told if m.startswith("merging")]) == 1, told
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dcp"]
+    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False,
+                                           allow_nonfinite=True))
+    assert report.nonfinite == {"norm.weight": 1} and "read with torch" in report.notes[-1]
+
+
+def test_a_corrupt_record_fails_with_the_torch_paths_message(tmp_path: Path) -> None:
+    src = dcp_save({"w": torch.ones(64, 64)}, tmp_path / "dcp")
+    shard = next(src.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    at = data.index(torch.ones(1).numpy().tobytes() * 16)  # inside the tensor's bytes
+    data[at] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(AccelkitError, match="CRC-32 of its record"):
+        merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False))
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_the_cli_merges_dcp_without_importing_torch(tmp_path: Path) -> None:
+    src = dcp_save(tiny_state(), tmp_path / "dcp")
+    code = ("import sys; from accelkit.cli import main; sys.argv = ['accelkit', 'merge-ckpt', sys.argv[1], '-o', "
+            "sys.argv[2], '-q']\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out.safetensors")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "read without torch" in proc.stdout
