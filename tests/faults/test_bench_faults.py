@@ -47,7 +47,7 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str], match: 
     ("tp=1", [], r"--layouts: tp=1 is one process"),
     ("dp_shard=4;dp_shard=2,tp=2", ["--num-processes", "2"], r"multiply to 4, not --num-processes 2"),
     ("tp=2", ["--tp-size", "2"], r"--layouts and --tp-size both set the parallelism sizes"),
-])  # every other --layouts check: tests/unit/bench/test_bench_cli_spec.py and test_bench_layout_specs.py (in-process)
+])  # every other --layouts check: tests/unit/bench/test_bench_cli_spec.py and test_bench_layouts.py (in-process)
 def test_bad_layouts_are_refused_before_anything_starts(layouts: str, extra: list[str], match: str,
                                                         tmp_path: Path, script: Path) -> None:
     result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--layouts", layouts, *extra, str(script)],
