@@ -20,18 +20,32 @@ from __future__ import annotations
 from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "Backend": "choices",
+    # what the user asks for, and the closed sets of values
     "ConfigOptions": "options",
     "OPTION_FIELDS": "options",
     "flag_name": "options",
-    "installed_layout_gaps": "compat",
-    "Finding": "findings",
-    "ResolvedConfig": "resolved",
-    "Source": "resolved",
+    "Backend": "choices",
+    "MixedPrecision": "choices",
+    "OffloadDevice": "choices",
+    "from_accelerate": "choices",
+    # options or a file -> the typed config, and where each value came from
     "resolve_config": "resolve",
     "read_config": "reader",
-    "check_config": "files",
+    "as_bool": "reader",
+    "ResolvedConfig": "resolved",
+    "FsdpSettings": "resolved",
+    "DeepSpeedSettings": "resolved",
+    "Source": "resolved",
+    "FILE": "resolved",
+    "LABEL": "resolved",
+    # the rule set and what it finds
+    "check_rules": "rules",
+    "Finding": "findings",
+    "raise_first_error": "findings",
+    "installed_layout_gaps": "compat",
+    # files: load, check, write
     "load_config": "files",
+    "check_config": "files",
     "render_yaml": "render",
     "write_config": "render",
     "write_deepspeed_json": "render",

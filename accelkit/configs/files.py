@@ -78,7 +78,7 @@ def check_config(path: Path) -> list[Finding]:
     raw = load_yaml(path)
     resolved, found = read_config(raw, Source(FILE, str(path)))
     if resolved is not None:
-        found = found + rules.check(resolved)
+        found = found + rules.check_rules(resolved)
     return _loader_finding(path, found) + found
 
 

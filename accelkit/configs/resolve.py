@@ -4,7 +4,7 @@
     lay the given options on top                                       (_merge)
     fill every default, noting where each value came from             (_fill)
     assemble the typed config, keeping the base's other keys           (_assemble)
-    run the one rule set; errors stop here, warnings travel along      (rules.check)
+    run the one rule set; errors stop here, warnings travel along      (rules.check_rules)
     let Accelerate's own ClusterConfig accept what will be written     (_through_accelerate)
 """
 
@@ -77,7 +77,7 @@ def resolve_config(options: ConfigOptions, *, base: Mapping[str, Any] | None = N
     filled = _fill(merged, sources, keeps_json=bool(json_file) and options.deepspeed_json is None)
     resolved = _assemble(filled, layer, sources, per_machine=per_machine)
 
-    findings = rules.check(resolved, options, writes_file=not launch)
+    findings = rules.check_rules(resolved, options, writes_file=not launch)
     raise_first_error(findings, more=None)
     _through_accelerate(resolved.to_accelerate_dict())
     warnings = [*(layer.findings if layer else ()), *findings]
@@ -157,7 +157,8 @@ def _fill(m: ConfigOptions, sources: dict[str, Source], keeps_json: bool) -> Con
     backend = Backend(r.backend)
     default("num_machines", 1)
     default("machine_rank", 0)
-    default("num_processes", hardware.default_num_processes(backend.value, max(r.num_machines, 1)))
+    if r.num_processes is None:  # counting GPUs imports torch: only when the default is needed
+        default("num_processes", hardware.default_num_processes(backend.value, max(r.num_machines, 1)))
     if r.num_machines > 1:
         default("main_process_port", DEFAULT_PORT)
     if not (backend is Backend.DEEPSPEED and (r.deepspeed_json is not None or keeps_json)):  # the JSON decides

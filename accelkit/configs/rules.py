@@ -334,8 +334,8 @@ def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
         yield _finding("nd-versions", severity, gap.message, gap.hint, "tp_size" if "TP" in gap.layout else "")
 
 
-def check(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True,
-          installed_matters: bool | None = None) -> list[Finding]:
+def check_rules(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True,
+                installed_matters: bool | None = None) -> list[Finding]:
     """Every finding for `cfg`, errors in the order a user should fix them. `given`: the options the user typed
     (to name flags given for another backend); `writes_file`: the config goes to a file (`accelkit config`), where
     some settings have no key, rather than to a launch. `installed_matters`: the layout runs here, so what the

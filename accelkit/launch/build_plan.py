@@ -10,8 +10,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from accelkit.configs.choices import Backend
-from accelkit.configs.resolved import FILE, ResolvedConfig
+from accelkit.configs import FILE, Backend, ResolvedConfig
 from accelkit.errors import AccelkitError
 from accelkit.launch import ports
 from accelkit.launch.launch_plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
@@ -49,8 +48,7 @@ def check_target(target: LaunchTarget, cwd: Path | None = None) -> None:
 def resolve_request(request: LaunchRequest) -> ResolvedConfig:
     """The job's config: the options on top of --config FILE (if any). `--cpu` with several processes and no
     backend means N data-parallel CPU processes (what `accelerate launch --cpu --num_processes N` users expect)."""
-    from accelkit.configs.files import load_config
-    from accelkit.configs.resolve import resolve_config
+    from accelkit.configs import load_config, resolve_config
 
     options, labels = request.options, dict(request.source_labels)
     base = load_config(request.config_file) if request.config_file is not None else None
@@ -115,7 +113,7 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
     """Resolve everything about a launch. The config goes to `config_path`, or to a new temporary directory
     (returned as `temp_dir`). `check_hardware=False` (dry-run, SLURM) plans for another machine: no GPU,
     DeepSpeed or port checks here."""
-    from accelkit.configs.render import write_config, write_deepspeed_json
+    from accelkit.configs import write_config, write_deepspeed_json
 
     check_target(request.target)
     config = resolve_request(request)

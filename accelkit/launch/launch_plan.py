@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from accelkit.configs.choices import Backend
-from accelkit.configs.resolved import ResolvedConfig
+from accelkit.configs import Backend, ResolvedConfig
 
 # The entry point every launch runs: Accelerate's launch parser and launch function, exiting with the failing
 # rank's status (see accelerate_main.py).

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accelkit.configs.options import ConfigOptions
+from accelkit.configs import ConfigOptions
 from accelkit.launch.launch_plan import LauncherFlags, LaunchTarget
 
 

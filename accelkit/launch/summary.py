@@ -7,8 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from accelkit.configs.choices import Backend
-from accelkit.configs.resolved import ResolvedConfig
+from accelkit.configs import Backend, ResolvedConfig
 from accelkit.launch.launch_plan import LaunchPlan
 
 # (label, option name) of the values worth a word, by backend

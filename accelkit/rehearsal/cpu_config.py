@@ -3,7 +3,7 @@ into another.
 
 Pure apart from reading a DeepSpeed JSON the config points to and checking installed versions: nothing starts here.
 Everything that cannot work on CPU is refused before any process exists, by the same rule set that checks every
-config (accelkit.configs.rules: the rehearsed config runs on CPU) plus what only a rehearsal has to know.
+config (accelkit.configs.check_rules: the rehearsed config runs on CPU) plus what only a rehearsal has to know.
 """
 
 from __future__ import annotations
@@ -13,11 +13,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from accelkit.configs import rules
-from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, from_accelerate
-from accelkit.configs.findings import raise_first_error
-from accelkit.configs.reader import as_bool
-from accelkit.configs.resolved import LABEL, DeepSpeedSettings, FsdpSettings, ResolvedConfig, Source
+from accelkit.configs import (
+    LABEL,
+    Backend,
+    DeepSpeedSettings,
+    FsdpSettings,
+    MixedPrecision,
+    OffloadDevice,
+    ResolvedConfig,
+    Source,
+    as_bool,
+    check_rules,
+    from_accelerate,
+    raise_first_error,
+)
 from accelkit.errors import AccelkitError
 from accelkit.rehearsal.shim import REHEARSAL_ENV
 from accelkit.rehearsal.versions import DEEPSPEED_INSTALL_HINT, check_versions, installed_version
@@ -157,7 +166,7 @@ def rehearse(config: ResolvedConfig) -> RehearsalPlan:
         changes["deepspeed"], seen = _deepspeed(config, notes)
     rehearsed = replace(config, **changes)
     seen = replace(seen, use_cpu=True) if seen is not None else rehearsed
-    raise_first_error(rules.check(seen), more=None)
+    raise_first_error(check_rules(seen), more=None)
     check_versions(backend)
 
     env = {

@@ -58,6 +58,7 @@ def test_natural_cpu_command_is_never_refused_with_a_flag_it_did_not_give(tmp_pa
     line = result.assert_refused(r"--zero-stage is a DeepSpeed option, but the backend is cpu \(--cpu\)")
 
 
+@pytest.mark.slow  # two CLI runs that import torch and accelerate; in process: tests/unit/configs/test_config_cli.py
 def test_check_and_launch_give_one_verdict_in_the_same_words(tmp_path: Path) -> None:
     """Item 10: two machines and no main_process_ip: `config --check` and `launch --config` both refuse it, with
     the same message; `accelkit config` refuses to write it."""
@@ -98,6 +99,7 @@ def test_malformed_yaml_names_file_line_and_column(text: str, where: str, proble
     assert check.assert_refused(expected) == launch.assert_refused(expected)
 
 
+@pytest.mark.slow  # two CLI runs that import torch and accelerate
 def test_cpu_world_size_beyond_memory_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
     """`bench --cpu --num-processes 100000` used to start the ranks (load average 121 on 2 cores)."""
     script = tmp_path / "train.py"

@@ -35,9 +35,12 @@ def hostile_folder(folder: Path, marker: Path, *, nested: bool = False, model_ty
 
 @pytest.mark.parametrize("case, entry", [
     ("folder", r"auto_map AutoConfig: configuration_evil\.EvilConfig"),
-    ("config.json", r"auto_map AutoConfig: configuration_evil\.EvilConfig"),
-    ("nested", r"text_config\.auto_map AutoConfig: configuration_evil\.EvilConfig"),
-    ("native type", r"auto_map AutoConfig: configuration_evil\.EvilConfig"),  # model_type transformers knows
+    # the other cases in the slow suite: each plan imports transformers in a fresh interpreter (3 s of CPU)
+    pytest.param("config.json", r"auto_map AutoConfig: configuration_evil\.EvilConfig", marks=pytest.mark.slow),
+    pytest.param("nested", r"text_config\.auto_map AutoConfig: configuration_evil\.EvilConfig",
+                 marks=pytest.mark.slow),
+    pytest.param("native type", r"auto_map AutoConfig: configuration_evil\.EvilConfig",  # a type transformers knows
+                 marks=pytest.mark.slow),
 ])
 def test_plan_refuses_custom_code_and_never_runs_it(tmp_path: Path, case: str, entry: str) -> None:
     marker = tmp_path.parent / f"{tmp_path.name}-marker"  # outside the watched tree: looked for on its own

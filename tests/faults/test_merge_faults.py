@@ -399,6 +399,7 @@ def test_input_inside_the_output_even_with_force(ckpts: Path, tmp_path: Path) ->
     refused(tmp_path, src, "--force", match="is inside the output", out=tmp_path / "in")
 
 
+@pytest.mark.slow  # two merges that import torch; in process: tests/unit/merge/test_merge_synthetic.py
 def test_unknown_layout_and_missing_input(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "notes.txt").write_text("not a checkpoint")

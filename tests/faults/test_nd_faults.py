@@ -24,6 +24,7 @@ def test_launch_refuses_a_layout_before_any_rank_starts(flags: list[str], words:
     result.assert_refused(words)
 
 
+@pytest.mark.slow  # two CLI runs importing torch and accelerate; the rule itself: tests/unit/configs/test_nd_config.py
 def test_check_and_launch_refuse_tp_across_machines_in_the_same_words(tmp_path: Path) -> None:
     config = tmp_path / "tp16.yaml"
     config.write_text("distributed_type: FSDP\nnum_processes: 16\nnum_machines: 2\nmachine_rank: 0\n"

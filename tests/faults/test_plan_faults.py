@@ -54,6 +54,8 @@ def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str], m
     run_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path).assert_refused(match)
 
 
+# in process in the fast loop: tests/unit/plan/test_plan_cli.py
+@pytest.mark.slow  # builds the model with transformers in a fresh interpreter (3-4 s of CPU)
 @pytest.mark.parametrize("args, match, hint", [
     (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--strategy", "fsdp-hybrid"],
      r"needs --num-machines 2 or more", "fsdp-full"),
@@ -91,6 +93,7 @@ def test_an_existing_config_is_not_overwritten(tmp_path: Path) -> None:
     assert target.read_text() == "mine\n"
 
 
+@pytest.mark.slow  # builds the model with transformers in a fresh interpreter (3-4 s of CPU)
 def test_a_read_only_folder_names_the_cause(tmp_path: Path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -135,6 +138,8 @@ def test_a_gpu_count_that_is_not_a_whole_number_is_a_usage_error(tmp_path: Path)
     result.assert_refused(r"'1e11' is not a valid integer", exit_code=2, hint=False)
 
 
+# in process in the fast loop: tests/unit/plan/test_plan_cli.py
+@pytest.mark.slow  # builds the model with transformers in a fresh interpreter (3-4 s of CPU)
 @pytest.mark.parametrize("config, args, match, hint", [
     ({"model_type": "llama"}, [], r"gives none of hidden_size, num_hidden_layers, num_attention_heads, vocab_size: "
                                   r"transformers would fill them with LlamaConfig's defaults", "--params"),
@@ -158,6 +163,7 @@ def test_configs_that_would_plan_the_wrong_model(tmp_path: Path, config: dict, a
     assert hint in result.stderr and "Strict" not in line and "Error:" not in line[len("Error:"):]
 
 
+@pytest.mark.slow  # builds the model with transformers in a fresh interpreter (3-4 s of CPU)
 @pytest.mark.parametrize("template", ["seq-classification", "image-classification"])
 def test_planning_a_project_loads_no_data_set_and_leaves_no_folder(tmp_path: Path, template: str) -> None:
     """The project's model needs its labels (and words), not the datasets machinery: no cache written under
@@ -177,6 +183,7 @@ def test_planning_a_project_loads_no_data_set_and_leaves_no_folder(tmp_path: Pat
     assert list(temp.iterdir()) == []
 
 
+@pytest.mark.slow  # builds the model with transformers in a fresh interpreter (3-4 s of CPU)
 def test_a_project_whose_data_is_on_the_hub_is_not_downloaded(tmp_path: Path) -> None:
     from accelkit.scaffold import init_project
 

@@ -29,6 +29,40 @@ def run_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, str] 
     return proc
 
 
+def invoke_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+                    check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `accelkit ARGS` in this process, through the console entry point `accelkit.cli.main` (its one-line errors
+    and exit codes), and capture its output as `run_accelkit` does: for tests about what one command prints, writes
+    and exits with, without paying a Python and torch start-up per call. Tests of what only a real process shows
+    (a traceback on the real stderr, signals, `python -m`) use `run_accelkit`."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from accelkit.cli import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # main() installs its own
+    here = os.getcwd()
+    code: int | str | None = 0
+    try:
+        with CliRunner().isolation(env=env) as (out, err, _):
+            os.chdir(cwd or here)
+            try:
+                main(list(args))
+            except SystemExit as stop:
+                code = stop.code
+            stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    finally:
+        os.chdir(here)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    proc = subprocess.CompletedProcess(["accelkit", *args], returncode, stdout, stderr)
+    if check and returncode != 0:
+        raise AssertionError(f"accelkit {' '.join(args)} exited {returncode}\n{stdout}\n{stderr}")
+    return proc
+
+
 def tree_hash(path: Path) -> dict[str, str]:
     """sha256 of every file under path (or of path itself), to prove an input was not modified."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())

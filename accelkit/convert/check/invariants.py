@@ -11,8 +11,10 @@ before each evaluation pass (see probe.py), so the numbers it prints are the one
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from accelkit.convert.check.probe_metrics import NUMBER
@@ -129,19 +131,22 @@ def _step_label(step: Step, manual: bool) -> str:
 
 
 # -- learning rates equal to the original's at the same point of training ---------------------------------------
-def _both(runs: Runs) -> tuple[Record, Record] | None:
-    """The original's record and rank 0's, when both runs recorded something."""
-    if runs.original is None or not runs.converted:
-        return None
-    return runs.original, runs.converted[0]
+def _on_both_runs(name: str) -> Callable[[Callable[[Runs, Record, Record], Verdict]], Callable[[Runs], Verdict]]:
+    """An invariant over the original's record and rank 0's (`check(runs, original, rank0)`), skipped when a run
+    recorded nothing."""
+    def wrap(check: Callable[[Runs, Record, Record], Verdict]) -> Callable[[Runs], Verdict]:
+        @functools.wraps(check)
+        def verdict(runs: Runs) -> Verdict:
+            if runs.original is None or not runs.converted:
+                return Verdict(name, SKIP, "a run recorded nothing")
+            return check(runs, runs.original, runs.converted[0])
+        return verdict
+    return wrap
 
 
-def learning_rates(runs: Runs) -> Verdict:
+@_on_both_runs("lr")
+def learning_rates(runs: Runs, original: Record, rank0: Record) -> Verdict:
     name = "lr"
-    both = _both(runs)
-    if both is None:
-        return Verdict(name, SKIP, "a run recorded nothing")
-    original, rank0 = both
     ours = [s for s in rank0.steps if s.optimizer >= 0]
     theirs = [s for s in original.steps if s.optimizer >= 0]
     if not rank0.steps:
@@ -348,12 +353,9 @@ def _fingerprints(runs: Runs) -> Verdict:
 
 
 # -- metrics equal to the one-process value ---------------------------------------------------------------------
-def metrics(runs: Runs) -> Verdict:
+@_on_both_runs("metrics")
+def metrics(runs: Runs, original: Record, rank0: Record) -> Verdict:
     name = "metrics"
-    both = _both(runs)
-    if both is None:
-        return Verdict(name, SKIP, "a run recorded nothing")
-    original, rank0 = both
     evaluations = [p for p in rank0.passes if p.complete and not p.steps and p.batches]
     if not evaluations:
         return _no_evaluation(runs, rank0)

@@ -21,6 +21,7 @@ number, so both print their metrics for the same model and the numbers can be co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -377,11 +378,8 @@ def owners(params: list) -> list[str]:
     return found
 
 
-_PROBE: CheckProbe | None = None
-
-
-def install() -> None:
-    global _PROBE
-    if _PROBE is None:
-        _PROBE = CheckProbe()
-        _PROBE.install()
+@functools.cache  # one probe per rank, however often the bootstrap asks
+def install() -> CheckProbe:
+    probe = CheckProbe()
+    probe.install()
+    return probe

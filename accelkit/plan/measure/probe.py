@@ -13,6 +13,7 @@ the step clock stops every rank cleanly after the first step.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import weakref
@@ -211,11 +212,8 @@ def _cuda_peak() -> dict[str, int]:
             "cuda_allocated": int(torch.cuda.memory_allocated())}
 
 
-_PROBE: PlanProbe | None = None
-
-
-def install() -> None:
-    global _PROBE
-    if _PROBE is None:
-        _PROBE = PlanProbe()
-        _PROBE.install()
+@functools.cache  # one probe per rank, however often the bootstrap asks
+def install() -> PlanProbe:
+    probe = PlanProbe()
+    probe.install()
+    return probe

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import yaml
-from helpers import REPO_ROOT, run_accelkit
+from helpers import REPO_ROOT, invoke_accelkit
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 TEMPLATES = ("causal-lm", "image-classification", "minimal", "seq-classification")
@@ -22,7 +22,7 @@ def tree(directory: Path) -> dict[str, bytes]:
 
 
 def test_list_shows_every_template_with_its_docstring() -> None:
-    proc = run_accelkit("init", "--list", check=True)
+    proc = invoke_accelkit("init", "--list", check=True)
     lines = proc.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines] == list(TEMPLATES)
     for name, line in zip(TEMPLATES, lines, strict=True):
@@ -31,7 +31,7 @@ def test_list_shows_every_template_with_its_docstring() -> None:
 
 def test_init_copies_template_and_writes_config_and_readme(tmp_path: Path) -> None:
     project = tmp_path / "my-run"
-    proc = run_accelkit("init", str(project), "--template", "causal-lm", "--backend", "fsdp", "--num-processes", "4",
+    proc = invoke_accelkit("init", str(project), "--template", "causal-lm", "--backend", "fsdp", "--num-processes", "4",
                         check=True)
     # The template is copied as it is (train.py, its README, its data), plus the config and the project README.
     template_files = tree(TEMPLATES_DIR / "causal-lm")
@@ -43,7 +43,7 @@ def test_init_copies_template_and_writes_config_and_readme(tmp_path: Path) -> No
 
     config = yaml.safe_load((project / "accelerate_config.yaml").read_text())
     assert config["distributed_type"] == "FSDP" and config["num_processes"] == 4
-    check = run_accelkit("config", "--check", str(project / "accelerate_config.yaml"))
+    check = invoke_accelkit("config", "--check", str(project / "accelerate_config.yaml"))
     assert check.returncode == 0, check.stderr
 
     readme = (project / "README.md").read_text()
@@ -60,12 +60,12 @@ def test_init_refuses_non_empty_directory_without_force(tmp_path: Path) -> None:
     project = tmp_path / "busy"
     project.mkdir()
     (project / "train.py").write_text("# my own work\n")
-    proc = run_accelkit("init", str(project), "--template", "minimal")
+    proc = invoke_accelkit("init", str(project), "--template", "minimal")
     assert proc.returncode == 1
     assert "is not empty" in proc.stderr and "--force" in proc.stderr
     assert tree(project) == {"train.py": b"# my own work\n"}  # untouched
 
-    forced = run_accelkit("init", str(project), "--template", "minimal", "--force", "--backend", "deepspeed")
+    forced = invoke_accelkit("init", str(project), "--template", "minimal", "--force", "--backend", "deepspeed")
     assert forced.returncode == 0, forced.stderr
     assert (project / "train.py").read_bytes() == (TEMPLATES_DIR / "minimal" / "train.py").read_bytes()
     assert yaml.safe_load((project / "accelerate_config.yaml").read_text())["distributed_type"] == "DEEPSPEED"
@@ -74,13 +74,13 @@ def test_init_refuses_non_empty_directory_without_force(tmp_path: Path) -> None:
 def test_init_into_existing_empty_directory(tmp_path: Path) -> None:
     project = tmp_path / "empty"
     project.mkdir()
-    run_accelkit("init", str(project), "--template", "seq-classification", check=True)
+    invoke_accelkit("init", str(project), "--template", "seq-classification", check=True)
     assert (project / "data" / "train.csv").is_file()
     assert yaml.safe_load((project / "accelerate_config.yaml").read_text())["distributed_type"] == "MULTI_GPU"
 
 
 def test_unknown_template_lists_the_available_ones_and_writes_nothing(tmp_path: Path) -> None:
-    proc = run_accelkit("init", str(tmp_path / "x"), "--template", "gpt5")
+    proc = invoke_accelkit("init", str(tmp_path / "x"), "--template", "gpt5")
     assert proc.returncode == 1
     assert "unknown template `gpt5`" in proc.stderr
     for name in TEMPLATES:
@@ -89,13 +89,13 @@ def test_unknown_template_lists_the_available_ones_and_writes_nothing(tmp_path: 
 
 
 def test_bad_config_leaves_no_directory(tmp_path: Path) -> None:
-    proc = run_accelkit("init", str(tmp_path / "x"), "--template", "minimal", "--backend", "single",
+    proc = invoke_accelkit("init", str(tmp_path / "x"), "--template", "minimal", "--backend", "single",
                         "--num-processes", "4")
     assert proc.returncode == 1 and proc.stderr.startswith("Error:")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_template_option_is_explained(tmp_path: Path) -> None:
-    proc = run_accelkit("init", str(tmp_path / "x"))
+    proc = invoke_accelkit("init", str(tmp_path / "x"))
     assert proc.returncode == 1 and "--template" in proc.stderr
     assert list(tmp_path.iterdir()) == []

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import accelkit
 
-CLOSED = ("accelkit.launch", "accelkit.bench", "accelkit.convert", "accelkit.merge", "accelkit.plan", "accelkit.ranks",
-          "accelkit.ranks.probes", "accelkit.rehearsal")
+CLOSED = ("accelkit.launch", "accelkit.bench", "accelkit.configs", "accelkit.convert", "accelkit.merge",
+          "accelkit.plan", "accelkit.ranks", "accelkit.ranks.probes", "accelkit.rehearsal")
 ROOT = Path(accelkit.__file__).parent
 
 

@@ -196,13 +196,13 @@ def test_path_helper_finds_files_without_importing(tmp_path):
 def test_cpu_rehearsal_refuses_cp_and_runs_sp(versions_work):
     from dataclasses import replace
 
-    from accelkit.configs import rules
+    from accelkit.configs import check_rules
 
     cp = resolve(backend="fsdp", num_processes=4, cp_size=2)
-    found = rules.check(replace(cp, use_cpu=True))
+    found = check_rules(replace(cp, use_cpu=True))
     assert any(f.code == "cp-on-cpu" and f.is_error for f in found)
     sp = resolve(backend="deepspeed", num_processes=2, sp_size=2)
-    found = rules.check(replace(sp, use_cpu=True))
+    found = check_rules(replace(sp, use_cpu=True))
     assert [f.code for f in found if f.code.startswith("sp-")] == []
     assert not any(f.is_error for f in found)
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import DATA, run_accelkit
+from helpers import DATA, invoke_accelkit
 
 from accelkit.convert import ConvertOptions, convert_source
 from accelkit.errors import AccelkitError
@@ -199,42 +199,42 @@ def script(tmp_path: Path) -> Path:
 
 def test_cli_writes_default_output_and_refuses_to_overwrite(script: Path) -> None:
     original = script.read_text()
-    proc = run_accelkit("convert", str(script), check=True)
+    proc = invoke_accelkit("convert", str(script), check=True)
     out = script.with_name("train_accelerate.py")
     assert out.read_text() == (GOLDEN / "lbfgs.py").read_text()
     assert "accelerator.backward(loss)" in proc.stdout and "Wrote" in proc.stdout
-    proc = run_accelkit("convert", str(script))
+    proc = invoke_accelkit("convert", str(script))
     assert proc.returncode == 1 and "already exists" in proc.stderr and "--force" in proc.stderr
-    assert run_accelkit("convert", str(script), "--force").returncode == 0
+    assert invoke_accelkit("convert", str(script), "--force").returncode == 0
     assert script.read_text() == original
 
 
 def test_cli_diff_check_in_place(script: Path) -> None:
     original = script.read_text()
-    proc = run_accelkit("convert", str(script), "--diff", check=True)
+    proc = invoke_accelkit("convert", str(script), "--diff", check=True)
     assert "+from accelerate import Accelerator" in proc.stdout and "-    model.to(device)" in proc.stdout
     assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
     # CI use (was `--check` before --check meant running the conversion): exit 1 when there is something to do
-    assert run_accelkit("convert", str(script), "--diff", "--exit-code").returncode == 1
+    assert invoke_accelkit("convert", str(script), "--diff", "--exit-code").returncode == 1
     assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
-    run_accelkit("convert", str(script), "--in-place", check=True)
+    invoke_accelkit("convert", str(script), "--in-place", check=True)
     assert script.with_name("train.py.bak").read_text() == original
     assert "Accelerator()" in script.read_text()
-    proc = run_accelkit("convert", str(script), "--diff", "--exit-code")
+    proc = invoke_accelkit("convert", str(script), "--diff", "--exit-code")
     assert proc.returncode == 0 and "already uses Accelerate" in proc.stderr
-    assert run_accelkit("convert", str(script), "--exit-code").returncode == 2  # only with --diff
-    proc = run_accelkit("convert", str(script), "--diff", "-o", "x.py")
+    assert invoke_accelkit("convert", str(script), "--exit-code").returncode == 2  # only with --diff
+    proc = invoke_accelkit("convert", str(script), "--diff", "-o", "x.py")
     assert proc.returncode == 2
 
 
 def test_cli_reports_syntax_errors_and_refusals(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f(:\n    pass\n")
-    proc = run_accelkit("convert", str(bad))
+    proc = invoke_accelkit("convert", str(bad))
     assert proc.returncode == 1 and "bad.py:1:7: syntax error" in proc.stderr and "Traceback" not in proc.stderr
     ddp = tmp_path / "ddp.py"
     ddp.write_text("import torch.multiprocessing as mp\nmp.spawn(print, nprocs=2)\n")
-    proc = run_accelkit("convert", str(ddp))
+    proc = invoke_accelkit("convert", str(ddp))
     assert proc.returncode == 1 and "already does distributed training" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py", "ddp.py"]
 

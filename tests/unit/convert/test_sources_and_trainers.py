@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import DATA, run_accelkit
+from helpers import DATA, invoke_accelkit
 
 from accelkit.convert import convert_source
 
@@ -122,7 +122,7 @@ def test_the_cli_prints_one_line_writes_nothing_and_exits_0(tmp_path: Path) -> N
     script = tmp_path / "hf_trainer.py"
     script.write_text((DATA / "convert" / "trainers" / "hf_trainer.py").read_text())
     before = sorted(p.name for p in tmp_path.iterdir())
-    result = run_accelkit("convert", str(script), cwd=tmp_path)
+    result = invoke_accelkit("convert", str(script), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().count("\n") == 0
     assert "transformers' `Trainer` (line 24), which already runs on Accelerate" in result.stdout

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import DATA, run_accelkit
+from helpers import DATA, invoke_accelkit, run_accelkit
 
 from accelkit.configs.reader import read_config
 from accelkit.errors import AccelkitError
@@ -212,14 +212,14 @@ def _make_package(tmp_path: Path) -> Path:
 
 # -- errors before anything starts -----------------------------------------------------------------------------------
 def test_missing_script_is_one_line_error_before_anything_starts(tmp_path):
-    proc = run_accelkit("launch", "--cpu", "--backend", "ddp", "missing.py", cwd=tmp_path)
+    proc = invoke_accelkit("launch", "--cpu", "--backend", "ddp", "missing.py", cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.startswith("Error: script not found: missing.py")
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []
 
 
 def test_gpu_backend_without_gpus_fails_fast_suggesting_cpu(tmp_path):
-    proc = run_accelkit("launch", "--backend", "fsdp", "--num-processes", "2", str(PROBE))
+    proc = run_accelkit("launch", "--backend", "fsdp", "--num-processes", "2", str(PROBE))  # a real process
     assert proc.returncode == 1
     assert "Error: --backend fsdp runs on GPUs, and this machine has none" in proc.stderr
     assert "--cpu" in proc.stderr and "PROBE" not in proc.stdout

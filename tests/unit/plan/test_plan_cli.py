@@ -130,3 +130,46 @@ def test_custom_code_is_found_at_any_depth_and_named() -> None:
         "vision_config.text.auto_map AutoModel: m.M"
     error = ValueError("Validation error for field 'x':\n    TypeError: Field 'x' expected int, got str")
     assert describe(error) == "Field 'x' expected int, got str"
+
+
+MEMORY = ["--gpu-memory", "80GB", "--gpus", "1"]
+
+
+@pytest.mark.parametrize("args, config, match, hint", [
+    (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--strategy", "fsdp-hybrid"], None,
+     r"needs --num-machines 2 or more", "fsdp-full"),
+    (["--params", "7B", *MEMORY, "--strategy", "zero2"], None, r"ZeRO-2 on 1 GPU shards nothing .* no memory saved",
+     "zero3-offload"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--gpus", "4", "--micro-batch", "2", "--global-batch", "20"], None,
+     r"--global-batch 20 is not a whole number of steps of 8 samples .* accumulation would be 2\.5", "16 or 24"),
+    (MEMORY, {"model_type": "llama"}, r"gives none of hidden_size, num_hidden_layers, num_attention_heads, "
+                                      r"vocab_size: transformers would fill them with LlamaConfig's defaults",
+     "--params"),
+    ([*MEMORY, "--seq-len", "256"],
+     {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 300, "n_positions": 128},
+     r"--seq-len 256 is beyond the model's max_position_embeddings 128", "--seq-len 128"),
+    (MEMORY, {"model_type": "llama", "hidden_size": "big"},
+     r"config.json: Field 'hidden_size' expected int, got str \(value: 'big'\)$", "fix that field"),
+    (MEMORY, {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 7},
+     r"The hidden size \(64\) is not a multiple of the number of attention heads \(7\)", "fix that field"),
+], ids=["hybrid-on-one-node", "zero2-on-one-gpu", "uneven-global-batch", "no-sizes", "seq-len", "field-type",
+        "heads"])
+def test_refusals_that_need_the_model_in_process(tmp_path: Path, args: list[str], config: dict | None, match: str,
+                                                  hint: str) -> None:
+    """The refusals that come after the model is built, through main() in this process (the fast loop); the same
+    cases as real processes under the whole fault contract: tests/faults/test_plan_faults.py (slow: each builds
+    the model with transformers in a fresh interpreter)."""
+    import re
+
+    from helpers import invoke_accelkit
+
+    if config is not None:
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+        args = [str(tmp_path / "model"), *args]
+    before = sorted(tmp_path.rglob("*"))
+    result = invoke_accelkit("plan", *args, cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.returncode == 1 and len(errors) == 1 and re.search(match, errors[0]), result.stderr
+    assert hint in result.stderr and "Traceback" not in result.stderr
+    assert sorted(tmp_path.rglob("*")) == before
