@@ -1,13 +1,19 @@
 """What this machine has: GPUs (count, memory of the smallest, name), CPU cores this process may use, RAM.
 
 The one place accelkit asks torch about devices, so `config`, `launch`, `bench` and `plan` count the same GPUs.
-torch is imported only when a question is actually asked; a broken CUDA install counts as no GPU.
+torch is imported only when a question is actually asked, and not at all on a machine without a GPU driver (importing
+torch costs about a second of CPU, more than writing a config); a broken CUDA install counts as no GPU.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass
+
+# Device nodes a GPU driver creates, also inside containers given GPUs (the NVIDIA container toolkit mounts them):
+# NVIDIA, AMD ROCm (which torch.cuda also reports), WSL's GPU paravirtualization.
+_DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg", "/proc/driver/nvidia")
 
 
 @dataclass(frozen=True)
@@ -17,8 +23,15 @@ class LocalGpus:
     name: str | None
 
 
+def gpu_driver_present() -> bool:
+    """Whether this machine could have a GPU torch sees: no driver node, no GPU (and no need to import torch)."""
+    return any(glob.glob(pattern) for pattern in _DRIVER_NODES)
+
+
 def gpu_count() -> int:
     """CUDA devices this process can see (CUDA_VISIBLE_DEVICES applies)."""
+    if not gpu_driver_present():
+        return 0
     try:
         import torch
 
@@ -28,6 +41,8 @@ def gpu_count() -> int:
 
 
 def local_gpus() -> LocalGpus:
+    if not gpu_driver_present():
+        return LocalGpus(0, None, None)
     try:
         import torch
 
