@@ -1,7 +1,7 @@
 """Read-only view of the parsed script: parents, positions and qualified names of nodes.
 
-One traversal records every node and its parent; qualified names come from the script's own import statements
-(`import torch.optim as optim` makes `optim.SGD` mean `torch.optim.SGD`). That is what libcst's
+One code generation pass records every node, its parent and its line; qualified names come from the script's own
+import statements (`import torch.optim as optim` makes `optim.SGD` mean `torch.optim.SGD`). That is what libcst's
 QualifiedNameProvider computes too, but it resolves every name of every scope and costs several times the parse;
 scripts that shadow an imported name locally are rare enough to accept the difference.
 """
@@ -21,19 +21,20 @@ class Context:
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self._lines: dict[cst.CSTNode, int] | None = None
         self._code: dict[int, str] = {}
-        collector = _Indexer()
-        self.module.visit(collector)
-        self.nodes: list[cst.CSTNode] = collector.nodes
-        self._parents = collector.parents
-        self._aliases = collector.aliases
-        self._bound = collector.bound
+        # One code generation pass indexes the tree: it walks every node in source order without rebuilding any (a
+        # visitor's traversal rebuilds every node, about a third of a conversion's time) and counts lines on the way.
+        state = _IndexState(default_indent=module.default_indent, default_newline=module.default_newline)
+        module._codegen(state)
+        self.nodes: list[cst.CSTNode] = state.nodes
+        self._parents = state.parents
+        self._lines: dict[cst.CSTNode, int] = state.lines
         self._index = {id(node): i for i, node in enumerate(self.nodes)}
-        self._ends = collector.ends
+        self._ends = state.ends
         self._by_class: dict[type, list[cst.CSTNode]] = {}
         for node in self.nodes:
             self._by_class.setdefault(type(node), []).append(node)
+        self._aliases, self._bound = _imported_and_defined(self.nodes)
 
     # --- navigation -------------------------------------------------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -64,10 +65,6 @@ class Context:
 
     def line(self, node: cst.CSTNode) -> int:
         """1-based line where `node` starts (a statement: its first code line, not the comments above it)."""
-        if self._lines is None:
-            state = _LineState(default_indent=self.module.default_indent, default_newline=self.module.default_newline)
-            self.module._codegen(state)
-            self._lines = state.lines
         found = self._lines.get(node)
         if found is not None:
             return found
@@ -171,20 +168,29 @@ class Context:
 
 
 @dataclass
-class _LineState(CodegenState):
-    """Code generation that only counts lines and notes where small statements and expressions start.
+class _IndexState(CodegenState):
+    """Code generation that emits nothing but indexes the tree: every node in source order, its parent, where its
+    subtree ends, and the start line of small statements and expressions.
 
     libcst's PositionProvider records full start/end ranges of every node, which costs about as much as parsing;
     the report needs only start lines of a few nodes."""
 
     line: int = 1
     lines: dict = field(default_factory=dict)
+    nodes: list = field(default_factory=list)
+    parents: dict = field(default_factory=dict)
+    ends: list = field(default_factory=list)  # ends[i]: index just past the last descendant of nodes[i]
+    _stack: list = field(default_factory=list)  # indices of the nodes being generated
 
     def add_token(self, value: str) -> None:
-        self.tokens.append(value)
         self.line += value.count("\n")
 
     def before_codegen(self, node: cst.CSTNode) -> None:
+        if self._stack:
+            self.parents[node] = self.nodes[self._stack[-1]]
+        self._stack.append(len(self.nodes))
+        self.nodes.append(node)
+        self.ends.append(0)
         cls = type(node)
         wanted = _LINE_CLASSES.get(cls)
         if wanted is None:
@@ -192,54 +198,38 @@ class _LineState(CodegenState):
         if wanted:
             self.lines[node] = self.line
 
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        self.ends[self._stack.pop()] = len(self.nodes)
+
 
 _LINE_CLASSES: dict[type, bool] = {}
 
 
-class _Indexer(cst.CSTVisitor):
-    """Every node in source order, each node's parent, the names imports bind, and names the script defines."""
-
-    def __init__(self) -> None:
-        self.nodes: list[cst.CSTNode] = []
-        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
-        self.aliases: dict[str, str] = {}
-        self.bound: set[str] = set()
-        self._stack: list[cst.CSTNode] = []
-        self.ends: list[int] = []  # ends[i]: index just past the last descendant of nodes[i]
-        self._starts: list[int] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self.ends.append(0)
-        self.nodes.append(node)
-        if self._stack:
-            self.parents[node] = self._stack[-1]
-        self._stack.append(node)
-        self._starts.append(len(self.nodes) - 1)
+def _imported_and_defined(nodes: list[cst.CSTNode]) -> tuple[dict[str, str], set[str]]:
+    """(local name -> the dotted name its import binds, names the script's own def/class statements bind), from the
+    nodes in source order (a later import of a name wins, as it does when the script runs)."""
+    aliases: dict[str, str] = {}
+    bound: set[str] = set()
+    for node in nodes:
         kind = type(node)
-        if kind is not cst.Import and kind is not cst.ImportFrom and kind is not cst.FunctionDef \
-                and kind is not cst.ClassDef:
-            return True
-        if isinstance(node, cst.Import):
+        if kind is cst.Import:
             for alias in node.names:
                 full = _dotted_name(alias.name)
                 if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    self.aliases[alias.asname.name.value] = full
+                    aliases[alias.asname.name.value] = full
                 else:
-                    self.aliases.setdefault(full.split(".")[0], full.split(".")[0])
-        elif isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative \
-                and not isinstance(node.names, cst.ImportStar):
+                    aliases.setdefault(full.split(".")[0], full.split(".")[0])
+        elif kind is cst.ImportFrom:
+            if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+                continue
             module = _dotted_name(node.module)
             for alias in node.names:
                 name = _dotted_name(alias.name)
                 local = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
-                self.aliases[local] = f"{module}.{name}"
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            self.bound.add(node.name.value)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self._stack.pop()
-        self.ends[self._starts.pop()] = len(self.nodes)
+                aliases[local] = f"{module}.{name}"
+        elif kind is cst.FunctionDef or kind is cst.ClassDef:
+            bound.add(node.name.value)
+    return aliases, bound
 
 
 class _Collector(cst.CSTVisitor):
