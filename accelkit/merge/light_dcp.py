@@ -13,6 +13,7 @@ message. Reading `.metadata` and the items' pickles goes through light_pickle: n
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import zipfile
@@ -49,7 +50,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * DTYPES[self.dtype][1]
+        return math.prod(self.shape) * DTYPES[self.dtype][1]
 
 
 @dataclass
@@ -61,12 +62,6 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def plan(path: Path) -> Plan:

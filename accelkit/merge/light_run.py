@@ -22,9 +22,9 @@ import errno
 import gc
 import importlib
 import json
+import math
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +36,7 @@ from accelkit.merge import counters, extras, light_dcp, manifest, records
 from accelkit.merge.header import safetensors_header
 from accelkit.merge.light_pickle import DTYPES, Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
-from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
+from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes, progress_bar
 from accelkit.merge.records import RecordReader, pread_into, read_error
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
@@ -168,7 +168,7 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
              *found.notes]
     report = MergeReport(
         format_name="torch DCP (torch.distributed.checkpoint)", world_size=found.world_size, notes=notes,
-        tensors=len(found.tensors), parameters=sum(_numel(t.shape) for t in found.tensors), bytes=data_bytes,
+        tensors=len(found.tensors), parameters=sum(math.prod(t.shape) for t in found.tensors), bytes=data_bytes,
         dtypes=dtypes, input_files=len(files), input_bytes=sum(f.stat().st_size for f in files),
         checks=[*found.checks, *checks], output=output, output_files=list(names))
     report.open_seconds = time.perf_counter() - start
@@ -187,11 +187,11 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
             check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
                              + sum(f.stat().st_size for f in side_files), output)
             notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
-            with _progress(data_bytes, "merge", opts.progress) as bar:
+            with progress_bar(data_bytes, "merge", opts.progress) as bar:
                 _copy_tensors(found, target, header, reader, scan, output, bar.update)
             reader.finish()
             if opts.verify:
-                with _progress(data_bytes, "verify", opts.progress) as bar:
+                with progress_bar(data_bytes, "verify", opts.progress) as bar:
                     _verify(found, target, len(header), reader, bar.update)
                 report.verified = True
             if not to_file:
@@ -211,27 +211,6 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
     return report
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return contextlib.nullcontext(_NoBar())
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
-                dynamic_ncols=True)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
 
 
 def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: RecordReader,

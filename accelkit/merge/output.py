@@ -9,8 +9,10 @@ is refused, with the list of what is there: merge-ckpt never deletes a file it d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
@@ -99,3 +101,18 @@ def check_free_space(measured_at: Path, needed: int, output: Path) -> None:
         raise AccelkitError(f"not enough disk space for {output}: the output needs {format_bytes(needed)}, "
                             f"{format_bytes(free)} are free in {output.parent}",
                             hint="free some space or write the output elsewhere")
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A byte progress bar on stderr for the merge and its verification (no tqdm import when it is off)."""
+    if not enabled:
+        return contextlib.nullcontext(_NoBar())
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
+                dynamic_ncols=True)

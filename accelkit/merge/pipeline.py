@@ -12,7 +12,6 @@ import contextlib
 import gc
 import json
 import shutil
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +23,7 @@ from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, manifest, savestate, shards, single_file
 from accelkit.merge.detect import open_source
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
-from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes
+from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes, progress_bar
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
 from accelkit.merge.writer import SAFETENSORS_DTYPES, build_header
@@ -95,13 +94,6 @@ def _cast(entry: TensorEntry, dtype: torch.dtype | None) -> TensorEntry:
     if dtype is None or not entry.dtype.is_floating_point or entry.dtype == dtype:
         return entry
     return TensorEntry(entry.name, entry.shape, dtype)
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
-                disable=not enabled, dynamic_ncols=True)
 
 
 def merge_checkpoint(opts: MergeOptions) -> MergeReport:
@@ -204,7 +196,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
             f.stat().st_size for f in side_files)
         check_free_space(temp if not to_file else temp.parent, needed, opts.output)
         notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {opts.output}")
-        with _progress(report.bytes, "merge", opts.progress) as bar:
+        with progress_bar(report.bytes, "merge", opts.progress) as bar:
             stream.on_bytes = bar.update
             for shard_entries, file in zip(plan, files, strict=True):
                 stream.write_file(shard_entries, file, metadata, label=opts.output)
@@ -217,7 +209,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
             if len(plan) > 1:
                 report.output_files.append(shards.INDEX_FILE)
         if opts.verify:
-            with _progress(report.bytes, "verify", opts.progress) as bar:
+            with progress_bar(report.bytes, "verify", opts.progress) as bar:
                 stream.on_bytes = bar.update
                 for shard_entries, file in zip(plan, files, strict=True):
                     stream.verify_file(shard_entries, file, len(build_header(shard_entries, metadata)))
