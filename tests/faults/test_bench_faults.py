@@ -10,12 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault as harness_run
-
-
-def run_fault(args: list[str], **kwargs):
-    # Launches of concurrent tests fill the system temp folder: look for leftovers in a temp folder of our own.
-    return harness_run(args, **kwargs)
+from helpers.faults import invoke_fault, run_fault
 
 COUNTED = DATA / "bench" / "counted_train.py"
 
@@ -35,8 +30,8 @@ def script(tmp_path: Path) -> Path:
 ])  # every other option check: tests/unit/bench/test_bench_cli_spec.py (same path, in-process)
 def test_bad_options_are_refused_before_anything_starts(args: list[str], match: str, tmp_path: Path,
                                                         script: Path) -> None:
-    result = run_fault(["bench", "--cpu", "--num-processes", "1", "-o", str(tmp_path / "out"), *args, str(script)],
-                       watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["bench", "--cpu", "--num-processes", "1", "-o", str(tmp_path / "out"), *args,
+                           str(script)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(match)
 
 
@@ -50,15 +45,15 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str], match: 
 ])  # every other --layouts check: tests/unit/bench/test_bench_cli_spec.py and test_bench_layouts.py (in-process)
 def test_bad_layouts_are_refused_before_anything_starts(layouts: str, extra: list[str], match: str,
                                                         tmp_path: Path, script: Path) -> None:
-    result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--layouts", layouts, *extra, str(script)],
-                       watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--layouts", layouts, *extra,
+                           str(script)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(match)
 
 
 @pytest.mark.parametrize("value", ["-1", "nan"])
 def test_a_min_time_that_is_not_seconds_is_refused(value: str, tmp_path: Path, script: Path) -> None:
-    result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--min-time", value, str(script)],
-                       watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--min-time", value, str(script)],
+                          watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("--min-time", exit_code=2, hint=False)
 
 
@@ -77,12 +72,12 @@ def test_a_layout_the_rule_set_refuses_is_named_before_any_starts(layouts: str, 
 
 
 def test_no_script(tmp_path: Path) -> None:
-    run_fault(["bench", "--cpu"], watch=[tmp_path], cwd=tmp_path).assert_refused("no SCRIPT to bench")
+    invoke_fault(["bench", "--cpu"], watch=[tmp_path], cwd=tmp_path).assert_refused("no SCRIPT to bench")
 
 
 def test_a_missing_script(tmp_path: Path) -> None:
-    run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), str(tmp_path / "nope.py")], watch=[tmp_path],
-              cwd=tmp_path).assert_refused(r"script not found: .*nope\.py")
+    invoke_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), str(tmp_path / "nope.py")], watch=[tmp_path],
+                 cwd=tmp_path).assert_refused(r"script not found: .*nope\.py")
 
 
 @pytest.mark.slow  # builds the configs with Accelerate (a few seconds of imports)
@@ -95,11 +90,11 @@ def test_earlier_results_are_kept_unless_forced(tmp_path: Path, script: Path) ->
     out = tmp_path / "out"
     out.mkdir()
     (out / "bench.json").write_text('{"runs": []}')
-    run_fault(["bench", "--cpu", "-o", str(out), str(script)], watch=[tmp_path],
-              cwd=tmp_path).assert_refused("already holds results")
+    invoke_fault(["bench", "--cpu", "-o", str(out), str(script)], watch=[tmp_path],
+                 cwd=tmp_path).assert_refused("already holds results")
     (tmp_path / "file").write_text("x")
-    run_fault(["bench", "--cpu", "-o", str(tmp_path / "file"), str(script)], watch=[tmp_path],
-              cwd=tmp_path).assert_refused("a file is in the way")
+    invoke_fault(["bench", "--cpu", "-o", str(tmp_path / "file"), str(script)], watch=[tmp_path],
+                 cwd=tmp_path).assert_refused("a file is in the way")
 
 
 # -- real runs that fail -----------------------------------------------------------------------------------------
@@ -172,8 +167,8 @@ def test_a_run_over_its_timeout_is_stopped_and_recorded(tmp_path: Path) -> None:
 def test_a_stall_timeout_that_is_not_a_finite_number_of_seconds_is_refused(value: str, tmp_path: Path,
                                                                            script: Path) -> None:
     # nan was accepted once, and the watchdog then fired after a second; inf would never fire
-    result = run_fault(["bench", "--cpu", "--stall-timeout", value, "-o", str(tmp_path / "out"), str(script)],
-                       watch=[tmp_path], cwd=tmp_path, kind="bad option")
+    result = invoke_fault(["bench", "--cpu", "--stall-timeout", value, "-o", str(tmp_path / "out"),
+                           str(script)], watch=[tmp_path], cwd=tmp_path, kind="bad option")
     assert result.returncode == 2 and "Invalid value for '--stall-timeout'" in result.stderr, result.stderr
     assert not result.traceback and not result.touched_outside([])
 

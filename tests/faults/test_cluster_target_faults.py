@@ -1,6 +1,7 @@
 """Writing a SkyPilot task or a Kubernetes TrainJob with bad inputs: unknown accelerators, node counts that do not add
 up, several targets at once, outputs that exist or cannot be written, files the nodes would not get. Each is
-refused with one line (and a hint), and nothing is written."""
+refused with one line (and a hint), and nothing is written. The refusals run in process (`invoke_fault`); the
+read-only folders, which need a mount namespace, in real processes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 PROBE = DATA / "launch" / "probe.py"
 SKY = ["--skypilot", "task.yaml"]
@@ -22,7 +23,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def refused(project: Path, args: list[str], match: str, exit_code: int = 1):
-    result = run_fault(["launch", *args, "train.py"], watch=[project], cwd=project)
+    result = invoke_fault(["launch", *args, "train.py"], watch=[project], cwd=project)
     return result.assert_refused(match, exit_code=exit_code, hint=exit_code == 1)
 
 
@@ -83,8 +84,8 @@ def test_existing_config_beside_the_job_without_force(project: Path) -> None:
 def test_force_replaces_the_job(project: Path) -> None:
     target = SKY
     (project / target[1]).write_text("mine\n")
-    result = run_fault(["launch", *target, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--force", "train.py"],
-                       watch=[project], cwd=project, expect="ok")
+    result = invoke_fault(["launch", *target, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--force",
+                           "train.py"], watch=[project], cwd=project, expect="ok")
     assert result.returncode == 0, result.stderr
     assert "ACCELKIT_LAUNCH_REQUEST" in (project / target[1]).read_text()
     assert sorted(Path(p).name for p in result.created) == [f"{Path(target[1]).stem}.accelerate.yaml"]
@@ -107,6 +108,6 @@ def test_missing_output_folder(project: Path) -> None:
 
 
 def test_a_script_outside_the_uploaded_folder(project: Path) -> None:
-    result = run_fault(["launch", *SKY, "--cpu", "--nodes", "2", "--gpus-per-node", "1", str(PROBE)],
-                       watch=[project], cwd=project)
+    result = invoke_fault(["launch", *SKY, "--cpu", "--nodes", "2", "--gpus-per-node", "1", str(PROBE)],
+                          watch=[project], cwd=project)
     result.assert_refused(f"the script {PROBE} is outside {project}")

@@ -1,5 +1,7 @@
 """Bad launch options and config files (issue 14, items 6, 8, 10 and 13): each is one clear message before anything
-starts, with the same words wherever the same problem is found, and leaves nothing behind."""
+starts, with the same words wherever the same problem is found, and leaves nothing behind. The refusals made in the
+`accelkit` process run in process (`invoke_fault`); those made by launch's worker process (which resolves the
+config with torch and Accelerate) run `accelkit` as a real process (`run_fault`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 PROBE = DATA / "launch" / "probe.py"
 
@@ -30,8 +32,8 @@ def _message(error_line: str) -> str:
 ])
 def test_bad_launch_options_are_usage_errors(option: str, value: str, words: str, tmp_path: Path) -> None:
     """Item 8: one usage error each (exit 2), no traceback, before any process starts."""
-    result = run_fault(["launch", "--cpu", "--num-processes", "2", option, value, str(PROBE)], watch=[tmp_path],
-                       cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--num-processes", "2", option, value, str(PROBE)], watch=[tmp_path],
+                          cwd=tmp_path)
     result.assert_refused(words, exit_code=2, hint=False)
 
 
@@ -53,8 +55,8 @@ def test_natural_cpu_command_is_never_refused_with_a_flag_it_did_not_give(tmp_pa
     result = run_fault(["launch", "--num-processes", "2", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     line = result.assert_refused(r"backend ddp \(default for 2 processes\) runs on GPUs, and this machine has none")
     assert "--backend" not in line and "--cpu" in result.stderr
-    result = run_fault(["launch", "--cpu", "--num-processes", "2", "--zero-stage", "3", str(PROBE)],
-                       watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--num-processes", "2", "--zero-stage", "3", str(PROBE)],
+                          watch=[tmp_path], cwd=tmp_path)
     line = result.assert_refused(r"--zero-stage is a DeepSpeed option, but the backend is cpu \(--cpu\)")
 
 
@@ -77,10 +79,10 @@ def test_check_and_launch_give_one_verdict_in_the_same_words(tmp_path: Path) -> 
 
 def test_empty_output_path_says_it_is_empty(tmp_path: Path) -> None:
     """Item 13: `config -o ""` used to say "Error: . already exists"."""
-    result = run_fault(["config", "--backend", "ddp", "-o", ""], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["config", "--backend", "ddp", "-o", ""], watch=[tmp_path], cwd=tmp_path)
     line = result.assert_refused(r"'-o' / '--output': the path is empty", exit_code=2, hint=False)
     assert "already exists" not in line
-    result = run_fault(["config", "--check", ""], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["config", "--check", ""], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(r"'--check': the path is empty", exit_code=2, hint=False)
 
 
@@ -94,8 +96,8 @@ def test_malformed_yaml_names_file_line_and_column(text: str, where: str, proble
     config = tmp_path / "broken.yaml"
     config.write_text(text)
     expected = rf"{re.escape(str(config))}:{where}: not valid YAML: .*{problem}"
-    check = run_fault(["config", "--check", str(config)], watch=[tmp_path])
-    launch = run_fault(["launch", "--config", str(config), "--cpu", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    check = invoke_fault(["config", "--check", str(config)], watch=[tmp_path])
+    launch = invoke_fault(["launch", "--config", str(config), "--cpu", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     assert check.assert_refused(expected) == launch.assert_refused(expected)
 
 
@@ -116,7 +118,7 @@ def test_many_more_cpu_ranks_than_cores_is_said_in_the_dry_run(tmp_path: Path) -
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
     ranks = 4 * (os.cpu_count() or 1) + 1
-    result = run_fault(["launch", "--cpu", "--num-processes", str(ranks), "--dry-run", str(script)],
-                       watch=[tmp_path], expect="ok")
+    result = invoke_fault(["launch", "--cpu", "--num-processes", str(ranks), "--dry-run", str(script)],
+                          watch=[tmp_path], expect="ok")
     assert result.returncode == 0, result.stderr
     assert f"{ranks} CPU processes on {os.cpu_count()} cores" in result.stdout + result.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +51,7 @@ SEVEN_B = ["--params", "7B", *MEMORY]
     (["--params", "5000", *MEMORY], r"--params 5,000 is smaller than the smallest Llama shape"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str], match: str) -> None:
-    run_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path).assert_refused(match)
+    invoke_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path).assert_refused(match)
 
 
 # in process in the fast loop: tests/unit/plan/test_plan_cli.py
@@ -81,14 +81,14 @@ def test_offline_hub_id(tmp_path: Path) -> None:
 
 def test_a_folder_that_is_not_a_model(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    run_fault(["plan", str(tmp_path / "empty"), *MEMORY], watch=[tmp_path]).assert_refused(
+    invoke_fault(["plan", str(tmp_path / "empty"), *MEMORY], watch=[tmp_path]).assert_refused(
         r"holds neither config.json nor an accelkit project")
 
 
 def test_an_existing_config_is_not_overwritten(tmp_path: Path) -> None:
     target = tmp_path / "plan.yaml"
     target.write_text("mine\n")
-    run_fault(["plan", *SEVEN_B, "--write-config", str(target)], watch=[tmp_path]).assert_refused(
+    invoke_fault(["plan", *SEVEN_B, "--write-config", str(target)], watch=[tmp_path]).assert_refused(
         r"plan.yaml already exists")
     assert target.read_text() == "mine\n"
 
@@ -104,7 +104,7 @@ def test_a_read_only_folder_names_the_cause(tmp_path: Path) -> None:
 
 
 def test_script_arguments_without_measure_are_a_usage_error(tmp_path: Path) -> None:
-    result = run_fault(["plan", *SEVEN_B, "--", "--lr", "1"], watch=[tmp_path])
+    result = invoke_fault(["plan", *SEVEN_B, "--", "--lr", "1"], watch=[tmp_path])
     assert result.returncode == 2 and "arguments after `--` go to the script of --measure" in result.stderr
     result.assert_clean()
 
@@ -133,8 +133,8 @@ def test_a_script_that_fails_before_its_first_step(tmp_path: Path) -> None:
 
 
 def test_a_gpu_count_that_is_not_a_whole_number_is_a_usage_error(tmp_path: Path) -> None:
-    result = run_fault(["plan", "--params", "7B", "--gpu-memory", "80GB", "--gpus", "1e11"], watch=[tmp_path],
-                       cwd=tmp_path)
+    result = invoke_fault(["plan", "--params", "7B", "--gpu-memory", "80GB", "--gpus", "1e11"], watch=[tmp_path],
+                          cwd=tmp_path)
     result.assert_refused(r"'1e11' is not a valid integer", exit_code=2, hint=False)
 
 
@@ -200,7 +200,7 @@ def test_a_project_whose_data_is_on_the_hub_is_not_downloaded(tmp_path: Path) ->
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_stall_timeout_that_is_not_finite_is_refused(tmp_path: Path, value: str) -> None:
-    result = run_fault(["plan", *SEVEN_B, "--stall-timeout", value], watch=[tmp_path], kind="bad option")
+    result = invoke_fault(["plan", *SEVEN_B, "--stall-timeout", value], watch=[tmp_path], kind="bad option")
     assert result.returncode == 2 and "'--stall-timeout'" in result.stderr and "not a finite number" in result.stderr
     assert not result.traceback and not result.touched_outside([])
 

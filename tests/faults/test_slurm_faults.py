@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 PROBE = DATA / "launch" / "probe.py"
 
@@ -22,15 +22,15 @@ PROBE = DATA / "launch" / "probe.py"
     (["--nodes", "2", "--gpus-per-node", "1", "--machine-rank", "1"], "come from SLURM in the sbatch script"),
 ])
 def test_bad_job_shapes_are_refused(args: list[str], match: str, tmp_path: Path) -> None:
-    result = run_fault(["launch", "--backend", "ddp", "--slurm", "job.sbatch", *args, str(PROBE)], watch=[tmp_path],
-                       cwd=tmp_path)
+    result = invoke_fault(["launch", "--backend", "ddp", "--slurm", "job.sbatch", *args, str(PROBE)],
+                          watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(match)
 
 
 def test_zero_nodes_is_refused(tmp_path: Path) -> None:
     # `--nodes` is `--num-machines`: refused as --num-machines 0 is
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "0", "--gpus-per-node", "1",
-                        str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "0", "--gpus-per-node", "1",
+                           str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("--num-machines must be at least 1")
 
 
@@ -45,8 +45,8 @@ def test_unwritable_job_folder(tmp_path: Path) -> None:
 
 def test_a_folder_where_the_job_file_goes(tmp_path: Path) -> None:
     (tmp_path / "job.sbatch").mkdir()
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
-                        str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("job.sbatch. is a directory", exit_code=2, hint=False)
 
 
@@ -67,8 +67,8 @@ def test_job_entry_points_outside_a_job(module: str, tmp_path: Path) -> None:
 
 
 def test_requeue_without_a_script_that_saves_on_the_signal(tmp_path: Path) -> None:
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
-                        "--requeue", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           "--requeue", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("--requeue needs a script that saves a checkpoint on SIGUSR1")
 
 
@@ -76,15 +76,15 @@ def test_requeue_of_a_template_that_would_not_resume(tmp_path: Path) -> None:
     from accelkit.scaffold import init_project
 
     project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
-                        "--requeue", "train.py"], watch=[tmp_path], cwd=project)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           "--requeue", "train.py"], watch=[tmp_path], cwd=project)
     result.assert_refused("the script must resume by itself")
     assert "--resume-from-checkpoint latest" in result.stderr
 
 
 def test_signal_before_without_requeue(tmp_path: Path) -> None:
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
-                        "--signal-before", "60", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           "--signal-before", "60", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("--signal-before only applies with --requeue", exit_code=2, hint=False)
 
 
@@ -96,8 +96,8 @@ def test_signal_before_without_requeue(tmp_path: Path) -> None:
     (["--job-name", "runs/ft"], "--job-name runs/ft has a '/'"),
 ])
 def test_options_sbatch_would_refuse_or_misread(args: list[str], match: str, tmp_path: Path) -> None:
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1", *args,
-                        str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           *args, str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(match)
 
 
@@ -110,15 +110,15 @@ def test_requeue_warning_that_cannot_come_before_the_time_limit(args: list[str],
     from accelkit.scaffold import init_project
 
     project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
-                        "--requeue", *args, "train.py", "--resume-from-checkpoint", "latest"], watch=[tmp_path],
-                       cwd=project)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           "--requeue", *args, "train.py", "--resume-from-checkpoint", "latest"], watch=[tmp_path],
+                          cwd=project)
     result.assert_refused(match)
 
 
 def test_a_folder_where_the_jobs_config_goes(tmp_path: Path) -> None:
     (tmp_path / "job.accelerate.yaml").mkdir()
-    result = run_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
-                        str(PROBE)], watch=[tmp_path], cwd=tmp_path)
+    result = invoke_fault(["launch", "--cpu", "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1",
+                           str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused("cannot write job.accelerate.yaml: it is a folder")
     assert not (tmp_path / "job.sbatch").exists()

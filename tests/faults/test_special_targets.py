@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 SCRIPT = DATA / "convert" / "corpus" / "mnist_style.py"
 
@@ -48,7 +48,8 @@ KIND_WORDS = {"fifo": "a FIFO", "device": "a character device", "dangling link":
 
 KINDS = ["fifo", "device", "dangling link", "folder"]
 WRITERS = ["config", "plan", "convert", "launch --slurm"]
-# One kind per writer in the fast loop (every writer and every kind met once); the whole matrix with the slow tests.
+# One kind per writer in the fast loop (every writer and every kind met once), in process; the whole matrix in real
+# processes with the slow tests.
 FAST = {(w, KINDS[i]) for i, w in enumerate(WRITERS)}
 
 
@@ -58,7 +59,8 @@ def test_writers_refuse_what_is_not_a_regular_file(writer: str, kind: str, tmp_p
     target = tmp_path / ("job.sbatch" if writer == "launch --slurm" else "out.yaml" if writer != "convert"
                          else "out.py")
     make_special(target, kind)
-    result = run_fault(command_for(writer, target, tmp_path), watch=[tmp_path])
+    run = invoke_fault if (writer, kind) in FAST else run_fault
+    result = run(command_for(writer, target, tmp_path), watch=[tmp_path])
     if kind == "folder" and result.returncode == 2:  # click's own check of a file option (dir_okay=False)
         line = result.assert_refused("is a directory", exit_code=2, hint=False)
     else:
@@ -74,7 +76,7 @@ def test_merge_output_refuses_a_device_and_a_fifo(tmp_path: Path) -> None:
     for kind, name in (("device", "out.safetensors"), ("fifo", "out2.safetensors")):
         target = tmp_path / name
         make_special(target, kind)
-        result = run_fault(["merge-ckpt", str(source), "-o", str(target), "--force"], watch=[tmp_path])
+        result = invoke_fault(["merge-ckpt", str(source), "-o", str(target), "--force"], watch=[tmp_path])
         result.assert_refused(KIND_WORDS[kind])
 
 
@@ -83,7 +85,7 @@ def test_init_force_refuses_a_fifo_inside_the_project_before_writing_anything(tm
     project.mkdir()
     (project / "mine.txt").write_text("mine")
     make_special(project / "train.py", "fifo")  # a copy onto it would block forever
-    result = run_fault(["init", str(project), "--template", "minimal", "--force"], watch=[tmp_path], timeout=60)
+    result = invoke_fault(["init", str(project), "--template", "minimal", "--force"], watch=[tmp_path])
     result.assert_refused("a FIFO")
 
 
@@ -93,8 +95,8 @@ def test_bench_refuses_a_fifo_where_its_results_go(tmp_path: Path) -> None:
     make_special(out / "bench.json", "fifo")
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
-    result = run_fault(["bench", "--cpu", "--num-processes", "1", "-o", str(out), "--force", str(script)],
-                       watch=[tmp_path], timeout=60)
+    result = invoke_fault(["bench", "--cpu", "--num-processes", "1", "-o", str(out), "--force", str(script)],
+                          watch=[tmp_path])
     result.assert_refused("a FIFO")
 
 
@@ -105,7 +107,7 @@ def test_a_link_to_a_regular_file_is_written_through(writer: str, tmp_path: Path
     real.write_text("old\n")
     link = tmp_path / real.name
     link.symlink_to(real)
-    result = run_fault(command_for(writer, link, tmp_path), watch=[tmp_path], expect="ok")
+    result = invoke_fault(command_for(writer, link, tmp_path), watch=[tmp_path], expect="ok")
     assert result.returncode == 0, result.stderr
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert real.read_text() != "old\n" and real.is_file()
@@ -119,6 +121,6 @@ def test_convert_in_place_through_a_link_keeps_the_link(tmp_path: Path) -> None:
     real.write_text(SCRIPT.read_text())
     link = tmp_path / "train.py"
     link.symlink_to(real)
-    result = run_fault(["convert", str(link), "--in-place"], watch=[tmp_path], expect="ok")
+    result = invoke_fault(["convert", str(link), "--in-place"], watch=[tmp_path], expect="ok")
     assert result.returncode == 0, result.stderr
     assert link.is_symlink() and "Accelerator" in real.read_text()

@@ -11,6 +11,13 @@ other processes on a shared machine are never counted), and for processes the co
 line that matches, a `Hint:` (or, for click's usage errors, `hint=False`: click prints its usage line instead), no
 traceback, nothing created, changed or deleted outside `owned` paths, no leftovers, no orphans.
 
+`invoke_fault` observes the same way, and checks the same contract, for a command run in this process through
+the console entry point (`accelkit.cli.main`): for refusals that come before anything runs (argument checks, usage
+errors, outputs that cannot be written), where a Python and torch start-up per case would be most of the test.
+Signals, namespaces (read-only or full file systems), a command's children writing to the real stderr, and the real
+console script are what `run_fault` is for; each test file that uses `invoke_fault` keeps one case in a real
+process too (marked slow, `record=False`, so that the fault catalogue counts each case once).
+
 When $ACCELKIT_FAULT_RECORD names a file, every observation is appended to it as one JSON line; that is how
 benchmarks/faults.py turns the fault suite into its table (inputs tried, refused with a clear message, tracebacks,
 silent wrong outputs, leftovers, orphans).
@@ -162,6 +169,15 @@ class FaultResult:
         assert not self.orphans, f"processes outlived the command: {self.orphans}"
 
 
+def _compare(result: FaultResult, before: dict[str, dict[str, str]], watch: list[Path]) -> None:
+    """What the command created, deleted and changed in the watched trees (`before`: their snapshots)."""
+    for root in watch:
+        old, new = before[str(root)], snapshot(root)
+        result.created += sorted(set(new) - set(old))
+        result.deleted += sorted(set(old) - set(new))
+        result.changed += sorted(p for p in set(old) & set(new) if old[p] != new[p])
+
+
 def _record(result: FaultResult, kind: str, expect: str) -> None:
     path = os.environ.get(RECORD_ENV)
     if not path:
@@ -183,7 +199,7 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
               kind: str = "bad input",
               expect: str = "refused", preexec_fn=None, stdin: str | None = None,
               readonly: Path | None = None, small_fs: tuple[Path, int] | None = None,
-              unprivileged: bool = False) -> FaultResult:
+              unprivileged: bool = False, record: bool = True) -> FaultResult:
     """Run `python -m accelkit ARGS` and observe it (see the module docstring).
 
     `send_signal=(when, signum)`: send signum to the command after `when` seconds, or once a line containing
@@ -196,6 +212,7 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
     read-only tmpfs over the folder), for every user, root included. `small_fs=(folder, bytes)`: the folder is an
     empty writable file system of that size (the same mechanism), to meet a full disk. `unprivileged`: the command
     runs in a new user namespace, where even root has no permission override: a file with mode 000 is unreadable.
+    `record=False`: not appended to $ACCELKIT_FAULT_RECORD (a real-process twin of a case `invoke_fault` runs).
     """
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
     private_tmp = Path(tempfile.mkdtemp(prefix="fault-tmp-"))
@@ -222,18 +239,85 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
     time.sleep(0.2)  # let killed children finish dying before looking for orphans
     result = FaultResult(args=list(args), returncode=proc.returncode, stdout=stdout, stderr=stderr,
                          seconds=time.time() - start)
-    for root in watch:
-        old, new = before[str(root)], snapshot(root)
-        result.created += sorted(set(new) - set(old))
-        result.deleted += sorted(set(old) - set(new))
-        result.changed += sorted(p for p in set(old) & set(new) if old[p] != new[p])
+    _compare(result, before, watch)
     command_tmp = Path(env["TMPDIR"]) if env and env.get("TMPDIR") else private_tmp
     result.leftovers = _temp_leftovers([Path(r) for r in watch], command_tmp)
     shutil.rmtree(private_tmp, ignore_errors=True)
     result.orphans = _orphans(marker)
-    for line in result.orphans:  # never let a test leak processes into the next one
+    _kill(result.orphans)
+    if record:
+        _record(result, kind, expect)
+    return result
+
+
+def _kill(orphans: list[str]) -> None:
+    for line in orphans:  # never let a test leak processes into the next one
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _descriptors_captured():
+    """Descriptors 1 and 2 point at files while the block runs: what a child process or native code writes there
+    (which the Python-level capture of `invoke_accelkit` does not see) is in the yielded dict afterwards."""
+    captured = {"stdout": "", "stderr": ""}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            yield captured
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            for name, file in (("stdout", out), ("stderr", err)):
+                file.seek(0)
+                captured[name] = file.read().decode(errors="replace")
+
+
+def invoke_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
+                 kind: str = "bad input", expect: str = "refused") -> FaultResult:
+    """Run `accelkit ARGS` in this process (`helpers.invoke_accelkit`: the console entry point, its one-line errors
+    and exit codes) and observe it as `run_fault` does: the watched trees before and after, temporary leftovers in
+    them and in the command's own temp folder (a fresh one, given through $TMPDIR and `tempfile.tempdir`, unless
+    `env` names one), processes it started that outlived it; recorded for benchmarks/faults.py alike. The process
+    environment is put back as it was, whatever the command set. Only for variables read when the command runs:
+    one a library reads at import (HF_HOME, for instance) needs `run_fault`."""
+    from helpers import invoke_accelkit
+
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"
+    private_tmp = Path(tempfile.mkdtemp(prefix="fault-tmp-"))
+    full_env = {"TMPDIR": str(private_tmp), **(env or {}), "ACCELKIT_FAULT_MARKER": marker}
+    command_tmp = Path(full_env["TMPDIR"])
+    before = {str(root): snapshot(root) for root in watch}
+    saved_environ, saved_tempdir = dict(os.environ), tempfile.tempdir
+    start = time.time()
+    with _descriptors_captured() as written:
+        tempfile.tempdir = str(command_tmp)
+        try:
+            proc = invoke_accelkit(*args, cwd=cwd, env=full_env)
+        finally:
+            seconds = time.time() - start
+            tempfile.tempdir = saved_tempdir
+            for key in set(os.environ) - set(saved_environ):
+                del os.environ[key]
+            os.environ.update(saved_environ)
+    result = FaultResult(args=list(args), returncode=proc.returncode, stdout=proc.stdout + written["stdout"],
+                         stderr=proc.stderr + written["stderr"], seconds=seconds)
+    _compare(result, before, watch)
+    result.leftovers = _temp_leftovers([Path(r) for r in watch], command_tmp)
+    shutil.rmtree(private_tmp, ignore_errors=True)
+    result.orphans = _orphans(marker)
+    if result.orphans:  # a child that is still dying is given the time run_fault gives it
+        time.sleep(0.2)
+        result.orphans = _orphans(marker)
+    _kill(result.orphans)
     _record(result, kind, expect)
     return result
 
