@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 CORPUS = DATA / "convert" / "corpus"
 
@@ -31,7 +31,7 @@ def test_a_script_that_spawns_its_own_processes_is_refused(tmp_path: Path) -> No
             model = torch.nn.Linear(2, 2)
         mp.spawn(worker, nprocs=2)
     """)
-    result = run_fault(["convert", str(script)], watch=[tmp_path])
+    result = invoke_fault(["convert", str(script)], watch=[tmp_path])
     result.assert_refused(r"spawn\.py already does distributed training: it spawns its own worker processes "
                           r"\(torch\.multiprocessing\.spawn\) \(line 5\)")
 
@@ -48,11 +48,11 @@ def test_a_script_that_cannot_be_converted_completely_writes_nothing_unless_part
             loss.backward()
             opt.step()
     """)
-    result = run_fault(["convert", str(script)], watch=[tmp_path])
+    result = invoke_fault(["convert", str(script)], watch=[tmp_path])
     line = result.assert_refused(r"train\.py cannot be converted completely: line 6: the loop at line 6 runs while "
                                  r"`loss\.item\(\) > 0\.01`")
     assert "--partial" in result.stderr and "NOT CONVERTED (1)" in result.stdout, line
-    written = run_fault(["convert", str(script), "--partial"], watch=[tmp_path], expect="ok")
+    written = invoke_fault(["convert", str(script), "--partial"], watch=[tmp_path], expect="ok")
     assert written.returncode == 0, written.stderr
     assert written.created == [str(tmp_path / "train_accelerate.py")] and not written.changed
     written.assert_clean(owned=[tmp_path / "train_accelerate.py"])
@@ -74,14 +74,14 @@ def test_bad_arguments_are_usage_errors(args: list[str], message: str, tmp_path:
     script.write_text((CORPUS / "lbfgs.py").read_text())
     (tmp_path / "x.py").write_text("")
     args = [a.replace("{x}", str(tmp_path / "x.py")) for a in args]
-    result = run_fault(["convert", str(script), *args], watch=[tmp_path], expect="refused")
+    result = invoke_fault(["convert", str(script), *args], watch=[tmp_path], expect="refused")
     assert result.returncode == 2, result.stderr
     assert not result.traceback and len(result.error_lines) == 1 and message in result.error_lines[0], result.stderr
     result.assert_clean()
 
 
 def test_a_missing_script_is_a_usage_error(tmp_path: Path) -> None:
-    result = run_fault(["convert", "--check", str(tmp_path / "nope.py")], watch=[tmp_path])
+    result = invoke_fault(["convert", "--check", str(tmp_path / "nope.py")], watch=[tmp_path])
     assert result.returncode == 2 and "does not exist" in result.error_lines[0] and not result.traceback
     result.assert_clean()
 
@@ -206,12 +206,12 @@ def test_a_working_directory_over_the_sandbox_limit_is_refused_before_anything_r
     script = _script(tmp_path, "train.py", CARELESS)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "shard.bin").write_bytes(b"x" * 5000)
-    result = run_fault(["convert", "--check", "--sandbox-limit", "4KiB", str(script)], watch=[tmp_path],
-                       cwd=tmp_path, kind="sandbox")
+    result = invoke_fault(["convert", "--check", "--sandbox-limit", "4KiB", str(script)], watch=[tmp_path],
+                          cwd=tmp_path, kind="sandbox")
     result.assert_refused(r"copy of the working directory .* holds more than 4\.00 KiB \(the --sandbox-limit "
                           r"limit\): data/ 4\.88 KiB")
     assert "--sandbox-limit SIZE" in result.stderr and "Usage" not in result.stderr
-    bad = run_fault(["convert", "--check", "--sandbox-limit", "12", str(script)], watch=[tmp_path], cwd=tmp_path)
+    bad = invoke_fault(["convert", "--check", "--sandbox-limit", "12", str(script)], watch=[tmp_path], cwd=tmp_path)
     bad.assert_refused(r"--sandbox-limit '12' is not a size")
 
 

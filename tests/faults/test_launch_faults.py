@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import FaultResult, run_fault
+from helpers.faults import FaultResult, invoke_fault, run_fault
 
 from accelkit.launch.ports import free_port
 
@@ -37,13 +37,16 @@ def line_of(marker: str) -> int:
 EXTENSIONS = Path.home() / ".cache" / "torch_extensions" / f"accelkit-tests-{Path(sys.prefix).name}"
 
 
-def launch(tmp_path: Path, *args: str, **kwargs) -> FaultResult:
-    """Run `accelkit ARGS` in tmp_path/work with a private TMPDIR, watching the whole test folder."""
+def launch(tmp_path: Path, *args: str, in_process: bool = False, **kwargs) -> FaultResult:
+    """Run `accelkit ARGS` in tmp_path/work with a private TMPDIR, watching the whole test folder (`in_process`: a
+    refusal made before any process starts, observed in this process by `invoke_fault`)."""
     work, tmp = tmp_path / "work", tmp_path / "tmp"
     work.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
     env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(EXTENSIONS),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path.parent / f"{tmp_path.name}-inductor"), **kwargs.pop("env", {})}
+    if in_process:
+        return invoke_fault(list(args), watch=[tmp_path], cwd=work, env=env, **kwargs)
     return run_fault(list(args), watch=[tmp_path], cwd=work, env=env, timeout=kwargs.pop("timeout", 240), **kwargs)
 
 
@@ -107,7 +110,7 @@ def test_syntax_error_is_one_message_before_any_rank_starts(tmp_path):
     script = tmp_path / "work" / "train.py"
     script.parent.mkdir()
     script.write_text("import torch\n\ndef main(:\n    pass\n")
-    result = launch(tmp_path, *CPU_DDP, "train.py")
+    result = launch(tmp_path, *CPU_DDP, "train.py", in_process=True)
     result.assert_refused(r"train\.py:3:10: SyntaxError: invalid syntax: def main\(:")
     assert "no process was started" in result.stderr and result.seconds < 30
 
@@ -166,7 +169,7 @@ def test_a_stall_timeout_that_is_not_a_finite_number_of_seconds_is_refused(tmp_p
     # parsed in one place for launch, bench, plan --measure (accelkit.commands.supervision_options)
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
-    result = run_fault([*CPU_DDP, "--stall-timeout", value, str(script)], watch=[tmp_path], cwd=tmp_path,
-                       kind="bad option")
+    result = invoke_fault([*CPU_DDP, "--stall-timeout", value, str(script)], watch=[tmp_path], cwd=tmp_path,
+                          kind="bad option")
     assert result.returncode == 2 and "Invalid value for '--stall-timeout'" in result.stderr, result.stderr
     assert not result.traceback and not result.touched_outside([])

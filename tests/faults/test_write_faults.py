@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA
-from helpers.faults import run_fault
+from helpers.faults import invoke_fault, run_fault
 
 SCRIPT = DATA / "convert" / "corpus" / "mnist_style.py"
 
@@ -37,19 +37,19 @@ def test_read_only_target_names_the_cause_and_the_path(command: str, tmp_path: P
 
 def test_a_file_where_a_folder_should_be(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
-    result = run_fault(["config", "--backend", "ddp", "-o", str(tmp_path / "afile" / "ddp.yaml")], watch=[tmp_path])
+    result = invoke_fault(["config", "--backend", "ddp", "-o", str(tmp_path / "afile" / "ddp.yaml")], watch=[tmp_path])
     result.assert_refused("is a file, not a folder")
 
 
 def test_init_force_keeps_a_backup_of_each_edited_file(tmp_path: Path) -> None:
     project = tmp_path / "proj"
-    first = run_fault(["init", str(project), "--template", "minimal"], watch=[tmp_path], expect="ok")
+    first = invoke_fault(["init", str(project), "--template", "minimal"], watch=[tmp_path], expect="ok")
     assert first.returncode == 0, first.stderr
     train = project / "train.py"
     edited = train.read_text() + "\n# my edit\n"
     train.write_text(edited)
     (project / "notes.txt").write_text("mine")
-    result = run_fault(["init", str(project), "--template", "minimal", "--force"], watch=[tmp_path], expect="ok")
+    result = invoke_fault(["init", str(project), "--template", "minimal", "--force"], watch=[tmp_path], expect="ok")
     assert result.returncode == 0, result.stderr
     assert "Replaced" in result.stdout and "train.py.bak" in result.stdout
     assert (project / "train.py.bak").read_text() == edited
