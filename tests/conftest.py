@@ -26,6 +26,16 @@ os.environ.pop("ACCELKIT_DEBUG", None)
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast loop (`-m "not slow"`) would deselect every test of tests/integration/: it does not import them
+    either, which spares each worker the imports those modules make when collected (transformers' tiny models,
+    torch: about 4 s of CPU per worker on the build machine)."""
+    if " ".join(config.option.markexpr.split()) == "not slow" and (
+            collection_path == INTEGRATION or INTEGRATION in collection_path.parents):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         # Real multi-process work: the integration tests, and every test on checkpoints made by the real tools.
