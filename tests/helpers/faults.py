@@ -282,7 +282,7 @@ def _descriptors_captured():
 
 
 def invoke_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
-                 kind: str = "bad input", expect: str = "refused") -> FaultResult:
+                 kind: str = "bad input", expect: str = "refused", record: bool = True) -> FaultResult:
     """Run `accelkit ARGS` in this process (`helpers.invoke_accelkit`: the console entry point, its one-line errors
     and exit codes) and observe it as `run_fault` does: the watched trees before and after, temporary leftovers in
     them and in the command's own temp folder (a fresh one, given through $TMPDIR and `tempfile.tempdir`, unless
@@ -318,7 +318,8 @@ def invoke_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None,
         time.sleep(0.2)
         result.orphans = _orphans(marker)
     _kill(result.orphans)
-    _record(result, kind, expect)
+    if record:
+        _record(result, kind, expect)
     return result
 
 
