@@ -7,6 +7,8 @@ once the work is done, in the order it was said, on the stream it was said on.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from accelkit.errors import AccelkitError
@@ -35,3 +37,11 @@ class CommandResult:
     def err(self, text: str) -> CommandResult:
         self.lines.append(Line(text, err=True))
         return self
+
+    @contextlib.contextmanager
+    def ends_on_error(self) -> Iterator[CommandResult]:
+        """An AccelkitError raised in the block ends the result: printed after what was said before it."""
+        try:
+            yield self
+        except AccelkitError as error:
+            self.error = error

@@ -105,10 +105,9 @@ def check_conversion(request: ConvertRequest, progress: Callable[[str], None]) -
         for problem in outcome.conversion_problems:
             result.out(f"  {problem}")
     result.out(outcome.format())
-    try:
+    with result.ends_on_error():
         outcome.raise_unless_passed(script, args, steps)
-    except AccelkitError as error:
-        result.error = error
+    if result.error is not None:
         return result
     skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
     return result.out(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} "
