@@ -107,7 +107,7 @@ CLUSTER_ONLY = {"--gpus-per-node": ("gpus_per_node", CLUSTER_FILES), "--job-name
 def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
     """Pop the cluster target's options out of `kwargs`: the job file to write (None: launch), or a usage error for
     options that do not go together."""
-    from accelkit.launch import ClusterJobFile  # noqa: F811 - the class itself, at run time
+    from accelkit.launch import ClusterJobFile
 
     files = {flag: kwargs.pop(name) for flag, name in CLUSTER_FILES.items()}
     values = {flag: kwargs.pop(name) for flag, (name, _) in CLUSTER_ONLY.items()}
@@ -121,6 +121,5 @@ def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
         raise click.UsageError("--signal-before only applies with --requeue")
     if not chosen:
         return None
-    given = {CLUSTER_ONLY[flag][0]: bool(value) if flag in ("--force", "--requeue") else value
-             for flag, value in values.items() if value}  # not given: the job's defaults
+    given = {CLUSTER_ONLY[flag][0]: value for flag, value in values.items() if value}  # not given: the defaults
     return ClusterJobFile(flag=chosen[0], path=files[chosen[0]], **given)
