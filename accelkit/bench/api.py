@@ -111,7 +111,8 @@ def draw(sweep: Sweep) -> list[str]:
 def run_bench(*, argv: tuple[str, ...], force: bool, progress: Callable[[str], None], script: str | None,
               script_args: tuple[str, ...], comm: bool, **values: Any) -> CommandResult:
     """`accelkit bench` as one call: the command line's values (`argv`: its words after the program name; `values`:
-    build_spec's) in; the table and the notes, the exit status and the error that ends a failed sweep out."""
+    build_spec's) in, each progress line said as `bench: ...`; the table and the notes, the exit status and the
+    error that ends a failed sweep out."""
     command_words, script_words = split_command_line(argv, script, script_args)
     if script is None and not comm:
         raise AccelkitError("no SCRIPT to bench", hint="accelkit bench [OPTIONS] SCRIPT [SCRIPT_ARGS]..., or "
@@ -119,7 +120,7 @@ def run_bench(*, argv: tuple[str, ...], force: bool, progress: Callable[[str], N
     spec, settings = build_spec(script=script, script_args=script_args, comm=comm,
                                 command_line=command_line("accelkit", *argv), **values)
     spec = replace(spec, command_words=command_words, script_words=script_words)
-    outcome = run_sweep(spec, settings, force, progress)
+    outcome = run_sweep(spec, settings, force, lambda line: progress(f"bench: {line}"))
     result = CommandResult(exit_code=outcome.exit_code, error=outcome.error)
     for line in outcome.lines:
         result.out(line)

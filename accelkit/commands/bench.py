@@ -10,7 +10,7 @@ import click
 
 from accelkit.commands.config_options import config_options_except, options_from_kwargs
 from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
-from accelkit.commands.printing import finish
+from accelkit.commands.printing import finish, progress
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
 
@@ -85,4 +85,4 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
 
     options = options_from_kwargs(kwargs)
     return finish(run_bench(argv=tuple(sys.argv[1:]), force=force, options=options, num_processes=num_processes_list,
-                            progress=lambda line: click.echo(f"bench: {line}", err=True), **kwargs))
+                            progress=progress, **kwargs))

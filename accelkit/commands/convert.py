@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from accelkit.commands.printing import finish
+from accelkit.commands.printing import finish, progress
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds
 from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
@@ -77,4 +77,4 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
                              mixed_precision=mixed_precision, partial=partial, force=force, check=check,
                              script_args=tuple(script_args), converted=converted_file, steps=steps,
                              stall_timeout=stall_timeout, sandbox_limit=sandbox_limit, backend=check_backend or "ddp")
-    return finish(run_convert(request, progress=lambda line: click.echo(line, err=True)))
+    return finish(run_convert(request, progress=progress))

@@ -1,4 +1,5 @@
-"""The end of every command: print what the library returned, in order, and exit with its code."""
+"""The end of every command: print what the library returned, in order, and exit with its code; and the one way a
+library call says what it is doing while it runs."""
 
 from __future__ import annotations
 
@@ -14,3 +15,8 @@ def finish(result: CommandResult) -> int:
     if result.error is not None:
         raise result.error
     return result.exit_code
+
+
+def progress(line: str) -> None:
+    """A line said while the work goes on (before a long run, between runs): on stderr, at once."""
+    click.echo(line, err=True)
