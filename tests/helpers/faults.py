@@ -14,9 +14,10 @@ traceback, nothing created, changed or deleted outside `owned` paths, no leftove
 `invoke_fault` observes the same way, and checks the same contract, for a command run in this process through
 the console entry point (`accelkit.cli.main`): for refusals that come before anything runs (argument checks, usage
 errors, outputs that cannot be written), where a Python and torch start-up per case would be most of the test.
-Signals, namespaces (read-only or full file systems), a command's children writing to the real stderr, and the real
-console script are what `run_fault` is for; each test file that uses `invoke_fault` keeps one case in a real
-process too (marked slow, `record=False`, so that the fault catalogue counts each case once).
+Signals, namespaces (read-only or full file systems), commands that start processes (launch's worker) and the real
+console script are what `run_fault` is for. tests/faults/test_fault_harness.py runs one case of each file that uses
+`invoke_fault` both ways and compares the observations (slow; `record=False`, so that the fault catalogue counts
+each case once).
 
 When $ACCELKIT_FAULT_RECORD names a file, every observation is appended to it as one JSON line; that is how
 benchmarks/faults.py turns the fault suite into its table (inputs tried, refused with a clear message, tracebacks,
