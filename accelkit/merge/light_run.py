@@ -32,7 +32,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, extras, light_dcp, manifest, records
+from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
 from accelkit.merge.header import safetensors_header
 from accelkit.merge.light_pickle import DTYPES, Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
@@ -45,7 +45,7 @@ _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 _RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
-_FAST = "read without torch: every tensor is stored as row blocks, copied file to file"
+_FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
 
 class _TorchPath(Exception):
@@ -83,32 +83,70 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
     output = opts.output
     if output is None or output.suffix in _TORCH_SUFFIXES:
         raise _TorchPath("no safetensors output")
-    for asked, reason in ((opts.max_shard_size, "--max-shard-size"),
-                          (opts.tag, "--tag"), (opts.model_index is not None, "--model-index")):
+    for asked, reason in ((opts.max_shard_size, "--max-shard-size"), (opts.model_index is not None, "--model-index")):
         if asked:
             raise _TorchPath(f"{reason} was given")
-    if not (opts.input.is_dir() and (opts.input / light_dcp.METADATA_FILE).is_file()):
-        if any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
-            raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
-        raise _TorchPath("only torch DCP folders are read without torch")
+    if not opts.input.is_dir():
+        raise _TorchPath("only checkpoint folders are read without torch")
+    names = _names(opts.input)
+    is_dcp = (opts.input / light_dcp.METADATA_FILE).is_file()
+    if not is_dcp and any(name.startswith("pytorch_model_fsdp_") for name in names):
+        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+    deepspeed_root = None if is_dcp else light_deepspeed.find_checkpoint(opts.input, opts.tag)
+    if not is_dcp and deepspeed_root is None:
+        raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
+    if opts.tag and is_dcp:
+        raise _TorchPath("--tag was given")
     check_paths(opts.input, output, opts.force)
+    scan = _NonFiniteScan()  # imports NumPy beside the checks
+    reader = RecordReader()
+    try:
+        if deepspeed_root is not None:
+            found, steps = _deepspeed_plan(opts, deepspeed_root, reader)
+        else:
+            found, steps = _dcp_plan(opts), counters.FolderCounters()
+        if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype]
+                                        for t in found.tensors):
+            raise _TorchPath(f"--dtype {opts.dtype} casts")
+        side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
+        config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
+        if deepspeed_root is None and config is not None and _may_tie(config):
+            raise _TorchPath(f"{config} may tie weights (the model class says which)")
+        try:
+            checks = _manifest_checks(found, side_files, steps)
+        except AccelkitError as exc:
+            if deepspeed_root is None:
+                raise
+            raise _TorchPath(f"a check failed ({exc.message})") from None
+        to_file = output.suffix == ".safetensors"
+        return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
+    finally:
+        reader.close()
+
+
+def _dcp_plan(opts: MergeOptions) -> light_dcp.Plan:
     root = opts.input
     if any(_save_state_files(folder) for folder in (root, root.parent, root.parent.parent)):
         raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
-    scan = _NonFiniteScan()  # imports NumPy beside the checks
     try:
         found = light_dcp.plan(root)
     except (Refused, light_dcp.Unproven) as exc:
         raise _TorchPath(f"the layout is not plain row blocks ({exc})") from None
-    if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype] for t in found.tensors):
-        raise _TorchPath(f"--dtype {opts.dtype} casts")
-    side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
-    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
-    if config is not None and _may_tie(config):
-        raise _TorchPath(f"{config} may tie weights (the model class says which)")
-    checks = _manifest_checks(found, side_files)
-    to_file = output.suffix == ".safetensors"
-    return _write(opts, found, checks, to_file, side_folder, side_files, scan, start)
+    found.notes.insert(0, f"{root.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint")
+    return found
+
+
+def _deepspeed_plan(opts: MergeOptions, root: Path, reader: RecordReader):
+    try:
+        found, steps = light_deepspeed.plan(root, opts.tag, reader)
+    except (Refused, light_dcp.Unproven) as exc:
+        raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
+    if any(_save_state_files(folder) for folder in (found.root, found.root.parent, found.root.parent.parent)):
+        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+    why = (f"{opts.input.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)" if root == opts.input
+           else f"{opts.input.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
+    found.notes.insert(0, why)
+    return found, steps
 
 
 def _names(folder: Path) -> list[str]:
@@ -134,14 +172,14 @@ def _may_tie(config: Path) -> bool:
     return "model_type" in raw and raw.get("tie_word_embeddings") is not False
 
 
-def _manifest_checks(found: light_dcp.Plan, side_files: list[Path]) -> list[str]:
-    """The manifest's checks, as the torch path makes them (a DCP folder has no step counters of its own)."""
+def _manifest_checks(found: light_dcp.Plan, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
+    """The manifest's checks and the step counters' cross-check, as the torch path makes them (a DCP folder has no
+    step counters of its own; a DeepSpeed checkpoint's come from light_deepspeed)."""
     checks = []
     signed = manifest.find(found.root)
-    steps = counters.FolderCounters()
     if signed is not None:
         if signed.step is not None:
-            steps.taken.append(counters.Counted(float(signed.step), signed.path, "step"))
+            steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
         checks += manifest.verify(signed, [*found.files, *side_files], found.world_size)
     agreed = counters.cross_check(steps)
     if agreed:
@@ -150,7 +188,7 @@ def _manifest_checks(found: light_dcp.Plan, side_files: list[Path]) -> list[str]
 
 
 def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file: bool, side_folder: Path | None,
-           side_files: list[Path], scan: _NonFiniteScan, start: float) -> MergeReport:
+           side_files: list[Path], scan: _NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
     output = opts.output
     assert output is not None
     names = [output.name] if to_file else ["model.safetensors"]
@@ -164,44 +202,39 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
     dtypes: dict[str, int] = {}
     for t in found.tensors:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
-    notes = [f"{opts.input.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint",
-             *found.notes]
+    notes = list(found.notes)
     report = MergeReport(
-        format_name="torch DCP (torch.distributed.checkpoint)", world_size=found.world_size, notes=notes,
+        format_name=found.format_name, world_size=found.world_size, notes=notes,
         tensors=len(found.tensors), parameters=sum(math.prod(t.shape) for t in found.tensors), bytes=data_bytes,
         dtypes=dtypes, input_files=len(files), input_bytes=sum(f.stat().st_size for f in files),
-        checks=[*found.checks, *checks], output=output, output_files=list(names))
+        checks=[*found.checks, *checks], output=output, output_files=list(names), dropped_aliases=dict(found.aliases))
     report.open_seconds = time.perf_counter() - start
     notify = opts.notify or (lambda message: None)
-    reader = RecordReader()
     staged = StagedOutput(output, is_dir=not to_file)
-    try:
-        with staged as temp:
-            for stale in staged.stale_removed:
-                notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
-            target = temp if to_file else temp / names[0]
-            try:
-                target.touch(exist_ok=False)  # prove the target is writable before judging its free space
-            except OSError as exc:
-                raise write_error(exc, output) from None
-            check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
-                             + sum(f.stat().st_size for f in side_files), output)
-            notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
-            with progress_bar(data_bytes, "merge", opts.progress) as bar:
-                _copy_tensors(found, target, header, reader, scan, output, bar.update)
-            reader.finish()
-            if opts.verify:
-                with progress_bar(data_bytes, "verify", opts.progress) as bar:
-                    _verify(found, target, len(header), reader, bar.update)
-                report.verified = True
-            if not to_file:
-                _copy_side_files(temp, side_files, output)
-                report.copied = [f.name for f in side_files]
-                if side_files:
-                    notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
-            staged.commit()
-    finally:
-        reader.close()
+    with staged as temp:
+        for stale in staged.stale_removed:
+            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
+        target = temp if to_file else temp / names[0]
+        try:
+            target.touch(exist_ok=False)  # prove the target is writable before judging its free space
+        except OSError as exc:
+            raise write_error(exc, output) from None
+        check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
+                         + sum(f.stat().st_size for f in side_files), output)
+        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
+        with progress_bar(data_bytes, "merge", opts.progress) as bar:
+            _copy_tensors(found, target, header, reader, scan, output, bar.update)
+        reader.finish()
+        if opts.verify:
+            with progress_bar(data_bytes, "verify", opts.progress) as bar:
+                _verify(found, target, len(header), reader, bar.update)
+            report.verified = True
+        if not to_file:
+            _copy_side_files(temp, side_files, output)
+            report.copied = [f.name for f in side_files]
+            if side_files:
+                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
+        staged.commit()
     notes.append(_FAST)
     report.checks.append(f"CRC-32 of {format_bytes(reader.checksum_bytes)} of zip records read "
                          f"({reader.checksum_seconds:.2f} s)" if reader.checksum_bytes
