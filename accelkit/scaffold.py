@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import os
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.resources import templates_dir
 from accelkit.shellwords import command_line
@@ -207,3 +209,27 @@ def _merge_into(staging: Path, directory: Path) -> list[tuple[Path, Path]]:
             replaced.append((target, backup))
         shutil.copy2(source, target)
     return replaced
+
+
+def run_init(directory: Path | None, template: str | None, *, backend: str = "ddp", num_processes: int | None = None,
+             force: bool = False, listing: bool = False) -> CommandResult:
+    """`accelkit init` as one call: the template list (`listing`), or a new project and what to run next."""
+    result = CommandResult()
+    if listing:
+        templates = list_templates()
+        width = max((len(t.name) for t in templates), default=0)
+        for known in templates:
+            result.out(f"{known.name.ljust(width)}  {known.description}")
+        return result.err("\nStart a project with `accelkit init DIR --template NAME [--backend B]`.")
+    if template is None:
+        raise AccelkitError("no template given", hint="pass --template NAME; `accelkit init --list` shows them")
+    assert directory is not None  # the CLI asks for DIRECTORY
+    project = init_project(directory, template, backend=backend, num_processes=num_processes, force=force)
+    result.out(f"Created {directory}/ from template `{project.template.name}` with {project.config_path.name} "
+               f"({project.backend}, {project.num_processes} process(es)).")
+    for replaced, backup in project.replaced:
+        result.out(f"Replaced {replaced} (your version is kept as {backup.name}).")
+    result.out(f"\nNext (see {directory}/README.md):\n  cd {shlex.quote(str(directory))}")
+    for purpose, line in project.commands.items():
+        result.out(f"  {line:<90}  # {purpose}")
+    return result

@@ -1,6 +1,6 @@
 """`accelkit bench`: scaling efficiency, throughput and interconnect bandwidth of the user's own script.
 
-    api.py          the command as one library call: checks, the sweep, the files, the exit status
+    api.py          the command as one library call (run_bench): checks, the sweep, the files, the exit status
     cli_spec.py     command-line values -> a checked BenchSpec (defaults for world sizes, backends, --comm sizes)
     spec.py         what to run: a typed sweep (world sizes x backends, steps, scaling mode) and its checks
     launching.py    the ONE module that talks to the config -> launch spine (options, requests, supervised runs)
@@ -30,7 +30,5 @@ WARMUP_ENV = "ACCELKIT_BENCH_WARMUP"  # tells the probe where the measured windo
 MIN_TIME_ENV = "ACCELKIT_BENCH_MIN_TIME"  # the measured window's minimum length in seconds (0: --steps alone)
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "build_spec": "cli_spec",
     "run_bench": "api",
-    "split_command_line": "rerun",
 }, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV", "MIN_TIME_ENV"])

@@ -7,10 +7,11 @@ import os
 import platform
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from accelkit.bench.cli_spec import build_spec
 from accelkit.bench.launching import (
     LaunchSettings,
     available_devices,
@@ -23,10 +24,13 @@ from accelkit.bench.launching import (
 )
 from accelkit.bench.plot import INSTALL_HINT, matplotlib_available, plot
 from accelkit.bench.report import bench_csv, bench_json, summary_text
+from accelkit.bench.rerun import split_command_line
 from accelkit.bench.spec import RESULT_NAMES, BenchSpec, check_counts, check_output
 from accelkit.bench.sweep import Sweep
+from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.fsio import atomic_write, remove_path, write_error
+from accelkit.shellwords import command_line
 
 
 @dataclass
@@ -104,8 +108,30 @@ def draw(sweep: Sweep) -> list[str]:
     return [f"plot: {path}"]
 
 
-def run_bench(spec: BenchSpec, settings: LaunchSettings, force: bool,
+def run_bench(*, argv: tuple[str, ...], force: bool, progress: Callable[[str], None], script: str | None,
+              script_args: tuple[str, ...], comm: bool, **values: Any) -> CommandResult:
+    """`accelkit bench` as one call: the command line's values (`argv`: its words after the program name; `values`:
+    build_spec's) in, each progress line said as `bench: ...`; the table and the notes, the exit status and the
+    error that ends a failed sweep out."""
+    command_words, script_words = split_command_line(argv, script, script_args)
+    if script is None and not comm:
+        raise AccelkitError("no SCRIPT to bench", hint="accelkit bench [OPTIONS] SCRIPT [SCRIPT_ARGS]..., or "
+                                                       "`accelkit bench --comm` alone for the interconnect check")
+    spec, settings = build_spec(script=script, script_args=script_args, comm=comm,
+                                command_line=command_line("accelkit", *argv), **values)
+    spec = replace(spec, command_words=command_words, script_words=script_words)
+    outcome = run_sweep(spec, settings, force, lambda line: progress(f"bench: {line}"))
+    result = CommandResult(exit_code=outcome.exit_code, error=outcome.error)
+    for line in outcome.lines:
+        result.out(line)
+    for note in outcome.notes:
+        result.err(f"bench: {note}")
+    return result
+
+
+def run_sweep(spec: BenchSpec, settings: LaunchSettings, force: bool,
               progress: Callable[[str], None]) -> BenchOutcome:
+    """Check everything, run the sweep, write the results; the outcome to print."""
     check_counts(spec.steps, spec.warmup, spec.min_time)
     check_output(spec.output, force)
     if spec.script is not None:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
 from accelkit.commands.config_options import config_options_except, options_from_kwargs
 from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
+from accelkit.commands.printing import finish, progress
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
-from accelkit.shellwords import command_line
 
 DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; pyperf and timeit use 0.1 to 0.2 s
 
@@ -63,13 +63,7 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
 @rendezvous_options
 @click.argument("script", metavar="[SCRIPT]", required=False)
 @script_args_argument()
-def command(config_file: Path | None, num_processes_list: str | None, compare_backends: str | None,
-            layouts: tuple[str, ...], cpu: bool, module: bool, steps: int, min_time: float, warmup: int,
-            scaling: str, batch_arg: str | None, global_batch: int | None,
-            output: Path, force: bool, comm: bool, comm_sizes: str | None, comm_iters: int | None,
-            timeout: float | None, stall_timeout: float | None, show_output: bool, rdzv_backend: str | None,
-            rdzv_conf: str | None, same_network: bool | None, script: str | None, script_args: tuple[str, ...],
-            **kwargs: object) -> int:
+def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
     """Measure how SCRIPT scales: a run per world size (and backend), each through `accelkit launch` with a probe
     in every rank; the script is not edited. Everything after SCRIPT goes to the script.
 
@@ -87,29 +81,8 @@ def command(config_file: Path | None, num_processes_list: str | None, compare_ba
     (superlinear or too variable) with the command that measures longer. Exit status: 0 when every run succeeded,
     1 when one failed, 128+N when stopped by signal N.
     """
-    from accelkit.bench import build_spec, run_bench, split_command_line
+    from accelkit.bench import run_bench
 
-    command_words, script_words = split_command_line(tuple(sys.argv[1:]), script, script_args)
-    if script is None and not comm:
-        from accelkit.errors import AccelkitError
-
-        raise AccelkitError("no SCRIPT to bench", hint="accelkit bench [OPTIONS] SCRIPT [SCRIPT_ARGS]..., or "
-                                                       "`accelkit bench --comm` alone for the interconnect check")
     options = options_from_kwargs(kwargs)
-    spec, settings = build_spec(
-        options=options, config_file=config_file, num_processes=num_processes_list,
-        compare_backends=compare_backends, cpu=cpu, module=module, steps=steps, warmup=warmup, scaling=scaling,
-        batch_arg=batch_arg, global_batch=global_batch, output=output, comm=comm, comm_sizes=comm_sizes,
-        comm_iters=comm_iters, timeout=timeout, stall_timeout=stall_timeout, show_output=show_output,
-        rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf, same_network=same_network, script=script,
-        script_args=script_args, min_time=min_time, layouts=layouts,
-        command_line=command_line("accelkit", *sys.argv[1:]))
-    spec = replace(spec, command_words=command_words, script_words=script_words)
-    outcome = run_bench(spec, settings, force, progress=lambda line: click.echo(f"bench: {line}", err=True))
-    for line in outcome.lines:
-        click.echo(line)
-    for note in outcome.notes:
-        click.echo(f"bench: {note}", err=True)
-    if outcome.error is not None:
-        raise outcome.error
-    return outcome.exit_code
+    return finish(run_bench(argv=tuple(sys.argv[1:]), force=force, options=options, num_processes=num_processes_list,
+                            progress=progress, **kwargs))

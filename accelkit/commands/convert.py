@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import click
 
+from accelkit.commands.printing import finish, progress
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds
 from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
-from accelkit.errors import AccelkitError
-from accelkit.shellwords import command_line
-
-CHECK_PROCESSES = 2
 
 
 @click.command(name="convert", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})
@@ -75,75 +71,10 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
         raise click.UsageError("--converted goes with --check")
     if check_backend is not None and not check:
         raise click.UsageError("--backend goes with --check (the conversion itself runs under any backend)")
-    if check:
-        from accelkit.plan import parse_bytes
+    from accelkit.convert import ConvertRequest, run_convert
 
-        limit = parse_bytes(sandbox_limit, "--sandbox-limit")
-        return _check(script, list(script_args), steps, stall_timeout, converted_file, limit, check_backend or "ddp")
-
-    from accelkit.convert import ConvertOptions, convert_source, read_script, write_conversion
-
-    source = read_script(script)
-    result = convert_source(source, ConvertOptions(mixed_precision=mixed_precision), filename=script.name)
-    report = result.report.format(script.name)
-    problems = result.report.problems
-
-    if show_diff:
-        click.echo("".join(difflib.unified_diff(source.splitlines(keepends=True), result.code.splitlines(keepends=True),
-                                                fromfile=str(script), tofile=f"{script} (converted)")), nl=False)
-        click.echo(report, err=True)
-        return 1 if exit_code and result.changed else 0
-    if result.report.status == "trainer":  # one line: how to launch it as it is
-        click.echo(report)
-        return 0
-    if not result.changed:
-        click.echo(report)
-        click.echo("Nothing written.")
-        return 0
-    if problems and not partial:
-        click.echo(report)
-        raise AccelkitError(f"{script.name} cannot be converted completely: {problems[0].format()}"
-                            + (f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""),
-                            hint="fix these in the original and convert again, or pass --partial to write the "
-                                 "conversion with them left to do; nothing was written")
-    written = write_conversion(script, source, result.code, output=output, in_place=in_place, force=force)
-    click.echo(report)
-    if written.backup is not None:
-        click.echo(f"Rewrote {script} (original kept in {written.backup}).")
-    else:
-        click.echo(f"Wrote {written.path}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
-    click.echo(f"Try it: {try_it(written.path)}")
-    return 0
-
-
-def try_it(path: Path) -> str:
-    """The command that runs a converted script on 2 CPU processes, exactly as it can be pasted."""
-    return command_line("accelkit", "launch", flags=[("--cpu", True), ("--num-processes", CHECK_PROCESSES)],
-                        args=[path])
-
-
-def _check(script: Path, args: list[str], steps: int, stall_timeout: float, converted_file: Path | None,
-           sandbox_limit: int, backend: str = "ddp") -> int:
-    from accelkit.convert import CheckOptions, check_script, read_script
-
-    what = converted_file.name if converted_file is not None else "the conversion"
-    click.echo(f"accelkit convert --check {script.name}: the original on 1 process, {what} on "
-               f"{CHECK_PROCESSES} CPU processes ({backend.upper()} rehearsal), {steps} step(s), each in a copy of "
-               "the working directory...", err=True)
-    converted_code = read_script(converted_file) if converted_file is not None else None
-    outcome = check_script(script, args, CheckOptions(steps=steps, processes=CHECK_PROCESSES,
-                                                      stall_seconds=stall_timeout, sandbox_limit=sandbox_limit,
-                                                      backend=backend),
-                           converted_code=converted_code,
-                           converted_name=converted_file.name if converted_file is not None else None)
-    if outcome.conversion_problems:
-        click.echo("The conversion left problems (NOT CONVERTED in its report):")
-        for problem in outcome.conversion_problems:
-            click.echo(f"  {problem}")
-    click.echo(outcome.format())
-    outcome.raise_unless_passed(script, args, steps)
-    skipped = "; ".join(f"{v.name} ({v.summary})" for v in outcome.not_checked)
-    click.echo(f"Check passed: the converted {script.name} trains the same model on {CHECK_PROCESSES} processes "
-               f"({backend.upper()}) as the original on one. Checked: {', '.join(outcome.checked)}."
-               + (f" Not checked: {skipped}." if skipped else ""))
-    return 0
+    request = ConvertRequest(script=script, output=output, in_place=in_place, diff=show_diff, exit_code=exit_code,
+                             mixed_precision=mixed_precision, partial=partial, force=force, check=check,
+                             script_args=tuple(script_args), converted=converted_file, steps=steps,
+                             stall_timeout=stall_timeout, sandbox_limit=sandbox_limit, backend=check_backend or "ddp")
+    return finish(run_convert(request, progress=progress))

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
 
+from accelkit.commands.printing import finish
 from accelkit.commands.vocabulary import AccelkitCommand
 from accelkit.configs import Backend
-from accelkit.errors import AccelkitError
-
-
-def _list_templates() -> int:
-    from accelkit.scaffold import list_templates
-
-    templates = list_templates()
-    width = max((len(t.name) for t in templates), default=0)
-    for template in templates:
-        click.echo(f"{template.name.ljust(width)}  {template.description}")
-    click.echo("\nStart a project with `accelkit init DIR --template NAME [--backend B]`.", err=True)
-    return 0
 
 
 @click.command(name="init", cls=AccelkitCommand)
@@ -45,24 +33,11 @@ def command(directory: Path | None, template: str | None, backend: str, num_proc
     Every template trains a tiny model offline in seconds with no arguments, runs under DDP, FSDP and DeepSpeed,
     checkpoints to outputs/checkpoint-<step>, resumes exactly, and saves outputs/final for from_pretrained.
     """
-    if list_:
-        if directory is not None or template is not None:
-            raise click.UsageError("--list takes no other arguments")
-        return _list_templates()
-    if directory is None:
+    if list_ and (directory is not None or template is not None):
+        raise click.UsageError("--list takes no other arguments")
+    if directory is None and not list_:
         raise click.UsageError("missing DIRECTORY (or pass --list)")
-    if template is None:
-        raise AccelkitError("no template given", hint="pass --template NAME; `accelkit init --list` shows them")
+    from accelkit.scaffold import run_init
 
-    from accelkit.scaffold import init_project
-
-    project = init_project(directory, template, backend=backend, num_processes=num_processes, force=force)
-    where = shlex.quote(str(directory))
-    click.echo(f"Created {directory}/ from template `{project.template.name}` with {project.config_path.name} "
-               f"({project.backend}, {project.num_processes} process(es)).")
-    for replaced, backup in project.replaced:
-        click.echo(f"Replaced {replaced} (your version is kept as {backup.name}).")
-    click.echo(f"\nNext (see {directory}/README.md):\n  cd {where}")
-    for purpose, line in project.commands.items():
-        click.echo(f"  {line:<90}  # {purpose}")
-    return 0
+    return finish(run_init(directory, template, backend=backend, num_processes=num_processes, force=force,
+                           listing=list_))

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
 from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
+from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import stall_timeout_option
+from accelkit.shellwords import command_line
+
+if TYPE_CHECKING:
+    from accelkit.launch import ClusterJobFile
+
+# The job-file options (their parameter names): write one of them instead of launching.
+CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kubernetes": "kubernetes_file"}
 
 
 @click.command(name="launch", cls=ScriptCommand,
@@ -58,11 +66,8 @@ from accelkit.commands.supervision_options import stall_timeout_option
 @script_args_argument()
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
-            same_network: bool | None, slurm_file: Path | None, skypilot_file: Path | None,
-            kubernetes_file: Path | None, gpus_per_node: int | None, job_name: str | None,
-            force: bool | None, partition: str | None, time_limit: str | None, requeue: bool | None,
-            signal_before: int | None, accelerator: str | None, image: str | None, script: str,
-            script_args: tuple[str, ...], **kwargs: object) -> int:
+            same_network: bool | None, stall_timeout: float | None, script: str, script_args: tuple[str, ...],
+            **kwargs: object) -> int:
     """Launch SCRIPT on every process of the job; everything after SCRIPT goes to the script.
 
     \b
@@ -78,83 +83,43 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     Without GPUs, GPU backends need --cpu (a CPU rehearsal); `--cpu --num-processes N` alone runs N data-parallel
     CPU processes. Exit status: the first failing rank's.
     """
-    from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget, check_target
+    from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget, run_launch
 
-    stall_timeout = kwargs.pop("stall_timeout")  # for the supervisor (run_request), not a config option
     options = options_from_kwargs(kwargs)
-    targets = {"--slurm": slurm_file, "--skypilot": skypilot_file, "--kubernetes": kubernetes_file}
-    chosen = [flag for flag, path in targets.items() if path is not None]
+    cluster = cluster_job_file(kwargs)
+    request = LaunchRequest(target=LaunchTarget(script=script, args=tuple(script_args), module=module),
+                            options=options, config_file=config_file, cpu=cpu,
+                            flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,
+                                                rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
+                                                same_network=same_network),
+                            command_line=command_line("accelkit", *sys.argv[1:]))
+    return finish(run_launch(request, stall_timeout=stall_timeout, dry_run=dry_run, cluster=cluster))
+
+
+# Each cluster-only option (its parameter name) -> the job-file flags it applies with.
+CLUSTER_ONLY = {"--gpus-per-node": ("gpus_per_node", CLUSTER_FILES), "--job-name": ("job_name", CLUSTER_FILES),
+                "--force": ("force", CLUSTER_FILES), "--partition": ("partition", ("--slurm",)),
+                "--time": ("time_limit", ("--slurm",)), "--requeue": ("requeue", ("--slurm",)),
+                "--signal-before": ("signal_before", ("--slurm",)), "--accelerator": ("accelerator", ("--skypilot",)),
+                "--image": ("image", ("--kubernetes",))}
+
+
+def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
+    """Pop the cluster target's options out of `kwargs`: the job file to write (None: launch), or a usage error for
+    options that do not go together."""
+    from accelkit.launch import ClusterJobFile
+
+    files = {flag: kwargs.pop(name) for flag, name in CLUSTER_FILES.items()}
+    values = {flag: kwargs.pop(name) for flag, (name, _) in CLUSTER_ONLY.items()}
+    chosen = [flag for flag, path in files.items() if path is not None]
     if len(chosen) > 1:
         raise click.UsageError(f"{' and '.join(chosen)} cannot be combined: write one job file at a time")
-    only = {"--gpus-per-node": (gpus_per_node, targets),
-            "--job-name": (job_name, targets), "--force": (force, targets),
-            "--partition": (partition, ["--slurm"]), "--time": (time_limit, ["--slurm"]),
-            "--requeue": (requeue, ["--slurm"]), "--signal-before": (signal_before, ["--slurm"]),
-            "--accelerator": (accelerator, ["--skypilot"]), "--image": (image, ["--kubernetes"])}
-    for flag, (value, allowed) in only.items():
-        if value is not None and not set(chosen) & set(allowed):
+    for flag, (_, allowed) in CLUSTER_ONLY.items():
+        if values[flag] is not None and not set(chosen) & set(allowed):
             raise click.UsageError(f"{flag} only applies with {'/'.join(f'{a} FILE' for a in allowed)}")
-    if signal_before is not None and not requeue:
+    if values["--signal-before"] is not None and not values["--requeue"]:
         raise click.UsageError("--signal-before only applies with --requeue")
-
-    target = LaunchTarget(script=script, args=tuple(script_args), module=module)
-    check_target(target)
-    flags = LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval, rdzv_backend=rdzv_backend,
-                          rdzv_conf=rdzv_conf, same_network=same_network)
-    request = LaunchRequest(target=target, options=options, config_file=config_file, cpu=cpu, flags=flags,
-                            command_line=shlex.join(["accelkit", *sys.argv[1:]]))
-
-    if chosen:
-        nodes = 1 if options.num_machines is None else options.num_machines  # --nodes is its other spelling
-        return _write_cluster_job(request, chosen[0], targets[chosen[0]], nodes=nodes,
-                                  gpus_per_node=gpus_per_node or 0, job_name=job_name or "accelkit",
-                                  force=bool(force), stall_timeout=stall_timeout, partition=partition,
-                                  time_limit=time_limit, requeue=bool(requeue), signal_before=signal_before or 120,
-                                  accelerator=accelerator, image=image)
-    if dry_run:
-        import shutil
-        import tempfile
-
-        from accelkit.launch import dry_run_text, prepare_launch
-
-        # The printed command reads this config: the folder is kept on purpose, and named for what it is.
-        folder = Path(tempfile.mkdtemp(prefix="accelkit-dry-run-"))
-        try:
-            prepared = prepare_launch(request, config_path=folder / "accelerate_config.yaml", check_hardware=False)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        click.echo(dry_run_text(prepared))
-        return 0
-
-    from accelkit.launch import run_request
-
-    return run_request(request, stall_timeout=stall_timeout)
-
-
-
-def _write_cluster_job(request, flag: str, path: Path, *, nodes: int, gpus_per_node: int, job_name: str, force: bool,
-                       stall_timeout: float | None, partition: str | None, time_limit: str | None, requeue: bool,
-                       signal_before: int, accelerator: str | None, image: str | None) -> int:
-    """Write the job file of one cluster target; print what it resolved and how to submit it."""
-    from accelkit import launch
-
-    if flag == "--slurm":
-        job = launch.write_slurm_job(request, launch.SlurmOptions(
-            nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, time=time_limit, job_name=job_name,
-            chdir=Path.cwd(), stall_timeout=stall_timeout, requeue=requeue, signal_before=signal_before), path, force)
-        submit = f"sbatch {shlex.quote(str(path))}"
-    elif flag == "--skypilot":
-        job = launch.write_skypilot_task(request, launch.SkyPilotOptions(
-            nodes=nodes, gpus_per_node=gpus_per_node, accelerator=accelerator, job_name=job_name,
-            workdir=Path.cwd(), stall_timeout=stall_timeout), path, force)
-        submit = f"sky launch -c {shlex.quote(job_name)} {shlex.quote(str(path))}"
-    else:
-        job = launch.write_trainjob(request, launch.KubernetesOptions(
-            nodes=nodes, gpus_per_node=gpus_per_node, image=image, job_name=job_name, workdir=Path.cwd(),
-            stall_timeout=stall_timeout), path, force)
-        submit = f"kubectl apply -f {shlex.quote(str(path))}"
-    for line in job.summary:
-        click.echo(line, err=True)
-    click.echo(f"Wrote {path} (config: {job.config_path}). Submit it with: {submit}")
-    return 0
+    if not chosen:
+        return None
+    given = {CLUSTER_ONLY[flag][0]: value for flag, value in values.items() if value}  # not given: the defaults
+    return ClusterJobFile(flag=chosen[0], path=files[chosen[0]], **given)

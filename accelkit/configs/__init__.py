@@ -8,6 +8,7 @@
     rules.py     the one rule set over a ResolvedConfig (config, launch and `config --check` share its words)
     files.py     config files: load (line and column of syntax errors) and check (`accelkit config --check`)
     render.py    a config -> commented YAML (+ its DeepSpeed JSON), written without partial files
+    api.py       run_config: `accelkit config` as one call (write or print the YAML, --list, --check)
     presets.py, hardware.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the DeepSpeed
                  JSON, and the keys Accelerate accepts (read from Accelerate itself)
 
@@ -49,6 +50,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_yaml": "render",
     "write_config": "render",
     "write_deepspeed_json": "render",
+    # the command as one call
+    "run_config": "api",
     "Preset": "presets",
     "list_presets": "presets",
 })

@@ -134,6 +134,12 @@ class ConfigOptions:
         """(--flag, value) of every field the user set, in the table's order: what `command_line` spells back."""
         return [(flag_name(name), value) for name, value in self.given().items()]
 
+    def config_command(self, output: Path | str | None) -> str:
+        """The `accelkit config` command that writes this config to `output`: the header of every written YAML."""
+        from accelkit.shellwords import command_line
+
+        return command_line("accelkit", "config", flags=[*self.flags(), ("-o", output)])
+
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-safe values (paths as text, tuples as lists), for a launch request crossing processes."""
         out: dict[str, Any] = {}

@@ -3,6 +3,8 @@
 The public surface (what the rest of accelkit imports; the modules below are this package's own):
 - LaunchRequest, LaunchTarget, LauncherFlags: what to launch; prepare_launch / check_target: resolve and check it;
   LaunchPlan, plan_launch: the typed plan; dry_run_text: the plan as `--dry-run` prints it;
+- run_launch(request, dry_run=, cluster=ClusterJobFile) -> CommandResult: `accelkit launch` as one call (api.py):
+  run it, print it, or write it as a cluster job;
 - run_supervised(SupervisedRun) -> RunOutcome: THE way to run a job (a launch, or one plain ScriptProcess) under
   supervision: environment, probes, stall timeout, deadline and output files as parameters; status, exit code,
   stacks and the first failing rank's own error back (supervised.py); run_request: `accelkit launch`'s run;
@@ -10,6 +12,7 @@ The public surface (what the rest of accelkit imports; the modules below are thi
   the cluster targets (targets/: one typed cluster job, one renderer per scheduler).
 
 Modules, in the order a launch uses them:
+- api.py      run_launch: the command's one entry point (run, --dry-run, or a job file for --slurm/--skypilot/...);
 - request.py  LaunchRequest: what the user asked for (crosses into the launcher process as JSON);
 - build_plan.py  resolve the config (accelkit.configs), decide CPU rehearsal (accelkit.rehearsal), check script, GPUs,
               DeepSpeed and the rendezvous port, write the config, then plan;
@@ -41,6 +44,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "prepare_launch": "build_plan",
     "dry_run_text": "summary",
     "run_request": "supervisor",
+    "run_launch": "api",
+    "ClusterJobFile": "api",
     "STALL_EXIT_STATUS": "supervisor",
     "RunOutcome": "supervised",
     "ScriptProcess": "supervised",

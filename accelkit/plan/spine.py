@@ -39,7 +39,7 @@ def config_options(strategy: Strategy, hardware: Hardware, training: Training, a
 
 
 def config_command(options, output: Path | str) -> str:
-    return command_line("accelkit", "config", flags=[*options.flags(), ("-o", output)])
+    return options.config_command(output)
 
 
 def launch_command(config: Path | str, script: str, strategy: Strategy, accumulation: int) -> str:

@@ -3,6 +3,7 @@ shape), rendered for each scheduler. No renderer re-derives the job's values (no
 the request every node runs); each only spells them in its scheduler's format.
 
 - cluster_job.py   ClusterJob: the request for all nodes, its shape checked and its config resolved once;
+                   JobOptions: what every target is asked (nodes, GPUs per node, name, stall timeout);
                    write_cluster_job: refuse what cannot be written, then write the job file (and its config beside);
 - node_command.py  the one per-node command every target runs (accelkit.launch.node, which is what
                    `accelkit launch --machine-rank R` runs on a bare machine), with the scheduler's variables;

@@ -9,6 +9,7 @@ Every node later resolves the same request again for its own rank (accelkit.laun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,6 +25,16 @@ class ClusterTarget:
     scheduler: str  # "SLURM"
     job_file: str  # "the sbatch script"
     rank_source: str  # where each node's rank comes from, e.g. "SLURM_NODEID"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What every target is asked for the job's shape; each target's options add what only its scheduler takes."""
+
+    nodes: int
+    gpus_per_node: int  # 0: not given (--num-processes then gives the total)
+    job_name: str = "accelkit"
+    stall_timeout: float | None = None  # the watchdog's, on every node (None: launch's default)
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,19 @@ def plan_cluster_job(request: LaunchRequest, target: ClusterTarget, *, nodes: in
                       gpus_per_node=0 if request.cpu else per_node, port=request.options.main_process_port,
                       config_path=config_path, summary=tuple(prepared.summary),
                       backend=str(plan.rehearsal or plan.config.backend))
+
+
+def write_cluster_job(request: LaunchRequest, target: ClusterTarget, options: JobOptions, path: Path, force: bool,
+                      render: Callable[[ClusterJob], str], *, workdir: Path | None = None,
+                      mode: int = 0o644) -> ClusterJob:
+    """Refuse what cannot be written (the job file and its config beside it, both before either is written), plan
+    the job once, then write `render(job)` to `path`; return the job (its summary for the user)."""
+    config_path = config_path_for(path)
+    check_outputs([path, config_path], force)
+    job = plan_cluster_job(request, target, nodes=options.nodes, gpus_per_node=options.gpus_per_node or None,
+                           config_path=config_path, workdir=workdir)
+    write_job_file(path, render(job), mode=mode)
+    return job
 
 
 def check_outputs(paths: list[Path], force: bool) -> None:

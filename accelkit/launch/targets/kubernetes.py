@@ -17,15 +17,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.targets.cluster_job import (
-    ClusterJob,
-    ClusterTarget,
-    check_outputs,
-    config_path_for,
-    plan_cluster_job,
-    write_job_file,
-    yaml_document,
-)
+from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job, yaml_document
 from accelkit.launch.targets.node_command import NodeCommand
 
 KUBERNETES = ClusterTarget(flag="--kubernetes", scheduler="Kubernetes", job_file="the TrainJob",
@@ -38,16 +30,12 @@ REQUEST_ENV = "ACCELKIT_LAUNCH_REQUEST"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-@dataclass(frozen=True)
-class KubernetesOptions:
+@dataclass(frozen=True, kw_only=True)
+class KubernetesOptions(JobOptions):
     """What only Kubernetes is asked for (the job's shape and the request are the ClusterJob's)."""
 
-    nodes: int
-    gpus_per_node: int  # 0: not given (--num-processes then gives the total)
     image: str | None  # None: refused (the runtime's default image has no accelkit)
-    job_name: str = "accelkit"
     workdir: Path = Path(".")  # the project: the image holds it as its working directory
-    stall_timeout: float | None = None
 
 
 def container_command(options: KubernetesOptions) -> str:
@@ -100,9 +88,5 @@ def write_trainjob(request: LaunchRequest, options: KubernetesOptions, path: Pat
     if request.options.main_process_port is not None:
         raise AccelkitError("--main-process-port comes from the Trainer's runtime in the TrainJob (PET_MASTER_PORT)",
                             hint="drop --main-process-port; the torch-distributed runtime sets the port")
-    config_path = config_path_for(path)
-    check_outputs([path, config_path], force)
-    job = plan_cluster_job(request, KUBERNETES, nodes=options.nodes, gpus_per_node=options.gpus_per_node or None,
-                           config_path=config_path, workdir=options.workdir)
-    write_job_file(path, render_trainjob(job, options))
-    return job
+    return write_cluster_job(request, KUBERNETES, options, path, force, lambda job: render_trainjob(job, options),
+                             workdir=options.workdir)

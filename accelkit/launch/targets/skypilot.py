@@ -19,15 +19,7 @@ from pathlib import Path
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
 from accelkit.launch.targets.accelerators import canonical_accelerator
-from accelkit.launch.targets.cluster_job import (
-    ClusterJob,
-    ClusterTarget,
-    check_outputs,
-    config_path_for,
-    plan_cluster_job,
-    write_job_file,
-    yaml_document,
-)
+from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job, yaml_document
 from accelkit.launch.targets.node_command import NodeCommand
 
 SKYPILOT = ClusterTarget(flag="--skypilot", scheduler="SkyPilot", job_file="the task", rank_source="SKYPILOT_NODE_RANK")
@@ -38,16 +30,12 @@ SETUP_PACKAGES = ("accelkit", "torch", "accelerate", "transformers")
 ACCELKIT_MOUNT = "~/.accelkit/src"  # where accelkit's own source tree goes on every node, when it runs from one
 
 
-@dataclass(frozen=True)
-class SkyPilotOptions:
+@dataclass(frozen=True, kw_only=True)
+class SkyPilotOptions(JobOptions):
     """What only SkyPilot is asked for (the job's shape and the request are the ClusterJob's)."""
 
-    nodes: int
-    gpus_per_node: int  # 0: not given (--num-processes then gives the total)
     accelerator: str | None = None  # e.g. H100 (None for --cpu)
-    job_name: str = "accelkit"
     workdir: Path = Path(".")  # copied to every node; the run starts there
-    stall_timeout: float | None = None
 
 
 def _installed(package: str) -> str | None:
@@ -140,12 +128,8 @@ def write_skypilot_task(request: LaunchRequest, options: SkyPilotOptions, path: 
                             hint="pass --accelerator NAME, e.g. H100 (`sky gpus list` shows what your clouds offer)")
     else:
         options = _with_accelerator(options, canonical_accelerator(options.accelerator))
-    config_path = config_path_for(path)
-    check_outputs([path, config_path], force)
-    job = plan_cluster_job(request, SKYPILOT, nodes=options.nodes, gpus_per_node=options.gpus_per_node or None,
-                           config_path=config_path, workdir=options.workdir)
-    write_job_file(path, render_task(job, options))
-    return job
+    return write_cluster_job(request, SKYPILOT, options, path, force, lambda job: render_task(job, options),
+                             workdir=options.workdir)
 
 
 def _with_accelerator(options: SkyPilotOptions, name: str) -> SkyPilotOptions:

@@ -16,30 +16,19 @@ from pathlib import Path
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
 from accelkit.launch.slurm_values import check_slurm_options, sbatch_directive
-from accelkit.launch.targets.cluster_job import (
-    ClusterJob,
-    ClusterTarget,
-    check_outputs,
-    config_path_for,
-    plan_cluster_job,
-    write_job_file,
-)
+from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job
 
 SLURM = ClusterTarget(flag="--slurm", scheduler="SLURM", job_file="the sbatch script", rank_source="SLURM_NODEID")
 REQUEST_DELIMITER = "ACCELKIT_REQUEST"
 
 
-@dataclass(frozen=True)
-class SlurmOptions:
+@dataclass(frozen=True, kw_only=True)
+class SlurmOptions(JobOptions):
     """What only SLURM is asked for (the job's shape and the request are the ClusterJob's)."""
 
-    nodes: int
-    gpus_per_node: int  # 0: not given (--num-processes then gives the total)
     partition: str | None = None
     time: str | None = None
-    job_name: str = "accelkit"
     chdir: Path | None = None  # directory the job runs in (where relative script paths resolve)
-    stall_timeout: float | None = None  # the watchdog's, on every node (None: launch's default)
     requeue: bool = False  # on SIGUSR1 the ranks save and stop, and the job requeues itself
     signal_before: int = 120  # with requeue: seconds before the time limit that SLURM sends SIGUSR1
 
@@ -128,9 +117,5 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
     check_slurm_options(slurm)
     if slurm.requeue:
         check_saves_on_signal(request)
-    config_path = config_path_for(sbatch_path)
-    check_outputs([sbatch_path, config_path], force)  # both refusable before either is written
-    job = plan_cluster_job(request, SLURM, nodes=slurm.nodes, gpus_per_node=slurm.gpus_per_node or None,
-                           config_path=config_path)
-    write_job_file(sbatch_path, render_sbatch(job, slurm), mode=0o755)
-    return job
+    return write_cluster_job(request, SLURM, slurm, sbatch_path, force, lambda job: render_sbatch(job, slurm),
+                             mode=0o755)
