@@ -88,12 +88,16 @@ def read_archive(path: Path) -> _Archive:
 
 
 def find_checkpoint(path: Path, tag: str | None) -> Path | None:
-    """The folder holding `latest` or the tag folders, as detect finds a DeepSpeed checkpoint; None when not one."""
-    if (path / "latest").is_file() or tag is not None or layout.is_deepspeed_tag_dir(path):
-        return path
-    inner = path / "pytorch_model"  # Accelerate's DeepSpeed save_state
-    if inner.is_dir() and ((inner / "latest").is_file() or layout.is_deepspeed_tag_dir(inner)):
-        return inner
+    """The folder holding `latest` or the tag folders, as detect finds a DeepSpeed checkpoint; None when not one or
+    when the folder cannot be read (the torch path then says what is wrong)."""
+    try:
+        if (path / "latest").is_file() or tag is not None or layout.is_deepspeed_tag_dir(path):
+            return path
+        inner = path / "pytorch_model"  # Accelerate's DeepSpeed save_state
+        if inner.is_dir() and ((inner / "latest").is_file() or layout.is_deepspeed_tag_dir(inner)):
+            return inner
+    except OSError:
+        return None
     return None
 
 
