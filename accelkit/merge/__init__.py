@@ -7,8 +7,9 @@ in savestate, the templates' manifest in manifest, every step counter of the fol
 Writing: pieces mapped from the page cache (or, when cast, in two reused buffers) in stream, a streaming
 safetensors writer in writer, output layout in shards, side files and tied weights in extras, what may be replaced
 in output, the orchestration in pipeline, and the report for people in report; what a merge is asked and reports in
-options. The torch-free path for DCP folders stored as row blocks: restricted unpicklers in light_pickle, the layout
-proven in light_dcp, the range copies in light_run, which is also the entry point (it hands everything else to
+options. The torch-free path for DCP folders stored as row blocks and for DeepSpeed ZeRO checkpoints: restricted
+unpicklers in light_pickle, the layouts proven in light_dcp and light_deepspeed (what both DeepSpeed readers share
+in deepspeed_layout), the range copies in light_run, which is also the entry point (it hands everything else to
 pipeline); the safetensors header both paths write in header.
 
 Importing this package is cheap: its names load on first use, and the first one that needs torch imports it without

@@ -19,7 +19,6 @@ parameters as saved.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -27,55 +26,13 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import deepspeed_checks
+from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry
 from accelkit.merge.torch_files import open_archive, tensor_segments
 
-_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-ZERO12_MODEL_FILE = "mp_rank_00_model_states.pt"
-
-
-def is_deepspeed_tag_dir(path: Path) -> bool:
-    return path.is_dir() and any(_OPTIM.match(p.name) for p in path.iterdir())
-
-
-def resolve_tag_dir(path: Path, tag: str | None) -> tuple[Path, str]:
-    """The folder holding the rank files, and how it was chosen."""
-    if tag is not None:
-        tag_dir = path / tag
-        if not tag_dir.is_dir():
-            raise AccelkitError(f"no tag folder {tag!r} in {path}", hint=f"tags found: {_tags(path) or 'none'}")
-        return tag_dir, f"tag {tag!r} (from --tag)"
-    latest = path / "latest"
-    if latest.is_file():
-        name = latest.read_text().strip()
-        if not (path / name).is_dir():
-            raise AccelkitError(f"{latest} names tag {name!r} but {path / name} does not exist",
-                                hint=f"pass --tag with one of: {_tags(path) or 'none'}")
-        return path / name, f"tag {name!r} (from {latest.name})"
-    return path, "tag folder given directly"
-
-
-def _tags(path: Path) -> str:
-    return ", ".join(sorted(p.name for p in path.iterdir() if is_deepspeed_tag_dir(p)))
-
-
-def _ranked(folder: Path, pattern: re.Pattern[str], what: str) -> list[Path]:
-    found: dict[int, Path] = {}
-    for p in folder.iterdir():
-        m = pattern.match(p.name)
-        if m:
-            if int(m.group(2)) != 0:
-                raise AccelkitError(f"{p.name}: tensor-parallel (mp_rank > 0) DeepSpeed checkpoints are not supported",
-                                    hint="merge with DeepSpeed's universal checkpoint tools (ds_to_universal.py)")
-            found[int(m.group(1))] = p
-    if not found:
-        raise AccelkitError(f"no {what} files in {folder}", hint="point at the folder that `latest` names")
-    missing = [r for r in range(max(found) + 1) if r not in found]
-    if missing:
-        raise AccelkitError(f"{what} file of rank {missing[0]} is missing in {folder} "
-                            f"(found ranks {sorted(found)})", hint="copy every rank's files into the tag folder")
-    return [found[r] for r in sorted(found)]
+_OPTIM, _ZERO3_MODEL, ZERO12_MODEL_FILE = layout.OPTIM, layout.ZERO3_MODEL, layout.ZERO12_MODEL_FILE
+is_deepspeed_tag_dir, resolve_tag_dir, _ranked = layout.is_deepspeed_tag_dir, layout.resolve_tag_dir, layout.ranked
+_enum_value, _world_size = layout.enum_value, layout.world_size
 
 
 class DeepSpeedSource(CheckpointSource):
@@ -199,10 +156,7 @@ class DeepSpeedSource(CheckpointSource):
         groups = ms["param_shapes"]
         part_sizes = rank_sizes[0]
         # Where each rank's partition starts in each group's flat vector: [group][rank] -> (start, size).
-        self.partitions = []
-        for g in range(len(part_sizes)):
-            starts = [sum(sizes[g] for sizes in rank_sizes[:r]) for r in range(len(rank_sizes))]
-            self.partitions.append([(start, sizes[g]) for start, sizes in zip(starts, rank_sizes, strict=True)])
+        self.partitions = layout.zero12_partitions(rank_sizes)
         if len(groups) != len(part_sizes):
             raise AccelkitError(f"{self.root}: model states list {len(groups)} parameter groups, optimizer shards "
                                 f"{len(part_sizes)}", hint="the model and optimizer files come from different runs")
@@ -281,14 +235,3 @@ class DeepSpeedSource(CheckpointSource):
             if take > 0:
                 out += self._rank_range(rank, offset, take, None)
         return out
-
-
-def _enum_value(value: Any) -> Any:
-    """ZeroStageEnum arrives as an inert stand-in (see torch_files) or, in old files, as a plain int."""
-    return getattr(value, "value", value)
-
-
-def _world_size(optim_state: dict[str, Any]) -> int:
-    """The world size a rank's optimizer state was written by (partition_count: one int, or one per group)."""
-    count = optim_state.get("partition_count")
-    return max(count) if isinstance(count, list) else int(count)

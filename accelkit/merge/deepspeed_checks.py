@@ -16,21 +16,20 @@ the weights). A manifest written at save time (accelkit's templates write one) c
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.counters import Counted
 from accelkit.merge.torch_files import materialise, peek_flat
 
 if TYPE_CHECKING:
     from accelkit.merge.deepspeed import DeepSpeedSource
 
-_ONE_SAVE = "copy the complete checkpoint of one save (every rank's files from the same tag folder) into a clean folder"
-_DEFAULT_TAG = re.compile(r"^global_step(\d+)$")
+_ONE_SAVE, _DEFAULT_TAG = layout.ONE_SAVE, layout.DEFAULT_TAG
+_odd_one, _steps, _fragment = layout.odd_one, layout.steps_text, layout.fragment
 
 
 def check_all(source: DeepSpeedSource) -> None:
@@ -40,13 +39,6 @@ def check_all(source: DeepSpeedSource) -> None:
         _check_slice_mappings(source)
         _check_module_matches_partitions(source)
 
-
-def _odd_one(values: list[Any]) -> int | None:
-    """The index of a value that differs from the most common one (the first differing when there is a tie)."""
-    common = Counter(values).most_common(1)[0][0]
-    if values.count(common) * 2 == len(values):  # a tie: trust the first file
-        common = values[0]
-    return next((i for i, v in enumerate(values) if v != common), None)
 
 
 def _check_global_steps(source: DeepSpeedSource) -> None:
@@ -104,33 +96,7 @@ def _check_optimizer_steps(source: DeepSpeedSource) -> None:
                          f"({_steps(steps[0])})")
 
 
-def _steps(steps: tuple) -> str:
-    distinct = sorted({int(s) if isinstance(s, float) and s.is_integer() else s for s in steps}, key=str)
-    return ", ".join(str(s) for s in distinct)
 
-
-def _fragment(value: Any) -> tuple[int, int] | None:
-    """(numel, start) of a DeepSpeed fragment_address (an inert stand-in, a tuple or an object)."""
-    state = getattr(value, "state", None)
-    if isinstance(state, dict) and "numel" in state:
-        return int(state["numel"]), int(state["start"])
-    if hasattr(value, "numel") and hasattr(value, "start"):
-        return int(value.numel), int(value.start)
-    if isinstance(value, tuple) and len(value) == 2:
-        return int(value[0]), int(value[1])
-    return None
-
-
-def _expected_fragments(source: DeepSpeedSource, group: int, rank: int) -> dict[str, tuple[int, int]]:
-    start, size = source.partitions[group][rank]
-    out = {}
-    for name, where in source.where.items():
-        if where[0] == "flat12" and where[1] == group:
-            _, _, offset, numel = where
-            lo, hi = max(offset, start), min(offset + numel, start + size)
-            if lo < hi:
-                out[name] = (hi - lo, lo - start)
-    return out
 
 
 def _check_slice_mappings(source: DeepSpeedSource) -> None:
@@ -141,7 +107,7 @@ def _check_slice_mappings(source: DeepSpeedSource) -> None:
             continue
         for group, mapping in enumerate(mappings):
             found = {name: _fragment(v) for name, v in dict(mapping).items()}
-            expected = _expected_fragments(source, group, rank)
+            expected = layout.expected_fragments(source.where, source.partitions, group, rank)
             if found != expected:
                 name = next((n for n in sorted(set(found) | set(expected)) if found.get(n) != expected.get(n)), "?")
                 raise AccelkitError(

@@ -61,7 +61,8 @@ class Plan:
     world_size: int | None = None
     notes: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
-
+    format_name: str = "torch DCP (torch.distributed.checkpoint)"
+    aliases: dict[str, str] = field(default_factory=dict)  # tied names stored once (DeepSpeed's shared_params)
 
 
 def plan(path: Path) -> Plan:

@@ -196,3 +196,80 @@ class ArchiveUnpickler(pickle.Unpickler):
 
 def load_archive_pickle(data: bytes) -> Any:
     return ArchiveUnpickler(io.BytesIO(data)).load()
+
+
+class _StateDict(dict):
+    """collections.OrderedDict as torch state dicts pickle it: a dict that may carry a `_metadata` attribute."""
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise Refused("unexpected state for an OrderedDict")
+        self.__dict__.update(state)
+
+
+def _state_dict(*args: Any) -> dict:
+    if args:
+        raise Refused("OrderedDict with arguments")
+    return _StateDict()
+
+
+class ForeignStandIn:
+    """An inert object for one of the few DeepSpeed classes its checkpoints name (never imported): it keeps the
+    arguments it was called with (an enum's value) and the state pickle gives it (a fragment's numel and start)."""
+
+    args: tuple = ()
+    state: Any = None
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    @property
+    def value(self) -> Any:
+        return self.args[0] if self.args else None
+
+
+# The only DeepSpeed classes its ZeRO checkpoints contain (deepspeed 0.14 - 0.19), as torch_files allowlists them.
+_FOREIGN = {tuple(dotted.rsplit(".", 1)): type(dotted.rsplit(".", 1)[1], (ForeignStandIn,),
+                                                {"__module__": dotted.rsplit(".", 1)[0]})
+            for dotted in ("deepspeed.runtime.zero.config.ZeroStageEnum",
+                           "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                           "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                           "deepspeed.utils.tensor_fragment.fragment_address")}
+_TENSOR_TYPE = object()  # torch.Tensor, named by _rebuild_from_type_v2 for a plain tensor with attributes
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> TensorRef:
+    """A plain tensor saved with Python attributes (DeepSpeed's `ds_id` on ZeRO-3 flat groups): the attributes are
+    dropped, as the merge never reads them; any other type (a subclass) is refused."""
+    if func is not _rebuild_tensor_v2 or new_type is not _TENSOR_TYPE or not isinstance(args, tuple):
+        raise Refused("a tensor subclass")
+    if state is not None and not isinstance(state, dict):
+        raise Refused("a tensor with unexpected state")
+    return _rebuild_tensor_v2(*args)
+
+
+class DeepSpeedUnpickler(ArchiveUnpickler):
+    """Builds the `data.pkl` of DeepSpeed's model and optimizer states: plain tensors (as `TensorRef`s), state
+    dicts, sizes, dtypes, and inert stand-ins for the four DeepSpeed classes torch_files allowlists. Nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return _state_dict
+        if (module, name) in _FOREIGN:
+            return _FOREIGN[module, name]
+        if (module, name) == ("torch._tensor", "_rebuild_from_type_v2"):
+            return _rebuild_from_type_v2
+        if (module, name) == ("torch", "Tensor"):
+            return _TENSOR_TYPE
+        if (module, name) == ("torch", "Size"):
+            return _size
+        if module == "torch" and name in DTYPES:
+            return DType(name)
+        return super().find_class(module, name)
+
+
+def load_deepspeed_pickle(data: bytes) -> Any:
+    return DeepSpeedUnpickler(io.BytesIO(data)).load()

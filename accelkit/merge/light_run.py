@@ -2,23 +2,26 @@
 
 Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
 million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
-writes; proven by light_dcp, with dcp_layout's checks), the merge is a sequence of range copies, and this module
-makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite scan): each piece of a data
-record is mapped from the page cache, its CRC-32 and the scan read it there, and the kernel copies it file to file
-(`os.copy_file_range`). The output is the same file the torch path writes, byte for byte.
+writes; proven by light_dcp, with dcp_layout's checks) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
+light_deepspeed can make (the fp32 weights are byte ranges of the ranks' flat partitions), the merge is a sequence
+of range copies, and this module makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite
+scan), in one pass: each window of a data record is mapped from the page cache, its CRC-32 and the scan read it
+there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
+byte.
 
 Everything else goes to the torch path (pipeline), which says why in the report's notes: other formats, layouts it
 cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
-RNG files are checked with torch), a config.json that may tie weights (asking the model class needs transformers),
+RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model class needs
+transformers), a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own message),
 and any non-finite value (the torch path reports it, or writes it with --allow-nonfinite). A corrupt record found
 while copying fails here with the torch path's own message; the staged output is then removed.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
-import errno
 import gc
 import importlib
 import json
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, extras, light_dcp, manifest, records
+from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
 from accelkit.merge.header import safetensors_header
 from accelkit.merge.light_pickle import DTYPES, Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
@@ -45,7 +48,7 @@ _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 _RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
-_FAST = "read without torch: every tensor is stored as row blocks, copied file to file"
+_FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
 
 class _TorchPath(Exception):
@@ -83,32 +86,70 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
     output = opts.output
     if output is None or output.suffix in _TORCH_SUFFIXES:
         raise _TorchPath("no safetensors output")
-    for asked, reason in ((opts.max_shard_size, "--max-shard-size"),
-                          (opts.tag, "--tag"), (opts.model_index is not None, "--model-index")):
+    for asked, reason in ((opts.max_shard_size, "--max-shard-size"), (opts.model_index is not None, "--model-index")):
         if asked:
             raise _TorchPath(f"{reason} was given")
-    if not (opts.input.is_dir() and (opts.input / light_dcp.METADATA_FILE).is_file()):
-        if any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
-            raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
-        raise _TorchPath("only torch DCP folders are read without torch")
+    if not opts.input.is_dir():
+        raise _TorchPath("only checkpoint folders are read without torch")
+    names = _names(opts.input)
+    is_dcp = (opts.input / light_dcp.METADATA_FILE).is_file()
+    if not is_dcp and any(name.startswith("pytorch_model_fsdp_") for name in names):
+        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+    deepspeed_root = None if is_dcp else light_deepspeed.find_checkpoint(opts.input, opts.tag)
+    if not is_dcp and deepspeed_root is None:
+        raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
+    if opts.tag and is_dcp:
+        raise _TorchPath("--tag was given")
     check_paths(opts.input, output, opts.force)
+    scan = _NonFiniteScan()  # imports NumPy beside the checks
+    reader = RecordReader()
+    try:
+        if deepspeed_root is not None:
+            found, steps = _deepspeed_plan(opts, deepspeed_root, reader)
+        else:
+            found, steps = _dcp_plan(opts), counters.FolderCounters()
+        if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype]
+                                        for t in found.tensors):
+            raise _TorchPath(f"--dtype {opts.dtype} casts")
+        side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
+        config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
+        if deepspeed_root is None and config is not None and _may_tie(config):
+            raise _TorchPath(f"{config} may tie weights (the model class says which)")
+        try:
+            checks = _manifest_checks(found, side_files, steps)
+        except AccelkitError as exc:
+            if deepspeed_root is None:
+                raise
+            raise _TorchPath(f"a check failed ({exc.message})") from None
+        to_file = output.suffix == ".safetensors"
+        return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
+    finally:
+        reader.close()
+
+
+def _dcp_plan(opts: MergeOptions) -> light_dcp.Plan:
     root = opts.input
     if any(_save_state_files(folder) for folder in (root, root.parent, root.parent.parent)):
         raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
-    scan = _NonFiniteScan()  # imports NumPy beside the checks
     try:
         found = light_dcp.plan(root)
     except (Refused, light_dcp.Unproven) as exc:
         raise _TorchPath(f"the layout is not plain row blocks ({exc})") from None
-    if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype] for t in found.tensors):
-        raise _TorchPath(f"--dtype {opts.dtype} casts")
-    side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
-    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
-    if config is not None and _may_tie(config):
-        raise _TorchPath(f"{config} may tie weights (the model class says which)")
-    checks = _manifest_checks(found, side_files)
-    to_file = output.suffix == ".safetensors"
-    return _write(opts, found, checks, to_file, side_folder, side_files, scan, start)
+    found.notes.insert(0, f"{root.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint")
+    return found
+
+
+def _deepspeed_plan(opts: MergeOptions, root: Path, reader: RecordReader):
+    try:
+        found, steps = light_deepspeed.plan(root, opts.tag, reader)
+    except (Refused, light_dcp.Unproven) as exc:
+        raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
+    if any(_save_state_files(folder) for folder in (found.root, found.root.parent, found.root.parent.parent)):
+        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+    why = (f"{opts.input.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)" if root == opts.input
+           else f"{opts.input.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
+    found.notes.insert(0, why)
+    return found, steps
 
 
 def _names(folder: Path) -> list[str]:
@@ -134,14 +175,14 @@ def _may_tie(config: Path) -> bool:
     return "model_type" in raw and raw.get("tie_word_embeddings") is not False
 
 
-def _manifest_checks(found: light_dcp.Plan, side_files: list[Path]) -> list[str]:
-    """The manifest's checks, as the torch path makes them (a DCP folder has no step counters of its own)."""
+def _manifest_checks(found: light_dcp.Plan, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
+    """The manifest's checks and the step counters' cross-check, as the torch path makes them (a DCP folder has no
+    step counters of its own; a DeepSpeed checkpoint's come from light_deepspeed)."""
     checks = []
     signed = manifest.find(found.root)
-    steps = counters.FolderCounters()
     if signed is not None:
         if signed.step is not None:
-            steps.taken.append(counters.Counted(float(signed.step), signed.path, "step"))
+            steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
         checks += manifest.verify(signed, [*found.files, *side_files], found.world_size)
     agreed = counters.cross_check(steps)
     if agreed:
@@ -150,7 +191,7 @@ def _manifest_checks(found: light_dcp.Plan, side_files: list[Path]) -> list[str]
 
 
 def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file: bool, side_folder: Path | None,
-           side_files: list[Path], scan: _NonFiniteScan, start: float) -> MergeReport:
+           side_files: list[Path], scan: _NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
     output = opts.output
     assert output is not None
     names = [output.name] if to_file else ["model.safetensors"]
@@ -164,44 +205,39 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
     dtypes: dict[str, int] = {}
     for t in found.tensors:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
-    notes = [f"{opts.input.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint",
-             *found.notes]
+    notes = list(found.notes)
     report = MergeReport(
-        format_name="torch DCP (torch.distributed.checkpoint)", world_size=found.world_size, notes=notes,
+        format_name=found.format_name, world_size=found.world_size, notes=notes,
         tensors=len(found.tensors), parameters=sum(math.prod(t.shape) for t in found.tensors), bytes=data_bytes,
         dtypes=dtypes, input_files=len(files), input_bytes=sum(f.stat().st_size for f in files),
-        checks=[*found.checks, *checks], output=output, output_files=list(names))
+        checks=[*found.checks, *checks], output=output, output_files=list(names), dropped_aliases=dict(found.aliases))
     report.open_seconds = time.perf_counter() - start
     notify = opts.notify or (lambda message: None)
-    reader = RecordReader()
     staged = StagedOutput(output, is_dir=not to_file)
-    try:
-        with staged as temp:
-            for stale in staged.stale_removed:
-                notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
-            target = temp if to_file else temp / names[0]
-            try:
-                target.touch(exist_ok=False)  # prove the target is writable before judging its free space
-            except OSError as exc:
-                raise write_error(exc, output) from None
-            check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
-                             + sum(f.stat().st_size for f in side_files), output)
-            notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
-            with progress_bar(data_bytes, "merge", opts.progress) as bar:
-                _copy_tensors(found, target, header, reader, scan, output, bar.update)
-            reader.finish()
-            if opts.verify:
-                with progress_bar(data_bytes, "verify", opts.progress) as bar:
-                    _verify(found, target, len(header), reader, bar.update)
-                report.verified = True
-            if not to_file:
-                _copy_side_files(temp, side_files, output)
-                report.copied = [f.name for f in side_files]
-                if side_files:
-                    notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
-            staged.commit()
-    finally:
-        reader.close()
+    with staged as temp:
+        for stale in staged.stale_removed:
+            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
+        target = temp if to_file else temp / names[0]
+        try:
+            target.touch(exist_ok=False)  # prove the target is writable before judging its free space
+        except OSError as exc:
+            raise write_error(exc, output) from None
+        check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
+                         + sum(f.stat().st_size for f in side_files), output)
+        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
+        with progress_bar(data_bytes, "merge", opts.progress) as bar:
+            _copy_tensors(found, target, header, reader, scan, output, bar.update)
+        reader.finish()
+        if opts.verify:
+            with progress_bar(data_bytes, "verify", opts.progress) as bar:
+                _verify(found, target, len(header), reader, bar.update)
+            report.verified = True
+        if not to_file:
+            _copy_side_files(temp, side_files, output)
+            report.copied = [f.name for f in side_files]
+            if side_files:
+                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
+        staged.commit()
     notes.append(_FAST)
     report.checks.append(f"CRC-32 of {format_bytes(reader.checksum_bytes)} of zip records read "
                          f"({reader.checksum_seconds:.2f} s)" if reader.checksum_bytes
@@ -244,15 +280,24 @@ def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: Record
 
 def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: RecordReader, scan: _NonFiniteScan,
                   label: Path, on_bytes: Callable[[int], None]) -> None:
-    """Header, then every chunk of every tensor: read through a small reused buffer (the record's CRC-32 advances as
-    it is read, the scan runs while the bytes are in the CPU's caches), then copied file to file by the kernel.
-    Where the kernel cannot copy between these files (another file system), each buffer is written instead.
+    """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
+    page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the
+    CPU's caches, and the same memory is written to the output (`_write_window`) by a writer thread while this one
+    maps and checks the next window (both release the GIL: ISA-L, NumPy and os.write).
 
-    One thread: handing chunks to a writer thread measured no faster on the 2-core machine (a wake-up per hand-over
-    costs what the overlap saves), and the copy is most of the CPU time either way."""
-    buffer = memoryview(bytearray(READ_BYTES))
-    sources: dict[Path, int] = {}
-    kernel_copy: bool | None = None if hasattr(os, "copy_file_range") else False  # None: not tried yet
+    Measured on the 2-core machine (a 435 MB item, medians of 9): the earlier two passes (read into a buffer for the
+    checks, then `os.copy_file_range`) took 0.24 s, this one pass 0.18-0.19 s on one thread; the kernel copy alone
+    0.15-0.28 s. At most WINDOWS_IN_FLIGHT windows of READ_BYTES are mapped at a time (the mapped pages count as
+    resident memory), so the memory stays what it was with one buffer plus a few MB."""
+    pending: collections.deque = collections.deque()
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-write")
+
+    def settle(future) -> None:
+        try:
+            future.result()
+        finally:
+            future.view.release()
+
     try:
         with open(target, "r+b", buffering=0) as out:
             _write_all(out, header, label)
@@ -260,62 +305,35 @@ def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: Re
                 floating = tensor.dtype in _FLOATS and records.SCAN_NONFINITE
                 for piece in tensor.pieces:
                     for begin in range(0, piece.nbytes, READ_BYTES):
-                        view = buffer[:min(READ_BYTES, piece.nbytes - begin)]
-                        reader.read(piece.record, piece.start + begin, view)
+                        view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
                         if floating and scan.count(view, tensor.dtype):
+                            view.release()
                             raise _TorchPath(f"{tensor.name} holds non-finite values")
-                        if kernel_copy is False:
-                            _write_all(out, view, label)
-                    if kernel_copy is not False:
-                        path = piece.record.path
-                        if path not in sources:
-                            sources[path] = _open_source(path)
-                        kernel_copy = _kernel_copy(sources[path], out.fileno(), piece.record.offset + piece.start,
-                                                   piece.nbytes, label)
-                        if not kernel_copy:  # learnt on the first chunk: write it from user memory
-                            _write_piece(reader, piece, buffer, out, label)
+                        future = writer.submit(_write_window, out, view, label)
+                        future.view = view
+                        pending.append(future)
+                        while len(pending) >= WINDOWS_IN_FLIGHT:
+                            settle(pending.popleft())
                     on_bytes(piece.nbytes)
+                while pending:
+                    settle(pending.popleft())
     except OSError as exc:
         raise write_error(exc, label) from None
     finally:
-        for fd in sources.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for future in pending:
+            future.cancel()
+        writer.shutdown(wait=True)
+        for future in pending:  # release() may be repeated; a view still exported elsewhere is left to the GC
+            with contextlib.suppress(BufferError):
+                future.view.release()
 
 
-def _write_piece(reader: RecordReader, piece: light_dcp.Piece, buffer: memoryview, out, label: Path) -> None:
-    """A chunk already read and checked, written again from user memory (its CRC-32 is not counted twice)."""
-    for begin in range(0, piece.nbytes, len(buffer)):
-        view = buffer[:min(len(buffer), piece.nbytes - begin)]
-        reader.peek(piece.record, piece.start + begin, view)
-        _write_all(out, view, label)
+WINDOWS_IN_FLIGHT = 2  # measured as fast as 3 (CLI, medians of 7: 0.62 s both), 2 MB less resident
 
 
-def _open_source(path: Path) -> int:
-    try:
-        return os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise read_error(exc, path) from None
-
-
-def _kernel_copy(src: int, dst: int, offset: int, length: int, label: Path) -> bool:
-    """Copy inside the kernel; False (nothing copied) where the file systems do not allow it."""
-    done = 0
-    while done < length:
-        try:
-            n = os.copy_file_range(src, dst, length - done, offset + done)
-        except OSError as exc:
-            if done == 0 and exc.errno in _NO_KERNEL_COPY:
-                return False
-            raise write_error(exc, label) from None
-        if n == 0:
-            raise AccelkitError("a checkpoint file became shorter while it was being merged",
-                                hint="do not modify a checkpoint while merging it")
-        done += n
-    return True
-
-
-_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
+def _write_window(out, view: memoryview, label: Path) -> None:
+    """Write checked bytes to the output (a seam for the tests that make writes go wrong)."""
+    _write_all(out, view, label)
 
 
 def _write_all(out, data, label: Path) -> None:
@@ -339,12 +357,13 @@ def _copy_side_files(temp: Path, side_files: list[Path], output: Path) -> None:
 
 
 class _NonFiniteScan:
-    """NaN or inf in a piece, with NumPy: a float sum is finite exactly when no NaN or inf went in, unless large
-    finite values overflow it, which an exact test then rules out. bfloat16, which NumPy lacks, is tested on its
+    """NaN or inf in a window, with NumPy: `isfinite` into a reused cache-sized mask (measured 25% faster than the
+    float sum this scan used before, and exact without a second test). bfloat16, which NumPy lacks, is tested on its
     exponent bits (all ones: inf or NaN). NumPy is imported on a thread while the input is being checked."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self._mask = None
         self._importing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-import")
         self._numpy = self._importing.submit(importlib.import_module, "numpy")
         self._importing.shutdown(wait=False)
@@ -358,8 +377,8 @@ class _NonFiniteScan:
                 return bool(np.any((bits & 0x7F80) == 0x7F80))
             values = np.frombuffer(view, dtype={"float64": np.float64, "float32": np.float32,
                                                 "float16": np.float16}[dtype])
-            with np.errstate(over="ignore", invalid="ignore"):
-                total = values.sum(dtype=np.float64 if dtype == "float64" else np.float32)
-            return not np.isfinite(total) and not bool(np.isfinite(values).all())
+            if self._mask is None or len(self._mask) < len(values):
+                self._mask = np.empty(max(len(values), READ_BYTES // 2), dtype=bool)
+            return not bool(np.isfinite(values, out=self._mask[:len(values)]).all())
         finally:
             self.seconds += time.perf_counter() - began

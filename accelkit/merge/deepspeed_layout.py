@@ -1,0 +1,120 @@
+"""What both DeepSpeed readers share, without torch: where the rank files of a ZeRO checkpoint are, and the small
+rules the consistency checks apply (deepspeed_checks on the torch path, light_deepspeed on the torch-free one)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from accelkit.errors import AccelkitError
+
+OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+ZERO12_MODEL_FILE = "mp_rank_00_model_states.pt"
+ONE_SAVE = "copy the complete checkpoint of one save (every rank's files from the same tag folder) into a clean folder"
+DEFAULT_TAG = re.compile(r"^global_step(\d+)$")
+
+
+def is_deepspeed_tag_dir(path: Path) -> bool:
+    return path.is_dir() and any(OPTIM.match(p.name) for p in path.iterdir())
+
+
+def resolve_tag_dir(path: Path, tag: str | None) -> tuple[Path, str]:
+    """The folder holding the rank files, and how it was chosen."""
+    if tag is not None:
+        tag_dir = path / tag
+        if not tag_dir.is_dir():
+            raise AccelkitError(f"no tag folder {tag!r} in {path}", hint=f"tags found: {tags(path) or 'none'}")
+        return tag_dir, f"tag {tag!r} (from --tag)"
+    latest = path / "latest"
+    if latest.is_file():
+        name = latest.read_text().strip()
+        if not (path / name).is_dir():
+            raise AccelkitError(f"{latest} names tag {name!r} but {path / name} does not exist",
+                                hint=f"pass --tag with one of: {tags(path) or 'none'}")
+        return path / name, f"tag {name!r} (from {latest.name})"
+    return path, "tag folder given directly"
+
+
+def tags(path: Path) -> str:
+    return ", ".join(sorted(p.name for p in path.iterdir() if is_deepspeed_tag_dir(p)))
+
+
+def ranked(folder: Path, pattern: re.Pattern[str], what: str) -> list[Path]:
+    """Every rank's file matching `pattern`, in rank order; refused when a rank is missing or mp_rank > 0."""
+    found: dict[int, Path] = {}
+    for p in folder.iterdir():
+        m = pattern.match(p.name)
+        if m:
+            if int(m.group(2)) != 0:
+                raise AccelkitError(f"{p.name}: tensor-parallel (mp_rank > 0) DeepSpeed checkpoints are not supported",
+                                    hint="merge with DeepSpeed's universal checkpoint tools (ds_to_universal.py)")
+            found[int(m.group(1))] = p
+    if not found:
+        raise AccelkitError(f"no {what} files in {folder}", hint="point at the folder that `latest` names")
+    missing = [r for r in range(max(found) + 1) if r not in found]
+    if missing:
+        raise AccelkitError(f"{what} file of rank {missing[0]} is missing in {folder} "
+                            f"(found ranks {sorted(found)})", hint="copy every rank's files into the tag folder")
+    return [found[r] for r in sorted(found)]
+
+
+def enum_value(value: Any) -> Any:
+    """ZeroStageEnum arrives as an inert stand-in (see torch_files, light_pickle) or, in old files, as a plain int."""
+    return getattr(value, "value", value)
+
+
+def world_size(optim_state: dict[str, Any]) -> int:
+    """The world size a rank's optimizer state was written by (partition_count: one int, or one per group)."""
+    count = optim_state.get("partition_count")
+    return max(count) if isinstance(count, list) else int(count)
+
+
+def odd_one(values: list[Any]) -> int | None:
+    """The index of a value that differs from the most common one (the first differing when there is a tie)."""
+    common = Counter(values).most_common(1)[0][0]
+    if values.count(common) * 2 == len(values):  # a tie: trust the first file
+        common = values[0]
+    return next((i for i, v in enumerate(values) if v != common), None)
+
+
+def steps_text(steps: tuple) -> str:
+    distinct = sorted({int(s) if isinstance(s, float) and s.is_integer() else s for s in steps}, key=str)
+    return ", ".join(str(s) for s in distinct)
+
+
+def fragment(value: Any) -> tuple[int, int] | None:
+    """(numel, start) of a DeepSpeed fragment_address (an inert stand-in, a tuple or an object)."""
+    state = getattr(value, "state", None)
+    if isinstance(state, dict) and "numel" in state:
+        return int(state["numel"]), int(state["start"])
+    if hasattr(value, "numel") and hasattr(value, "start"):
+        return int(value.numel), int(value.start)
+    if isinstance(value, tuple) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    return None
+
+
+def zero12_partitions(rank_sizes: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """[group][rank] -> (start, size) of each rank's partition in each group's flat vector."""
+    out = []
+    for g in range(len(rank_sizes[0])):
+        starts = [sum(sizes[g] for sizes in rank_sizes[:r]) for r in range(len(rank_sizes))]
+        out.append([(start, sizes[g]) for start, sizes in zip(starts, rank_sizes, strict=True)])
+    return out
+
+
+def expected_fragments(where: dict[str, tuple], partitions: list[list[tuple[int, int]]], group: int,
+                       rank: int) -> dict[str, tuple[int, int]]:
+    """The (numel, start) of each parameter fragment rank `rank` holds in group `group` (ZeRO-1/2)."""
+    start, size = partitions[group][rank]
+    out = {}
+    for name, place in where.items():
+        if place[0] == "flat12" and place[1] == group:
+            _, _, offset, numel = place
+            lo, hi = max(offset, start), min(offset + numel, start + size)
+            if lo < hi:
+                out[name] = (hi - lo, lo - start)
+    return out

@@ -1,0 +1,448 @@
+"""A DeepSpeed ZeRO-1/2/3 checkpoint read without torch, when every check of the torch path can be made here.
+
+The fp32 master weights a merge writes are byte ranges of each rank's flat partition (see deepspeed: ZeRO-1/2 cut
+each group's flat vector into consecutive partitions, ZeRO-3 cut every parameter on its own), so the merge is a
+sequence of range copies, as for DCP. `plan` reads every model- and optimizer-states pickle through light_pickle
+(plain tensors, state dicts and inert stand-ins for the four DeepSpeed classes; nothing imported, no pickled code
+runs), checks each file's pickle and small records against their CRC-32, and makes every check `DeepSpeedSource`
+and deepspeed_checks make, the same way: one world size and ZeRO stage in every rank file, partition sizes against
+`param_shapes`, `global_steps` across files and against a `global_step<N>` tag, the optimizers' own step counters
+(read through their CRC-32), every rank's `param_slice_mappings`, and, for ZeRO-1/2, sampled elements of every
+partition against the module weights. It returns where every byte of the output is (a light_dcp.Plan).
+
+Anything it cannot read or prove, and every failed check, raises `Unproven`: the torch path then merges the folder
+or refuses it with its own message, so a refusal reads the same on either path.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelkit.merge import deepspeed_layout as layout
+from accelkit.merge.counters import Counted, FolderCounters
+from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven
+from accelkit.merge.light_pickle import DTYPES, Refused, TensorRef, load_deepspeed_pickle
+from accelkit.merge.records import Record, RecordReader, _crc32, _local_data_offset, _Window, pread_into
+
+
+@dataclass
+class _Archive:
+    """One torch.save file of the checkpoint: its pickled structure (TensorRefs for tensors) and data records."""
+
+    path: Path
+    obj: Any
+    records: dict[str, Record]  # storage key -> its data record
+
+    def locate(self, tensor: TensorRef) -> tuple[Record, int]:
+        """The record holding a tensor's storage, and the byte offset of its first element (as TorchArchive)."""
+        record = self.records.get(tensor.storage.key)
+        itemsize = DTYPES[tensor.storage.dtype][1]
+        if record is None or record.size != tensor.storage.numel * itemsize:
+            raise Unproven(f"{self.path.name}: a tensor's bytes are not where its pickle says")
+        return record, tensor.storage_offset * itemsize
+
+
+def read_archive(path: Path) -> _Archive:
+    """A torch.save zip file's structure; its pickle and small records checked against their CRC-32 first."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        length = os.fstat(fd).st_size
+        window = _Window(fd, 0, length, path)
+        if not zipfile.is_zipfile(window):
+            raise Unproven(f"{path.name} is not a zip archive")
+        records: dict[str, Record] = {}
+        with zipfile.ZipFile(io.BufferedReader(_Window(fd, 0, length, path))) as archive:
+            for info in archive.infolist():
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise Unproven(f"{path.name} has a compressed record")
+                offset = _local_data_offset(fd, info.header_offset, path)
+                records[info.filename] = Record(path, info.filename, offset, info.file_size, info.CRC)
+        pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
+        if len(pickles) != 1:
+            raise Unproven(f"{path.name} has no single data.pkl")
+        prefix = pickles[0][: -len("data.pkl")]
+        pickled = b""
+        data: dict[str, Record] = {}
+        for name, record in records.items():
+            if name.startswith(prefix + "data/"):
+                data[name[len(prefix) + len("data/"):]] = record
+                continue
+            raw = bytearray(record.size)
+            pread_into(fd, memoryview(raw), record.offset, path)
+            if _crc32(raw) != record.crc:
+                raise Unproven(f"CRC-32 of {name}")
+            if name == prefix + "byteorder" and bytes(raw) != b"little":
+                raise Unproven(f"{path.name} is big-endian")
+            if name == pickles[0]:
+                pickled = bytes(raw)
+    finally:
+        os.close(fd)
+    return _Archive(path, load_deepspeed_pickle(pickled), data)
+
+
+def find_checkpoint(path: Path, tag: str | None) -> Path | None:
+    """The folder holding `latest` or the tag folders, as detect finds a DeepSpeed checkpoint; None when not one or
+    when the folder cannot be read (the torch path then says what is wrong)."""
+    try:
+        if (path / "latest").is_file() or tag is not None or layout.is_deepspeed_tag_dir(path):
+            return path
+        inner = path / "pytorch_model"  # Accelerate's DeepSpeed save_state
+        if inner.is_dir() and ((inner / "latest").is_file() or layout.is_deepspeed_tag_dir(inner)):
+            return inner
+    except OSError:
+        return None
+    return None
+
+
+def plan(path: Path, tag: str | None, reader: RecordReader) -> tuple[Plan, FolderCounters]:
+    """Where every byte of the merged fp32 weights is, and the step counters read (see the module docstring)."""
+    try:
+        return _Planner(path, tag, reader).run()
+    except (Refused, Unproven):
+        raise
+    except Exception as exc:  # a failed check, a truncated pickle, an odd zip: the torch path says what is wrong
+        raise Unproven(f"{type(exc).__name__}: {exc}") from None
+
+
+class _Planner:
+    def __init__(self, path: Path, tag: str | None, reader: RecordReader) -> None:
+        self.reader = reader
+        self.tag_dir, how = layout.resolve_tag_dir(path, tag)
+        self.out = Plan(root=self.tag_dir, notes=[f"DeepSpeed checkpoint folder {self.tag_dir} ({how})"])
+        self.counters = FolderCounters()
+        self.aliases: dict[str, str] = {}
+
+    def run(self) -> tuple[Plan, FolderCounters]:
+        self.out.format_name = "DeepSpeed ZeRO"
+        optim_paths = layout.ranked(self.tag_dir, layout.OPTIM, "*_optim_states.pt")
+        self.optim = [read_archive(p) for p in optim_paths]
+        states = [self._optim_state(a) for a in self.optim]
+        if states[0].get("zero_stage") is None or states[0].get("partition_count") is None:
+            raise Unproven("not a ZeRO optimizer state")
+        self.stage = int(layout.enum_value(states[0]["zero_stage"]))
+        self.out.format_name = f"DeepSpeed ZeRO-{self.stage}"
+        world = layout.world_size(states[0])
+        if world != len(optim_paths) or any(layout.world_size(s) != world
+                                            or int(layout.enum_value(s.get("zero_stage"))) != self.stage
+                                            for s in states[1:]):
+            raise Unproven("rank files of different world sizes or runs")
+        self.world, self.states = world, states
+        if self.stage == 3:
+            model_paths = layout.ranked(self.tag_dir, layout.ZERO3_MODEL, "zero_pp_rank_*_model_states.pt")
+            if len(model_paths) != world:
+                raise Unproven("model-state files of another world size")
+        else:
+            model_paths = [self.tag_dir / layout.ZERO12_MODEL_FILE]
+        self.models = [read_archive(p) for p in model_paths]
+        self.model_states = [self._model_state(a) for a in self.models]
+        self.out.files = [*model_paths, *optim_paths]
+        self.out.world_size = world
+        self._plan()
+        self._check_global_steps()
+        self._check_optimizer_steps()
+        if self.stage < 3:
+            self._check_slice_mappings()
+            self._check_module_matches_partitions()
+        return self.out, self.counters
+
+    # -- the pickles, as DeepSpeedSource reads them ------------------------------------------------------------
+    @staticmethod
+    def _optim_state(archive: _Archive) -> dict[str, Any]:
+        sd = archive.obj
+        if not isinstance(sd, dict) or not isinstance(sd.get("optimizer_state_dict"), dict):
+            raise Unproven(f"{archive.path.name} is not a ZeRO optimizer state")
+        return sd["optimizer_state_dict"]
+
+    @staticmethod
+    def _model_state(archive: _Archive) -> dict[str, Any]:
+        sd = archive.obj
+        if not isinstance(sd, dict) or "param_shapes" not in sd or "buffer_names" not in sd:
+            raise Unproven(f"{archive.path.name} is not a DeepSpeed model state")
+        return sd
+
+    def _flat_groups(self, rank: int) -> list[TensorRef]:
+        key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
+        groups = self.states[rank].get(key)
+        if not isinstance(groups, list) or not all(isinstance(g, TensorRef) and len(g.shape) == 1 for g in groups):
+            raise Unproven(f"no flat fp32 partitions ({key})")
+        return groups
+
+    # -- planning: where every tensor comes from (DeepSpeedSource._plan) ----------------------------------------
+    def _plan(self) -> None:
+        ms = self.model_states[0]
+        module: dict[str, Any] = ms.get("module") or {}
+        self.where: dict[str, tuple] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        dtypes: dict[str, str] = {}
+        self.flats = [self._flat_groups(r) for r in range(self.world)]
+        rank_sizes = [[g.numel for g in flats] for flats in self.flats]
+        if any(len(sizes) != len(rank_sizes[0]) for sizes in rank_sizes) or (
+                self.stage == 3 and any(sizes != rank_sizes[0] for sizes in rank_sizes)):
+            raise Unproven("partitions of other sizes across ranks")
+        fp32 = self.flats[0][0].storage.dtype if rank_sizes[0] else "float32"
+        if self.stage == 3:
+            self._plan_zero3(ms, rank_sizes[0], shapes)
+        else:
+            self._plan_zero12(ms, rank_sizes, shapes)
+        for name in shapes:
+            dtypes[name] = fp32
+        frozen = ms.get("frozen_param_shapes") or {}
+        for name, shape in frozen.items():
+            shapes[name] = tuple(shape)
+            self.where[name] = ("frozen",)
+            fragment = (ms.get("frozen_param_fragments") or {}).get(name)
+            if not isinstance(fragment, TensorRef):
+                raise Unproven(f"frozen parameter {name} has no fragment")
+            dtypes[name] = fragment.storage.dtype
+        for name in ms.get("buffer_names") or []:
+            if name in module:
+                shapes[name], dtypes[name] = self._tensor(module[name]).shape, module[name].storage.dtype
+                self.where[name] = ("module",)
+        self.aliases = {k: v for k, v in (ms.get("shared_params") or {}).items() if v in shapes and k not in shapes}
+        if self.stage < 3:
+            extra = [k for k, v in module.items()
+                     if k not in shapes and k not in self.aliases and isinstance(v, TensorRef)]
+            for name in extra:
+                shapes[name], dtypes[name] = module[name].shape, module[name].storage.dtype
+                self.where[name] = ("module",)
+            if extra:
+                self.out.notes.append(f"{len(extra)} tensors outside the optimizer (frozen) taken from the module "
+                                      f"state dict (e.g. {extra[0]})")
+        order = [k for k in module if k in shapes] + [k for k in shapes if k not in module]
+        for name in order:
+            if dtypes[name] not in DTYPES:
+                raise Unproven(f"dtype {dtypes[name]} of {name}")
+            tensor = Tensor(name, dtypes[name], tuple(shapes[name]), [])
+            tensor.pieces = [p for p in self._pieces(name, tensor) if p.nbytes]
+            if sum(p.nbytes for p in tensor.pieces) != tensor.nbytes:
+                raise Unproven(f"the bytes of {name} do not add up to its shape")
+            self.out.tensors.append(tensor)
+        self.out.aliases = dict(self.aliases)
+        if self.aliases:
+            self.out.notes.append("tied weights stored once, as transformers does: "
+                                  + ", ".join(f"{a} -> {t}" for a, t in self.aliases.items()))
+
+    @staticmethod
+    def _tensor(value: Any) -> TensorRef:
+        if not isinstance(value, TensorRef):
+            raise Unproven("a module entry that is not a plain tensor")
+        return value
+
+    def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
+        paddings = self.states[0].get("param_alignment_paddings")
+        groups = ms["param_shapes"]
+        self.partitions = layout.zero12_partitions(rank_sizes)
+        if len(groups) != len(rank_sizes[0]):
+            raise Unproven("model states and optimizer shards list different parameter groups")
+        for g, group in enumerate(groups):
+            offset = 0
+            for i, (name, shape) in enumerate(group.items()):
+                numel = math.prod(shape)
+                shapes[name] = tuple(shape)
+                self.where[name] = ("flat12", g, offset, numel)
+                offset += numel + (paddings[g][i] if paddings else 0)
+            if offset > sum(size for _, size in self.partitions[g]):
+                raise Unproven(f"parameter group {g} needs more values than the shards hold")
+
+    def _plan_zero3(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
+        offset = 0
+        for group in ms["param_shapes"]:
+            for name, shape in group.items():
+                numel = math.prod(shape)
+                per_rank = math.ceil(numel / self.world)
+                shapes[name] = tuple(shape)
+                self.where[name] = ("flat3", offset, per_rank, numel)
+                offset += per_rank
+        if offset != sum(part_sizes):
+            raise Unproven("parameters need other sizes than the shards hold")
+
+    # -- where the bytes are (DeepSpeedSource.segments) ----------------------------------------------------------
+    def _slice(self, archive: _Archive, tensor: TensorRef, begin: int, end: int) -> list[Piece]:
+        if end <= begin:
+            return []
+        if not tensor.is_contiguous:
+            raise Unproven(f"a non-contiguous tensor in {archive.path.name}")
+        record, offset = archive.locate(tensor)
+        size = DTYPES[tensor.storage.dtype][1]
+        start, nbytes = offset + begin * size, (end - begin) * size
+        if start + nbytes > record.size:
+            raise Unproven(f"a tensor of {archive.path.name} reaches past its record")
+        return [Piece(record, start, nbytes)]
+
+    def _rank_range(self, rank: int, start: int, length: int, group: int | None) -> list[Piece]:
+        flats = self.flats[rank]
+        chosen = list(range(len(flats))) if group is None else [group]
+        out, base = [], 0
+        for g in chosen:
+            n = flats[g].numel
+            lo, hi = max(start, base), min(start + length, base + n)
+            if lo < hi:
+                out += self._slice(self.optim[rank], flats[g], lo - base, hi - base)
+            base += n
+        return out
+
+    def _pieces(self, name: str, tensor: Tensor) -> list[Piece]:
+        where = self.where[name]
+        kind = where[0]
+        ms = self.model_states[0]
+        if kind == "module":
+            ref = self._tensor(ms["module"][name])
+            return self._slice(self.models[0], ref, 0, ref.numel)
+        if kind == "frozen":
+            if self.stage < 3:
+                ref = self._tensor(ms["frozen_param_fragments"][name])
+                return self._slice(self.models[0], ref, 0, ref.numel)
+            out, left = [], math.prod(tensor.shape)
+            for rank, state in enumerate(self.model_states):
+                fragment = self._tensor((state.get("frozen_param_fragments") or {}).get(name))
+                take = min(left, fragment.numel)
+                out += self._slice(self.models[rank], fragment, 0, take)
+                left -= take
+            return out
+        if kind == "flat12":
+            _, g, offset, numel = where
+            out = []
+            for rank, (start, size) in enumerate(self.partitions[g]):
+                lo, hi = max(offset, start), min(offset + numel, start + size)
+                if lo < hi:
+                    out += self._rank_range(rank, lo - start, hi - lo, g)
+            return out
+        _, offset, per_rank, numel = where
+        out = []
+        for rank in range(self.world):
+            take = min(per_rank, numel - rank * per_rank)
+            if take > 0:
+                out += self._rank_range(rank, offset, take, None)
+        return out
+
+    # -- the checks of deepspeed_checks, as predicates: any disagreement goes to the torch path ------------------
+    def _check_global_steps(self) -> None:
+        files = self.out.files[:len(self.models)]
+        steps = [state.get("global_steps") for state in self.model_states]
+        if layout.odd_one(steps) is not None:
+            raise Unproven("model-state files of different steps")
+        match = layout.DEFAULT_TAG.match(self.tag_dir.name)
+        if match and steps[0] is not None and int(match.group(1)) != int(steps[0]):
+            raise Unproven("model states of another step than their tag folder")
+        if steps[0] is not None:
+            self.counters.taken += [Counted(float(s), f, "global_steps") for s, f in zip(steps, files, strict=True)]
+            skipped = self.model_states[0].get("skipped_steps")
+            if isinstance(skipped, (int, float)):
+                self.counters.skipped["deepspeed"] = Counted(float(skipped), files[0], "skipped_steps")
+            tag = f" (tag {self.tag_dir.name})" if match else ""
+            self.out.checks.append(f"DeepSpeed: every model-states file was saved at step {steps[0]}{tag}")
+
+    def _optimizer_steps(self, rank: int) -> tuple | None:
+        base = self.states[rank].get("optimizer_state_dict" if self.stage == 3 else "base_optimizer_state")
+        if not isinstance(base, dict) or not isinstance(base.get("state"), dict):
+            return None
+        steps = []
+        for key in sorted(base["state"], key=str):
+            entry = base["state"][key]
+            step = entry.get("step") if isinstance(entry, dict) else None
+            if isinstance(step, TensorRef):
+                step = self._item(self.optim[rank], step)
+            steps.append(step)
+        return tuple(steps)
+
+    def _item(self, archive: _Archive, tensor: TensorRef) -> float | int:
+        """The value of a one-element tensor, read through its record's CRC-32 (as torch_files.materialise)."""
+        formats = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
+        if tensor.numel != 1 or tensor.storage.dtype not in formats:
+            raise Unproven("a step counter that is not one number")
+        record, offset = archive.locate(tensor)
+        raw = bytearray(DTYPES[tensor.storage.dtype][1])
+        self.reader.read(record, offset, memoryview(raw))
+        return struct.unpack(formats[tensor.storage.dtype], raw)[0]
+
+    def _check_optimizer_steps(self) -> None:
+        steps = [self._optimizer_steps(r) for r in range(self.world)]
+        if any(s is None for s in steps) or not any(steps):
+            return
+        if layout.odd_one(steps) is not None:
+            raise Unproven("optimizer partitions of different steps")
+        numbers = [float(s) for s in steps[0] if isinstance(s, (int, float))]
+        if numbers:
+            self.counters.applied.append(Counted(max(numbers), self.optim[0].path, "optimizer step",
+                                                 owner="deepspeed"))
+        self.out.checks.append(f"DeepSpeed: the {self.world} optimizer partitions agree on the optimizer step "
+                               f"({layout.steps_text(steps[0])})")
+
+    def _check_slice_mappings(self) -> None:
+        checked = 0
+        for rank in range(self.world):
+            mappings = self.states[rank].get("param_slice_mappings")
+            if not isinstance(mappings, list) or len(mappings) != len(self.partitions):
+                continue
+            for group, mapping in enumerate(mappings):
+                found = {name: layout.fragment(v) for name, v in dict(mapping).items()}
+                if found != layout.expected_fragments(self.where, self.partitions, group, rank):
+                    raise Unproven("a rank's param_slice_mappings disagree with param_shapes")
+                checked += 1
+        if checked:
+            self.out.checks.append("DeepSpeed: every rank's partition layout (param_slice_mappings) matches "
+                                   "param_shapes")
+
+    def _check_module_matches_partitions(self) -> None:
+        module = self.model_states[0].get("module") or {}
+        samples = 0
+        for name, where in self.where.items():
+            weights = module.get(name)
+            if where[0] != "flat12" or not isinstance(weights, TensorRef) or weights.storage.dtype not in _FLOATING:
+                continue
+            _, group, offset, numel = where
+            if weights.numel != numel or not weights.is_contiguous:
+                continue
+            for rank, (start, size) in enumerate(self.partitions[group]):
+                lo, hi = max(offset, start), min(offset + numel, start + size)
+                flat = self.flats[rank][group]
+                for element in sorted({lo, (lo + hi) // 2, hi - 1}) if lo < hi else ():
+                    master = self._peek(self.optim[rank], flat, element - start)
+                    copy = self._peek(self.models[0], weights, element - offset)
+                    samples += 1
+                    if _cast(master, flat.storage.dtype, weights.storage.dtype) != copy:
+                        raise Unproven("a partition does not hold the model-states weights")
+        if samples:
+            self.out.checks.append(f"DeepSpeed: the fp32 partitions equal the model-states weights at {samples} "
+                                   "sampled positions (3 per parameter and rank)")
+
+    def _peek(self, archive: _Archive, tensor: TensorRef, index: int) -> bytes:
+        record, offset = archive.locate(tensor)
+        size = DTYPES[tensor.storage.dtype][1]
+        raw = bytearray(size)
+        self.reader.peek(record, offset + index * size, memoryview(raw))
+        return bytes(raw)
+
+
+_FLOATING = ("float64", "float32", "float16", "bfloat16")
+
+
+def _cast(value: bytes, source: str, target: str) -> bytes:
+    """A float32 element cast to `target` bit for bit as torch's `.to` does (round to nearest even); NaN and
+    dtypes it does not know go to the torch path."""
+    if source == target:
+        return value
+    if source != "float32":
+        raise Unproven(f"a {source} partition")
+    bits = struct.unpack("<I", value)[0]
+    if bits & 0x7F800000 == 0x7F800000 and bits & 0x007FFFFF:
+        raise Unproven("a NaN in a partition")
+    if target == "bfloat16":
+        return struct.pack("<H", ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF)
+    if target == "float64":
+        return struct.pack("<d", struct.unpack("<f", value)[0])
+    if target == "float16":
+        number = struct.unpack("<f", value)[0]
+        try:
+            return struct.pack("<e", number)  # IEEE round to nearest even, as the C cast torch uses
+        except OverflowError:
+            return struct.pack("<H", 0x7C00 if number > 0 else 0xFC00)
+    raise Unproven(f"module weights of dtype {target}")
+
