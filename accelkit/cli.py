@@ -13,7 +13,15 @@ import sys
 import click
 
 from accelkit import __version__
-from accelkit.errors import DEBUG_ENV, AccelkitError, Terminated, debug_enabled, raise_on_termination, report
+from accelkit.errors import (
+    DEBUG_ENV,
+    AccelkitError,
+    Terminated,
+    debug_enabled,
+    raise_on_termination,
+    raise_pending_termination,
+    report,
+)
 
 # command name -> module under accelkit.commands; listed in the order `accelkit --help` shows them.
 COMMANDS: dict[str, str] = {
@@ -89,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed on the way out
     try:
         rv = cli.main(args=argv, prog_name="accelkit", standalone_mode=False)
+        raise_pending_termination()  # a signal that landed in the command's last import
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)

@@ -62,11 +62,59 @@ class Terminated(BaseException):
 
 
 def raise_on_termination() -> None:
-    """Make SIGTERM and SIGHUP raise Terminated in the main thread (Python's default kills without cleanup)."""
+    """Make SIGTERM and SIGHUP raise Terminated in the main thread (Python's default kills without cleanup).
+
+    Not inside an import: an exception raised while a module runs its top level leaves it half-initialised in
+    sys.modules (numpy then fails on the way out with a RecursionError, and an extension that called back into Python
+    aborts the process). A signal that lands in an import is sent again shortly, until no import is running; one still
+    pending when the command ends is raised by `raise_pending_termination`."""
     import signal
 
+    _pending.clear()
+    _raised.clear()
+
     def _handler(signum: int, frame: object) -> None:
-        raise Terminated(signum)
+        if _raised:
+            return  # already unwinding to exit 128+N (this may be the resend of a signal deferred out of an import)
+        if _inside_import(frame):
+            _pending[:] = [signum]
+            _resend_soon(signum)
+            return
+        _raise(signum)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _handler)
+
+
+def raise_pending_termination() -> None:
+    """Raise the Terminated a signal deferred out of an import still owes (the command ended before it was resent)."""
+    if _pending and not _raised:
+        _raise(_pending[0])
+
+
+def _raise(signum: int) -> None:
+    _pending.clear()
+    _raised.append(signum)
+    raise Terminated(signum)
+
+
+IMPORT_RETRY_SECONDS = 0.02
+_pending: list[int] = []  # the signal deferred out of an import, until it is raised
+_raised: list[int] = []  # the signal already raised as Terminated: the process is on its way out
+
+
+def _inside_import(frame: object) -> bool:
+    """Whether the interrupted code runs inside an import (a frame of importlib's bootstrap on the stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):  # type: ignore[attr-defined]
+            return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False
+
+
+def _resend_soon(signum: int) -> None:
+    import threading
+
+    timer = threading.Timer(IMPORT_RETRY_SECONDS, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()

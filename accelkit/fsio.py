@@ -25,7 +25,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, raise_pending_termination
 
 TEMP_MARK = ".accelkit-tmp-"
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -200,6 +200,7 @@ class StagedOutput:
         return self.temp
 
     def commit(self) -> None:
+        raise_pending_termination()  # a signal that landed in an import while the output was made: not committed
         with signals_deferred():  # a signal between the two renames would leave neither the old nor the new output
             if writable_target(self.final, self.is_dir) != self.final:  # it changed under us: a link appeared
                 raise AccelkitError(f"{self.given} was replaced by a link while it was being written",
@@ -249,6 +250,7 @@ def atomic_write_many(files: list[tuple[Path, str | bytes]], mode: int = 0o644) 
             except OSError as exc:
                 raise write_error(exc, path) from None
             staged.append(output)
+        raise_pending_termination()  # before the first rename: all of the files or none
         for output in staged:
             try:
                 output.commit()
