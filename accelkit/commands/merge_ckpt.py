@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -34,7 +35,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")
 @click.option("--config-from", type=click.Path(path_type=Path),
               help="Folder (or config.json) to copy config/tokenizer files from (default: found beside or above "
                    "the input).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar (it is shown only when stderr is a terminal).")
 def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: str | None, verify: bool,
             allow_nonfinite: bool, force: bool, inspect_only: bool, tag: str | None, model_index: int | None,
             config_from: Path | None, quiet: bool) -> int:
@@ -67,6 +68,7 @@ def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: s
     report = merge_checkpoint(MergeOptions(
         input=input_path, output=output, dtype=dtype, max_shard_size=max_shard_size, verify=verify, force=force,
         tag=tag, model_index=model_index, config_from=config_from, allow_nonfinite=allow_nonfinite,
-        progress=not quiet, notify=lambda message: click.echo(f"accelkit: {message}", err=True)))
+        progress=not quiet and sys.stderr.isatty(),
+        notify=lambda message: click.echo(f"accelkit: {message}", err=True)))
     click.echo(format_report(report, inspect_only=False))
     return 0
