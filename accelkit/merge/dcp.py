@@ -20,11 +20,10 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import dcp_layout
+from accelkit.merge.light_dcp import output_names
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, lazy_segment, record_segment
 
 METADATA_FILE = dcp_layout.METADATA_FILE
-# Top-level keys under which Accelerate and training frameworks nest the model in a DCP state dict.
-_MODEL_KEYS = ("model", "module", "state_dict")
 
 
 def is_dcp_dir(path: Path) -> bool:
@@ -38,7 +37,7 @@ class DCPSource(CheckpointSource):
         md = self._metadata
         tensor_fqns = [fqn for fqn, item in md.state_dict_metadata.items() if dcp_layout.is_tensor_item(item)]
         skipped = [fqn for fqn, item in md.state_dict_metadata.items() if not dcp_layout.is_tensor_item(item)]
-        self._out_to_fqn = self._output_names(tensor_fqns)
+        self._out_to_fqn = output_names(self._metadata, tensor_fqns, self.notes)
         for out_name, fqn in self._out_to_fqn.items():
             item = md.state_dict_metadata[fqn]
             self.entries.append(TensorEntry(out_name, tuple(item.size), item.properties.dtype))
@@ -49,22 +48,6 @@ class DCPSource(CheckpointSource):
         self.world_size = self.layout.world_size
         self.checks.extend(self.layout.checks)
 
-    def _output_names(self, fqns: list[str]) -> dict[str, str]:
-        """Output name -> DCP fqn. A state dict saved as {"model": model_sd, ...} is unnested to model_sd."""
-        paths = {fqn: tuple(self._metadata.planner_data.get(fqn, (fqn,))) for fqn in fqns} \
-            if self._metadata.planner_data else {fqn: (fqn,) for fqn in fqns}
-        tops = {p[0] for p in paths.values() if len(p) > 1}
-        nested = all(len(p) > 1 for p in paths.values()) and paths
-        if nested:
-            top = next((k for k in _MODEL_KEYS if k in tops), None)
-            if top is not None:
-                others = sorted(tops - {top})
-                note = f'tensors are nested under "{top}"; the "{top}." prefix is dropped'
-                if others:
-                    note += f" and {', '.join(others)} entries are skipped"
-                self.notes.append(note)
-                return {".".join(str(x) for x in p[1:]): fqn for fqn, p in paths.items() if p[0] == top}
-        return {fqn: fqn for fqn in fqns}
 
     def segments(self, name: str) -> list[Segment]:
         fqn = self._out_to_fqn[name]

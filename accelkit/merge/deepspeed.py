@@ -18,6 +18,7 @@ parameters as saved.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -152,40 +153,27 @@ class DeepSpeedSource(CheckpointSource):
         self.entries = [TensorEntry(k, shapes[k], dtypes[k]) for k in order]
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
-        paddings = self.optim_state(0).get("param_alignment_paddings")
-        groups = ms["param_shapes"]
-        part_sizes = rank_sizes[0]
-        # Where each rank's partition starts in each group's flat vector: [group][rank] -> (start, size).
         self.partitions = layout.zero12_partitions(rank_sizes)
-        if len(groups) != len(part_sizes):
-            raise AccelkitError(f"{self.root}: model states list {len(groups)} parameter groups, optimizer shards "
-                                f"{len(part_sizes)}", hint="the model and optimizer files come from different runs")
-        for g, group in enumerate(groups):
-            offset = 0
-            for i, (name, shape) in enumerate(group.items()):
-                numel = math.prod(shape)
-                shapes[name] = tuple(shape)
-                self.where[name] = ("flat12", g, offset, numel)
-                offset += numel + (paddings[g][i] if paddings else 0)
-            held = sum(size for _, size in self.partitions[g])
-            if offset > held:  # the exact layout is checked against every rank's param_slice_mappings
-                raise AccelkitError(f"{self.root}: parameter group {g} of the model states needs {offset} values but "
-                                    f"the optimizer shards hold {held}",
-                                    hint="the model and optimizer files come from different runs")
+        with self._mismatch_refused():
+            where, planned = layout.plan_zero12(ms["param_shapes"], rank_sizes,
+                                                self.optim_state(0).get("param_alignment_paddings"))
+        self.where.update(where)
+        shapes.update(planned)
 
     def _plan_zero3(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
-        offset = 0
-        world = self.world_size or 1
-        for group in ms["param_shapes"]:
-            for name, shape in group.items():
-                numel = math.prod(shape)
-                per_rank = math.ceil(numel / world)
-                shapes[name] = tuple(shape)
-                self.where[name] = ("flat3", offset, per_rank, numel)
-                offset += per_rank
-        if offset != sum(part_sizes):
-            raise AccelkitError(f"{self.root}: parameters need {offset} values per rank but the shards hold "
-                                f"{sum(part_sizes)}", hint="the model and optimizer files come from different runs")
+        self.partitions = []  # ZeRO-3 partitions every parameter itself
+        with self._mismatch_refused():
+            where, planned = layout.plan_zero3(ms["param_shapes"], part_sizes, self.world_size or 1)
+        self.where.update(where)
+        shapes.update(planned)
+
+    @contextlib.contextmanager
+    def _mismatch_refused(self):
+        try:
+            yield
+        except layout.LayoutMismatch as exc:
+            raise AccelkitError(f"{self.root}: {exc}",
+                                hint="the model and optimizer files come from different runs") from None
 
     # -- reading ------------------------------------------------------------------------------------------------
     def _rank_range(self, rank: int, start: int, length: int, group: int | None) -> list[Segment]:
@@ -218,20 +206,7 @@ class DeepSpeedSource(CheckpointSource):
                 out += tensor_segments(self._models[rank], self.reader, fragment, 0, take)
                 left -= take
             return out
-        if kind == "flat12":
-            # The parameter is one range of the group's flat vector; rank r holds [start_r, start_r + size_r) of it.
-            _, g, offset, numel = where
-            out = []
-            for rank, (start, size) in enumerate(self.partitions[g]):
-                lo, hi = max(offset, start), min(offset + numel, start + size)
-                if lo < hi:
-                    out += self._rank_range(rank, lo - start, hi - lo, g)
-            return out
-        # ZeRO-3: rank r holds elements [r*per_rank, (r+1)*per_rank) of the (padded) parameter at `offset`.
-        _, offset, per_rank, numel = where
         out = []
-        for rank in range(self.world_size or 1):
-            take = min(per_rank, numel - rank * per_rank)
-            if take > 0:
-                out += self._rank_range(rank, offset, take, None)
+        for rank, start, length, group in layout.parameter_ranges(where, self.partitions, self.world_size or 1):
+            out += self._rank_range(rank, start, length, group)
         return out

@@ -3,8 +3,10 @@ rules the consistency checks apply (deepspeed_checks on the torch path, light_de
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +120,71 @@ def expected_fragments(where: dict[str, tuple], partitions: list[list[tuple[int,
             if lo < hi:
                 out[name] = (hi - lo, lo - start)
     return out
+
+
+def parameter_ranges(where: tuple, partitions: list[list[tuple[int, int]]],
+                     world_size: int) -> Iterator[tuple[int, int, int, int | None]]:
+    """(rank, first element in the rank's flat storage, element count, flat group or None for all groups back to
+    back) of a trained parameter's elements, in order.
+
+    ZeRO-1/2 ("flat12"): the parameter is one range of its group's flat vector, and rank r holds
+    [start_r, start_r + size_r) of it. ZeRO-3: rank r holds elements [r*per_rank, (r+1)*per_rank) of the (padded)
+    parameter, at `offset` in its own flat storage."""
+    if where[0] == "flat12":
+        _, group, offset, numel = where
+        for rank, (start, size) in enumerate(partitions[group]):
+            lo, hi = max(offset, start), min(offset + numel, start + size)
+            if lo < hi:
+                yield rank, lo - start, hi - lo, group
+        return
+    _, offset, per_rank, numel = where
+    for rank in range(world_size):
+        take = min(per_rank, numel - rank * per_rank)
+        if take > 0:
+            yield rank, offset, take, None
+
+
+class LayoutMismatch(Exception):
+    """The model states and the optimizer shards disagree on the layout: files of different runs."""
+
+
+def plan_zero12(param_shapes: list[dict[str, Any]], rank_sizes: list[list[int]],
+                paddings: list[list[int]] | None) -> tuple[dict[str, tuple], dict[str, tuple[int, ...]]]:
+    """ZeRO-1/2: where each trained parameter lies in its group's flat vector, ("flat12", group, offset, numel) by
+    name, and its shape; the partitions are `zero12_partitions(rank_sizes)`."""
+    if len(param_shapes) != len(rank_sizes[0]):
+        raise LayoutMismatch(f"model states list {len(param_shapes)} parameter groups, optimizer shards "
+                             f"{len(rank_sizes[0])}")
+    partitions = zero12_partitions(rank_sizes)
+    where: dict[str, tuple] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for g, group in enumerate(param_shapes):
+        offset = 0
+        for i, (name, shape) in enumerate(group.items()):
+            numel = math.prod(shape)
+            shapes[name] = tuple(shape)
+            where[name] = ("flat12", g, offset, numel)
+            offset += numel + (paddings[g][i] if paddings else 0)
+        held = sum(size for _, size in partitions[g])
+        if offset > held:  # the exact layout is checked against every rank's param_slice_mappings
+            raise LayoutMismatch(f"parameter group {g} of the model states needs {offset} values but the optimizer "
+                                 f"shards hold {held}")
+    return where, shapes
+
+
+def plan_zero3(param_shapes: list[dict[str, Any]], part_sizes: list[int],
+               world_size: int) -> tuple[dict[str, tuple], dict[str, tuple[int, ...]]]:
+    """ZeRO-3: each parameter's ("flat3", offset, per_rank, numel) in every rank's flat storage, and its shape."""
+    where: dict[str, tuple] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    offset = 0
+    for group in param_shapes:
+        for name, shape in group.items():
+            numel = math.prod(shape)
+            per_rank = math.ceil(numel / world_size)
+            shapes[name] = tuple(shape)
+            where[name] = ("flat3", offset, per_rank, numel)
+            offset += per_rank
+    if offset != sum(part_sizes):
+        raise LayoutMismatch(f"parameters need {offset} values per rank but the shards hold {sum(part_sizes)}")
+    return where, shapes

@@ -25,7 +25,7 @@ from accelkit.merge.records import Record, _crc32, _local_data_offset, _Window, 
 
 METADATA_FILE = ".metadata"
 _DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
-_MODEL_KEYS = ("model", "module", "state_dict")  # as dcp.DCPSource: the top-level keys a model is nested under
+_MODEL_KEYS = ("model", "module", "state_dict")  # the top-level keys a model is nested under
 
 
 class Unproven(Exception):
@@ -83,7 +83,7 @@ def _plan(path: Path) -> Plan:
     tensor_fqns = [fqn for fqn, item in items.items() if type(item).__name__ == "TensorStorageMetadata"]
     skipped = [fqn for fqn in items if fqn not in set(tensor_fqns)]
     out = Plan(root=path)
-    names = _output_names(metadata, tensor_fqns, out.notes)
+    names = output_names(metadata, tensor_fqns, out.notes)
     if skipped:
         out.notes.append(f"skipped {len(skipped)} non-tensor entries (e.g. {skipped[0]})")
 
@@ -134,8 +134,8 @@ def _plan(path: Path) -> Plan:
     return out
 
 
-def _output_names(metadata, fqns: list[str], notes: list[str]) -> dict[str, str]:
-    """Output name -> DCP fqn, as dcp.DCPSource: a state dict saved as {"model": model_sd, ...} is unnested."""
+def output_names(metadata, fqns: list[str], notes: list[str]) -> dict[str, str]:
+    """Output name -> DCP fqn (both paths): a state dict saved as {"model": model_sd, ...} is unnested to model_sd."""
     planner = getattr(metadata, "planner_data", None)
     paths = {fqn: tuple(planner.get(fqn, (fqn,))) for fqn in fqns} if planner else {fqn: (fqn,) for fqn in fqns}
     tops = {p[0] for p in paths.values() if len(p) > 1}

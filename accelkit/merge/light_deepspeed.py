@@ -236,32 +236,23 @@ class _Planner:
         return value
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
-        paddings = self.states[0].get("param_alignment_paddings")
-        groups = ms["param_shapes"]
         self.partitions = layout.zero12_partitions(rank_sizes)
-        if len(groups) != len(rank_sizes[0]):
-            raise Unproven("model states and optimizer shards list different parameter groups")
-        for g, group in enumerate(groups):
-            offset = 0
-            for i, (name, shape) in enumerate(group.items()):
-                numel = math.prod(shape)
-                shapes[name] = tuple(shape)
-                self.where[name] = ("flat12", g, offset, numel)
-                offset += numel + (paddings[g][i] if paddings else 0)
-            if offset > sum(size for _, size in self.partitions[g]):
-                raise Unproven(f"parameter group {g} needs more values than the shards hold")
+        try:
+            where, planned = layout.plan_zero12(ms["param_shapes"], rank_sizes,
+                                                self.states[0].get("param_alignment_paddings"))
+        except layout.LayoutMismatch as exc:
+            raise Unproven(str(exc)) from None
+        self.where.update(where)
+        shapes.update(planned)
 
     def _plan_zero3(self, ms: dict[str, Any], part_sizes: list[int], shapes: dict) -> None:
-        offset = 0
-        for group in ms["param_shapes"]:
-            for name, shape in group.items():
-                numel = math.prod(shape)
-                per_rank = math.ceil(numel / self.world)
-                shapes[name] = tuple(shape)
-                self.where[name] = ("flat3", offset, per_rank, numel)
-                offset += per_rank
-        if offset != sum(part_sizes):
-            raise Unproven("parameters need other sizes than the shards hold")
+        self.partitions = []  # ZeRO-3 partitions every parameter itself
+        try:
+            where, planned = layout.plan_zero3(ms["param_shapes"], part_sizes, self.world)
+        except layout.LayoutMismatch as exc:
+            raise Unproven(str(exc)) from None
+        self.where.update(where)
+        shapes.update(planned)
 
     # -- where the bytes are (DeepSpeedSource.segments) ----------------------------------------------------------
     def _slice(self, archive: _Archive, tensor: TensorRef, begin: int, end: int) -> list[Piece]:
@@ -306,20 +297,9 @@ class _Planner:
                 out += self._slice(self.models[rank], fragment, 0, take)
                 left -= take
             return out
-        if kind == "flat12":
-            _, g, offset, numel = where
-            out = []
-            for rank, (start, size) in enumerate(self.partitions[g]):
-                lo, hi = max(offset, start), min(offset + numel, start + size)
-                if lo < hi:
-                    out += self._rank_range(rank, lo - start, hi - lo, g)
-            return out
-        _, offset, per_rank, numel = where
         out = []
-        for rank in range(self.world):
-            take = min(per_rank, numel - rank * per_rank)
-            if take > 0:
-                out += self._rank_range(rank, offset, take, None)
+        for rank, start, length, group in layout.parameter_ranges(where, self.partitions, self.world):
+            out += self._rank_range(rank, start, length, group)
         return out
 
     # -- the checks of deepspeed_checks, as predicates: any disagreement goes to the torch path ------------------

@@ -27,7 +27,6 @@ import importlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,14 @@ from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifes
 from accelkit.merge.header import safetensors_header
 from accelkit.merge.light_pickle import DTYPES, Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
-from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes, progress_bar
+from accelkit.merge.output import (
+    FILES_KEY,
+    check_free_space,
+    check_paths,
+    copy_side_files,
+    format_bytes,
+    progress_bar,
+)
 from accelkit.merge.records import RecordReader, pread_into, read_error
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
@@ -233,7 +239,7 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
                 _verify(found, target, len(header), reader, bar.update)
             report.verified = True
         if not to_file:
-            _copy_side_files(temp, side_files, output)
+            copy_side_files(temp, side_files, output)
             report.copied = [f.name for f in side_files]
             if side_files:
                 notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
@@ -343,17 +349,6 @@ def _write_all(out, data, label: Path) -> None:
             done += out.write(view[done:])
         except OSError as exc:
             raise write_error(exc, label) from None
-
-
-def _copy_side_files(temp: Path, side_files: list[Path], output: Path) -> None:
-    try:
-        for f in side_files:
-            shutil.copyfile(f, temp / f.name)
-    except OSError as exc:
-        if exc.filename and Path(exc.filename) in side_files:
-            raise AccelkitError(f"cannot read {exc.filename}: {exc.strerror}",
-                                hint="make the config/tokenizer files readable, or pass --config-from") from None
-        raise write_error(exc, output) from None
 
 
 class _NonFiniteScan:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-from accelkit.fsio import refuse_overwrite
+from accelkit.fsio import refuse_overwrite, write_error
 from accelkit.merge import shards
 
 # safetensors metadata / index metadata key listing every file of a folder output (relative names)
@@ -116,3 +116,15 @@ def progress_bar(total: int, desc: str, enabled: bool):
 
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
                 dynamic_ncols=True)
+
+
+def copy_side_files(temp: Path, side_files: list[Path], output: Path) -> None:
+    """Copy config/tokenizer files into the staged output folder; a file that cannot be read is named as the input."""
+    try:
+        for f in side_files:
+            shutil.copyfile(f, temp / f.name)
+    except OSError as exc:
+        if exc.filename and Path(exc.filename) in side_files:
+            raise AccelkitError(f"cannot read {exc.filename}: {exc.strerror}",
+                                hint="make the config/tokenizer files readable, or pass --config-from") from None
+        raise write_error(exc, output) from None

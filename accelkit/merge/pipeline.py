@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,7 +22,14 @@ from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, manifest, savestate, shards, single_file
 from accelkit.merge.detect import open_source
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
-from accelkit.merge.output import FILES_KEY, check_free_space, check_paths, format_bytes, progress_bar
+from accelkit.merge.output import (
+    FILES_KEY,
+    check_free_space,
+    check_paths,
+    copy_side_files,
+    format_bytes,
+    progress_bar,
+)
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
 from accelkit.merge.writer import SAFETENSORS_DTYPES, build_header
@@ -232,15 +238,11 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
 
 def _write_folder_extras(temp: Path, plan: list[list[TensorEntry]], names: list[str], side_files: list[Path],
                          output: Path, folder_files: list[str]) -> None:
-    try:
-        if len(plan) > 1:
-            index = shards.build_index(plan, names)
-            index["metadata"][FILES_KEY] = folder_files
+    if len(plan) > 1:
+        index = shards.build_index(plan, names)
+        index["metadata"][FILES_KEY] = folder_files
+        try:
             (temp / shards.INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        for f in side_files:
-            shutil.copyfile(f, temp / f.name)
-    except OSError as exc:
-        if exc.filename and Path(exc.filename) in side_files:
-            raise AccelkitError(f"cannot read {exc.filename}: {exc.strerror}",
-                                hint="make the config/tokenizer files readable, or pass --config-from") from None
-        raise write_error(exc, output) from None
+        except OSError as exc:
+            raise write_error(exc, output) from None
+    copy_side_files(temp, side_files, output)

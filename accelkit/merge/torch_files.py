@@ -9,31 +9,16 @@ stand-ins, so no DeepSpeed code runs (and DeepSpeed need not even be installed t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from accelkit.merge.light_pickle import ForeignStandIn
 from accelkit.merge.records import RecordReader, TorchArchive
 from accelkit.merge.source import Segment, lazy_segment, record_segment, tensor_segment
 
 
-class _StandIn:
-    """An inert object standing in for an allowlisted foreign class: it only keeps the state it was given."""
-
-    def __init__(self, *args: Any) -> None:
-        self.args = args
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-    @property
-    def value(self) -> Any:
-        """The enum value for enum stand-ins (pickled as a call with the value)."""
-        return self.args[0] if self.args else None
-
-
 def _stand_in(dotted: str) -> type:
-    return type(dotted.rsplit(".", 1)[1], (_StandIn,), {"__module__": dotted.rsplit(".", 1)[0]})
+    return type(dotted.rsplit(".", 1)[1], (ForeignStandIn,), {"__module__": dotted.rsplit(".", 1)[0]})
 
 
 # The only non-torch classes DeepSpeed ZeRO checkpoints contain (deepspeed 0.14 - 0.19).
