@@ -182,35 +182,44 @@ def _open_chunk(path: Path, fds: dict[str, int], storage: dict, fqn: str, chunk,
     return (offsets[0] if offsets else 0), (sizes[0] if sizes else 1), Piece(record, start, nbytes)
 
 
-def _read_item(fd: int, file: Path, start: int, length: int) -> tuple[TensorRef, Record]:
-    """The one tensor of a `torch.save` item at [start, start + length) of a .distcp file, and its data record."""
+def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[bytes, dict[str, Record]]:
+    """A `torch.save` zip archive at [start, start + length) of a file: its pickle, CRC-32 checked, and its data
+    records by storage key. Compressed, big-endian or odd archives are Unproven (the torch path reads them)."""
     records: dict[str, Record] = {}
     with zipfile.ZipFile(io.BufferedReader(_Window(fd, start, length, file))) as archive:
         for info in archive.infolist():
             if info.compress_type != zipfile.ZIP_STORED:
-                raise Unproven("a compressed record")
+                raise Unproven(f"{file.name} has a compressed record")
             offset = _local_data_offset(fd, start + info.header_offset, file)
             records[info.filename] = Record(file, info.filename, offset, info.file_size, info.CRC)
-    pickles = [name for name in records if name.endswith("/data.pkl")]
+    pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
     if len(pickles) != 1:
-        raise Unproven("an item without one data.pkl")
+        raise Unproven(f"{file.name} has no single data.pkl")
     prefix = pickles[0][: -len("data.pkl")]
     pickled = b""
+    data: dict[str, Record] = {}
     for name, record in records.items():  # the pickle and version records: checked before anything trusts them
         if name.startswith(prefix + "data/"):
+            data[name[len(prefix) + len("data/"):]] = record
             continue
-        data = bytearray(record.size)
-        pread_into(fd, memoryview(data), record.offset, file)
-        if _crc32(data) != record.crc:
+        raw = bytearray(record.size)
+        pread_into(fd, memoryview(raw), record.offset, file)
+        if _crc32(raw) != record.crc:
             raise Unproven(f"CRC-32 of {name}")
-        if name == prefix + "byteorder" and bytes(data) != b"little":
-            raise Unproven("a big-endian item")
+        if name == prefix + "byteorder" and bytes(raw) != b"little":
+            raise Unproven(f"{file.name} is big-endian")
         if name == pickles[0]:
-            pickled = bytes(data)
+            pickled = bytes(raw)
+    return pickled, data
+
+
+def _read_item(fd: int, file: Path, start: int, length: int) -> tuple[TensorRef, Record]:
+    """The one tensor of a `torch.save` item at [start, start + length) of a .distcp file, and its data record."""
+    pickled, data = read_torch_archive(fd, file, start, length)
     tensor = load_archive_pickle(pickled)
     if not isinstance(tensor, TensorRef) or tensor.storage.dtype not in DTYPES:
         raise Unproven("an item that is not one plain tensor")
-    record = records.get(f"{prefix}data/{tensor.storage.key}")
+    record = data.get(tensor.storage.key)
     if record is None:
         raise Unproven("an item whose tensor has no data record")
     return tensor, record

@@ -16,7 +16,6 @@ or refuses it with its own message, so a refusal reads the same on either path.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import struct
@@ -27,9 +26,9 @@ from typing import Any
 
 from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.counters import Counted, FolderCounters
-from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven
+from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven, read_torch_archive
 from accelkit.merge.light_pickle import DTYPES, Refused, TensorRef, load_deepspeed_pickle
-from accelkit.merge.records import Record, RecordReader, _crc32, _local_data_offset, _Window, pread_into
+from accelkit.merge.records import Record, RecordReader, _Window
 
 
 @dataclass
@@ -57,31 +56,7 @@ def read_archive(path: Path) -> _Archive:
         window = _Window(fd, 0, length, path)
         if not zipfile.is_zipfile(window):
             raise Unproven(f"{path.name} is not a zip archive")
-        records: dict[str, Record] = {}
-        with zipfile.ZipFile(io.BufferedReader(_Window(fd, 0, length, path))) as archive:
-            for info in archive.infolist():
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise Unproven(f"{path.name} has a compressed record")
-                offset = _local_data_offset(fd, info.header_offset, path)
-                records[info.filename] = Record(path, info.filename, offset, info.file_size, info.CRC)
-        pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
-        if len(pickles) != 1:
-            raise Unproven(f"{path.name} has no single data.pkl")
-        prefix = pickles[0][: -len("data.pkl")]
-        pickled = b""
-        data: dict[str, Record] = {}
-        for name, record in records.items():
-            if name.startswith(prefix + "data/"):
-                data[name[len(prefix) + len("data/"):]] = record
-                continue
-            raw = bytearray(record.size)
-            pread_into(fd, memoryview(raw), record.offset, path)
-            if _crc32(raw) != record.crc:
-                raise Unproven(f"CRC-32 of {name}")
-            if name == prefix + "byteorder" and bytes(raw) != b"little":
-                raise Unproven(f"{path.name} is big-endian")
-            if name == pickles[0]:
-                pickled = bytes(raw)
+        pickled, data = read_torch_archive(fd, path, 0, length)
     finally:
         os.close(fd)
     return _Archive(path, load_deepspeed_pickle(pickled), data)
