@@ -110,10 +110,8 @@ class DeepSpeedSource(CheckpointSource):
     # -- planning: where every tensor comes from ---------------------------------------------------------------
     def _plan(self) -> None:
         ms = self.model_state(0)
-        module: dict[str, torch.Tensor] = ms.get("module") or {}
         self.where: dict[str, tuple] = {}
         shapes: dict[str, tuple[int, ...]] = {}
-        dtypes: dict[str, torch.dtype] = {}
         self.group_sizes = [[t.numel() for t in self.flat_groups(r)] for r in range(self.world_size or 1)]
         group_sizes = self.group_sizes
         if any(len(sizes) != len(group_sizes[0]) for sizes in group_sizes) or (
@@ -127,30 +125,15 @@ class DeepSpeedSource(CheckpointSource):
             self._plan_zero3(ms, group_sizes[0], shapes)
         else:
             self._plan_zero12(ms, group_sizes, shapes)
-        for name in shapes:
-            dtypes[name] = fp32
-        frozen = ms.get("frozen_param_shapes") or {}
-        for name, shape in frozen.items():
-            shapes[name] = tuple(shape)
-            self.where[name] = ("frozen",)
-            dtypes[name] = ms["frozen_param_fragments"][name].dtype
-        for name in ms.get("buffer_names") or []:
-            if name in module:
-                shapes[name], dtypes[name] = tuple(module[name].shape), module[name].dtype
-                self.where[name] = ("module",)
-        self.aliases = {k: v for k, v in (ms.get("shared_params") or {}).items() if v in shapes and k not in shapes}
-        if self.stage < 3:
-            # ZeRO-1 does not list frozen parameters separately; the module state dict has them in full.
-            extra = [k for k, v in module.items()
-                     if k not in shapes and k not in self.aliases and isinstance(v, torch.Tensor)]
-            for name in extra:
-                shapes[name], dtypes[name] = tuple(module[name].shape), module[name].dtype
-                self.where[name] = ("module",)
-            if extra:
-                self.notes.append(f"{len(extra)} tensors outside the optimizer (frozen) taken from the module "
-                                  f"state dict (e.g. {extra[0]})")
-        order = [k for k in module if k in shapes] + [k for k in shapes if k not in module]
-        self.entries = [TensorEntry(k, shapes[k], dtypes[k]) for k in order]
+        plan = layout.plan_tensors(
+            ms, self.stage, self.where, shapes, fp32,
+            frozen_dtype=lambda name: ms["frozen_param_fragments"][name].dtype,
+            shape_dtype=lambda tensor: (tuple(tensor.shape), tensor.dtype),
+            is_tensor=lambda value: isinstance(value, torch.Tensor))
+        self.where, self.aliases = plan.where, plan.aliases
+        if plan.from_module:
+            self.notes.append(layout.module_only_note(plan.from_module))
+        self.entries = [TensorEntry(k, plan.shapes[k], plan.dtypes[k]) for k in plan.order]
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
         self.partitions = layout.zero12_partitions(rank_sizes)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,43 @@ def plan_zero3(param_shapes: list[dict[str, Any]], part_sizes: list[int],
     if offset != sum(part_sizes):
         raise LayoutMismatch(f"parameters need {offset} values per rank but the shards hold {sum(part_sizes)}")
     return where, shapes
+
+
+@dataclass
+class TensorPlan:
+    """Every tensor a ZeRO checkpoint merges to: where it is, its shape and dtype, in the module's order."""
+
+    where: dict[str, tuple]
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, Any]
+    aliases: dict[str, str]  # a tied name -> the name it shares its tensor with
+    order: list[str]
+    from_module: list[str] = field(default_factory=list)  # ZeRO-1/2 frozen tensors found only in the module
+
+
+def plan_tensors(ms: dict[str, Any], stage: int, trained: dict[str, tuple], shapes: dict[str, tuple[int, ...]],
+                 fp32: Any, *, frozen_dtype: Callable[[str], Any], shape_dtype: Callable[[Any], tuple[tuple, Any]],
+                 is_tensor: Callable[[Any], bool]) -> TensorPlan:
+    """Add the frozen parameters, buffers and (ZeRO-1/2) module-only tensors to the trained ones (`trained`: where,
+    `shapes`: their shapes, stored as `fp32`). The callables read a tensor of the reader's kind (torch or light)."""
+    module: dict[str, Any] = ms.get("module") or {}
+    where, shapes = dict(trained), dict(shapes)
+    dtypes: dict[str, Any] = dict.fromkeys(shapes, fp32)
+    for name, shape in (ms.get("frozen_param_shapes") or {}).items():
+        shapes[name], where[name], dtypes[name] = tuple(shape), ("frozen",), frozen_dtype(name)
+    for name in ms.get("buffer_names") or []:
+        if name in module:
+            (shapes[name], dtypes[name]), where[name] = shape_dtype(module[name]), ("module",)
+    aliases = {k: v for k, v in (ms.get("shared_params") or {}).items() if v in shapes and k not in shapes}
+    extra: list[str] = []
+    if stage < 3:
+        # ZeRO-1 does not list frozen parameters separately; the module state dict has them in full.
+        extra = [k for k, v in module.items() if k not in shapes and k not in aliases and is_tensor(v)]
+        for name in extra:
+            (shapes[name], dtypes[name]), where[name] = shape_dtype(module[name]), ("module",)
+    order = [k for k in module if k in shapes] + [k for k in shapes if k not in module]
+    return TensorPlan(where, shapes, dtypes, aliases, order, extra)
+
+
+def module_only_note(names: list[str]) -> str:
+    return f"{len(names)} tensors outside the optimizer (frozen) taken from the module state dict (e.g. {names[0]})"

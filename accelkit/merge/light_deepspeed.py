@@ -152,10 +152,8 @@ class _Planner:
     # -- planning: where every tensor comes from (DeepSpeedSource._plan) ----------------------------------------
     def _plan(self) -> None:
         ms = self.model_states[0]
-        module: dict[str, Any] = ms.get("module") or {}
         self.where: dict[str, tuple] = {}
         shapes: dict[str, tuple[int, ...]] = {}
-        dtypes: dict[str, str] = {}
         self.flats = [self._flat_groups(r) for r in range(self.world)]
         rank_sizes = [[g.numel for g in flats] for flats in self.flats]
         if any(len(sizes) != len(rank_sizes[0]) for sizes in rank_sizes) or (
@@ -166,32 +164,23 @@ class _Planner:
             self._plan_zero3(ms, rank_sizes[0], shapes)
         else:
             self._plan_zero12(ms, rank_sizes, shapes)
-        for name in shapes:
-            dtypes[name] = fp32
-        frozen = ms.get("frozen_param_shapes") or {}
-        for name, shape in frozen.items():
-            shapes[name] = tuple(shape)
-            self.where[name] = ("frozen",)
+        def frozen_dtype(name: str) -> str:
             fragment = (ms.get("frozen_param_fragments") or {}).get(name)
             if not isinstance(fragment, TensorRef):
                 raise Unproven(f"frozen parameter {name} has no fragment")
-            dtypes[name] = fragment.storage.dtype
-        for name in ms.get("buffer_names") or []:
-            if name in module:
-                shapes[name], dtypes[name] = self._tensor(module[name]).shape, module[name].storage.dtype
-                self.where[name] = ("module",)
-        self.aliases = {k: v for k, v in (ms.get("shared_params") or {}).items() if v in shapes and k not in shapes}
-        if self.stage < 3:
-            extra = [k for k, v in module.items()
-                     if k not in shapes and k not in self.aliases and isinstance(v, TensorRef)]
-            for name in extra:
-                shapes[name], dtypes[name] = module[name].shape, module[name].storage.dtype
-                self.where[name] = ("module",)
-            if extra:
-                self.out.notes.append(f"{len(extra)} tensors outside the optimizer (frozen) taken from the module "
-                                      f"state dict (e.g. {extra[0]})")
-        order = [k for k in module if k in shapes] + [k for k in shapes if k not in module]
-        for name in order:
+            return fragment.storage.dtype
+
+        def shape_dtype(value: Any) -> tuple[tuple, str]:
+            tensor = self._tensor(value)
+            return tuple(tensor.shape), tensor.storage.dtype
+
+        plan = layout.plan_tensors(ms, self.stage, self.where, shapes, fp32, frozen_dtype=frozen_dtype,
+                                   shape_dtype=shape_dtype, is_tensor=lambda value: isinstance(value, TensorRef))
+        self.where, self.aliases = plan.where, plan.aliases
+        shapes, dtypes = plan.shapes, plan.dtypes
+        if plan.from_module:
+            self.out.notes.append(layout.module_only_note(plan.from_module))
+        for name in plan.order:
             if dtypes[name] not in DTYPES:
                 raise Unproven(f"dtype {dtypes[name]} of {name}")
             tensor = Tensor(name, dtypes[name], tuple(shapes[name]), [])
