@@ -231,7 +231,7 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
     elif unprivileged:
         command = ["unshare", "--user", *command]
     proc = subprocess.Popen(command, cwd=cwd, env=full_env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_as_from_a_terminal(preexec_fn),
                             stdin=subprocess.PIPE if stdin is not None else None)
     if send_signal is None:
         stdout, stderr = proc.communicate(stdin, timeout=timeout)
@@ -322,6 +322,20 @@ def invoke_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None,
     if record:
         _record(result, kind, expect)
     return result
+
+
+def _as_from_a_terminal(preexec_fn):
+    """The command starts with SIGINT at its default, as from a shell prompt, also when the tests themselves run
+    as a background job (`cmd &` in a script starts with SIGINT ignored, and a Python started so never raises
+    KeyboardInterrupt): Ctrl-C faults then test the command, not how the suite was started."""
+    import signal
+
+    def prepare() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if preexec_fn is not None:
+            preexec_fn()
+
+    return prepare
 
 
 def _communicate_with_signal(proc: subprocess.Popen,

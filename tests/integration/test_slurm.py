@@ -305,17 +305,29 @@ def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weight
         # Sent as the job starts: the nodes repeat the request to their ranks until the script's handler takes it.
         cluster.run("scancel", "--signal=USR1", "--batch", job_id)
         deadline = time.monotonic() + 300
-        # Until the job ends for good; a query that fails under load ("" state) is no answer, not the end.
-        while (state := cluster.job_fields(job_id).get("JobState", "")) in UNFINISHED:
-            assert time.monotonic() < deadline, state
-            if state == "PENDING":  # SLURM holds a requeued job for 120 s before it may start again: not here
-                cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
+        # Until the job ends for good; a query that fails under load ("" state) is no answer, not the end, and
+        # neither is a final-looking state during the requeue itself: the end is a final state that lasts 5 s.
+        states: list[str] = []
+        ended_at = None
+        while True:
+            state = cluster.job_fields(job_id).get("JobState", "")
+            if not states or states[-1] != state:
+                states.append(state)
+            assert time.monotonic() < deadline, states
+            if state in UNFINISHED:
+                ended_at = None
+                if state == "PENDING":  # SLURM holds a requeued job for 120 s before it may start again: not here
+                    cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
+            elif ended_at is None:
+                ended_at = time.monotonic()
+            elif time.monotonic() - ended_at > 5:
+                break
             time.sleep(0.5)
     finally:
         cluster.run("scancel", job_id)
     text = log.read_text(errors="replace")
     assert "stopped on SIGUSR1 after step" in text, text
-    assert re.search(r"resumed from \S+checkpoint-(\d+) at step \1", text), text
+    assert re.search(r"resumed from \S+checkpoint-(\d+) at step \1", text), f"job states {states}\n{text}"
     stopped = int(re.search(r"stopped on SIGUSR1 after step (\d+)", text).group(1))
     assert 0 < stopped < 300
     out, _ = reference.communicate(timeout=300)
