@@ -308,7 +308,7 @@ def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weight
         # Until the job ends for good; a query that fails under load ("" state) is no answer, not the end, and
         # neither is a final-looking state during the requeue itself: the end is a final state that lasts 5 s.
         states: list[str] = []
-        ended_at = None
+        ended_at = pending_since = None
         while True:
             state = cluster.job_fields(job_id).get("JobState", "")
             if not states or states[-1] != state:
@@ -316,7 +316,11 @@ def test_preempted_job_saves_requeues_and_ends_with_an_uninterrupted_runs_weight
             assert time.monotonic() < deadline, states
             if state in UNFINISHED:
                 ended_at = None
-                if state == "PENDING":  # SLURM holds a requeued job for 120 s before it may start again: not here
+                pending_since = (pending_since or time.monotonic()) if state == "PENDING" else None
+                # SLURM holds a requeued job for 120 s before it may start again: not here. But not within the
+                # second of the requeue either: slurmd refuses a credential made in the second it revoked the
+                # job's last one ("Job credential revoked"), and the job fails.
+                if pending_since is not None and time.monotonic() - pending_since > 2:
                     cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
             elif ended_at is None:
                 ended_at = time.monotonic()
