@@ -84,6 +84,31 @@ def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path:
     assert light.notes[-1].startswith("read without torch"), light.notes
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_bf16_zero_checkpoint_merges_to_its_fp32_masters(ckpts: Path, tmp_path: Path, stage: int) -> None:
+    """DeepSpeed trained in bf16: the output holds the fp32 master weights from the bf16_zero_pp_rank_* files (what
+    DeepSpeed's own zero_to_fp32 returns), checked against the bf16 weights in the model states by a bit-exact cast;
+    the frozen norm, which has no master, keeps its bf16 weights (zero_to_fp32 drops it under ZeRO-1)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from accelkit.merge import MergeOptions, merge_checkpoint
+
+    src = ckpts / "ds" / f"zero{stage}_bf16"
+    assert next((src / "global_step2").glob("bf16_zero_pp_rank_0_*optim_states.pt"))
+    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "m.safetensors", verify=True,
+                                           progress=False))
+    got = load_file(tmp_path / "m.safetensors")
+    reference = get_fp32_state_dict_from_zero_checkpoint(str(src))
+    reference.pop("lm_head.weight")  # tied to the embedding, stored once
+    assert got.pop("model.norm.weight").dtype == torch.bfloat16
+    reference.pop("model.norm.weight", None)
+    assert_bit_identical(got, reference)
+    assert {tensor.dtype for tensor in got.values()} == {torch.float32}
+    assert report.notes[-1].startswith("read without torch"), report.notes
+    if stage < 3:
+        assert any("fp32 partitions equal the model-states weights" in check for check in report.checks)
+
+
 def test_a_config_that_ties_weights_goes_to_the_torch_path(ckpts: Path, tmp_path: Path) -> None:
     from accelkit.merge import MergeOptions, merge_checkpoint
 

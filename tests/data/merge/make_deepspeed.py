@@ -5,7 +5,8 @@ For each stage it writes OUT/zero{stage}/ (engine.save_checkpoint after each ste
 global_step2, `latest` naming the second) and, from rank 0, the full fp32 state dict the engine holds after
 training, OUT/zero{stage}_expected.safetensors, to compare against; and the model's OUT/config.json. A second
 ZeRO-2 run of the same model with another seed, OUT/zero2_other/global_step2, gives the fault tests rank files of
-"another run" with every shape equal.
+"another run" with every shape equal. OUT/zero{stage}_bf16/ are the same stages trained in bf16 (bf16 weights in the
+model states, fp32 masters in bf16_zero_pp_rank_* optimizer files); their reference is DeepSpeed's own zero_to_fp32.
 One process group serves all stages so the JIT-built comm op and imports are paid once.
 """
 
@@ -22,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_model import batch, tiny_model  # noqa: E402
 
 
-def train_and_save(stage: int, out: Path, name: str | None = None, seed: int | None = None) -> None:
+def train_and_save(stage: int, out: Path, name: str | None = None, seed: int | None = None,
+                   bf16: bool = False) -> None:
     import deepspeed
     from safetensors.torch import save_file
 
@@ -34,6 +36,7 @@ def train_and_save(stage: int, out: Path, name: str | None = None, seed: int | N
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
+        **({"bf16": {"enabled": True}} if bf16 else {}),
     }
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
@@ -45,7 +48,7 @@ def train_and_save(stage: int, out: Path, name: str | None = None, seed: int | N
         engine.backward(loss)
         engine.step()
         engine.save_checkpoint(str(out / name), tag=f"global_step{step + 1}")
-    if seed is not None:
+    if seed is not None or bf16:
         torch.distributed.barrier()
         return
     if stage == 3:
@@ -70,6 +73,8 @@ def main() -> None:
         train_and_save(stage, out)
     if 2 in stages:
         train_and_save(2, out, name="zero2_other", seed=99)
+    for stage in stages:
+        train_and_save(stage, out, name=f"zero{stage}_bf16", bf16=True)
     if int(os.environ.get("RANK", "0")) == 0:
         from tiny_model import tiny_config
 

@@ -86,8 +86,10 @@ def _untimed(checks: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("rel,tag", [("ds/zero1", None), ("ds/zero2", None), ("ds/zero3", None),
-                                     ("ds/zero3/global_step2", None), ("ds/zero2", "global_step1")],
-                         ids=["zero1", "zero2", "zero3", "zero3-tag-folder", "zero2-tag-step1"])
+                                     ("ds/zero3/global_step2", None), ("ds/zero2", "global_step1"),
+                                     ("ds/zero1_bf16", None), ("ds/zero2_bf16", None), ("ds/zero3_bf16", None)],
+                         ids=["zero1", "zero2", "zero3", "zero3-tag-folder", "zero2-tag-step1", "zero1-bf16",
+                              "zero2-bf16", "zero3-bf16"])
 def test_light_path_writes_the_torch_paths_bytes_and_checks(merge_ckpts: Path, tmp_path: Path, rel: str,
                                                              tag: str | None) -> None:
     light, heavy = _both(merge_ckpts / rel, tmp_path, tag=tag)
