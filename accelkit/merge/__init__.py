@@ -9,8 +9,8 @@ safetensors writer in writer, output layout in shards, side files and tied weigh
 in output, the orchestration in pipeline, and the report for people in report; what a merge is asked and reports in
 options. The torch-free path for DCP folders stored as row blocks and for DeepSpeed ZeRO checkpoints: restricted
 unpicklers in light_pickle, the layouts proven in light_dcp and light_deepspeed (what both DeepSpeed readers share
-in deepspeed_layout), the range copies in light_run, which is also the entry point (it hands everything else to
-pipeline); the safetensors header both paths write in header.
+in deepspeed_layout), the range copies in light_run, which is also the entry point of merging and of --inspect
+(it hands everything else to pipeline); the safetensors header both paths write in header.
 
 Importing this package is cheap: its names load on first use, and the first one that needs torch imports it without
 collecting garbage (see _load).
@@ -48,7 +48,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "DTYPES": "pipeline",
     "MergeOptions": "options",
     "MergeReport": "options",
-    "inspect_checkpoint": "pipeline",
+    "inspect_checkpoint": "light_run",
     "merge_checkpoint": "light_run",
     "format_report": "report",
 }, load=_load)

@@ -87,14 +87,76 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
             gc.enable()
 
 
+def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
+    """`--inspect`: describe the input and make the checks that need no full read, without torch when the light
+    merge could read it (the same report as the torch path's, with a note saying so), else with the torch path."""
+    opts = MergeOptions(input=input_path, tag=tag, model_index=model_index)
+    try:
+        return _light_inspect(opts)
+    except _TorchPath:
+        from accelkit.merge import _load
+
+        return _load("accelkit.merge.pipeline").inspect_checkpoint(input_path, tag, model_index)
+
+
+def _light_inspect(opts: MergeOptions) -> MergeReport:
+    start = time.perf_counter()
+    deepspeed_root = _light_input(opts)
+    reader = RecordReader()
+    try:
+        found, steps = _light_plan(opts, deepspeed_root, reader)
+        checks = [*found.checks]
+        signed = manifest.find(found.root)
+        if signed is not None:
+            if signed.step is not None:
+                steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
+            checks.append(manifest.unverified_line(signed))
+        agreed = counters.cross_check(steps)
+        if agreed:
+            checks.append(agreed)
+    finally:
+        reader.close()
+    report = _planned_report(found, checks)
+    report.notes.append("read without torch: the checkpoint's metadata and pickles, no tensor data")
+    report.seconds = time.perf_counter() - start
+    report.peak_rss_bytes = peak_rss_bytes()
+    return report
+
+
 def _light_merge(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     output = opts.output
     if output is None or output.suffix in _TORCH_SUFFIXES:
         raise _TorchPath("no safetensors output")
-    for asked, reason in ((opts.max_shard_size, "--max-shard-size"), (opts.model_index is not None, "--model-index")):
-        if asked:
-            raise _TorchPath(f"{reason} was given")
+    if opts.max_shard_size:
+        raise _TorchPath("--max-shard-size was given")
+    deepspeed_root = _light_input(opts)
+    check_paths(opts.input, output, opts.force)
+    scan = _NonFiniteScan()  # imports NumPy beside the checks
+    reader = RecordReader()
+    try:
+        found, steps = _light_plan(opts, deepspeed_root, reader)
+        if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype]
+                                        for t in found.tensors):
+            raise _TorchPath(f"--dtype {opts.dtype} casts")
+        side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
+        try:
+            checks = _manifest_checks(found, side_files, steps)
+        except AccelkitError as exc:
+            if deepspeed_root is None:
+                raise
+            raise _TorchPath(f"a check failed ({exc.message})") from None
+        to_file = output.suffix == ".safetensors"
+        return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
+    finally:
+        reader.close()
+
+
+def _light_input(opts: MergeOptions) -> Path | None:
+    """Whether the input is one the light path may read, from its names alone: the DeepSpeed checkpoint folder, or
+    None for a DCP folder; anything else raises _TorchPath."""
+    if opts.model_index is not None:
+        raise _TorchPath("--model-index was given")
     if not opts.input.is_dir():
         raise _TorchPath("only checkpoint folders are read without torch")
     names = _names(opts.input)
@@ -106,31 +168,20 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
         raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
     if opts.tag and is_dcp:
         raise _TorchPath("--tag was given")
-    check_paths(opts.input, output, opts.force)
-    scan = _NonFiniteScan()  # imports NumPy beside the checks
-    reader = RecordReader()
-    try:
-        if deepspeed_root is not None:
-            found, steps = _deepspeed_plan(opts, deepspeed_root, reader)
-        else:
-            found, steps = _dcp_plan(opts), counters.FolderCounters()
-        if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype]
-                                        for t in found.tensors):
-            raise _TorchPath(f"--dtype {opts.dtype} casts")
-        side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
-        config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
-        if deepspeed_root is None and config is not None and _may_tie(config):
-            raise _TorchPath(f"{config} may tie weights (the model class says which)")
-        try:
-            checks = _manifest_checks(found, side_files, steps)
-        except AccelkitError as exc:
-            if deepspeed_root is None:
-                raise
-            raise _TorchPath(f"a check failed ({exc.message})") from None
-        to_file = output.suffix == ".safetensors"
-        return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
-    finally:
-        reader.close()
+    return deepspeed_root
+
+
+def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
+                reader: RecordReader) -> tuple[light_dcp.Plan, counters.FolderCounters]:
+    """Every tensor as byte ranges of the input, with the format's own checks made, and the folder's step counters."""
+    if deepspeed_root is not None:
+        return _deepspeed_plan(opts, deepspeed_root, reader)
+    found = _dcp_plan(opts)
+    _, side_files = extras.find_side_files(opts.input, opts.config_from)
+    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
+    if config is not None and _may_tie(config):
+        raise _TorchPath(f"{config} may tie weights (the model class says which)")
+    return found, counters.FolderCounters()
 
 
 def _dcp_plan(opts: MergeOptions) -> light_dcp.Plan:
@@ -196,6 +247,19 @@ def _manifest_checks(found: light_dcp.Plan, side_files: list[Path], steps: count
     return checks
 
 
+def _planned_report(found: light_dcp.Plan, checks: list[str]) -> MergeReport:
+    """What the input holds and what was checked, before anything is written."""
+    files = [f for f in found.files if f.is_file()]
+    dtypes: dict[str, int] = {}
+    for t in found.tensors:
+        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+    return MergeReport(
+        format_name=found.format_name, world_size=found.world_size, notes=list(found.notes),
+        tensors=len(found.tensors), parameters=sum(math.prod(t.shape) for t in found.tensors),
+        bytes=sum(t.nbytes for t in found.tensors), dtypes=dtypes, input_files=len(files),
+        input_bytes=sum(f.stat().st_size for f in files), checks=checks, dropped_aliases=dict(found.aliases))
+
+
 def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file: bool, side_folder: Path | None,
            side_files: list[Path], scan: _NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
     output = opts.output
@@ -207,16 +271,9 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
         metadata[FILES_KEY] = json.dumps(folder_files)
     header = safetensors_header(((t.name, DTYPES[t.dtype][0], t.shape, t.nbytes) for t in found.tensors), metadata)
     data_bytes = sum(t.nbytes for t in found.tensors)
-    files = [f for f in found.files if f.is_file()]
-    dtypes: dict[str, int] = {}
-    for t in found.tensors:
-        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
-    notes = list(found.notes)
-    report = MergeReport(
-        format_name=found.format_name, world_size=found.world_size, notes=notes,
-        tensors=len(found.tensors), parameters=sum(math.prod(t.shape) for t in found.tensors), bytes=data_bytes,
-        dtypes=dtypes, input_files=len(files), input_bytes=sum(f.stat().st_size for f in files),
-        checks=[*found.checks, *checks], output=output, output_files=list(names), dropped_aliases=dict(found.aliases))
+    report = _planned_report(found, [*found.checks, *checks])
+    report.output, report.output_files = output, list(names)
+    notes = report.notes
     report.open_seconds = time.perf_counter() - start
     notify = opts.notify or (lambda message: None)
     staged = StagedOutput(output, is_dir=not to_file)

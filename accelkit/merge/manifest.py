@@ -89,6 +89,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def unverified_line(manifest: Manifest) -> str:
+    """The check line of a manifest found but not hashed (--inspect reads no tensor data)."""
+    return f"manifest {manifest.path} (run {manifest.run_id[:12]}, step {manifest.step}): verified when merging"
+
+
 def verify(manifest: Manifest, read_files: list[Path], world_size: int | None) -> list[str]:
     """Check the checkpoint against its manifest (see the module docstring); return what was checked."""
     hint = ("the checkpoint is not what was saved: re-copy it from the machine that wrote it, or merge an earlier "

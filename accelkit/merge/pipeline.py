@@ -66,8 +66,7 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
                 _, side_files = extras.find_side_files(opts.input, opts.config_from)
                 checks += manifest.verify(found, [*source.files, *side_files], source.world_size)
             else:
-                checks.append(f"manifest {found.path} (run {found.run_id[:12]}, step {found.step}): verified when "
-                              "merging")
+                checks.append(manifest.unverified_line(found))
         folder = savestate.find_save_state_dir(source.root)
         if folder is not None:
             checks += savestate.check(folder, source.world_size, source.reader, steps)

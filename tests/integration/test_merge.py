@@ -164,6 +164,27 @@ def test_detection_is_explained(ckpts: Path) -> None:
     assert "lm_head.weight -> model.embed_tokens.weight" in proc.stdout
 
 
+@pytest.mark.parametrize("rel", ["fsdp/dcp", "ds/zero1", "ds/zero2", "ds/zero3", "ds/zero3/global_step2",
+                                 "ds/zero2_bf16", "ds/zero3_bf16"])
+def test_inspect_without_torch_reports_what_the_torch_path_reports(ckpts: Path, tmp_path: Path, rel: str) -> None:
+    """--inspect on an input the light merge reads makes the same checks and counts as the torch path's inspect,
+    without reading tensor data; a DCP folder whose config.json may tie weights goes to the torch path."""
+    import shutil
+
+    from accelkit.merge import inspect_checkpoint, pipeline
+
+    src = ckpts / rel
+    if rel == "fsdp/dcp":
+        assert "read without torch" not in " ".join(inspect_checkpoint(src).notes)  # config.json above it
+        src = Path(shutil.copytree(src, tmp_path / "dcp"))
+    light, heavy = inspect_checkpoint(src), pipeline.inspect_checkpoint(src)
+    assert light.notes[-1].startswith("read without torch"), light.notes
+    assert set(heavy.notes) <= set(light.notes)
+    fields = ("format_name", "world_size", "tensors", "parameters", "bytes", "dtypes", "input_files", "input_bytes",
+              "checks", "dropped_aliases", "output")
+    assert {f: getattr(light, f) for f in fields} == {f: getattr(heavy, f) for f in fields}
+
+
 def test_inspect_writes_nothing(ckpts: Path, tmp_path: Path) -> None:
     src = ckpts / "fsdp" / "dcp"
     before = tree_hash(ckpts / "fsdp")

@@ -197,16 +197,25 @@ def test_a_crafted_optimizer_file_never_runs_its_payload(merge_ckpts: Path, tmp_
     assert not marker.exists()
 
 
+_WITHOUT_TORCH = ("import sys; from accelkit.cli import main; sys.argv = ['accelkit', 'merge-ckpt', *sys.argv[1:]]"
+                  "\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+                  "assert 'torch' not in sys.modules, 'torch was imported'")
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_cli_merges_zero_without_importing_torch(merge_ckpts: Path, tmp_path: Path, stage: int) -> None:
-    code = ("import sys; from accelkit.cli import main; sys.argv = ['accelkit', 'merge-ckpt', sys.argv[1], '-o', "
-            "sys.argv[2], '-q']\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'")
     out = tmp_path / "out.safetensors"
-    proc = subprocess.run([sys.executable, "-c", code, str(merge_ckpts / "ds" / f"zero{stage}"), str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, str(merge_ckpts / "ds" / f"zero{stage}"), "-o",
+                           str(out), "-q"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "read without torch" in proc.stdout
     pipeline.merge_checkpoint(MergeOptions(input=merge_ckpts / "ds" / f"zero{stage}",
                                            output=tmp_path / "torch.safetensors", progress=False))
     assert out.read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
+
+
+def test_the_cli_inspects_zero_without_importing_torch(merge_ckpts: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, str(merge_ckpts / "ds" / "zero3"), "--inspect"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "read without torch" in proc.stdout and "Nothing was written (--inspect)." in proc.stdout
