@@ -39,9 +39,14 @@ def invoke_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, st
 
     from click.testing import CliRunner
 
+    import accelkit.cli
     from accelkit.cli import main
 
+    def stopped(code: int) -> None:  # a stopped command ends its process at once: here, only this call
+        raise SystemExit(code)
+
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # main() installs its own
+    exit_stopped, accelkit.cli._exit_stopped = accelkit.cli._exit_stopped, stopped
     here = os.getcwd()
     code: int | str | None = 0
     try:
@@ -54,6 +59,7 @@ def invoke_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, st
             stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
     finally:
         os.chdir(here)
+        accelkit.cli._exit_stopped = exit_stopped
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     returncode = code if isinstance(code, int) else (0 if code is None else 1)
