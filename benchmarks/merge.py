@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from accelkit.launch.build_locks import clear_stale_build_locks
+
 HIDDEN = 2816  # a 2816x2816 fp32 Linear weight is 31.7 MB
 MODELS = ("linear-1gb", "llama-217m")
 NO_CHECKS = ("import sys, accelkit.merge.records as r; r.CHECK_CRC = False; r.SCAN_NONFINITE = False; "
@@ -111,6 +113,8 @@ def ensure_checkpoints(cache: Path, model_name: str) -> dict[str, Path]:
         shutil.rmtree(path, ignore_errors=True)
         print(f"building the {model_name} {kind} checkpoint under {path} ...", file=sys.stderr)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+        for line in clear_stale_build_locks(env):  # DeepSpeed without accelkit launch: a killed op build hangs it
+            print(line, file=sys.stderr)
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         __file__, "--produce", model_name, kind, str(path)], check=True, env=env,
                        stdout=subprocess.DEVNULL)

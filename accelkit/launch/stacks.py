@@ -18,6 +18,8 @@ _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 # Frames of the machinery every rank starts in; not worth showing.
 _STARTUP = ("accelkit/ranks/bootstrap.py", "<frozen runpy>")
+# torch.utils.cpp_extension waits here, polling, until the process building an op deletes its lock file.
+_BUILD_LOCK_WAIT = "torch/utils/file_baton.py"
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,13 @@ def diagnosis(stacks: list[RankStack]) -> tuple[str, str]:
     """(where the ranks wait and what that usually means, what to do about it)."""
     if not stacks:
         return "no rank's stack could be read", "rerun with a longer --stall-timeout to get the stacks"
+    building = [s for s in stacks if s.frames and s.frames[-1].file.replace("\\", "/").endswith(_BUILD_LOCK_WAIT)]
+    if building:
+        ranks = ", ".join(str(s.rank) for s in building)
+        return (f"rank(s) {ranks} wait for the build lock of a torch extension (a C++ op DeepSpeed compiles on "
+                "first use): another process builds it, or a build that was killed left its lock file",
+                "if no build is running, delete the file named `lock` in the op's folder under TORCH_EXTENSIONS_DIR "
+                "or ~/.cache/torch_extensions (accelkit launch removes such files before a DeepSpeed launch)")
     waiting = [s for s in stacks if s.wait is not None]
     elsewhere = [s for s in stacks if s.wait is None]
     if waiting and elsewhere:

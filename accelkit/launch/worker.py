@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     request = LaunchRequest.from_json(argv[0])
     temp_dir = None
     try:
+        from accelkit.configs import Backend
+        from accelkit.launch.build_locks import clear_stale_build_locks
         from accelkit.launch.build_plan import prepare_launch
 
         prepared = prepare_launch(request)
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         plan = prepared.plan
         os.environ.update(plan.env)
+        if plan.config.backend is Backend.DEEPSPEED:  # a lock an interrupted op build left would hang every rank
+            for line in clear_stale_build_locks(os.environ):
+                print(line, file=sys.stderr, flush=True)
         from accelkit.launch import accelerate_main
 
         return accelerate_main.main(plan.launcher_args())

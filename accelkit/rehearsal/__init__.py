@@ -34,7 +34,8 @@ What you get:
   parameters works); `save_state` writes `<ckpt>/latest` and ZeRO shards under `<ckpt>/pytorch_model/`. DeepSpeed
   compiles small C++ ops with the local compiler on first use and caches them in ~/.cache/torch_extensions: its
   shared-memory comm op (about a minute), and for optimizer offload its CPU Adam, for a JSON Adam/AdamW optimizer
-  its FusedAdam (a few minutes each on 2 cores). Creating `torch.optim.AdamW` in the script needs neither.
+  its FusedAdam (a few minutes each on 2 cores). Creating `torch.optim.AdamW` in the script needs neither. A build
+  lock that a killed build left there is removed before the launch (accelkit.launch.build_locks).
   Multi-machine DeepSpeed rehearsals use the torchrun launcher (`deepspeed_multinode_launcher: standard`).
 - bf16 mixed precision works (DeepSpeed bf16 casts the model, so inputs must be cast as on GPUs).
 

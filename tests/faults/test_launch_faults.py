@@ -24,6 +24,7 @@ from helpers.faults import FaultResult, invoke_fault, run_fault
 from accelkit.launch.ports import free_port
 
 FAULTS = DATA / "launch" / "faults.py"
+PROBE = DATA / "launch" / "probe.py"
 CPU_DDP = ["launch", "--cpu", "--backend", "ddp", "--num-processes", "2"]
 
 
@@ -124,6 +125,31 @@ def test_scalar_parameter_under_deepspeed_is_named_with_the_ways_out(tmp_path):
     result.assert_refused("the model's parameter `temperature` is 0-dim \\(a scalar\\), which DeepSpeed ZeRO cannot "
                           "shard \\(it flattens every parameter into its partitions\\)")
     assert "shape (1,)" in result.stderr and "--backend ddp" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_deepspeed_op_build_killed_by_sigterm_does_not_hang_the_next_launch(tmp_path):
+    """SIGTERM while DeepSpeed compiles its shared-memory comm op on first use: torchrun ends the building rank, whose
+    build lock (torch's FileBaton) stays behind. Every later load of the op would wait for it forever; the next launch
+    removes it, says so, and runs."""
+    extensions = tmp_path / "extensions"  # empty: the first launch builds the op
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    args = ["launch", "--cpu", "--backend", "deepspeed", "--zero-stage", "2", "--num-processes", "2", str(PROBE)]
+    env = {"TORCH_EXTENSIONS_DIR": str(extensions)}
+    stopped = launch(tmp_path, *args, env=env, kind="signal", expect="signal", send_signal=(lock, signal.SIGTERM),
+                     timeout=300)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert not stopped.traceback
+    stopped.assert_clean(owned=[tmp_path / "work", extensions])
+    assert lock.exists()  # what the interrupted build left
+
+    result = launch(tmp_path, *args, env=env, kind="stale lock", expect="ok", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"accelkit: removed {lock}: a build lock of the torch extension 'deepspeed_shm_comm', created " \
+        in result.stderr
+    assert sorted(re.findall(r"PROBE done rank=(\d)", result.stdout)) == ["0", "1"]
+    assert not lock.exists() and (extensions / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file()
+    result.assert_clean(owned=[tmp_path / "work", extensions])
 
 
 @pytest.mark.slow

@@ -196,15 +196,15 @@ def _record(result: FaultResult, kind: str, expect: str) -> None:
 
 def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, env: dict[str, str] | None = None,
               timeout: float = 300,
-              send_signal: tuple[float | str, int] | list[tuple[float | str, int]] | None = None,
+              send_signal: tuple[float | str | Path, int] | list[tuple[float | str | Path, int]] | None = None,
               kind: str = "bad input",
               expect: str = "refused", preexec_fn=None, stdin: str | None = None,
               readonly: Path | None = None, small_fs: tuple[Path, int] | None = None,
               unprivileged: bool = False, record: bool = True) -> FaultResult:
     """Run `python -m accelkit ARGS` and observe it (see the module docstring).
 
-    `send_signal=(when, signum)`: send signum to the command after `when` seconds, or once a line containing
-    `when` (a string) appears on its stderr or stdout; a list of such pairs sends them in turn (seconds count from
+    `send_signal=(when, signum)`: send signum to the command after `when` seconds, once a line containing
+    `when` (a string) appears on its stderr or stdout, or once the file `when` (a Path) exists; a list of such pairs sends them in turn (seconds count from
     the previous signal). The temp folder checked for leftovers is the command's TMPDIR when `env` sets one (a
     private one keeps other jobs on the machine out of the check), else the system's. `expect` says what a
     correct tool does ("refused": a clean error; "signal": a clean stop; "ok": success) and is recorded for
@@ -339,7 +339,7 @@ def _as_from_a_terminal(preexec_fn):
 
 
 def _communicate_with_signal(proc: subprocess.Popen,
-                             send_signal: tuple[float | str, int] | list[tuple[float | str, int]],
+                             send_signal: tuple[float | str | Path, int] | list[tuple[float | str | Path, int]],
                              timeout: float) -> tuple[str, str]:
     import threading
 
@@ -360,7 +360,10 @@ def _communicate_with_signal(proc: subprocess.Popen,
         t.start()
     deadline = time.monotonic() + timeout
     for when, signum in plan:
-        if isinstance(when, str):
+        if isinstance(when, Path):  # a file the command creates, e.g. a lock taken while it builds
+            while not when.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        elif isinstance(when, str):
             with seen_text:
                 seen_text.wait_for(lambda when=when: any(when in line for line in err_lines + out_lines)
                                    or proc.poll() is not None, timeout=max(0.0, deadline - time.monotonic()))

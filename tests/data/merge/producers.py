@@ -33,6 +33,11 @@ def produce_all(root: Path) -> Path:
     if (root / "ALL_DONE").is_file():
         return root
     root.mkdir(parents=True, exist_ok=True)
+    # DeepSpeed runs here without accelkit launch, which would clear a lock a killed op build left (it would hang).
+    from accelkit.launch.build_locks import clear_stale_build_locks
+
+    for line in clear_stale_build_locks(os.environ):
+        print(line, file=sys.stderr)
     jobs = [
         start([*TORCHRUN, str(DATA / "make_deepspeed.py"), str(root / "ds")], root / "ds.log",
               {"DS_ACCELERATOR": "cpu"}),

@@ -124,3 +124,14 @@ def test_supervisor_confirms_a_busy_stall_only_when_an_idle_rank_waits_in_a_coll
     busy_0 = Stall(seconds=10, idle_ranks=(1,), busy_ranks=(0,))
     assert not Supervisor._confirmed(busy_0, [stack(0, ("/work/train.py", 44, "<module>")), lock])
     assert Supervisor._confirmed(Stall(seconds=10, idle_ranks=(0, 1), busy_ranks=()), [lock])  # nothing moves
+
+
+def test_ranks_waiting_for_an_op_build_lock_are_told_so():
+    """torch.utils.cpp_extension polls in FileBaton.wait while another process builds a DeepSpeed op, or forever
+    when a killed build left its lock file."""
+    baton = "/venv/lib/python3.11/site-packages/torch/utils/file_baton.py"
+    waiting = [stack(r, ("/work/train.py", 9, "main"), (baton, 53, "wait")) for r in (0, 1)]
+    text, advice = diagnosis(waiting)
+    assert text.startswith("rank(s) 0, 1 wait for the build lock of a torch extension")
+    assert "killed left its lock file" in text
+    assert "delete the file named `lock`" in advice and "~/.cache/torch_extensions" in advice

@@ -1,0 +1,198 @@
+"""Build locks that interrupted builds of DeepSpeed's C++ ops left behind: found, and removed, before a launch.
+
+DeepSpeed compiles its C++ ops on first use with torch.utils.cpp_extension (on CPU its shared-memory comm op, CPU
+Adam, FusedAdam; on GPUs its JIT ops), which guards each op's build folder, `<root>/<op>/`, with a file named
+`lock`: the building process creates it, keeps it open while the compiler runs and deletes it when done. Every later
+load of the op, even of one built long ago, first waits for that file to go away. A build killed by SIGTERM or
+SIGKILL (torchrun stopping its ranks after Ctrl-C, a scheduler's time limit, the OOM killer) never deletes it, and
+from then on every DeepSpeed run of that user on that machine waits forever without a word.
+
+A lock is stale when no process on this machine has it open and it lies on a local filesystem. On a shared one
+(NFS, Lustre, ...) a process on another machine may hold it, so there it counts as stale only after
+SHARED_STALE_AFTER seconds, far longer than any build. The check holds an flock on the root folder, so two launches
+starting together never both judge the same lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+
+SHARED_STALE_AFTER = 3600.0
+LOCK_NAME = "lock"  # torch.utils.cpp_extension's FileBaton in each op's build folder
+# Filesystems whose files only this machine's processes can hold open; any other kind counts as shared.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "bcachefs",
+                               "reiserfs", "jfs", "ramfs", "vfat", "exfat", "ntfs3", "hfsplus", "apfs"})
+
+
+@dataclass(frozen=True)
+class BuildLock:
+    path: Path
+    age: float  # seconds since the lock was created
+    holders: tuple[int, ...]  # processes on this machine that have it open
+    filesystem: str
+
+    @property
+    def op(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def shared(self) -> bool:
+        return self.filesystem not in LOCAL_FILESYSTEMS
+
+    @property
+    def stale(self) -> bool:
+        return not self.holders and (not self.shared or self.age > SHARED_STALE_AFTER)
+
+
+def extensions_root(env: Mapping[str, str]) -> Path:
+    """Where torch builds extensions for this environment: TORCH_EXTENSIONS_DIR, or torch's default under the user's
+    cache folder (torch._appdirs.user_cache_dir, which per-version folders such as py311_cpu lie under)."""
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return Path(env["TORCH_EXTENSIONS_DIR"]).expanduser()
+    cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(cache).expanduser() / "torch_extensions"
+
+
+def clear_stale_build_locks(env: Mapping[str, str]) -> list[str]:
+    """Remove the stale build locks under the extensions root of `env`; the lines to tell the user (what was
+    removed, and builds that are running, which the ranks will wait for). AccelkitError for a stale lock that
+    cannot be removed: the launch would wait for it forever."""
+    root = extensions_root(env)
+    if not root.is_dir():
+        return []
+    lines = []
+    with _exclusive(root):
+        for lock in find_build_locks(root):
+            if lock.holders:
+                pids = ", ".join(f"{pid} ({_command(pid)})" for pid in lock.holders)
+                lines.append(f"accelkit: the torch extension {lock.op!r} is being built by process {pids}; "
+                             f"the ranks wait for that build ({lock.path})")
+            elif not lock.stale:
+                lines.append(f"accelkit: {lock.path} (a build lock of the torch extension {lock.op!r}, "
+                             f"{_duration(lock.age)} old) lies on a shared filesystem ({lock.filesystem}), where a "
+                             "build on another machine may hold it; the ranks wait for it (delete the file if no "
+                             "build is running)")
+            else:
+                lines.append(_remove(lock))
+    return lines
+
+
+def find_build_locks(root: Path) -> list[BuildLock]:
+    """Every build lock under root: in each op's folder, directly (TORCH_EXTENSIONS_DIR) or one level down (torch's
+    default root holds a folder per Python version and accelerator, e.g. py311_cpu/)."""
+    paths = sorted({*root.glob(f"*/{LOCK_NAME}"), *root.glob(f"*/*/{LOCK_NAME}")})
+    found = []
+    now = time.time()
+    open_files = None
+    for path in paths:
+        try:
+            info = path.lstat()
+        except OSError:
+            continue  # released meanwhile
+        if open_files is None:
+            open_files = _open_files()
+        holders = tuple(sorted(pid for pid, ident in open_files if ident == (info.st_dev, info.st_ino)))
+        found.append(BuildLock(path=path, age=max(0.0, now - info.st_mtime), holders=holders,
+                               filesystem=filesystem_type(path)))
+    return found
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem `path` lies on (from /proc/self/mountinfo: the deepest mount point above it);
+    "unknown" where that cannot be read."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return "unknown"
+    target = os.path.realpath(path)
+    best, kind = "", "unknown"
+    for line in mountinfo.splitlines():
+        fields, _, tail = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not tail:
+            continue
+        mount = _unescape(parts[4])
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, tail.split()[0]
+    return kind
+
+
+def _remove(lock: BuildLock) -> str:
+    try:
+        lock.path.unlink()
+    except FileNotFoundError:
+        pass  # released meanwhile: nothing left to wait for
+    except OSError as exc:
+        raise AccelkitError(
+            f"{lock.path} is a build lock that an interrupted build of the torch extension {lock.op!r} left behind "
+            f"(no process has it open), and it cannot be removed ({exc.strerror}): DeepSpeed would wait for it "
+            "forever", hint="delete that file, or set TORCH_EXTENSIONS_DIR to a folder of your own") from None
+    return (f"accelkit: removed {lock.path}: a build lock of the torch extension {lock.op!r}, created "
+            f"{_duration(lock.age)} ago, that no process has open (an interrupted build left it); DeepSpeed would "
+            "have waited for it forever")
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
+    """An flock on the root folder itself (no file of ours in the user's cache), held while locks are judged."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield  # unreadable: judge without it (at worst two launches remove the same stale file)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _open_files() -> list[tuple[int, tuple[int, int]]]:
+    """(pid, (device, inode)) of every file this user can see open on this machine, from /proc/*/fd."""
+    found = []
+    own = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        try:
+            fds = os.scandir(f"/proc/{entry.name}/fd")
+        except OSError:
+            continue  # gone, or another user's
+        with fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    info = os.stat(fd.path)
+                    found.append((int(entry.name), (info.st_dev, info.st_ino)))
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes a space, tab, newline and backslash in a path as octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
