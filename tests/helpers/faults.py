@@ -203,16 +203,16 @@ def run_fault(args: list[str], *, watch: list[Path], cwd: Path | None = None, en
               unprivileged: bool = False, record: bool = True) -> FaultResult:
     """Run `python -m accelkit ARGS` and observe it (see the module docstring).
 
-    `send_signal=(when, signum)`: send signum to the command after `when` seconds, once a line containing
-    `when` (a string) appears on its stderr or stdout, or once the file `when` (a Path) exists; a list of such pairs sends them in turn (seconds count from
-    the previous signal). The temp folder checked for leftovers is the command's TMPDIR when `env` sets one (a
-    private one keeps other jobs on the machine out of the check), else the system's. `expect` says what a
-    correct tool does ("refused": a clean error; "signal": a clean stop; "ok": success) and is recorded for
-    benchmarks/faults.py. `readonly`: an existing
-    folder the command sees as a read-only file system (a private mount namespace: `unshare -rm`, then a
-    read-only tmpfs over the folder), for every user, root included. `small_fs=(folder, bytes)`: the folder is an
-    empty writable file system of that size (the same mechanism), to meet a full disk. `unprivileged`: the command
-    runs in a new user namespace, where even root has no permission override: a file with mode 000 is unreadable.
+    `send_signal=(when, signum)`: send signum to the command after `when` seconds, once a line containing `when` (a
+    string) appears on its stderr or stdout, or once the file `when` (a Path) exists; a list of such pairs sends
+    them in turn (seconds count from the previous signal). The temp folder checked for leftovers is the command's
+    TMPDIR when `env` sets one (a private one keeps other jobs on the machine out of the check), else the system's.
+    `expect` says what a correct tool does ("refused": a clean error; "signal": a clean stop; "ok": success) and is
+    recorded for benchmarks/faults.py. `readonly`: an existing folder the command sees as a read-only file system (a
+    private mount namespace: `unshare -rm`, then a read-only tmpfs over the folder), for every user, root included.
+    `small_fs=(folder, bytes)`: the folder is an empty writable file system of that size (the same mechanism), to
+    meet a full disk. `unprivileged`: the command runs in a new user namespace, where even root has no permission
+    override: a file with mode 000 is unreadable.
     `record=False`: not appended to $ACCELKIT_FAULT_RECORD (a real-process twin of a case `invoke_fault` runs).
     """
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
