@@ -10,7 +10,9 @@ from then on every DeepSpeed run of that user on that machine waits forever with
 A lock is stale when no process on this machine has it open and it lies on a local filesystem. On a shared one
 (NFS, Lustre, ...) a process on another machine may hold it, so there it counts as stale only after
 SHARED_STALE_AFTER seconds, far longer than any build. The check holds an flock on the root folder, so two launches
-starting together never both judge the same lock.
+starting together never both judge the same lock. A lock judged stale is looked at again CONFIRM_AFTER seconds later
+and removed only if it is the same file and still unheld: a no-op load takes and drops the lock in well under a
+second, so a lock that was being released, or one released and taken again by another rank, is never removed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from accelkit.errors import AccelkitError
 
 SHARED_STALE_AFTER = 3600.0
+CONFIRM_AFTER = 0.5
 LOCK_NAME = "lock"  # torch.utils.cpp_extension's FileBaton in each op's build folder
 # Filesystems whose files only this machine's processes can hold open; any other kind counts as shared.
 LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "bcachefs",
@@ -35,6 +38,7 @@ LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", 
 @dataclass(frozen=True)
 class BuildLock:
     path: Path
+    identity: tuple[int, int, int]  # device, inode and change time: a lock released and taken again differs
     age: float  # seconds since the lock was created
     holders: tuple[int, ...]  # processes on this machine that have it open
     filesystem: str
@@ -68,20 +72,25 @@ def clear_stale_build_locks(env: Mapping[str, str]) -> list[str]:
     root = extensions_root(env)
     if not root.is_dir():
         return []
-    lines = []
+    lines: list[str] = []
+    stale: list[BuildLock] = []
     with _exclusive(root):
         for lock in find_build_locks(root):
             if lock.holders:
                 pids = ", ".join(f"{pid} ({_command(pid)})" for pid in lock.holders)
-                lines.append(f"accelkit: the torch extension {lock.op!r} is being built by process {pids}; "
-                             f"the ranks wait for that build ({lock.path})")
+                lines.append(f"accelkit: process {pids} holds the build lock of the torch extension {lock.op!r} "
+                             f"(it builds or loads it); the ranks wait until it lets go ({lock.path})")
             elif not lock.stale:
                 lines.append(f"accelkit: {lock.path} (a build lock of the torch extension {lock.op!r}, "
                              f"{_duration(lock.age)} old) lies on a shared filesystem ({lock.filesystem}), where a "
                              "build on another machine may hold it; the ranks wait for it (delete the file if no "
                              "build is running)")
             else:
-                lines.append(_remove(lock))
+                stale.append(lock)
+        if stale:
+            time.sleep(CONFIRM_AFTER)
+            confirmed = {lock.identity for lock in find_build_locks(root) if lock.stale}
+            lines += [_remove(lock) for lock in stale if lock.identity in confirmed]
     return lines
 
 
@@ -100,8 +109,8 @@ def find_build_locks(root: Path) -> list[BuildLock]:
         if open_files is None:
             open_files = _open_files()
         holders = tuple(sorted(pid for pid, ident in open_files if ident == (info.st_dev, info.st_ino)))
-        found.append(BuildLock(path=path, age=max(0.0, now - info.st_mtime), holders=holders,
-                               filesystem=filesystem_type(path)))
+        found.append(BuildLock(path=path, identity=(info.st_dev, info.st_ino, info.st_ctime_ns),
+                               age=max(0.0, now - info.st_mtime), holders=holders, filesystem=filesystem_type(path)))
     return found
 
 

@@ -64,8 +64,9 @@ def test_a_lock_a_running_build_holds_is_kept(tmp_path):
         lines = clear_stale_build_locks(env_for(tmp_path / "ext"))
         assert lock.exists()
         assert len(lines) == 1
-        assert f"the torch extension 'cpu_adam' is being built by process {builder.pid} (python" in lines[0]
-        assert lines[0].endswith(f"the ranks wait for that build ({lock})")
+        assert lines[0].startswith(f"accelkit: process {builder.pid} (python")
+        assert lines[0].endswith(f"holds the build lock of the torch extension 'cpu_adam' (it builds or loads it); "
+                                 f"the ranks wait until it lets go ({lock})")
     finally:
         builder.kill()
         builder.wait()
@@ -142,3 +143,33 @@ def test_the_deepest_mount_point_decides_the_filesystem(tmp_path):
     assert filesystem_type(Path("/tmp/x"), "") == "unknown"
     real = filesystem_type(tmp_path)
     assert real != "unknown" and real in build_locks.LOCAL_FILESYSTEMS  # the tests' temp folder is local
+
+
+def test_a_lock_released_and_taken_again_while_it_is_judged_is_kept(tmp_path, monkeypatch):
+    """Ranks loading an op that is already built take and drop the lock in turn: an unheld lock is looked at again
+    before it is removed, and a different file at the same path (another rank's, held) is left alone."""
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()  # the first rank's lock, between its close and its remove
+    builders = []
+
+    def meanwhile(seconds):
+        lock.unlink()  # the first rank lets go; the next one takes the lock
+        builders.append(start_builder(lock))
+
+    monkeypatch.setattr(build_locks.time, "sleep", meanwhile)
+    try:
+        lines = clear_stale_build_locks(env_for(tmp_path / "ext"))
+        assert lines == [] and lock.exists()  # the second rank's lock is still there
+    finally:
+        for builder in builders:
+            builder.kill()
+            builder.wait()
+
+
+def test_a_lock_released_while_it_is_judged_is_no_error(tmp_path, monkeypatch):
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    monkeypatch.setattr(build_locks.time, "sleep", lambda seconds: lock.unlink())
+    assert clear_stale_build_locks(env_for(tmp_path / "ext")) == []
