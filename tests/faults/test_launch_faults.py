@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,62 @@ def test_a_deepspeed_op_build_killed_by_sigterm_does_not_hang_the_next_launch(tm
     assert sorted(re.findall(r"PROBE done rank=(\d)", result.stdout)) == ["0", "1"]
     assert not lock.exists() and (extensions / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file()
     result.assert_clean(owned=[tmp_path / "work", extensions])
+
+
+@pytest.mark.slow
+def test_a_stale_op_build_lock_that_cannot_be_removed_stops_the_launch_in_one_line(tmp_path):
+    """The lock lies in a folder the user cannot write (another user's cache, a read-only image): waiting for it
+    would hang every rank, so the launch stops before any rank starts, naming the file."""
+    extensions = tmp_path / "extensions"
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()  # left by a killed build
+    lock.parent.chmod(0o555)  # no one may write there; in a user namespace not even root
+    try:
+        result = launch(tmp_path, "launch", "--cpu", "--backend", "deepspeed", "--num-processes", "2", str(PROBE),
+                        env={"TORCH_EXTENSIONS_DIR": str(extensions)}, unprivileged=True)
+    finally:
+        lock.parent.chmod(0o755)
+    line = result.assert_refused(f"{re.escape(str(lock))} is a build lock that an interrupted build of the torch "
+                                 r"extension 'deepspeed_shm_comm' left behind \(no process has it open\), and it "
+                                 r"cannot be removed \(Permission denied\)")
+    assert line.endswith("DeepSpeed would wait for it forever")
+    assert "TORCH_EXTENSIONS_DIR" in result.stderr and "PROBE" not in result.stdout  # no rank started
+    assert lock.exists()
+
+
+@pytest.mark.slow
+def test_ranks_waiting_for_an_op_build_lock_that_another_process_holds_are_told_so(tmp_path):
+    """A build that hangs (stopped with Ctrl-Z, stuck on a full disk) holds the lock: the launch leaves it alone and
+    names the process, the ranks wait for it, and the stall watchdog says what they wait for."""
+    extensions = tmp_path / "extensions"
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        result = launch(tmp_path, "launch", "--cpu", "--backend", "deepspeed", "--num-processes", "2",
+                        "--stall-timeout", "5", str(PROBE), env={"TORCH_EXTENSIONS_DIR": str(extensions)},
+                        kind="stall")
+        assert holder.poll() is None and lock.exists()  # not ours: left alone
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"accelkit: process {holder.pid} (python" in result.stderr
+    assert "holds the build lock of the torch extension 'deepspeed_shm_comm'" in result.stderr
+    result.assert_refused(r"the job stalled for \d+ s and was stopped: rank\(s\) 0, 1 wait for the build "
+                                 "lock of a torch extension", exit_code=124, owned=[tmp_path / "work", extensions])
+    assert "delete the file named `lock`" in result.stderr and "file_baton.py" in result.stderr
+
+
+# torch's FileBaton, taken and held as a building process holds it.
+HOLD_LOCK = """
+import sys, time
+from torch.utils.file_baton import FileBaton
+assert FileBaton(sys.argv[1]).try_acquire()
+print("holding", flush=True)
+time.sleep(600)
+"""
 
 
 @pytest.mark.slow
