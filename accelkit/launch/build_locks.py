@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from accelkit.errors import AccelkitError
 
 SHARED_STALE_AFTER = 3600.0
@@ -98,19 +100,17 @@ def find_build_locks(root: Path) -> list[BuildLock]:
     """Every build lock under root: in each op's folder, directly (TORCH_EXTENSIONS_DIR) or one level down (torch's
     default root holds a folder per Python version and accelerator, e.g. py311_cpu/)."""
     paths = sorted({*root.glob(f"*/{LOCK_NAME}"), *root.glob(f"*/*/{LOCK_NAME}")})
+    holders = _holders(paths) if paths else {}
     found = []
     now = time.time()
-    open_files = None
     for path in paths:
         try:
             info = path.lstat()
         except OSError:
             continue  # released meanwhile
-        if open_files is None:
-            open_files = _open_files()
-        holders = tuple(sorted(pid for pid, ident in open_files if ident == (info.st_dev, info.st_ino)))
+        pids = tuple(sorted(proc.pid for proc in holders[os.path.realpath(path)]))
         found.append(BuildLock(path=path, identity=(info.st_dev, info.st_ino, info.st_ctime_ns),
-                               age=max(0.0, now - info.st_mtime), holders=holders, filesystem=filesystem_type(path)))
+                               age=max(0.0, now - info.st_mtime), holders=pids, filesystem=filesystem_type(path)))
     return found
 
 
@@ -166,29 +166,23 @@ def _exclusive(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _open_files() -> list[tuple[int, tuple[int, int]]]:
-    """(pid, (device, inode)) of every file this user can see open on this machine, from /proc/*/fd."""
-    found = []
-    own = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == own:
+def _holders(paths: list[Path]) -> dict[str, list[psutil.Process]]:
+    """The processes on this machine (those this user may look at) that have each of `paths` open."""
+    wanted = {os.path.realpath(path): [] for path in paths}
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
             continue
-        try:
-            fds = os.scandir(f"/proc/{entry.name}/fd")
-        except OSError:
-            continue  # gone, or another user's
-        with fds:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    info = os.stat(fd.path)
-                    found.append((int(entry.name), (info.st_dev, info.st_ino)))
-    return found
+        with contextlib.suppress(psutil.Error):  # gone, or another user's
+            for file in proc.open_files():
+                if file.path in wanted:
+                    wanted[file.path].append(proc)
+    return wanted
 
 
 def _command(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
-    except OSError:
+        return psutil.Process(pid).name() or "?"
+    except psutil.Error:
         return "?"
 
 
