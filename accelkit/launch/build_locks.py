@@ -101,6 +101,7 @@ def find_build_locks(root: Path) -> list[BuildLock]:
     default root holds a folder per Python version and accelerator, e.g. py311_cpu/)."""
     paths = sorted({*root.glob(f"*/{LOCK_NAME}"), *root.glob(f"*/*/{LOCK_NAME}")})
     holders = _holders(paths) if paths else {}
+    mounts = mount_table() if paths else []
     found = []
     now = time.time()
     for path in paths:
@@ -110,30 +111,31 @@ def find_build_locks(root: Path) -> list[BuildLock]:
             continue  # released meanwhile
         pids = tuple(sorted(proc.pid for proc in holders[os.path.realpath(path)]))
         found.append(BuildLock(path=path, identity=(info.st_dev, info.st_ino, info.st_ctime_ns),
-                               age=max(0.0, now - info.st_mtime), holders=pids, filesystem=filesystem_type(path)))
+                               age=max(0.0, now - info.st_mtime), holders=pids,
+                               filesystem=filesystem_type(path, mounts)))
     return found
 
 
-def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
-    """The type of the filesystem `path` lies on (from /proc/self/mountinfo: the deepest mount point above it);
-    "unknown" where that cannot be read."""
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        except OSError:
-            return "unknown"
+def filesystem_type(path: Path, mounts: list[tuple[str, str]] | None = None) -> str:
+    """The type of the filesystem `path` lies on: that of the deepest mount point above it, from `mounts`
+    ((mount point, type) pairs; by default this machine's mount table, as psutil reads it); "unknown" where none."""
+    if mounts is None:
+        mounts = mount_table()
     target = os.path.realpath(path)
     best, kind = "", "unknown"
-    for line in mountinfo.splitlines():
-        fields, _, tail = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not tail:
-            continue
-        mount = _unescape(parts[4])
+    for mount, fstype in mounts:
         inside = target == mount or target.startswith(mount.rstrip("/") + "/")
         if inside and len(mount) >= len(best):
-            best, kind = mount, tail.split()[0]
+            best, kind = mount, fstype
     return kind
+
+
+def mount_table() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of every mount of this machine; empty where the table cannot be read."""
+    try:
+        return [(part.mountpoint, part.fstype) for part in psutil.disk_partitions(all=True)]
+    except (OSError, RuntimeError, psutil.Error):
+        return []
 
 
 def _remove(lock: BuildLock) -> str:
@@ -192,10 +194,3 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes a space, tab, newline and backslash in a path as octal escapes."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field

@@ -89,7 +89,7 @@ def test_torch_default_root_holds_a_folder_per_python_and_accelerator(tmp_path):
 
 def test_on_a_shared_filesystem_a_lock_counts_as_stale_only_after_an_hour(tmp_path, monkeypatch):
     """A process on another machine may hold a lock on NFS or Lustre; this machine cannot see it."""
-    monkeypatch.setattr(build_locks, "filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr(build_locks, "mount_table", lambda: [("/", "nfs4")])
     young, old = tmp_path / "ext" / "a" / "lock", tmp_path / "ext" / "b" / "lock"
     for lock in (young, old):
         lock.parent.mkdir(parents=True)
@@ -128,19 +128,14 @@ def test_no_root_no_work(tmp_path):
     assert not (tmp_path / "missing").exists()
 
 
-MOUNTINFO = """\
-22 27 0:21 / /proc rw,relatime - proc proc rw
-27 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
-40 27 0:50 / /home rw,relatime - nfs4 server:/home rw,vers=4.2
-41 40 0:51 / /home/me/local\\040disk rw,relatime - xfs /dev/sdb1 rw
-"""
+MOUNTS = [("/proc", "proc"), ("/", "ext4"), ("/home", "nfs4"), ("/home/me/local disk", "xfs")]
 
 
 def test_the_deepest_mount_point_decides_the_filesystem(tmp_path):
-    assert filesystem_type(Path("/home/me/.cache/torch_extensions"), MOUNTINFO) == "nfs4"
-    assert filesystem_type(Path("/home/me/local disk/ext"), MOUNTINFO) == "xfs"
-    assert filesystem_type(Path("/homeless/x"), MOUNTINFO) == "ext4"  # a prefix of the name is not a mount
-    assert filesystem_type(Path("/tmp/x"), "") == "unknown"
+    assert filesystem_type(Path("/home/me/.cache/torch_extensions"), MOUNTS) == "nfs4"
+    assert filesystem_type(Path("/home/me/local disk/ext"), MOUNTS) == "xfs"
+    assert filesystem_type(Path("/homeless/x"), MOUNTS) == "ext4"  # a prefix of the name is not a mount
+    assert filesystem_type(Path("/tmp/x"), []) == "unknown"
     real = filesystem_type(tmp_path)
     assert real != "unknown" and real in build_locks.LOCAL_FILESYSTEMS  # the tests' temp folder is local
 
