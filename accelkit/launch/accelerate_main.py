@@ -197,6 +197,35 @@ def _single_process_died(signum: int, watch_dir: Path | None) -> int:
     return report(error)
 
 
+NODE_NAME_ENV = "ACCELKIT_NODE_NAME"  # set by a cluster node's launcher (accelkit.launch.node)
+RUN_ID_ENV = "ACCELKIT_RUN_ID"  # the rendezvous run id every machine of one job shares (default: from the port)
+
+
+def _say_restarts(args, rendezvous: _Rendezvous, watch_dir: Path | None) -> None:
+    """Under --max-restarts: a line per restart (accelkit.launch.restarts), through a rendezvous that can form
+    again (c10d) with a run id unique to the job."""
+    restarts = int(getattr(args, "max_restarts", 0) or 0)
+    if restarts <= 0:
+        return
+    # torchrun restarts a group only through a rendezvous that can form again: the static one, which Accelerate
+    # uses, hands the restarted ranks the old ranks' addresses (gloo: "connectFullMesh failed"); c10d forms anew.
+    if getattr(args, "rdzv_backend", None) in (None, "static"):
+        args.rdzv_backend = "c10d"
+        if rendezvous.machines < 2:
+            args.rdzv_endpoint = f"127.0.0.1:{rendezvous.port}"
+    board = None
+    if rendezvous.machines > 1:
+        from accelkit.launch import job_board
+
+        args.rdzv_id = os.environ.get(RUN_ID_ENV) or os.environ.get("SLURM_JOB_ID") or \
+            f"accelkit-{rendezvous.address}-{rendezvous.port}"
+        board = job_board.connect(timeout=5.0)
+    from accelkit.launch.restarts import RestartReporter
+
+    RestartReporter(watch_dir, restarts, machine=rendezvous.rank, machines=rendezvous.machines,
+                    node=os.environ.get(NODE_NAME_ENV), board=board).install()
+
+
 def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed import DistNetworkError, DistStoreError
@@ -212,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     rendezvous = _Rendezvous(args)
     rendezvous.announce()
+    _say_restarts(args, rendezvous, watch_dir)
     try:
         rendezvous.wait_for_machine_zero()
         launch_command(args)

@@ -35,6 +35,7 @@ from accelkit.fsio import remove_path
 from accelkit.launch.accelerate_main import exit_status
 from accelkit.launch.launch_dir import STALLED_MARKER, create_launch_dir, launcher_env
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.restarts import ResumeAnnouncer
 from accelkit.ranks import WATCH_DIR_ENV
 
 WORKER_MODULE = "accelkit.launch.worker"
@@ -269,6 +270,7 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
         watchdog = None
+        resumes = None
         started = time.monotonic()
         try:
             self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True, cwd=self.cwd,
@@ -277,11 +279,14 @@ class Supervisor:
                 watchdog = self._watchdog()
                 next(watchdog)
             last_track = 0.0
+            resumes = ResumeAnnouncer(self.watch.watch_dir) if self.watch is not None else None
             while self.proc.poll() is None:
                 now = time.monotonic()
                 if now - last_track > 0.5:
                     self._track()
                     last_track = now
+                    for line in resumes.poll() if resumes is not None else ():
+                        self._say(line)
                 if watchdog is not None:
                     try:
                         watchdog.send(now)
@@ -306,6 +311,9 @@ class Supervisor:
                 from accelkit.ranks import read_failures
 
                 self.failures = read_failures(self.watch.watch_dir)
+                if resumes is not None:  # a restarted or requeued run: its attempts, one line each
+                    for line in resumes.summary_lines(exit_status(self.proc.returncode)):
+                        self._say(line)
         if self.stalled:
             return STALL_EXIT_STATUS
         if self.signals:  # however the launcher ended (even SIGKILLed after a second Ctrl-C): 128 + first signal
