@@ -174,6 +174,17 @@ def _recorded_exit_code(pid: int, watch_dir: Path | None) -> int | None:
     return next((failure.exit_code for failure in recorded if failure.pid == pid), None)
 
 
+def _peer_loss(pid: int, watch_dir: Path | None) -> str | None:
+    """What a rank that failed only because a peer vanished saw ('Connection closed by peer [ADDR]:PORT'), or None
+    when it failed by itself."""
+    from accelkit.launch.restarts import is_peer_loss, peer_detail
+    from accelkit.ranks import read_failures
+
+    recorded = read_failures(watch_dir) if watch_dir is not None else []
+    error = next((failure.error for failure in recorded if failure.pid == pid), None)
+    return peer_detail(error) if error and is_peer_loss(error) else None
+
+
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
     from accelkit.ranks import RankFiles, read_error
@@ -259,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             for line in lines:
                 print(line, file=sys.stderr)
             return report(error)
+        lost_peer = _peer_loss(failure.pid, watch_dir)
+        if lost_peer is not None:  # a consequence: never reported as the rank that failed first
+            print(f"accelkit: rank {rank} (pid {failure.pid}) lost a peer ({lost_peer}), exit code {exit_code}: "
+                  "the rank at that address failed or its machine went away first; the launcher stopped the other "
+                  "ranks.", file=sys.stderr, flush=True)
+            return exit_status(exit_code) or 1
         print(f"accelkit: rank {rank} (pid {failure.pid}) failed first, exit code {exit_code}; "
               "the launcher stopped the other ranks.", file=sys.stderr, flush=True)
         return exit_status(exit_code) or 1

@@ -9,6 +9,8 @@ process, there:
 - starts one supervised launcher per node with srun (accelkit.launch.node), forwarding the signals it gets;
 - turns SIGUSR1 (`#SBATCH --signal=B:USR1@S`, with --requeue) into a save request on the board: every node's
   ranks save a checkpoint and stop, and the job requeues itself;
+- with --requeue, requeues the job when a machine was lost (accelkit.launch.heartbeat), so that it resumes once
+  the node is back;
 - ends with the first failing rank's exit status (srun's own is the largest, 143 after it stopped the other
   nodes), after one line naming the rank, its node and its signal.
 """
@@ -152,6 +154,8 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
 
         _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
         board.close()
+        if record.get("lost") and requeue_on_signal:  # SLURM runs it again once the node is back (or another)
+            return requeue(f"machine {record['machine']} (node {record['node']}) was lost")
         return int(record["status"]) or 1
     board.close()
     if requeue_on_signal and signal.SIGUSR1 in received and status == 0:

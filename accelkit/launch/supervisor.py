@@ -133,6 +133,15 @@ class Supervisor:
         else:  # asked twice: stop waiting for a clean shutdown
             self.kill_deadline = time.monotonic()
 
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the job from another thread (a lost machine): SIGTERM to the launcher's group, SIGKILL for the
+        whole tree `grace` seconds later. The status stays the launcher's, not 128 + SIGTERM: nobody signalled us."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        self.kill_deadline = time.monotonic() + grace
+
     # -- process tree ----------------------------------------------------------------------------------------
     def _track(self) -> None:
         """Remember every current descendant, so it can be stopped even after its parent is gone."""
