@@ -68,6 +68,10 @@ class _Rendezvous:
     def announce(self) -> None:
         if self.machines < 2:
             return
+        from accelkit.launch.network import choose_socket_interface
+
+        # Before torchrun starts: the ranks inherit the interface variables from this process's environment.
+        print(choose_socket_interface(self.address), file=sys.stderr, flush=True)
         if self.rank > 0:
             line = failures.waiting_for_machine_zero(self.address, self.port, self.timeout)
         else:
@@ -251,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     watch_dir = _watch_dir()
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     rendezvous = _Rendezvous(args)
-    rendezvous.announce()
     _say_restarts(args, rendezvous, watch_dir)
     try:
+        rendezvous.announce()
         rendezvous.wait_for_machine_zero()
         launch_command(args)
     except ChildFailedError as exc:

@@ -6,7 +6,9 @@ reads the job's LaunchRequest (JSON, from $ACCELKIT_LAUNCH_REQUEST, which the jo
 node's rank, machine 0's address and the rendezvous port, and runs it under accelkit.launch.supervisor's
 Supervisor: this node's ranks are supervised and watched for stalls exactly as in a single-machine launch. Through
 the job board (accelkit.launch.job_board), when the job has one, the node
-- checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight);
+- checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight), reaches
+  machine 0's address and port, and (a SLURM job with sharded checkpoints) shares the working directory
+  (accelkit.launch.network_checks);
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
 - passes a save request (a preemption's warning) on to its ranks, which save a checkpoint and end;
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
@@ -168,6 +170,18 @@ def _forward_save_signal(supervisor, board) -> None:
     threading.Thread(target=watch_board, name="accelkit-save-request", daemon=True).start()
 
 
+def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
+    """A SLURM job whose checkpoints are sharded (FSDP, DeepSpeed: each node saves its ranks' shards) writes them
+    under its working directory, which every node must then share. (SkyPilot and Kubernetes jobs run in a copy of
+    the project on each node: where their checkpoints go is the job file's storage.)"""
+    from accelkit.configs.choices import Backend
+    from accelkit.launch.build_plan import resolve_request
+
+    if not os.environ.get("SLURM_JOB_ID") or (request.options.num_machines or 1) < 2:
+        return None
+    return Path.cwd() if resolve_request(request).backend in (Backend.FSDP, Backend.DEEPSPEED) else None
+
+
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
              stall_timeout: float | None, board_wait: float = 30.0) -> int:
     from accelkit.launch.accelerate_main import FAILURE_FILE_ENV
@@ -185,7 +199,8 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
     if board is not None:
         from accelkit.launch.cluster_preflight import check_nodes
 
-        check_nodes(board, request, machine=machine_rank, machines=machines, node=node)
+        check_nodes(board, request, machine=machine_rank, machines=machines, node=node,
+                    main_address=main_process_ip, port=port, shared_dir=_shared_dir_to_check(request))
     fd, failure_path = tempfile.mkstemp(prefix="accelkit-node-failure-")
     os.close(fd)
     failure_file = Path(failure_path)

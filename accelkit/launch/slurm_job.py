@@ -93,6 +93,19 @@ def main_address(name: str, addr: str) -> str:
                         hint="export MAIN_PROCESS_IP=<machine 0's IP address> in the sbatch script")
 
 
+def _addresses(first: str) -> tuple[str, str]:
+    """Machine 0's address for the rendezvous ($MAIN_PROCESS_IP, else from NodeAddr) and for the job board (from
+    NodeAddr where it gives one: the nodes' preflight must reach the board to check a rendezvous address)."""
+    given = os.environ.get("MAIN_PROCESS_IP")
+    try:
+        found = main_address(first, node_addr(first))
+    except AccelkitError:
+        if not given:
+            raise
+        found = given
+    return given or found, found
+
+
 def srun_argv(nodes: int, node_args: list[str]) -> list[str]:
     return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
             "bash", "-c", NODE_PROGRAM, "accelkit-node", *node_args]
@@ -114,7 +127,7 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
         raise AccelkitError("not inside a SLURM job (SLURM_JOB_NODELIST is not set)",
                             hint="submit the script with sbatch")
     first = first_node(nodelist)
-    address = os.environ.get("MAIN_PROCESS_IP") or main_address(first, node_addr(first))
+    address, board_address = _addresses(first)
     if port is None:
         port = ports.free_port("")
     elif not ports.port_free(port):
@@ -125,7 +138,8 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
     node_args = ["--main-process-ip", address, "--main-process-port", str(port)]
     if stall_timeout is not None:
         node_args += ["--stall-timeout", f"{stall_timeout:g}"]
-    env = {**os.environ, **board.env(address), "ACCELKIT_PYTHON": os.environ.get("ACCELKIT_PYTHON", sys.executable)}
+    env = {**os.environ, **board.env(board_address),
+           "ACCELKIT_PYTHON": os.environ.get("ACCELKIT_PYTHON", sys.executable)}
     _say(f"{nodes} node(s); machine 0 is {first} at {address}:{port}")
     argv = srun_argv(nodes, node_args)
     if debug_enabled():
