@@ -234,6 +234,17 @@ def _say_restarts(args, rendezvous: _Rendezvous, watch_dir: Path | None) -> None
 
         args.rdzv_id = os.environ.get(RUN_ID_ENV) or os.environ.get("SLURM_JOB_ID") or \
             f"accelkit-{rendezvous.address}-{rendezvous.port}"
+        # Machine 0 hosts the rendezvous store: torch guesses it from the host name, which on many clusters
+        # resolves to a loopback address, never to the address the other machines use.
+        # Each agent's own address, which the restarted ranks use to reach the store of the attempt: torch would
+        # take it from the host name (a loopback address again) where the user has not given one.
+        if not getattr(args, "local_addr", None):
+            from accelkit.launch.heartbeat import own_address
+
+            args.local_addr = own_address(rendezvous.address, rendezvous.port)
+        conf = getattr(args, "rdzv_conf", None) or ""
+        if "is_host=" not in conf:
+            args.rdzv_conf = ",".join(filter(None, [conf, f"is_host={int(rendezvous.rank == 0)}"]))
         board = job_board.connect(timeout=5.0)
     from accelkit.launch.restarts import RestartReporter
 
