@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 from accelkit.launch.failures import signal_name
+from accelkit.ranks.restart_store import GROUP_ATTEMPT_ENV
 
 ATTEMPTS_FILE = "attempts.jsonl"
 RESTART_PREFIX = "restart/"  # job board: restart/<attempt> -> the failure that caused it, from the node that saw it
@@ -72,6 +74,7 @@ class RestartReporter(logging.Handler):
         self.board = board
         self.stream = stream
         self.failure: tuple[str, bool] | None = None  # the last failed worker torchrun logged
+        self.groups = 0  # group restarts this agent made (see _next_group)
 
     def install(self) -> None:
         import importlib
@@ -90,9 +93,18 @@ class RestartReporter(logging.Handler):
             if message.startswith("failed (exitcode") and len(args) >= 3:
                 self.failure = rank_failure_text(self.watch_dir, int(args[2]), int(args[1]), int(args[0]))
             elif "attempts left" in message and len(args) >= 4:
+                self._next_group()
                 self._restarting(remaining=int(args[2]), total=int(args[3]))
             elif "new nodes from group_rank" in message:
-                self._say("another machine rejoined the rendezvous; restarting this machine's ranks with it")
+                self._next_group()
+                self._say("another machine's ranks restarted; restarting this machine's ranks with them")
+
+    def _next_group(self) -> None:
+        """Every agent restarts its ranks once per group restart, whether its own rank failed (a counted restart)
+        or another machine's did (a membership change, which torchrun does not count): this count is the same on
+        every machine, and the ranks meet under it (accelkit.ranks.restart_store)."""
+        self.groups += 1
+        os.environ[GROUP_ATTEMPT_ENV] = str(self.groups)
 
     def _restarting(self, remaining: int, total: int) -> None:
         attempt = total - remaining + 2  # the attempt about to start (the first run is attempt 1)

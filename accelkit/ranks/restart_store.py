@@ -1,12 +1,16 @@
-"""A restarted group's ranks meet in a store of their own attempt.
+"""A restarted group's ranks meet under store keys of their own attempt.
 
 torchrun's agent hands every attempt of a restarted group (`--max-restarts`) the same store (its own, at
 MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True), and torch 2.13 no longer prefixes the ranks' keys with
 the attempt: a restarted rank can read a dead rank's address from the attempt before and fail ("Gloo
 connectFullMesh failed ... Connection refused"), or not, depending on which rank starts first. In a restarted
-attempt only (TORCHELASTIC_RESTART_COUNT > 0), an `init_process_group` that would rendezvous through the
+attempt only (a group restart: $ACCELKIT_GROUP_ATTEMPT > 0), an `init_process_group` that would rendezvous through the
 environment gets that store with the attempt as a key prefix, as older torch versions did. A first attempt, and a
 launch without torchrun's agent store, are left exactly as they are.
+
+The attempt is the agent's count of group restarts (accelkit.launch.restarts sets $ACCELKIT_GROUP_ATTEMPT), not
+TORCHELASTIC_RESTART_COUNT: across machines, the agent whose rank failed counts a restart while the others restart
+for a membership change, which torchrun does not count, and the ranks would look for each other under two keys.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import functools
 import os
 
+GROUP_ATTEMPT_ENV = "ACCELKIT_GROUP_ATTEMPT"
+
 
 def _restart_count() -> int:
-    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    value = os.environ.get(GROUP_ATTEMPT_ENV, "0")
     return int(value) if value.isdigit() else 0
 
 

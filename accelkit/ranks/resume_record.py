@@ -16,7 +16,7 @@ from pathlib import Path
 from accelkit.ranks.rank_files import RankFiles
 
 _STEP = re.compile(r"checkpoint[-_](\d+)$")
-RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun: how many times this group was restarted
+RESTART_COUNT_ENV = "ACCELKIT_GROUP_ATTEMPT"  # how many times this group was restarted (accelkit.launch.restarts)
 REQUEUE_COUNT_ENV = "SLURM_RESTART_COUNT"  # SLURM: how many times this job was requeued
 
 
