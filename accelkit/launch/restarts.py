@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ BOARD_CAUSE_WAIT = 3.0  # seconds a node whose ranks only lost a peer waits for 
 # with one of these failed because of another rank, not by itself.
 PEER_LOSS_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
                      "recvBytes", "sendBytes")
+_PEER_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")  # gloo's "[10.77.0.12]:45491" (not its "[pair.cc:553]")
 _AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
 _PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
@@ -40,11 +42,11 @@ def is_peer_loss(error: str | None) -> bool:
 
 def peer_detail(error: str) -> str:
     """The part of a gloo error worth quoting: 'Connection closed by peer [10.77.0.12]:45491'."""
-    for marker in PEER_LOSS_MARKERS:
-        at = error.find(marker)
-        if at >= 0:
-            return error[at:].splitlines()[0][:120].rstrip(" .")
-    return error[:120]
+    marker = next((marker for marker in PEER_LOSS_MARKERS if marker in error), None)
+    if marker is None:
+        return error[:120]
+    address = _PEER_ADDRESS.search(error)
+    return f"{marker} [{address.group(1)}]:{address.group(2)}" if address else marker
 
 
 def rank_failure_text(watch_dir: Path | None, pid: int, local_rank: int, exitcode: int) -> tuple[str, bool]:
