@@ -120,6 +120,36 @@ def requeue(reason: str) -> int:
     return 0
 
 
+SRUN_GRACE = 10.0  # seconds srun gets to end its step after a lost machine, before it is killed
+
+
+def _wait_for_srun(proc: subprocess.Popen, board) -> dict | None:
+    """Wait for srun; when machine 0 declares a machine lost (accelkit.launch.heartbeat), say it at once and end
+    srun, which would otherwise wait for the lost node until SLURM declares it down. The lost machine's record, or
+    None when none was lost."""
+    import time
+
+    from accelkit.launch.node import describe_failure
+
+    stop_at = None
+    lost = None
+    while proc.poll() is None:
+        if lost is None:
+            record = board.get(job_board.FIRST_FAILURE)
+            if record is not None and record.get("lost"):
+                lost = record
+                _say(describe_failure(record))
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                stop_at = time.monotonic() + SRUN_GRACE
+        elif stop_at is not None and time.monotonic() > stop_at:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            stop_at = None
+        time.sleep(0.5)
+    return lost
+
+
 def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal: bool = False) -> int:
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 0)
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
@@ -157,6 +187,10 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
+        lost = _wait_for_srun(proc, board.board)
+        if lost is not None and requeue_on_signal:  # SLURM runs it again once the node is back (or another)
+            board.close()
+            return requeue(f"machine {lost['machine']} (node {lost['node']}) was lost")
         returncode = proc.wait()
     finally:
         for sig, handler in previous.items():
@@ -166,10 +200,8 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
     if record is not None:
         from accelkit.launch.node import STALL_PREFIX, describe_failure
 
-        _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
-        board.close()
-        if record.get("lost") and requeue_on_signal:  # SLURM runs it again once the node is back (or another)
-            return requeue(f"machine {record['machine']} (node {record['node']}) was lost")
+        if lost is None:  # a lost machine was said as soon as machine 0 found it
+            _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
         return int(record["status"]) or 1
     board.close()
     if requeue_on_signal and signal.SIGUSR1 in received and status == 0:
