@@ -25,6 +25,7 @@ from accelkit.launch import job_board
 HEARTBEAT_PREFIX = "heartbeat/"
 BEAT_INTERVAL = 1.0  # seconds between a node's beats
 DEFAULT_LOST_TIMEOUT = 20.0  # seconds of silence after which machine 0 declares a machine lost
+SUSPECT_TIMEOUT = 3.0  # the same for a machine whose address machine 0's ranks just lost a connection to
 LOST_EXIT_STATUS = 1  # the job's status when a machine was lost (its ranks' own status never came back)
 
 
@@ -96,6 +97,9 @@ class LossWatcher:
         self.seen: dict[int, _Seen] = {}
         self.lost: dict | None = None
         self.finished: set[int] = set()
+        # Addresses this machine's ranks lost their connection to (gloo named them): the machine there is judged
+        # after SUSPECT_TIMEOUT seconds of silence, not the whole timeout, since its silence has a witness.
+        self.suspects: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="accelkit-loss-watcher", daemon=True)
 
@@ -120,7 +124,9 @@ class LossWatcher:
             if seen is None or seen.beat != entry["beat"]:
                 self.seen[machine] = _Seen(beat=int(entry["beat"]), since=now, entry=dict(entry))
         for machine, seen in sorted(self.seen.items()):
-            if machine == self.own_machine or machine in self.finished or now - seen.since < self.timeout:
+            timeout = min(self.timeout, SUSPECT_TIMEOUT) if seen.entry.get("address") in self.suspects else \
+                self.timeout
+            if machine == self.own_machine or machine in self.finished or now - seen.since < timeout:
                 continue
             self.lost = {**seen.entry, "lost": True, "silent": round(now - seen.since), "status": LOST_EXIT_STATUS,
                          "rank": None, "signal": None, "stalled": False}
@@ -187,10 +193,12 @@ class NodeBeats:
     def should_record(self, failure: dict, rank_errors: list[str]) -> bool:
         """After this node's ranks failed: False when they failed only because a peer vanished and another node
         (or the loss watcher) named the cause in time; the node then does not name itself."""
-        from accelkit.launch.restarts import is_peer_loss
+        from accelkit.launch.restarts import is_peer_loss, peer_address
 
         if failure.get("signal") or not rank_errors or not all(is_peer_loss(error) for error in rank_errors):
             return True
+        if self.watcher is not None:
+            self.watcher.suspects.update(peer_address(error) for error in rank_errors)
         return wait_for_cause(self.board, self.timeout + 3 * BEAT_INTERVAL) is None
 
     def finish(self) -> None:

@@ -40,6 +40,12 @@ def is_peer_loss(error: str | None) -> bool:
     return bool(error) and any(marker in error for marker in PEER_LOSS_MARKERS)
 
 
+def peer_address(error: str) -> str | None:
+    """The address in a gloo error ('10.77.0.12' from '[10.77.0.12]:45491'), if any."""
+    found = _PEER_ADDRESS.search(error)
+    return found.group(1) if found else None
+
+
 def peer_detail(error: str) -> str:
     """The part of a gloo error worth quoting: 'Connection closed by peer [10.77.0.12]:45491'."""
     marker = next((marker for marker in PEER_LOSS_MARKERS if marker in error), None)

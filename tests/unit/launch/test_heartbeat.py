@@ -46,6 +46,19 @@ def test_a_machine_silent_for_the_timeout_is_lost_with_its_node_address_and_step
     assert watch.check(30.0) is None  # once per job
 
 
+def test_a_machine_whose_address_the_ranks_lost_is_judged_after_a_short_silence() -> None:
+    board = job_board.Board()
+    watch = watcher(board, timeout=20.0)
+    beat(board, 1, 1)
+    beat(board, 2, 1)
+    assert watch.check(0.0) is None
+    watch.suspects.add("10.0.0.12")  # gloo: "Connection closed by peer [10.0.0.12]:PORT"
+    beat(board, 2, 2)
+    assert watch.check(2.9) is None
+    lost = watch.check(3.1)
+    assert lost is not None and lost["machine"] == 1 and lost["silent"] == 3
+
+
 def test_a_machine_that_ended_by_itself_or_never_beat_is_not_lost() -> None:
     board = job_board.Board()
     watch = watcher(board)
