@@ -42,8 +42,7 @@ def ranks_step(watch_dir: Path | None) -> int | None:
     since (the watch probe counts them), the most advanced rank's; None before any rank registered."""
     if watch_dir is None:
         return None
-    from accelkit.ranks import RankFiles, read_steps, registered_ranks
-    from accelkit.ranks.resume_record import read_resumed
+    from accelkit.ranks import RankFiles, read_resumed, read_steps, registered_ranks
 
     resumed = read_resumed(watch_dir)
     steps = [(resumed.get(info.pid, {}).get("step") or 0) + read_steps(RankFiles.of(watch_dir, info.pid))

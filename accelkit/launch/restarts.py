@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from accelkit.launch.failures import signal_name
-from accelkit.ranks.restart_store import GROUP_ATTEMPT_ENV
+from accelkit.ranks import GROUP_ATTEMPT_ENV
 
 ATTEMPTS_FILE = "attempts.jsonl"
 RESTART_PREFIX = "restart/"  # job board: restart/<attempt> -> the failure that caused it, from the node that saw it
@@ -174,7 +174,7 @@ class ResumeAnnouncer:
         self.resumed: dict[tuple[int, int], dict] = {}
 
     def poll(self) -> list[str]:
-        from accelkit.ranks.resume_record import read_resumed
+        from accelkit.ranks import read_resumed
 
         lines = []
         for record in read_resumed(self.watch_dir).values():
