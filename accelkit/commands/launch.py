@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from accelkit.commands.cluster_options import RESOURCE_OPTIONS, cluster_resource_options
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
 from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
 from accelkit.commands.printing import finish
@@ -62,6 +63,7 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
               help="With --skypilot: the GPU to ask for, e.g. H100 (`sky gpus list`); --gpus-per-node of them.")
 @click.option("--image", default=None, metavar="IMAGE",
               help="With --kubernetes: the container image (accelkit, the job's packages, the project).")
+@cluster_resource_options
 @click.argument("script", metavar="SCRIPT")
 @script_args_argument()
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
@@ -101,7 +103,7 @@ CLUSTER_ONLY = {"--gpus-per-node": ("gpus_per_node", CLUSTER_FILES), "--job-name
                 "--force": ("force", CLUSTER_FILES), "--partition": ("partition", ("--slurm",)),
                 "--time": ("time_limit", ("--slurm",)), "--requeue": ("requeue", ("--slurm",)),
                 "--signal-before": ("signal_before", ("--slurm",)), "--accelerator": ("accelerator", ("--skypilot",)),
-                "--image": ("image", ("--kubernetes",))}
+                "--image": ("image", ("--kubernetes",)), **RESOURCE_OPTIONS}
 
 
 def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
@@ -115,7 +117,7 @@ def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
     if len(chosen) > 1:
         raise click.UsageError(f"{' and '.join(chosen)} cannot be combined: write one job file at a time")
     for flag, (_, allowed) in CLUSTER_ONLY.items():
-        if values[flag] is not None and not set(chosen) & set(allowed):
+        if values[flag] not in (None, ()) and not set(chosen) & set(allowed):
             raise click.UsageError(f"{flag} only applies with {'/'.join(f'{a} FILE' for a in allowed)}")
     if values["--signal-before"] is not None and not values["--requeue"]:
         raise click.UsageError("--signal-before only applies with --requeue")
