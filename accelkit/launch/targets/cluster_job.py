@@ -140,13 +140,13 @@ def plan_cluster_job(request: LaunchRequest, target: ClusterTarget, *, nodes: in
 def writes_sharded_checkpoints(config: object) -> bool:
     """Whether every rank writes its own part of a checkpoint: DeepSpeed always (ZeRO's per-rank optimizer and
     parameter files), FSDP unless its state dict is gathered whole (fsdp_state_dict_type FULL_STATE_DICT)."""
-    from accelkit.configs.choices import Backend, StateDict
+    from accelkit.configs import Backend
 
     backend = getattr(config, "backend", None)
     if backend is Backend.DEEPSPEED:
         return True
     fsdp = getattr(config, "fsdp", None)
-    return backend is Backend.FSDP and (fsdp is None or fsdp.state_dict is not StateDict.FULL)
+    return backend is Backend.FSDP and (fsdp is None or getattr(fsdp.state_dict, "value", None) != "full")
 
 
 def check_setup_lines(lines: tuple[str, ...]) -> None:
