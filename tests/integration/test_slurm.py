@@ -118,6 +118,9 @@ def test_gpu_shaped_job_gives_every_rank_its_place_and_its_nodes_gpus(cluster: S
     assert f"#SBATCH --gpus-per-node={GPUS_PER_NODE}" in job.read_text()
     accepted = cluster.run("sbatch", "--test-only", str(job), cwd=folder)
     assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted.stderr
+    # Asking no CPUs, the job takes whole nodes: every CPU of both nodes, not one CPU per node for 8 GPU ranks.
+    assert "#SBATCH --exclusive" in job.read_text()
+    assert f"using {2 * CPUS_PER_NODE} processors on nodes n[1-2]" in accepted.stderr, accepted.stderr
     # The fake Gres is real to the scheduler: a node shape no node has is refused.
     bigger = cluster.run("sbatch", "--test-only", f"--gpus-per-node={GPUS_PER_NODE + 1}", str(job), cwd=folder)
     assert bigger.returncode != 0, bigger.stderr
