@@ -367,6 +367,20 @@ def _nd_machines(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
                        f"keep --sp-size at most {per_machine} where you can", "sp_size")
 
 
+def _tp_heads(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
+    """Tensor parallelism against the model's attention heads (accelkit/configs/model_heads.py)."""
+    from accelkit.configs.model_heads import read_heads, tp_heads_problem
+
+    p = cfg.parallelism
+    if p is None or p.tp <= 1:
+        return
+    heads = read_heads(model_config)
+    problem = tp_heads_problem(p.tp, heads) if heads is not None else None
+    if problem is not None:
+        yield _finding("tp-heads", ERROR, f"{cfg.said('tp_size')} {problem[0]} ({model_config})",
+                       problem[1].replace("a tp size", "a --tp-size", 1), "tp_size")
+
+
 def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
     """The layout needs what the installed packages lack (compat.py): one line with the versions that work."""
     p = cfg.parallelism
@@ -392,6 +406,8 @@ def check_rules(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writ
     if given is not None:
         found += misplaced_options(cfg, given, writes_file=writes_file)
     layout = list(_parallelism(cfg))
+    if not any(f.is_error for f in layout) and given is not None and given.model_config is not None:
+        layout += _tp_heads(cfg, given.model_config)
     if not any(f.is_error for f in layout):
         layout += _installed(cfg, ERROR if installed_matters else WARNING)
     return [*found, *_fsdp(cfg), *_deepspeed(cfg), *layout, *_multi_machine(cfg)]
