@@ -120,6 +120,31 @@ def looks_like_repo_id(text: str) -> bool:
     return bool(_REPO_ID.fullmatch(text)) and ".." not in text and not text.endswith((".json", ".py"))
 
 
+HUB_CONNECT_SECONDS = 3.0
+
+
+def _refuse_unreachable_hub(repo_id: str, fetch: str) -> None:
+    """Offline (no name resolution, no route, refused): one line now, instead of huggingface_hub's five retries
+    (six warning lines and ~23 s of back-off) before the same verdict. One TCP connect to the Hub's endpoint."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+        return  # huggingface_hub says offline itself, at once
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_SECONDS).close()
+    except OSError as exc:
+        reason = "the name does not resolve" if isinstance(exc, socket.gaierror) else \
+            "timed out" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
+        raise AccelkitError(f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: offline ({host} "
+                            f"unreachable: {reason.lower()}) and not in the local cache", hint=fetch) from None
+
+
 def spec_from_hub(repo_id: str) -> ModelSpec:
     """Fetch only config.json (cached by huggingface_hub like any download), with one clear error per failure."""
     from huggingface_hub import errors as hub
@@ -141,7 +166,13 @@ def spec_from_hub(repo_id: str) -> ModelSpec:
          f"pass the config of the architecture it uses, {SHAPE_HINT}"),
     ]
     try:
-        path = hf_hub_download(repo_id, "config.json")
+        try:  # the cache first: no network at all when config.json was fetched before
+            path = hf_hub_download(repo_id, "config.json", local_files_only=True)
+        except (hub.LocalEntryNotFoundError, hub.OfflineModeIsEnabled, FileNotFoundError):
+            _refuse_unreachable_hub(repo_id, fetch)
+            path = hf_hub_download(repo_id, "config.json")
+    except AccelkitError:
+        raise
     except Exception as exc:  # network, HTTP and cache errors: each named below, anything else as it is
         for kinds, message, hint in failures:
             if isinstance(exc, kinds):
