@@ -15,7 +15,7 @@ from typing import Any
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, WrapPolicy
 from accelkit.configs.findings import ERROR, WARNING, Finding
 from accelkit.configs.options import ConfigOptions, backend_group, config_key, flag_name
-from accelkit.configs.resolved import DEFAULT, ResolvedConfig
+from accelkit.configs.resolved import DEFAULT, FLAG, ResolvedConfig
 from accelkit.limits import MAX_ACCUMULATION_STEPS, MAX_MACHINES, MAX_PARAMS, MAX_PROCESSES
 
 
@@ -185,7 +185,10 @@ def _fsdp(cfg: ResolvedConfig) -> Iterator[Finding]:
         yield _finding("fsdp2-hybrid-one-machine", ERROR, "--sharding hybrid with FSDP2 replicates across machines, "
                        "but there is only one machine", "use --sharding full on one machine, or set --num-machines; "
                        "--fsdp-version 1 keeps HYBRID_SHARD", "sharding")
-    if f.wrap_policy is WrapPolicy.TRANSFORMER and not f.wrap_cls:
+    # Only when the user typed --wrap-policy transformer: as a default, or in a file (what `accelerate config` and
+    # `accelkit init` write for Transformers models, which name their blocks in `_no_split_modules`), it is the
+    # usual setting, and a warning about it was noise on every template's first launch.
+    if f.wrap_policy is WrapPolicy.TRANSFORMER and not f.wrap_cls and cfg.source("wrap_policy").kind == FLAG:
         yield _finding("wrap-without-class", WARNING, "transformer wrap policy without a layer class: Accelerate "
                        "then wraps the model's `_no_split_modules` (Transformers models); any other model becomes ONE "
                        "FSDP unit, gathered whole in forward (no per-layer memory saving)", "name the block class: "
