@@ -131,7 +131,18 @@ def test_dcp_metadata_that_would_run_code(ckpts: Path, tmp_path: Path) -> None:
 def test_deepspeed_missing_rank(ckpts: Path, tmp_path: Path) -> None:
     src = copy_in(ckpts, "ds/zero2", tmp_path)
     (src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    refused(tmp_path, src, match="different world sizes")
+    line = refused(tmp_path, src, match=r"the optimizer file of rank 1 is missing "
+                                        r"\(zero_pp_rank_1_mp_rank_00_optim_states\.pt\): the run had 2 ranks")
+    assert "different world sizes" not in line  # issue 32 item 4: a deleted file is not a mix of runs
+
+
+@pytest.mark.parametrize("kind", ["optim", "model"])
+def test_deepspeed_zero3_last_rank_file_deleted_is_named(ckpts: Path, tmp_path: Path, kind: str) -> None:
+    """Issue 32 item 4 (neighbours): the last rank's optimizer or model-state file of a ZeRO-3 save deleted."""
+    src = copy_in(ckpts, "ds/zero3", tmp_path)
+    (src / "global_step2" / f"zero_pp_rank_1_mp_rank_00_{kind}_states.pt").unlink()
+    what = "optimizer" if kind == "optim" else "model-state"
+    refused(tmp_path, src, match=rf"the {what} file of rank 1 is missing \(zero_pp_rank_1_mp_rank_00_{kind}_states")
 
 
 def test_deepspeed_truncated_partition(ckpts: Path, tmp_path: Path) -> None:
