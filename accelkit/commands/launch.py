@@ -13,6 +13,7 @@ from accelkit.commands.launcher_options import config_file_option, rendezvous_op
 from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import stall_timeout_option
+from accelkit.limits import MAX_MONITOR_INTERVAL, MAX_RESTARTS
 from accelkit.shellwords import command_line
 
 if TYPE_CHECKING:
@@ -29,9 +30,10 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @run_options
 @click.option("--dry-run", is_flag=True, default=False,
               help="Print the exact command, its environment and the config; start nothing.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=None, metavar="N",
+@click.option("--max-restarts", type=click.IntRange(min=0, max=MAX_RESTARTS), default=None, metavar="N",
               help="Restart the whole worker group up to N times after a failure (torchrun). Default 0.")
-@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True, max=MAX_MONITOR_INTERVAL), default=None,
+              metavar="SECONDS",
               help="How often torchrun checks its ranks. Default 0.1.")
 @rendezvous_options
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.

@@ -217,7 +217,22 @@ def _shape_words(layers: int, hidden: int, heads: int, kv_heads: int, intermedia
             f"vocab {vocab}")
 
 
+def _refuse_impossible_shape(flags: ShapeFlags) -> None:
+    """Sizes no model has (accelkit/limits.py): a typo, refused before a model of them is built."""
+    from accelkit.limits import MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
+
+    for name, value in flags.given().items():
+        ceiling = MAX_LAYERS if name == "layers" else MAX_VOCAB if name == "vocab" else MAX_WIDTH
+        flag = "--" + name.replace("_", "-")
+        if value < 1:
+            raise AccelkitError(f"{flag} {value} must be at least 1", hint=f"e.g. {flag} 32")
+        if value > ceiling:
+            raise AccelkitError(f"{flag} {value:,} is beyond any model (the plan stops at {ceiling:,})",
+                                hint=f"check {flag}: e.g. --layers 32 --hidden 4096 --heads 32 for a 7B model")
+
+
 def spec_from_shape(flags: ShapeFlags) -> ModelSpec:
+    _refuse_impossible_shape(flags)
     missing = [f"--{name}" for name in ("layers", "hidden", "heads") if getattr(flags, name) is None]
     if missing:
         raise AccelkitError(f"a model shape needs {', '.join(missing)} too",

@@ -269,3 +269,49 @@ def test_the_readme_first_workflow_prints_no_wrap_warning(tmp_path: Path) -> Non
                            cwd=tmp_path, expect="ok")
         assert result.returncode == 0, result.stderr
         assert "Warning" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--steps", BIG], r"--steps 100,000,000,000,000,000,000 is beyond any benchmark window"),
+    (["--warmup", BIG], r"--warmup 100,000,000,000,000,000,000 is beyond any benchmark window"),
+    (["--num-processes", BIG], r"--num-processes 100,000,000,000,000,000,000 is more than any cluster has"),
+    (["--comm", "--comm-iters", BIG], r"--comm-iters 100,000,000,000,000,000,000 is beyond any measurement"),
+    (["--comm", "--comm-sizes", "1K:2PiB"], r"--comm-sizes 1K:2PiB: 2PiB is more than any GPU holds"),
+])
+def test_bench_counts_beyond_any_run_are_refused(args: list[str], words: str, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    script = [] if "--comm" in args else ["train.py"]
+    result = invoke_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), *args, *script], watch=[tmp_path],
+                          cwd=tmp_path)
+    result.assert_refused(words)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--min-time", "1e300"), ("--timeout", "1e300")])
+def test_bench_seconds_beyond_30_days_are_usage_errors(option: str, value: str, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = invoke_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), option, value, "train.py"],
+                          watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(rf"'{option}': '{value}' seconds is more than 30 days", exit_code=2, hint=False)
+
+
+@pytest.mark.parametrize(("flag", "words"), [
+    ("--layers", r"--layers 100,000,000,000,000,000,000 is beyond any model"),
+    ("--hidden", r"--hidden 100,000,000,000,000,000,000 is beyond any model"),
+    ("--vocab", r"--vocab 100,000,000,000,000,000,000 is beyond any model"),
+])
+def test_plan_shape_flags_beyond_any_model_are_refused(flag: str, words: str, tmp_path: Path) -> None:
+    """Before: --layers 10^20 built the model for minutes; --hidden 10^20 was an overflow in transformers."""
+    shape = {"--layers": "2", "--hidden": "64", "--heads": "4"}
+    shape[flag] = BIG
+    args = [word for pair in shape.items() for word in pair]
+    result = invoke_fault(["plan", *args, "--gpu-memory", "80GB", "--gpus", "1"], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(words)
+
+
+def test_merge_shard_size_in_petabytes_is_a_size(tmp_path: Path) -> None:
+    """`--max-shard-size 2PiB` was "cannot read shard size": it is read (one shard) and the merge goes on to the
+    input, which here does not exist."""
+    result = invoke_fault(["merge-ckpt", str(tmp_path / "missing"), "-o", str(tmp_path / "out"),
+                           "--max-shard-size", "2PiB"], watch=[tmp_path])
+    line = result.assert_refused(r"missing")
+    assert "shard size" not in line
