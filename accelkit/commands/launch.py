@@ -92,7 +92,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     if options.model_config is None and cluster is None:  # a local model folder the script is given is known
         from accelkit.configs import model_from_script_args
 
-        options.model_config = model_from_script_args(script_args)
+        options.model_config = model_from_script_args(script_args, script=None if module else script)
     request = LaunchRequest(target=LaunchTarget(script=script, args=tuple(script_args), module=module),
                             options=options, config_file=config_file, cpu=cpu,
                             flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,

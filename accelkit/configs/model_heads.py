@@ -19,9 +19,35 @@ def config_file(path: Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
+def heads_in_script(path: Path) -> tuple[int, int] | None:
+    """The heads of the one model config a training script builds in code with literal sizes (the templates'
+    `LlamaConfig(..., num_attention_heads=4, num_key_value_heads=2)`), read from its syntax tree: nothing runs.
+    None when there is no such call, or several that disagree."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None) or ""
+        values = {k.arg: k.value.value for k in node.keywords
+                  if isinstance(k.value, ast.Constant) and isinstance(k.value.value, int)}
+        if name.endswith("Config") and isinstance(values.get("num_attention_heads"), int):
+            heads = values["num_attention_heads"]
+            found.add((heads, values.get("num_key_value_heads", heads)))
+    return found.pop() if len(found) == 1 else None
+
+
 def read_heads(path: Path, option: str = "--model-config") -> tuple[int, int] | None:
-    """(attention heads, kv heads) from the config.json at `path` (a file or a model folder); None when the config
-    has no head count (not an attention model). AccelkitError when it cannot be read."""
+    """(attention heads, kv heads) from the config.json at `path` (a file or a model folder), or from the model
+    config a training script (`.py`) builds; None when there is no head count (not an attention model).
+    AccelkitError when a config file cannot be read."""
+    if Path(path).suffix == ".py":
+        return heads_in_script(Path(path))
     file = config_file(Path(path))
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -39,9 +65,12 @@ def read_heads(path: Path, option: str = "--model-config") -> tuple[int, int] | 
     return None
 
 
-def model_from_script_args(args: Sequence[str], cwd: Path | None = None) -> Path | None:
-    """A local model folder with a config.json that the script is given (`--model ./my-model`), else None."""
+def model_from_script_args(args: Sequence[str], cwd: Path | None = None, script: str | None = None) -> Path | None:
+    """Where the model's heads can be read before any rank starts: a local model folder with a config.json that
+    the script is given (`--model ./my-model`); else, when the script is given no model at all, the script itself
+    (the model config it builds in code, as the templates do); else None."""
     args = list(args)
+    named = any(arg.partition("=")[0] in MODEL_FLAGS for arg in args)
     for i, arg in enumerate(args):
         name, _, value = arg.partition("=")
         if name not in MODEL_FLAGS:
@@ -49,6 +78,8 @@ def model_from_script_args(args: Sequence[str], cwd: Path | None = None) -> Path
         value = value or (args[i + 1] if i + 1 < len(args) else "")
         if value and ((cwd or Path.cwd()) / value / "config.json").is_file():
             return Path(value)
+    if not named and script is not None and script.endswith(".py") and ((cwd or Path.cwd()) / script).is_file():
+        return Path(script)
     return None
 
 

@@ -177,6 +177,17 @@ def test_launch_checks_tp_against_a_known_model_before_any_rank(how: str, tmp_pa
     assert "must not run" not in result.stderr
 
 
+def test_launch_reads_the_heads_of_the_template_s_model_config(tmp_path: Path) -> None:
+    """The causal-lm template builds its model config in code (`LlamaConfig(..., num_attention_heads=4,
+    num_key_value_heads=2)`): launch reads it from the script's syntax (nothing runs) and refuses tp 4 at once."""
+    project = _causal_lm(tmp_path)
+    result = run_fault(["launch", "--cpu", "--backend", "ddp", "--tp-size", "4", "--num-processes", "4", "train.py",
+                        "--max-steps", "1"], watch=[tmp_path], cwd=project)
+    result.assert_refused(r"--tp-size 4 does not split the model's 4 attention heads and 2 kv heads: .* "
+                          r"\(train\.py\)")
+    assert not (project / "outputs").exists()  # no rank started
+
+
 def _causal_lm(tmp_path: Path) -> Path:
     project = tmp_path / "lm"
     made = invoke_fault(["init", str(project), "--template", "causal-lm", "--backend", "ddp"], watch=[tmp_path],
@@ -187,9 +198,13 @@ def _causal_lm(tmp_path: Path) -> Path:
 
 @pytest.mark.slow  # four real ranks
 def test_tp_that_splits_heads_is_explained_from_the_real_rank_error(tmp_path: Path) -> None:
-    """Where launch cannot know the model (the template builds it in code), the ranks start and die in
-    transformers' attention (`shape '[8, 64, -1, 16]' is invalid`): one line naming the heads, not 175 lines."""
+    """Where launch cannot know the model (here the template's heads are computed, not literal), the ranks start
+    and die in transformers' attention (`shape '[8, 64, -1, 16]' is invalid`): one line naming the heads, not 175
+    lines of traceback."""
     project = _causal_lm(tmp_path)
+    text = (project / "train.py").read_text()
+    assert "num_attention_heads=4," in text
+    (project / "train.py").write_text(text.replace("num_attention_heads=4,", "num_attention_heads=int('4'),", 1))
     result = run_fault(["launch", "--cpu", "--backend", "ddp", "--tp-size", "4", "--num-processes", "4", "train.py",
                         "--max-steps", "1"], watch=[tmp_path], cwd=project)
     line = result.assert_refused(r"tensor parallelism tp_size 4 does not split the model's 4 attention heads and 2 "
