@@ -59,8 +59,9 @@ _TRAINER_FILE = re.compile(r"^(rng_state(_\d+)?\.pth|trainer_state\.json)$")  # 
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
 
-_SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer's): its optimizer, scheduler and RNG "
-               "files are checked (see Checked:)")
+# Only what a Checked: line then backs: which side files were compared is said there, file by file.
+_SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer's): the files beside the weights are "
+               "checked against each other (the Checked: lines say which)")
 
 
 class _TorchPath(Exception):
