@@ -134,6 +134,9 @@ def _refuse_unreachable_hub(repo_id: str, fetch: str) -> None:
 
     if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
         return  # huggingface_hub says offline itself, at once
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                              "all_proxy")):
+        return  # through a proxy a direct connection proves nothing: huggingface_hub decides
     url = urlsplit(constants.ENDPOINT)
     host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
     try:
