@@ -154,6 +154,10 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
                 raise
             raise _TorchPath(f"a check failed ({exc.message})") from None
         to_file = output.suffix == ".safetensors"
+        configless = not any(f.name == extras.CONFIG_FILE for f in side_files)
+        if not to_file and configless and extras.tie_candidates([t.name for t in found.tensors]):
+            raise _TorchPath("a folder output without config.json: whether the output embedding is tied is read "
+                             "from the values")
         return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
     finally:
         reader.close()
@@ -188,8 +192,6 @@ def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
     config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
     if config is not None and _may_tie(config):
         raise _TorchPath(f"{config} may tie weights (the model class says which)")
-    if config is None and extras.tie_candidates([t.name for t in found.tensors]):
-        raise _TorchPath("no config.json: whether the output embedding is tied is read from the values")
     return found, counters.FolderCounters()
 
 
