@@ -380,8 +380,10 @@ def _tp_heads(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
     heads = read_heads(model_config)
     problem = tp_heads_problem(p.tp, heads) if heads is not None else None
     if problem is not None:
-        yield _finding("tp-heads", ERROR, f"{cfg.said('tp_size')} {problem[0]} ({model_config})",
-                       problem[1].replace("a tp size", "a --tp-size", 1), "tp_size")
+        hint = problem[1].replace("a tp size", "a --tp-size", 1)
+        if str(model_config).endswith(".py"):  # read from the config the script builds in code
+            hint += f" (if {model_config} trains another model, name its config with --model-config PATH)"
+        yield _finding("tp-heads", ERROR, f"{cfg.said('tp_size')} {problem[0]} ({model_config})", hint, "tp_size")
 
 
 def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
