@@ -20,7 +20,7 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
 @click.command(name="bench", cls=ScriptCommand,
                context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_file_option
-@config_options_except("num_processes")
+@config_options_except("num_processes", "model_config")
 @click.option("--num-processes", "num_processes_list", default=None, metavar="N,N,...",
               help="World sizes to run, e.g. 1,2,4,8. Default: 1 and every power of two up to the GPUs present "
                    "(with --cpu: up to the cores), times --num-machines.")

@@ -14,6 +14,7 @@ from accelkit.commands.launcher_options import config_file_option, rendezvous_op
 from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import stall_timeout_option
+from accelkit.limits import MAX_MONITOR_INTERVAL, MAX_RESTARTS
 from accelkit.shellwords import command_line
 
 if TYPE_CHECKING:
@@ -30,9 +31,10 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @run_options
 @click.option("--dry-run", is_flag=True, default=False,
               help="Print the exact command, its environment and the config; start nothing.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=None, metavar="N",
+@click.option("--max-restarts", type=click.IntRange(min=0, max=MAX_RESTARTS), default=None, metavar="N",
               help="Restart the whole worker group up to N times after a failure (torchrun). Default 0.")
-@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True, max=MAX_MONITOR_INTERVAL), default=None,
+              metavar="SECONDS",
               help="How often torchrun checks its ranks. Default 0.1.")
 @rendezvous_options
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
@@ -89,6 +91,10 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
     options = options_from_kwargs(kwargs)
     cluster = cluster_job_file(kwargs)
+    if options.model_config is None and cluster is None:  # a local model folder the script is given is known
+        from accelkit.configs import model_from_script_args
+
+        options.model_config = model_from_script_args(script_args, script=None if module else script)
     request = LaunchRequest(target=LaunchTarget(script=script, args=tuple(script_args), module=module),
                             options=options, config_file=config_file, cpu=cpu,
                             flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,

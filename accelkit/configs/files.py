@@ -3,6 +3,7 @@ check one (`accelkit config --check`): Accelerate's own loader, what only a file
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,15 @@ def _loader_finding(path: Path, found: list[Finding]) -> list[Finding]:
                     "fix the value it names (or regenerate with `accelkit config`)")]
 
 
+def _written_for_cluster_job(path: Path) -> bool:
+    from accelkit.configs.render import is_cluster_template_text
+
+    try:
+        return is_cluster_template_text(path.read_text(errors="replace")[:2000])
+    except OSError:
+        return False
+
+
 def check_config(path: Path) -> list[Finding]:
     """Every finding for the config file at `path` as `accelerate launch` would use it: Accelerate's loader, what
     the file gets wrong, and the rule set (empty: no problem). AccelkitError when it cannot be read as YAML."""
@@ -78,6 +88,8 @@ def check_config(path: Path) -> list[Finding]:
     raw = load_yaml(path)
     resolved, found = read_config(raw, Source(FILE, str(path)))
     if resolved is not None:
+        if resolved.num_machines > 1 and _written_for_cluster_job(path):
+            resolved = dataclasses.replace(resolved, per_machine=False)
         found = found + rules.check_rules(resolved)
     return _loader_finding(path, found) + found
 

@@ -126,6 +126,11 @@ class ConfigOptions:
                                      key="parallelism_config.parallelism_config_sp_backend", kind="choice",
                                      choices=SP_BACKENDS)
 
+    # The model, for the checks that need it (tp must divide its attention heads); written to no config key.
+    model_config: Path | None = _option(
+        "The model's config.json (or its folder): tensor parallelism is checked against its attention heads "
+        "before any rank starts.", kind="model", metavar="PATH")
+
     def given(self) -> dict[str, object]:
         """The fields the user actually set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
@@ -152,8 +157,9 @@ class ConfigOptions:
     def from_json_dict(cls, data: dict[str, Any]) -> ConfigOptions:
         values = dict(data)
         values["wrap_cls"] = tuple(values.get("wrap_cls") or ())
-        if values.get("deepspeed_json") is not None:
-            values["deepspeed_json"] = Path(values["deepspeed_json"])
+        for name in ("deepspeed_json", "model_config"):
+            if values.get(name) is not None:
+                values[name] = Path(values[name])
         return cls(**values)
 
 
