@@ -53,10 +53,11 @@ def _dump_one(key: str, value: object) -> str:
 
 def render_yaml(config: ResolvedConfig | Mapping, command_line: str) -> str:
     """YAML text starting with a comment naming the command that made it. `config`: a ResolvedConfig or a dict."""
-    config = _parts(config)[0]
+    config_object, config = config, _parts(config)[0]
     lines = [f"# Written by: {command_line}",
              "# Run with: accelerate launch --config_file THIS_FILE your_script.py  (or: accelkit launch --config ...)",
              "# Check with: accelkit config --check THIS_FILE", ""]
+    lines[-1:-1] = _compression_lines(config_object)
     for key, value in config.items():
         if key in TOP_COMMENTS:
             lines.append(f"# {TOP_COMMENTS[key]}")
@@ -71,6 +72,18 @@ def render_yaml(config: ResolvedConfig | Mapping, command_line: str) -> str:
         else:
             lines.extend(_dump_one(key, value).splitlines())
     return "\n".join(lines) + "\n"
+
+
+def _compression_lines(config: object) -> list[str]:
+    """The gradient compression of a DDP/FSDP config, in the one place accelkit keeps it (accelkit.compression.spec:
+    Accelerate has no key for it, and ignores comments)."""
+    spec = getattr(config, "grad_compression", None)
+    if spec is None or spec.method == "int8":  # int8 (ZeRO++) is in the DeepSpeed JSON
+        return []
+    from accelkit.compression.spec import ENV_VAR, comment_line
+
+    return [f"# Gradient compression: accelkit launch reads the next line; with accelerate launch set {ENV_VAR}="
+            f"{spec.env_value()} (accelkit templates apply it)", comment_line(spec)]
 
 
 def render_json(content: dict) -> str:
@@ -95,7 +108,7 @@ def write_config(config: ResolvedConfig | Mapping, path: Path, command_line: str
     files: list[tuple[Path, str]] = []
     if with_json and content is not None and json_path is not None:
         files.append((json_path, render_json(dict(content))))
-    files.append((Path(path), render_yaml(data, command_line)))
+    files.append((Path(path), render_yaml(config if hasattr(config, "grad_compression") else data, command_line)))
     atomic_write_many(files)
 
 
