@@ -122,6 +122,11 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
     check_target(request.target)
     config = resolve_request(request)
     flags, port_source = launcher_flags(request, config)
+    compression = None  # refused here (bf16 or int8 on CPU ranks) before anything is written
+    if config.grad_compression is not None:
+        from accelkit.compression.launching import compression_env_and_notes
+
+        compression = compression_env_and_notes(config, request)
     # A DeepSpeed JSON asked for with --deepspeed-json must exist before the rehearsal reads it or a launcher runs.
     write_deepspeed_json(config)
 
@@ -151,12 +156,9 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         from accelkit.launch.collective_debug import gpu_debug_env
 
         env.update(gpu_debug_env())
-    if config.grad_compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
-        from accelkit.compression.launching import compression_env_and_notes
-
-        compression_env, compression_notes = compression_env_and_notes(config, request)
-        env.update(compression_env)
-        notes = (*notes, *compression_notes)
+    if compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
+        env.update(compression[0])
+        notes = (*notes, *compression[1])
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
         from accelkit.ranks import PROBES_ENV
 
