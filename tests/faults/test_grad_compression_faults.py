@@ -81,3 +81,13 @@ def test_a_broken_comment_line_in_a_config_is_refused(tmp_path: Path) -> None:
                       "num_machines: 1\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\n")
     result = invoke_fault(["launch", "--cpu", "--config", str(config), str(SCRIPT)], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(r"unknown gradient compression 'zstd'")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--interconnect", "2TB/s"], r"--interconnect '2TB/s' is not a link or a bandwidth"),
+    (["--powersgd-rank", "4"], r"--powersgd-rank applies only to --grad-compression powersgd"),
+])
+def test_plan_refuses_before_planning_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
+    result = invoke_fault(["plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB", *args,
+                           "--write-config", str(tmp_path / "plan.yaml")], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(message)

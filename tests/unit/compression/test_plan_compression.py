@@ -1,0 +1,56 @@
+"""`accelkit plan --grad-compression/--interconnect` (issue 35): the communication column counts the compression
+on the rows it applies to, and the recommendation names compression when the link, not memory, is the limit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import invoke_accelkit
+
+from accelkit.compression.plan_comm import parse_interconnect
+from accelkit.errors import AccelkitError
+
+BASE = ("plan", "--params", "7B", "--num-processes", "16", "--num-machines", "2", "--gpu-memory", "80GB",
+        "--cpu-memory", "1TB", "--json")
+
+
+def _plan(*extra: str) -> dict:
+    result = invoke_accelkit(*BASE, *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _comm(plan: dict) -> dict[str, int]:
+    return {row["name"]: row["comm_bytes_per_step"] for row in plan["strategies"]}
+
+
+def test_int8_quarters_zero3_only_and_bf16_reduce_halves_fsdp_fp32_reduction() -> None:
+    plain, int8 = _comm(_plan()), _comm(_plan("--grad-compression", "int8"))
+    assert int8["zero3"] == pytest.approx(plain["zero3"] / 4, rel=1e-6)
+    assert int8["ddp"] == plain["ddp"] and int8["fsdp-full"] == plain["fsdp-full"] and int8["zero2"] == plain["zero2"]
+    fp32 = _comm(_plan("--mixed-precision", "no"))
+    bf16 = _comm(_plan("--mixed-precision", "no", "--grad-compression", "bf16"))
+    assert bf16["ddp"] == pytest.approx(fp32["ddp"] / 2, rel=1e-6)
+    assert bf16["fsdp-full"] < fp32["fsdp-full"]  # the reduce-scatter part halves, the all-gathers stay
+
+
+def test_slow_links_make_the_recommendation_name_compression() -> None:
+    plan = _plan("--interconnect", "ethernet")
+    verdict = plan["grad_compression"]
+    assert verdict["interconnect_limited"] is True and "int8" in verdict["suggested"]
+    assert "the interconnect, not memory, is the limit" in plan["recommendation"]["reason"].lower()
+    fast = _plan("--params", "1B", "--strategy", "ddp", "--interconnect", "nvlink", "--grad-compression", "powersgd",
+                 "--global-batch", "256", "--seq-len", "4096")
+    assert fast["grad_compression"]["interconnect_limited"] is False
+    assert "Compression pays little here" in fast["recommendation"]["reason"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [("nvlink", 400e9), ("100Gb/s", 12.5e9), ("25GB/s", 25e9)])
+def test_interconnects_parse(text: str, expected: float) -> None:
+    assert parse_interconnect(text)[0] == pytest.approx(expected)
+
+
+def test_a_bad_interconnect_is_refused() -> None:
+    with pytest.raises(AccelkitError, match="is not a link or a bandwidth"):
+        parse_interconnect("2TB/s")
