@@ -40,27 +40,24 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=None, help="keep the results here (default: a temp folder)")
     args = parser.parse_args()
 
-    from accelkit.bench.launching import launch_settings
-    from accelkit.compression.measure import run_compression_bench, table
+    from accelkit.bench import compression_table, run_compression_bench
     from accelkit.compression.spec import CompressionSpec
-    from accelkit.configs import ConfigOptions
 
     output = args.output or Path(tempfile.mkdtemp(prefix="grad-compression-"))
     script = REPO / "templates" / "minimal" / "train.py"
     script_args = ("--hidden-size", str(args.hidden_size), "--output-dir", str(output / "train"))
-    settings = launch_settings(ConfigOptions(), None, True, command_line="benchmarks/grad_compression.py")
     rows = []
     powersgd = [CompressionSpec("powersgd", rank, start) for start in (0, 2) for rank in (1, 4)]
     for backend, specs in (("ddp", [CompressionSpec("fp16"), *powersgd]),
                            ("fsdp", [CompressionSpec("bf16")])):
         rows += run_compression_bench(script=str(script), script_args=script_args, specs=specs, backends=[backend],
                                       num_processes=2, cpu=True, output=output / backend, steps=args.steps,
-                                      settings=settings, progress=lambda line: print(f"  {line}", flush=True))
+                                      progress=lambda line: print(f"  {line}", flush=True))
     print()
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{os.cpu_count()} CPU cores, 2 gloo ranks, minimal template (hidden {args.hidden_size}), "
           f"{args.steps} steps, seed 42")
-    print("\n".join(table(rows)))
+    print("\n".join(compression_table(rows)))
     print("bf16 (DDP hook) on gloo: refused (torch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+, or XPU/XCCL)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; results: {output}")
 

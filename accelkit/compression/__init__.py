@@ -5,8 +5,9 @@
     checks.py   what each backend can do with it (refusals in one line, warnings), from the resolved config
     zeropp.py   int8 for DeepSpeed ZeRO-3: the ZeRO++ keys, accepted by DeepSpeed's own config class
     sizes.py    the bytes a step sends, computed from parameter shapes (DDP hooks, PowerSGD, FSDP2 reduce dtype)
-    probe.py    a rank probe: the collectives of every step, counted; PowerSGD's compression_stats(); weight digest
-    measure.py  `accelkit bench --grad-compression`: compression vs none, same seed, bytes / step time / loss
+    launching.py    what `accelkit launch` does with it (the config's comment line, the ranks' variable, warnings)
+    plan_comm.py    `accelkit plan --grad-compression/--interconnect`: the comm column and the recommendation
+The measuring side lives in accelkit.bench (compression.py, compression_probe.py): `bench --grad-compression`.
 
 Light to import (standard library only at module level).
 """

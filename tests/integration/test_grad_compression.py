@@ -47,16 +47,13 @@ def test_fp16_and_powersgd_hooks_on_two_gloo_ranks(tmp_path: Path) -> None:
     `bench --grad-compression`, which compares one method per command)."""
     from dataclasses import asdict
 
-    from accelkit.bench.launching import launch_settings
-    from accelkit.compression.measure import run_compression_bench
+    from accelkit.bench import run_compression_bench
     from accelkit.compression.spec import CompressionSpec
-    from accelkit.configs import ConfigOptions
 
     specs = [CompressionSpec("fp16"), CompressionSpec("powersgd", 1, 0), CompressionSpec("powersgd", 4, 0)]
     found = run_compression_bench(script=str(SCRIPT), script_args=("--output-dir", str(tmp_path / "train")),
                                   specs=specs, backends=["ddp"], num_processes=2, cpu=True, output=tmp_path / "out",
-                                  steps=STEPS, settings=launch_settings(ConfigOptions(), None, True),
-                                  progress=lambda line: None)
+                                  steps=STEPS, progress=lambda line: None)
     rows = {row.method: asdict(row) for row in found}
     assert set(rows) == {"none", "fp16", "powersgd r1 @0", "powersgd r4 @0"}
     assert all(row["weights_equal"] for row in rows.values())  # replicas stayed in sync under every hook

@@ -1,10 +1,10 @@
 """`accelkit bench --grad-compression`: what compression buys (bytes per step) and costs (step time, loss), against
 the uncompressed run of the same script, seed and steps, each launched the way `accelkit launch` launches it.
 
-Every run carries the compression probe (accelkit.compression.probe): the bytes of the collectives inside backward
-per step (the last step's, once PowerSGD has started), the loss per step (mean over ranks), the median step time,
-PowerSGD's own compression_stats(), and whether every rank ended with the same weights. The bytes computed from
-the parameter shapes (accelkit.compression.sizes) sit beside the counted ones.
+Every run carries the compression probe (accelkit.bench.compression_probe): the bytes of the collectives inside
+backward per step (the last step's, once PowerSGD has started), the loss per step (mean over ranks), the median
+step time, PowerSGD's own compression_stats(), and whether every rank ended with the same weights. The bytes
+computed from the parameter shapes (accelkit.compression.sizes) sit beside the counted ones.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from accelkit.compression.sizes import ddp_bytes_per_step, fsdp_reduce_scatter_b
 from accelkit.compression.spec import NONE, CompressionSpec
 from accelkit.errors import AccelkitError
 
-PROBE_MODULE = "accelkit.compression.probe"
+PROBE_MODULE = "accelkit.bench.compression_probe"
 RESULT_NAMES = ("compression.json", "compression.csv", "compression.png")
 FIELDS = ("method", "backend", "processes", "steps", "bytes_per_step", "expected_bytes_per_step", "bytes_vs_none",
           "collectives", "step_time_s", "final_loss", "loss_delta", "powersgd_rate", "weights_equal", "status")
@@ -98,7 +98,7 @@ def compare(rows: list[CompressionRow]) -> list[CompressionRow]:
     return rows
 
 
-def table(rows: Sequence[CompressionRow]) -> list[str]:
+def compression_table(rows: Sequence[CompressionRow]) -> list[str]:
     head = (f"{'compression':<18} {'backend':<8} {'bytes/step':>11} {'computed':>11} {'vs none':>8} "
             f"{'step ms':>8} {'loss':>8} {'Δ loss':>9} {'same weights':>12}")
     lines = [head, "-" * len(head)]
@@ -160,11 +160,16 @@ def draw(rows: Sequence[CompressionRow], path: Path) -> bool:
 
 def run_compression_bench(*, script: str, script_args: tuple[str, ...], specs: Sequence[CompressionSpec],
                           backends: Sequence[str], num_processes: int, cpu: bool, output: Path, steps: int,
-                          settings: Any, progress: Callable[[str], None],
+                          settings: Any = None, progress: Callable[[str], None] = print,
                           timeout: float | None = 900) -> list[CompressionRow]:
     """Run `script` once uncompressed and once per spec, per backend, `steps` optimizer steps each; write
     compression.json/.csv/.png into `output`; the rows."""
-    from accelkit.bench.launching import request_for, run_launch
+    from accelkit.bench.launching import launch_settings, request_for, run_launch
+
+    if settings is None:  # no other config options: each run is `accelkit launch [--cpu] --backend B ...`
+        from accelkit.configs import ConfigOptions
+
+        settings = launch_settings(ConfigOptions(), None, cpu, command_line="accelkit bench --grad-compression")
 
     rows: list[CompressionRow] = []
     runs = output / "runs"

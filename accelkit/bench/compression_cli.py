@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from accelkit.bench.compression import compression_table, run_compression_bench
 from accelkit.command_result import CommandResult
 from accelkit.compression.checks import spec_of_options, start_step_warning
-from accelkit.compression.measure import run_compression_bench, table
 from accelkit.errors import AccelkitError
 
 _CLEARED = {"grad_compression": None, "powersgd_rank": None, "powersgd_start_step": None, "reduce_dtype": None}
@@ -24,8 +24,7 @@ def run_compression_command(*, options: Any, script: str | None, script_args: tu
                             compare_backends: str | None, config_file: Path | None,
                             progress: Callable[[str], None], **_ignored: Any) -> CommandResult:
     from accelkit.bench.launching import check_request, launch_settings, request_for
-    from accelkit.launch import check_target
-    from accelkit.launch.launch_plan import LaunchTarget
+    from accelkit.launch import LaunchTarget, check_target
 
     if script is None:
         raise AccelkitError("--grad-compression needs a SCRIPT to train",
@@ -60,7 +59,7 @@ def run_compression_command(*, options: Any, script: str | None, script_args: tu
     rows = run_compression_bench(script=script, script_args=script_args, specs=[spec], backends=backends,
                                  num_processes=world, cpu=cpu, output=output, steps=steps, settings=settings,
                                  progress=lambda line: progress(f"bench: {line}"))
-    for line in table(rows):
+    for line in compression_table(rows):
         result.out(line)
     result.err(f"bench: results: {output}/ (compression.json, compression.csv, compression.png; runs/)")
     return result

@@ -1,4 +1,4 @@
-"""A rank probe for gradient compression (ACCELKIT_PROBES=accelkit.compression.probe), around an unmodified script.
+"""A rank probe for gradient compression (ACCELKIT_PROBES=accelkit.bench.compression_probe), around a script.
 
 Per optimizer step it counts the collectives issued inside backward (`torch.autograd.backward`: where DDP's
 bucketed all-reduce, its communication hooks and FSDP2's reduce-scatter run; the script's own loss reductions and
