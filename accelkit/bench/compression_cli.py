@@ -30,6 +30,12 @@ def run_compression_command(*, options: Any, script: str | None, script_args: tu
         raise AccelkitError("--grad-compression needs a SCRIPT to train",
                             hint="accelkit bench --cpu --backend ddp --num-processes 2 --grad-compression fp16 "
                                  "train.py --max-steps 20")
+    for name, flag in (("layouts", "--layouts"), ("comm", "--comm"), ("global_batch", "--global-batch"),
+                       ("batch_arg", "--batch-arg")):
+        if _ignored.get(name):
+            raise AccelkitError(f"--grad-compression and {flag} are separate benches",
+                                hint=f"run `accelkit bench {flag} ...` and `accelkit bench --grad-compression ...` "
+                                     "one after the other")
     check_target(LaunchTarget(script=script))
     spec = spec_of_options(options)
     world = _one_world_size(num_processes)

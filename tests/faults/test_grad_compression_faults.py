@@ -69,6 +69,12 @@ def test_bench_refuses_a_bad_combination_before_any_run(tmp_path: Path) -> None:
     result.assert_refused(r"--grad-compression powersgd is not an FSDP option")
 
 
+def test_bench_refuses_options_of_another_bench(tmp_path: Path) -> None:
+    result = invoke_fault(["bench", "--cpu", "--layouts", "dp_replicate=2", "--grad-compression", "fp16",
+                           "-o", str(tmp_path / "results"), str(SCRIPT)], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(r"--grad-compression and --layouts are separate benches")
+
+
 def test_bench_refuses_one_process(tmp_path: Path) -> None:
     result = invoke_fault(["bench", "--cpu", "--backend", "ddp", "--num-processes", "1", "--grad-compression", "fp16",
                            "-o", str(tmp_path / "results"), str(SCRIPT)], watch=[tmp_path], cwd=tmp_path)
