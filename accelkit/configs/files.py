@@ -78,8 +78,24 @@ def check_config(path: Path) -> list[Finding]:
     raw = load_yaml(path)
     resolved, found = read_config(raw, Source(FILE, str(path)))
     if resolved is not None:
-        found = found + rules.check_rules(resolved)
+        found = found + rules.check_rules(resolved) + _compression_findings(path, resolved)
     return _loader_finding(path, found) + found
+
+
+def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
+    """The gradient compression a config written by `accelkit config` carries in its comment line, checked against
+    the file's backend (accelkit.compression)."""
+    from accelkit.compression.checks import check_backend
+    from accelkit.compression.spec import read_comment
+
+    try:
+        spec = read_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
+        if spec is not None:
+            check_backend(spec, resolved)
+    except AccelkitError as exc:
+        return [Finding("grad-compression", ERROR, f"the accelkit-grad-compression line: {exc.message}",
+                        exc.hint or "")]
+    return []
 
 
 def load_config(path: Path) -> dict[str, Any]:

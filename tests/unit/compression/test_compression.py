@@ -134,3 +134,13 @@ def test_the_template_block_builds_what_accelerate_takes(monkeypatch: pytest.Mon
     monkeypatch.setenv("FSDP_VERSION", "2")  # what accelerate launch exports for an fsdp_version 2 config
     policy = build()["fsdp_plugin"].mixed_precision_policy
     assert policy.reduce_dtype is torch.bfloat16
+
+
+def test_config_check_judges_the_comment_line_against_the_files_backend(tmp_path: Path) -> None:
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("# accelkit-grad-compression: powersgd:rank=2,start=0\ndistributed_type: FSDP\n"
+                      "num_processes: 2\nnum_machines: 1\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+                      "fsdp_config:\n  fsdp_version: 2\n")
+    result = invoke_accelkit("config", "--check", str(config))
+    assert result.returncode == 1
+    assert "the accelkit-grad-compression line: --grad-compression powersgd is not an FSDP option" in result.stderr
