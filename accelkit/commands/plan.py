@@ -67,8 +67,9 @@ OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
 @click.option("--powersgd-rank", type=click.IntRange(min=1), default=None, metavar="R",
               help="With --grad-compression powersgd: its rank. Default 1.")
 @click.option("--interconnect", default=None, metavar="LINK",
-              help="The link between GPUs: nvlink, infiniband, ethernet, pcie, or a bandwidth per GPU (25GB/s, "
-                   "100Gb/s); the recommendation then says whether the link, not memory, limits the run.")
+              help="The link between GPUs: nvlink, infiniband, ethernet, pcie, a bandwidth per GPU (25GB/s, 100Gb/s), "
+                   "or the results folder of `accelkit bench --comm`; the recommendation then says whether the link, "
+                   "not memory, limits the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes as integers).")
 def command(model: str | None, as_json: bool, write_config: Path | None, force: bool, measure_script: str | None,
             script_args: tuple[str, ...], precision: str, **options) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from accelkit.compression.sizes import traffic_factor
@@ -32,7 +33,13 @@ ASSUMED_FLOPS = 400e12  # achieved per GPU: 40% of an H100's dense bf16 peak
 
 
 def parse_interconnect(text: str) -> tuple[float, str]:
-    """`nvlink` | `infiniband` | `ethernet` | `pcie` | `25GB/s` | `100Gb/s` -> (bytes per second, its label)."""
+    """`nvlink` | `infiniband` | `ethernet` | `pcie` | `25GB/s` | `100Gb/s` | the bench.json (or its folder) of an
+    `accelkit bench --comm` run -> (bytes per second, its label)."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "bench.json"
+    if path.suffix == ".json" or path.name == "bench.json":
+        return _measured_bandwidth(path, text)
     name = text.strip().lower()
     if name in INTERCONNECTS:
         return INTERCONNECTS[name], f"{name} (nominal {INTERCONNECTS[name] / 1e9:g} GB/s)"
@@ -42,6 +49,26 @@ def parse_interconnect(text: str) -> tuple[float, str]:
                             hint=f"use {', '.join(INTERCONNECTS)}, or a bandwidth per GPU like 25GB/s or 100Gb/s")
     value = float(match.group(1)) * (1e9 if match.group(2) == "GB" else 1e9 / 8)
     return value, f"{text.strip()} ({value / 1e9:g} GB/s)"
+
+
+def _measured_bandwidth(path: Path, given: str) -> tuple[float, str]:
+    """The all-reduce bus bandwidth `accelkit bench --comm` measured at its largest size and world size."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows = [(record["num_processes"], row["size_bytes"], row["busbw_gbs"]) for record in data.get("comm", [])
+                for row in record.get("results", []) if row.get("op") == "all_reduce" and row.get("busbw_gbs")]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise AccelkitError(f"--interconnect {given}: cannot read an `accelkit bench --comm` result ({exc})",
+                            hint="give the bench.json (or its folder) of `accelkit bench --comm`, a link name, or "
+                                 "a bandwidth like 25GB/s") from None
+    if not rows:
+        raise AccelkitError(f"--interconnect {given}: {path} holds no all-reduce measurement",
+                            hint="run `accelkit bench --comm --num-processes N -o DIR` first, then pass DIR")
+    processes, size, busbw = max(rows)
+    return busbw * 1e9, f"{busbw:g} GB/s (all-reduce busbw measured by bench --comm: {processes} processes, " \
+                        f"{size:,} bytes)"
 
 
 def _compressed_network(row: Any, spec: CompressionSpec, shape: Any, training: Any, hardware: Any) -> int | None:

@@ -54,3 +54,22 @@ def test_interconnects_parse(text: str, expected: float) -> None:
 def test_a_bad_interconnect_is_refused() -> None:
     with pytest.raises(AccelkitError, match="is not a link or a bandwidth"):
         parse_interconnect("2TB/s")
+
+
+def test_the_bandwidth_of_a_bench_comm_run_is_read(tmp_path) -> None:
+    """`--interconnect DIR`: the all-reduce busbw `accelkit bench --comm` wrote (its CommRow records), at the
+    largest world size and message size."""
+    from accelkit.bench.comm import CommRow
+
+    def row(size: int, busbw: float, op: str = "all_reduce") -> dict:
+        return CommRow(op=op, num_processes=2, size_bytes=size, count=size // 4, dtype="float32", time_us=1.0,
+                       algbw_gbs=busbw, busbw_gbs=busbw).to_json()
+
+    (tmp_path / "bench.json").write_text(json.dumps({"comm": [{"num_processes": 2, "status": "ok", "results": [
+        row(1024, 0.1), row(1 << 24, 0.43), row(1 << 24, 9.0, "all_gather")]}]}))
+    bandwidth, label = parse_interconnect(str(tmp_path))
+    assert bandwidth == pytest.approx(0.43e9) and "measured by bench --comm" in label
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "bench.json").write_text(json.dumps({"comm": []}))
+    with pytest.raises(AccelkitError, match="holds no all-reduce measurement"):
+        parse_interconnect(str(tmp_path / "empty"))
