@@ -78,8 +78,21 @@ def check_config(path: Path) -> list[Finding]:
     raw = load_yaml(path)
     resolved, found = read_config(raw, Source(FILE, str(path)))
     if resolved is not None:
-        found = found + rules.check_rules(resolved) + _compression_findings(path, resolved)
+        found = found + rules.check_rules(resolved)
+    found += _compression_findings(path, resolved) if resolved is not None else []
     return _loader_finding(path, found) + found
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The config dict in `path`, once Accelerate's loader and the file checks accept it (AccelkitError if not).
+    The rule set runs later, on the config a command builds from it (options given on the command line may
+    change the verdict); `check_config` shows every finding."""
+    path = Path(path)
+    raw = load_yaml(path)
+    found = read_layer(raw, Source(FILE, str(path))).findings
+    found = _loader_finding(path, found) + found
+    raise_first_error(found, prefix=f"{path}: ", more=f": `accelkit config --check {path}`")
+    return raw
 
 
 def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
@@ -96,15 +109,3 @@ def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
         return [Finding("grad-compression", ERROR, f"the accelkit-grad-compression line: {exc.message}",
                         exc.hint or "")]
     return []
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    """The config dict in `path`, once Accelerate's loader and the file checks accept it (AccelkitError if not).
-    The rule set runs later, on the config a command builds from it (options given on the command line may
-    change the verdict); `check_config` shows every finding."""
-    path = Path(path)
-    raw = load_yaml(path)
-    found = read_layer(raw, Source(FILE, str(path))).findings
-    found = _loader_finding(path, found) + found
-    raise_first_error(found, prefix=f"{path}: ", more=f": `accelkit config --check {path}`")
-    return raw
