@@ -69,6 +69,22 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         plan.report.leave(where, *note)
 
 
+def _grad_compression_handler(plan: Plan, spec_text: str | None) -> list[str]:
+    """`kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=...)]` for `convert --grad-compression` (what
+    accelkit's templates build from $ACCELKIT_GRAD_COMPRESSION; DDP only, Accelerate ignores it under FSDP)."""
+    if not spec_text or spec_text == "none":
+        return []
+    from accelkit.compression.spec import parse_env_value
+
+    spec = parse_env_value(spec_text, "--grad-compression")
+    hook = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}[spec.method]
+    state = f", comm_state_option={spec.powersgd_state_options()!r}" if spec.method == "powersgd" else ""
+    for name in ("DDPCommunicationHookType", "DistributedDataParallelKwargs"):
+        if name not in plan.imports:
+            plan.imports.append(name)
+    return [f"kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{hook}{state})]"]
+
+
 def _returns_value(ctx: Context, function: cst.FunctionDef) -> bool:
     return any(r.value is not None and ctx.function(r) is function for r in ctx.of_type(cst.Return))
 
@@ -211,19 +227,3 @@ def _bound_names(lines: list) -> set[str]:
 
 def ctx_code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
-
-
-def _grad_compression_handler(plan: Plan, spec_text: str | None) -> list[str]:
-    """`kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=...)]` for `convert --grad-compression` (what
-    accelkit's templates build from $ACCELKIT_GRAD_COMPRESSION; DDP only, Accelerate ignores it under FSDP)."""
-    if not spec_text or spec_text == "none":
-        return []
-    from accelkit.compression.spec import parse_env_value
-
-    spec = parse_env_value(spec_text, "--grad-compression")
-    hook = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}[spec.method]
-    state = f", comm_state_option={spec.powersgd_state_options()!r}" if spec.method == "powersgd" else ""
-    for name in ("DDPCommunicationHookType", "DistributedDataParallelKwargs"):
-        if name not in plan.imports:
-            plan.imports.append(name)
-    return [f"kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{hook}{state})]"]
