@@ -11,7 +11,7 @@ from helpers import invoke_accelkit
 from accelkit.compression.plan_comm import parse_interconnect
 from accelkit.errors import AccelkitError
 
-BASE = ("plan", "--params", "7B", "--num-processes", "16", "--num-machines", "2", "--gpu-memory", "80GB",
+BASE = ("plan", "--params", "1B", "--num-processes", "16", "--num-machines", "2", "--gpu-memory", "80GB",
         "--cpu-memory", "1TB", "--json")
 
 
@@ -25,20 +25,19 @@ def _comm(plan: dict) -> dict[str, int]:
     return {row["name"]: row["comm_bytes_per_step"] for row in plan["strategies"]}
 
 
-def test_int8_quarters_zero3_only_and_bf16_reduce_halves_fsdp_fp32_reduction() -> None:
+def test_int8_quarters_zero3_only_and_a_16_bit_hook_halves_ddp() -> None:
     plain, int8 = _comm(_plan()), _comm(_plan("--grad-compression", "int8"))
     assert int8["zero3"] == pytest.approx(plain["zero3"] / 4, rel=1e-6)
     assert int8["ddp"] == plain["ddp"] and int8["fsdp-full"] == plain["fsdp-full"] and int8["zero2"] == plain["zero2"]
-    fp32 = _comm(_plan("--mixed-precision", "no"))
-    bf16 = _comm(_plan("--mixed-precision", "no", "--grad-compression", "bf16"))
-    assert bf16["ddp"] == pytest.approx(fp32["ddp"] / 2, rel=1e-6)
-    assert bf16["fsdp-full"] < fp32["fsdp-full"]  # the reduce-scatter part halves, the all-gathers stay
+    bf16 = _comm(_plan("--grad-compression", "bf16"))
+    assert bf16["ddp"] == pytest.approx(plain["ddp"] / 2, rel=1e-6)  # DDP's gradients are fp32 under mixed precision
+    assert bf16["fsdp-full"] == plain["fsdp-full"]  # FSDP already reduces in bf16 under bf16 mixed precision
 
 
 def test_slow_links_make_the_recommendation_name_compression() -> None:
     plan = _plan("--interconnect", "ethernet")
     verdict = plan["grad_compression"]
-    assert verdict["interconnect_limited"] is True and "int8" in verdict["suggested"]
+    assert verdict["interconnect_limited"] is True and verdict["suggested"]
     assert "the interconnect, not memory, is the limit" in plan["recommendation"]["reason"].lower()
     fast = _plan("--params", "1B", "--strategy", "ddp", "--interconnect", "nvlink", "--grad-compression", "powersgd",
                  "--global-batch", "256", "--seq-len", "4096")
