@@ -72,6 +72,7 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
       accelkit bench --num-processes 1,2,4,8 --backend fsdp train.py
       accelkit bench --compare-backends ddp,fsdp,deepspeed --num-processes 8 train.py
       accelkit bench --layouts "dp_shard=4;dp_shard=2,tp=2" train.py
+      accelkit bench --cpu --backend ddp --grad-compression powersgd --powersgd-start-step 0 train.py
       accelkit bench --scaling strong --batch-arg --per-device-batch-size --global-batch 256 train.py
       accelkit bench --comm --num-processes 8                # interconnect only
       accelkit bench --comm --backend ddp train.py           # and predicted communication per step
@@ -84,5 +85,10 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
     from accelkit.bench import run_bench
 
     options = options_from_kwargs(kwargs)
+    from accelkit.bench import run_compression_command, wants_compression_bench
+
+    if wants_compression_bench(options):  # compression vs none, same seed (accelkit.bench.compression)
+        return finish(run_compression_command(options=options, num_processes=num_processes_list, force=force,
+                                              progress=progress, **kwargs))
     return finish(run_bench(argv=tuple(sys.argv[1:]), force=force, options=options, num_processes=num_processes_list,
                             progress=progress, **kwargs))

@@ -91,6 +91,7 @@ def check_config(path: Path) -> list[Finding]:
         if resolved.num_machines > 1 and _written_for_cluster_job(path):
             resolved = dataclasses.replace(resolved, per_machine=False)
         found = found + rules.check_rules(resolved)
+    found += _compression_findings(path, resolved) if resolved is not None else []
     return _loader_finding(path, found) + found
 
 
@@ -104,3 +105,19 @@ def load_config(path: Path) -> dict[str, Any]:
     found = _loader_finding(path, found) + found
     raise_first_error(found, prefix=f"{path}: ", more=f": `accelkit config --check {path}`")
     return raw
+
+
+def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
+    """The gradient compression a config written by `accelkit config` carries in its comment line, checked against
+    the file's backend (accelkit.compression)."""
+    from accelkit.compression.checks import check_backend
+    from accelkit.compression.spec import read_comment
+
+    try:
+        spec = read_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
+        if spec is not None:
+            check_backend(spec, resolved)
+    except AccelkitError as exc:
+        return [Finding("grad-compression", ERROR, f"the accelkit-grad-compression line: {exc.message}",
+                        exc.hint or "")]
+    return []
