@@ -165,17 +165,22 @@ def _collect_trainer_state(path: Path, counters: FolderCounters) -> bool:
     return True
 
 
+def _check_rng_files_complete(folder: Path, rng: dict[int, Path], world_size: int | None, pattern: str) -> None:
+    """One RNG file per process, numbered from 0 with no gap, as many as the processes that saved the model."""
+    missing = [r for r in range(max(rng) + 1) if r not in rng]
+    if missing:
+        raise AccelkitError(f"{folder} has no {pattern.format(missing[0])} but has {pattern.format(max(rng))}",
+                            hint=_ONE_SAVE)
+    if world_size is not None and len(rng) != world_size:
+        raise AccelkitError(f"{folder} holds RNG states of {len(rng)} processes ({pattern.format('*')}) but the "
+                            f"model was saved by {world_size}: files of runs with different world sizes are mixed",
+                            hint=_ONE_SAVE)
+
+
 def _check_trainer_rng(folder: Path, rng: dict[int, Path], world_size: int | None) -> str:
     """One rng_state_<rank>.pth per process of the model, each a readable RNG state. They record no step: what
     they hold cannot be compared with the step counters, and the line says so."""
-    missing = [r for r in range(max(rng) + 1) if r not in rng]
-    if missing:
-        raise AccelkitError(f"{folder} has no rng_state_{missing[0]}.pth but has rng_state_{max(rng)}.pth",
-                            hint=_ONE_SAVE)
-    if world_size is not None and len(rng) != world_size:
-        raise AccelkitError(f"{folder} holds RNG states of {len(rng)} processes (rng_state_*.pth) but the model was "
-                            f"saved by {world_size}: files of runs with different world sizes are mixed",
-                            hint=_ONE_SAVE)
+    _check_rng_files_complete(folder, rng, world_size, "rng_state_{}.pth")
     for path in rng.values():
         state = TorchArchive.open(path, _numpy_globals()).obj
         if not isinstance(state, dict) or "cpu" not in state:
@@ -187,14 +192,7 @@ def _check_trainer_rng(folder: Path, rng: dict[int, Path], world_size: int | Non
 
 
 def _check_rng(folder: Path, rng: dict[int, Path], world_size: int | None, reader: RecordReader) -> str:
-    missing = [r for r in range(max(rng) + 1) if r not in rng]
-    if missing:
-        raise AccelkitError(f"{folder} has no random_states_{missing[0]}.pkl but has random_states_{max(rng)}.pkl",
-                            hint=_ONE_SAVE)
-    if world_size is not None and len(rng) != world_size:
-        raise AccelkitError(f"{folder} holds RNG states of {len(rng)} processes (random_states_*.pkl) but the model "
-                            f"was saved by {world_size}: files of runs with different world sizes are mixed",
-                            hint=_ONE_SAVE)
+    _check_rng_files_complete(folder, rng, world_size, "random_states_{}.pkl")
     steps = {}
     for rank, path in sorted(rng.items()):
         archive = TorchArchive.open(path, _numpy_globals())
