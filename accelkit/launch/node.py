@@ -174,7 +174,7 @@ def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
     """A SLURM job whose checkpoints are sharded (FSDP, DeepSpeed: each node saves its ranks' shards) writes them
     under its working directory, which every node must then share. (SkyPilot and Kubernetes jobs run in a copy of
     the project on each node: where their checkpoints go is the job file's storage.)"""
-    from accelkit.configs.choices import Backend
+    from accelkit.configs import Backend
     from accelkit.launch.build_plan import resolve_request
 
     if not os.environ.get("SLURM_JOB_ID") or (request.options.num_machines or 1) < 2:

@@ -6,7 +6,9 @@
         subprocess.run(hosts.enter(0, "ip", "-br", "addr"))   # nsenter --net=/var/run/netns/NAME ip -br addr
 
 Each namespace gets a veth pair whose root side is on a bridge and whose other side is renamed `eth0` inside, so
-every host has the same interface name (as on a cluster), `lo` up and a default route via the bridge. The host name
+every host has the same interface name (as on a cluster) and `lo` up. No default route: every host and the bridge
+share one /24, and with a default route each reverse DNS lookup (c10d makes one per connection) would wait 10 s for a
+resolver this machine does not forward to, where a cluster's DNS answers at once. The host name
 still resolves to 127.0.0.1 (nothing edits /etc/hosts): a program that advertises "its host name's address" gets a
 loopback address, as on Debian's clusters. Commands run inside with `nsenter --net=...`, which changes the network
 only: `ip netns exec` also mounts a fresh /sys, without the cgroup mounts slurmd needs. The filesystem stays shared,
@@ -127,8 +129,7 @@ class NetworkNamespaces:
         _ip("link", "set", outside, "up")
         _ip("link", "set", inside, "netns", name)
         for args in (("link", "set", inside, "name", "eth0"), ("addr", "add", f"{address}/24", "dev", "eth0"),
-                     ("link", "set", "eth0", "up"), ("link", "set", "lo", "up"),
-                     ("route", "add", "default", "via", self.bridge_address)):
+                     ("link", "set", "eth0", "up"), ("link", "set", "lo", "up")):
             _ip("-n", name, *args)
         self.addresses.append(address)
 
