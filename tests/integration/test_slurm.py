@@ -13,6 +13,7 @@ steps CUDA_VISIBLE_DEVICES; the CPU jobs (`--cpu`) ask for no GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,12 +22,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from helpers import DATA, REPO_ROOT, run_accelkit
-from helpers.slurm import CPUS_PER_NODE, INSTALL_HINT, MEMORY_MIB_PER_NODE, SlurmCluster, missing_binaries
+from helpers.slurm import CPUS_PER_NODE, INSTALL_HINT, MEMORY_MIB_PER_NODE, NODES, SlurmCluster, missing_binaries
 
 from accelkit.scaffold import init_project
 
@@ -252,13 +254,30 @@ def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_pat
     assert job_processes(cluster, job_id) == []
 
 
+@contextlib.contextmanager
+def port_held_on_node(cluster: SlurmCluster, node: str) -> Iterator[int]:
+    """A port listened on inside `node`'s network (its namespace, or this host on the loopback cluster)."""
+    if cluster.hosts is None:
+        with socket.socket() as busy:
+            busy.bind(("", 0))
+            busy.listen()
+            yield busy.getsockname()[1]
+        return
+    listen = "import socket, sys, time\ns = socket.socket(); s.bind(('', 0)); s.listen()\n" \
+             "print(s.getsockname()[1], flush=True); time.sleep(3600)"
+    holder = subprocess.Popen(cluster.hosts.enter(NODES.index(node), sys.executable, "-c", listen),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_fixed_port_in_use_on_machine_zero_stops_the_job_before_any_node_starts(cluster: SlurmCluster,
                                                                                      tmp_path: Path) -> None:
     shutil.copy(PROBE, tmp_path / "probe.py")
-    with socket.socket() as busy:  # another job's rendezvous on machine 0 (every node is this host here)
-        busy.bind(("", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with port_held_on_node(cluster, "n1") as port:  # another job's rendezvous on machine 0
         job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--main-process-port", str(port),
                         "probe.py")
         code, job_id, log = submit(cluster, job)
