@@ -13,7 +13,7 @@ from accelkit.commands.config_options import config_options, nonempty_path, opti
 from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
 from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
-from accelkit.commands.supervision_options import stall_timeout_option
+from accelkit.commands.supervision_options import Seconds, stall_timeout_option
 from accelkit.limits import MAX_MONITOR_INTERVAL, MAX_RESTARTS
 from accelkit.shellwords import command_line
 
@@ -37,6 +37,9 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
               metavar="SECONDS",
               help="How often torchrun checks its ranks. Default 0.1.")
 @rendezvous_options
+@click.option("--lost-timeout", type=Seconds(), default=None, metavar="SECONDS",
+              help="Multi-machine jobs: when a machine's heartbeat is silent this long (its processes gone, or "
+                   "unreachable), machine 0 names it and ends the job. Default 20; 0 turns it off.")
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
 @stall_timeout_option()
 @click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -70,7 +73,8 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @script_args_argument()
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
-            same_network: bool | None, stall_timeout: float | None, script: str, script_args: tuple[str, ...],
+            same_network: bool | None, lost_timeout: float | None, stall_timeout: float | None, script: str,
+            script_args: tuple[str, ...],
             **kwargs: object) -> int:
     """Launch SCRIPT on every process of the job; everything after SCRIPT goes to the script.
 
@@ -100,7 +104,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
                             flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,
                                                 rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                                 same_network=same_network),
-                            command_line=command_line("accelkit", *sys.argv[1:]))
+                            command_line=command_line("accelkit", *sys.argv[1:]), lost_timeout=lost_timeout)
     return finish(run_launch(request, stall_timeout=stall_timeout, dry_run=dry_run, cluster=cluster))
 
 

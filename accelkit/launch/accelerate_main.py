@@ -68,6 +68,10 @@ class _Rendezvous:
     def announce(self) -> None:
         if self.machines < 2:
             return
+        from accelkit.launch.network import choose_socket_interface
+
+        # Before torchrun starts: the ranks inherit the interface variables from this process's environment.
+        print(choose_socket_interface(self.address), file=sys.stderr, flush=True)
         if self.rank > 0:
             line = failures.waiting_for_machine_zero(self.address, self.port, self.timeout)
         else:
@@ -174,6 +178,17 @@ def _recorded_exit_code(pid: int, watch_dir: Path | None) -> int | None:
     return next((failure.exit_code for failure in recorded if failure.pid == pid), None)
 
 
+def _peer_loss(pid: int, watch_dir: Path | None) -> str | None:
+    """What a rank that failed only because a peer vanished saw ('Connection closed by peer [ADDR]:PORT'), or None
+    when it failed by itself."""
+    from accelkit.launch.restarts import is_peer_loss, peer_detail
+    from accelkit.ranks import read_failures
+
+    recorded = read_failures(watch_dir) if watch_dir is not None else []
+    error = next((failure.error for failure in recorded if failure.pid == pid), None)
+    return peer_detail(error) if error and is_peer_loss(error) else None
+
+
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
     from accelkit.ranks import RankFiles, read_error
@@ -197,6 +212,46 @@ def _single_process_died(signum: int, watch_dir: Path | None) -> int:
     return report(error)
 
 
+NODE_NAME_ENV = "ACCELKIT_NODE_NAME"  # set by a cluster node's launcher (accelkit.launch.node)
+RUN_ID_ENV = "ACCELKIT_RUN_ID"  # the rendezvous run id every machine of one job shares (default: from the port)
+
+
+def _say_restarts(args, rendezvous: _Rendezvous, watch_dir: Path | None) -> None:
+    """Under --max-restarts: a line per restart (accelkit.launch.restarts), through a rendezvous that can form
+    again (c10d) with a run id unique to the job."""
+    restarts = int(getattr(args, "max_restarts", 0) or 0)
+    if restarts <= 0:
+        return
+    # torchrun restarts a group only through a rendezvous that can form again: the static one, which Accelerate
+    # uses, hands the restarted ranks the old ranks' addresses (gloo: "connectFullMesh failed"); c10d forms anew.
+    if getattr(args, "rdzv_backend", None) in (None, "static"):
+        args.rdzv_backend = "c10d"
+        if rendezvous.machines < 2:
+            args.rdzv_endpoint = f"127.0.0.1:{rendezvous.port}"
+    board = None
+    if rendezvous.machines > 1:
+        from accelkit.launch import job_board
+
+        args.rdzv_id = os.environ.get(RUN_ID_ENV) or os.environ.get("SLURM_JOB_ID") or \
+            f"accelkit-{rendezvous.address}-{rendezvous.port}"
+        # Machine 0 hosts the rendezvous store: torch guesses it from the host name, which on many clusters
+        # resolves to a loopback address, never to the address the other machines use.
+        # Each agent's own address, which the restarted ranks use to reach the store of the attempt: torch would
+        # take it from the host name (a loopback address again) where the user has not given one.
+        if not getattr(args, "local_addr", None):
+            from accelkit.launch.heartbeat import own_address
+
+            args.local_addr = own_address(rendezvous.address, rendezvous.port)
+        conf = getattr(args, "rdzv_conf", None) or ""
+        if "is_host=" not in conf:
+            args.rdzv_conf = ",".join(filter(None, [conf, f"is_host={int(rendezvous.rank == 0)}"]))
+        board = job_board.connect(timeout=5.0)
+    from accelkit.launch.restarts import RestartReporter
+
+    RestartReporter(watch_dir, restarts, machine=rendezvous.rank, machines=rendezvous.machines,
+                    node=os.environ.get(NODE_NAME_ENV), board=board).install()
+
+
 def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed import DistNetworkError, DistStoreError
@@ -211,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     watch_dir = _watch_dir()
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     rendezvous = _Rendezvous(args)
-    rendezvous.announce()
+    _say_restarts(args, rendezvous, watch_dir)
     try:
+        rendezvous.announce()
         rendezvous.wait_for_machine_zero()
         launch_command(args)
     except ChildFailedError as exc:
@@ -229,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
             for line in lines:
                 print(line, file=sys.stderr)
             return report(error)
+        lost_peer = _peer_loss(failure.pid, watch_dir)
+        if lost_peer is not None:  # a consequence: never reported as the rank that failed first
+            print(f"accelkit: rank {rank} (pid {failure.pid}) lost a peer ({lost_peer}), exit code {exit_code}: "
+                  "the rank at that address failed or its machine went away first; the launcher stopped the other "
+                  "ranks.", file=sys.stderr, flush=True)
+            return exit_status(exit_code) or 1
         print(f"accelkit: rank {rank} (pid {failure.pid}) failed first, exit code {exit_code}; "
               "the launcher stopped the other ranks.", file=sys.stderr, flush=True)
         return exit_status(exit_code) or 1

@@ -5,6 +5,13 @@ accelerate, transformers, deepspeed and accelkit, the script's sha256, the confi
 every node has published, each compares them with machine 0's. A difference (a node with an older copy of the
 script, another torch, a different config) stops the job within seconds with one line naming the nodes and what
 differs, instead of a hang in the first collective or silently different training on some ranks.
+
+On a job of several machines, also before any rank starts (accelkit.launch.network_checks):
+- machine 0's address must not be a loopback address unless every node is on machine 0's own network (the same
+  host and network namespace);
+- every node must reach machine 0's rendezvous port (machine 0 listens on it for the check);
+- a job whose checkpoints are sharded (FSDP, DeepSpeed) must run in a working directory every node shares: each
+  node writes a marker there and reads the others'.
 Standard library only: nothing here imports torch (versions come from the installed packages' metadata).
 """
 
@@ -83,24 +90,38 @@ def _short(value: Any) -> str:
     return text[:12] if len(text) == 64 else text  # a sha256 reads fine by its first 12 hex digits
 
 
-def check_nodes(board, request: LaunchRequest, *, machine: int, machines: int, node: str,
-                timeout: float = WAIT_FOR_NODES) -> None:
-    """Publish this node's facts, wait for every node's, and raise when any differs from machine 0's."""
-    board.put(f"{PREFIX}{machine}", {"node": node, "facts": node_facts(request)})
+def wait_for_all(board, prefix: str, machines: int, timeout: float) -> dict[int, Any]:
+    """Every machine's entry under `prefix` (machine -> value), once all `machines` have published one."""
     deadline = time.monotonic() + timeout
     while True:
-        entries = board.with_prefix(PREFIX)
+        entries = board.with_prefix(prefix)
         if len(entries) >= machines:
-            break
+            return {int(key[len(prefix):]): value for key, value in entries.items()}
         if time.monotonic() >= deadline:
-            missing = sorted(set(range(machines)) - {int(key[len(PREFIX):]) for key in entries})
+            missing = sorted(set(range(machines)) - {int(key[len(prefix):]) for key in entries})
             raise AccelkitError(f"machine(s) {', '.join(map(str, missing))} of {machines} did not start within "
                                 f"{timeout:g} s", hint="check that the job got all its nodes and that they run "
                                                       "accelkit from the same environment")
         time.sleep(0.2)
-    published = {int(key[len(PREFIX):]): value for key, value in entries.items()}
-    found = differences(published)
-    if found:
-        raise AccelkitError("the nodes would not run the same job: " + "; ".join(found),
-                            hint="give every node the same files and environment (a shared file system or one "
-                                 "container image); nothing was started")
+
+
+def check_nodes(board, request: LaunchRequest, *, machine: int, machines: int, node: str,
+                timeout: float = WAIT_FOR_NODES, main_address: str | None = None, port: int | None = None,
+                shared_dir: Path | None = None) -> None:
+    """Publish this node's facts, wait for every node's, and raise when any differs from machine 0's. With
+    `main_address` and `port` (a job of several machines), then check the network and, with `shared_dir`, that the
+    directory is shared (accelkit.launch.network_checks)."""
+    from accelkit.launch.network_checks import NetworkChecks
+
+    checks = NetworkChecks(machine=machine, machines=machines, node=node, main_address=main_address, port=port,
+                           shared_dir=shared_dir)
+    with checks:
+        board.put(f"{PREFIX}{machine}", {"node": node, "facts": node_facts(request), **checks.published()})
+        published = wait_for_all(board, PREFIX, machines, timeout)
+        checks.check_addresses(published)
+        found = differences(published)
+        if found:
+            raise AccelkitError("the nodes would not run the same job: " + "; ".join(found),
+                                hint="give every node the same files and environment (a shared file system or one "
+                                     "container image); nothing was started")
+        checks.run(board, published, timeout)

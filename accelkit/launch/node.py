@@ -6,7 +6,9 @@ reads the job's LaunchRequest (JSON, from $ACCELKIT_LAUNCH_REQUEST, which the jo
 node's rank, machine 0's address and the rendezvous port, and runs it under accelkit.launch.supervisor's
 Supervisor: this node's ranks are supervised and watched for stalls exactly as in a single-machine launch. Through
 the job board (accelkit.launch.job_board), when the job has one, the node
-- checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight);
+- checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight), reaches
+  machine 0's address and port, and (a SLURM job with sharded checkpoints) shares the working directory
+  (accelkit.launch.network_checks);
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
 - passes a save request (a preemption's warning) on to its ranks, which save a checkpoint and end;
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
@@ -34,7 +36,9 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError, debug_enabled, report
 from accelkit.launch import job_board
+from accelkit.launch.accelerate_main import NODE_NAME_ENV
 from accelkit.launch.failures import signal_name
+from accelkit.launch.heartbeat import NodeBeats, describe_loss
 from accelkit.launch.request import LaunchRequest
 
 REQUEST_ENV = "ACCELKIT_LAUNCH_REQUEST"
@@ -79,6 +83,8 @@ def describe_failure(record: dict, stalls: dict[str, dict] | None = None) -> str
     """One line for the job's log: which rank on which node ended the job, and how. `stalls`: what each node's
     watchdog found (the board's stall entries); the node whose ranks are not all waiting in a collective is the
     one that stopped progressing."""
+    if record.get("lost"):
+        return f"the job failed: {describe_loss(record)}"
     where = f"on node {record['node']} (machine {record['machine']})"
     if record.get("stalled"):
         found = sorted((stalls or {}).values(), key=lambda entry: (entry["all_waiting"], entry["machine"]))
@@ -91,6 +97,12 @@ def describe_failure(record: dict, stalls: dict[str, dict] | None = None) -> str
     who = f"rank {rank} {where}" if rank is not None else f"node {record['node']} (machine {record['machine']})"
     if record.get("signal"):
         return f"the job failed: {who} was killed by {record['signal']} (exit {record['status']})"
+    from accelkit.launch.restarts import is_peer_loss, peer_detail
+
+    errors = record.get("errors") or []
+    if errors and is_peer_loss(errors[0]):  # no node named a cause in time: say what this one saw
+        return (f"the job failed: {who} lost a peer ({peer_detail(errors[0])}); the node at that address failed "
+                "or went away first, and its own log says why")
     return f"the job failed: {who} exited with status {record['status']}"
 
 
@@ -158,6 +170,18 @@ def _forward_save_signal(supervisor, board) -> None:
     threading.Thread(target=watch_board, name="accelkit-save-request", daemon=True).start()
 
 
+def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
+    """A SLURM job whose checkpoints are sharded (FSDP, DeepSpeed: each node saves its ranks' shards) writes them
+    under its working directory, which every node must then share. (SkyPilot and Kubernetes jobs run in a copy of
+    the project on each node: where their checkpoints go is the job file's storage.)"""
+    from accelkit.configs import Backend
+    from accelkit.launch.build_plan import resolve_request
+
+    if not os.environ.get("SLURM_JOB_ID") or (request.options.num_machines or 1) < 2:
+        return None
+    return Path.cwd() if resolve_request(request).backend in (Backend.FSDP, Backend.DEEPSPEED) else None
+
+
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
              stall_timeout: float | None, board_wait: float = 30.0) -> int:
     from accelkit.launch.accelerate_main import FAILURE_FILE_ENV
@@ -175,23 +199,35 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
     if board is not None:
         from accelkit.launch.cluster_preflight import check_nodes
 
-        check_nodes(board, request, machine=machine_rank, machines=machines, node=node)
+        check_nodes(board, request, machine=machine_rank, machines=machines, node=node,
+                    main_address=main_process_ip, port=port, shared_dir=_shared_dir_to_check(request))
     fd, failure_path = tempfile.mkstemp(prefix="accelkit-node-failure-")
     os.close(fd)
     failure_file = Path(failure_path)
     try:
         env = {**os.environ, FAILURE_FILE_ENV: str(failure_file)}
         env.pop(REQUEST_ENV, None)
+        env[NODE_NAME_ENV] = node
+        beats = None
         with supervised(request, env=env, stall_timeout=stall_timeout) as supervisor:
             _forward_save_signal(supervisor, board)
             if board is not None and machines > 1:
                 _wait_for_peer_stacks(supervisor, board, machine_rank, machines, node)
-            status = supervisor.run()
-        # A node stopped from outside (srun ending the job after another node failed, scancel) is not the cause.
-        if status != 0 and board is not None and not supervisor.signals:
-            record = _failure_record(status, failure_file, node, machine_rank, supervisor.stalled)
-            with contextlib.suppress(Exception):  # machine 0, hosting the board, may have ended already
-                board.put_first(job_board.FIRST_FAILURE, record)
+                beats = NodeBeats(board, supervisor, machine=machine_rank, machines=machines, node=node,
+                                  main_process_ip=main_process_ip, port=port, timeout=request.lost_timeout)
+            try:
+                status = supervisor.run()
+                # A node stopped from outside (srun ending the job after another node failed, scancel) is not the
+                # cause; nor is one whose ranks only lost a peer, once the node that failed (or was lost) is named.
+                if status != 0 and board is not None and not supervisor.signals:
+                    record = _failure_record(status, failure_file, node, machine_rank, supervisor.stalled)
+                    errors = [failure.error for failure in supervisor.failures]
+                    if beats is None or beats.should_record(record, errors):
+                        with contextlib.suppress(Exception):  # machine 0, hosting the board, may have ended already
+                            board.put_first(job_board.FIRST_FAILURE, {**record, "errors": errors[:1]})
+            finally:
+                if beats is not None:
+                    beats.finish()
         return status
     finally:
         failure_file.unlink(missing_ok=True)

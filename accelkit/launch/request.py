@@ -28,6 +28,8 @@ class LaunchRequest:
     source_labels: dict[str, str] = field(default_factory=dict)
     # Modules whose install() each rank runs before the script (accelkit.ranks.bootstrap, $ACCELKIT_PROBES).
     probes: tuple[str, ...] = ()
+    # Multi-machine jobs: seconds without a machine's heartbeat before machine 0 declares it lost (None: default).
+    lost_timeout: float | None = None
 
     def to_json(self) -> str:
         return json.dumps({
@@ -40,6 +42,7 @@ class LaunchRequest:
             "for_cluster": self.for_cluster,
             "source_labels": self.source_labels,
             "probes": list(self.probes),
+            "lost_timeout": self.lost_timeout,
         })
 
     @classmethod
@@ -56,4 +59,5 @@ class LaunchRequest:
             for_cluster=data["for_cluster"],
             source_labels=data.get("source_labels", {}),
             probes=tuple(data.get("probes", ())),
+            lost_timeout=data.get("lost_timeout"),
         )

@@ -9,6 +9,8 @@ process, there:
 - starts one supervised launcher per node with srun (accelkit.launch.node), forwarding the signals it gets;
 - turns SIGUSR1 (`#SBATCH --signal=B:USR1@S`, with --requeue) into a save request on the board: every node's
   ranks save a checkpoint and stop, and the job requeues itself;
+- with --requeue, requeues the job when a machine was lost (accelkit.launch.heartbeat), so that it resumes once
+  the node is back;
 - ends with the first failing rank's exit status (srun's own is the largest, 143 after it stopped the other
   nodes), after one line naming the rank, its node and its signal.
 """
@@ -92,6 +94,19 @@ def main_address(name: str, addr: str) -> str:
                         hint="export MAIN_PROCESS_IP=<machine 0's IP address> in the sbatch script")
 
 
+def _addresses(first: str) -> tuple[str, str]:
+    """Machine 0's address for the rendezvous ($MAIN_PROCESS_IP, else from NodeAddr) and for the job board (from
+    NodeAddr where it gives one: the nodes' preflight must reach the board to check a rendezvous address)."""
+    given = os.environ.get("MAIN_PROCESS_IP")
+    try:
+        found = main_address(first, node_addr(first))
+    except AccelkitError:
+        if not given:
+            raise
+        found = given
+    return given or found, found
+
+
 def step_options(env: Mapping[str, str] = os.environ) -> list[str]:
     """srun's options for the nodes' step beyond its shape: the CPUs of the job's one task per node (SLURM 22.05's
     srun does not take --cpus-per-task from the job, and its task would be bound to one CPU: every rank of the node
@@ -117,6 +132,36 @@ def requeue(reason: str) -> int:
     return 0
 
 
+SRUN_GRACE = 10.0  # seconds srun gets to end its step after a lost machine, before it is killed
+
+
+def _wait_for_srun(proc: subprocess.Popen, board) -> dict | None:
+    """Wait for srun; when machine 0 declares a machine lost (accelkit.launch.heartbeat), say it at once and end
+    srun, which would otherwise wait for the lost node until SLURM declares it down. The lost machine's record, or
+    None when none was lost."""
+    import time
+
+    from accelkit.launch.node import describe_failure
+
+    stop_at = None
+    lost = None
+    while proc.poll() is None:
+        if lost is None:
+            record = board.get(job_board.FIRST_FAILURE)
+            if record is not None and record.get("lost"):
+                lost = record
+                _say(describe_failure(record))
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                stop_at = time.monotonic() + SRUN_GRACE
+        elif stop_at is not None and time.monotonic() > stop_at:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            stop_at = None
+        time.sleep(0.5)
+    return lost
+
+
 def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal: bool = False) -> int:
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 0)
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
@@ -124,7 +169,7 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
         raise AccelkitError("not inside a SLURM job (SLURM_JOB_NODELIST is not set)",
                             hint="submit the script with sbatch")
     first = first_node(nodelist)
-    address = os.environ.get("MAIN_PROCESS_IP") or main_address(first, node_addr(first))
+    address, board_address = _addresses(first)
     if port is None:
         port = ports.free_port("")
     elif not ports.port_free(port):
@@ -135,7 +180,8 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
     node_args = ["--main-process-ip", address, "--main-process-port", str(port)]
     if stall_timeout is not None:
         node_args += ["--stall-timeout", f"{stall_timeout:g}"]
-    env = {**os.environ, **board.env(address), "ACCELKIT_PYTHON": os.environ.get("ACCELKIT_PYTHON", sys.executable)}
+    env = {**os.environ, **board.env(board_address),
+           "ACCELKIT_PYTHON": os.environ.get("ACCELKIT_PYTHON", sys.executable)}
     _say(f"{nodes} node(s); machine 0 is {first} at {address}:{port}")
     argv = srun_argv(nodes, node_args)
     if debug_enabled():
@@ -153,6 +199,10 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
+        lost = _wait_for_srun(proc, board.board)
+        if lost is not None and requeue_on_signal:  # SLURM runs it again once the node is back (or another)
+            board.close()
+            return requeue(f"machine {lost['machine']} (node {lost['node']}) was lost")
         returncode = proc.wait()
     finally:
         for sig, handler in previous.items():
@@ -162,8 +212,8 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
     if record is not None:
         from accelkit.launch.node import STALL_PREFIX, describe_failure
 
-        _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
-        board.close()
+        if lost is None:  # a lost machine was said as soon as machine 0 found it
+            _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
         return int(record["status"]) or 1
     board.close()
     if requeue_on_signal and signal.SIGUSR1 in received and status == 0:

@@ -35,6 +35,7 @@ from accelkit.fsio import remove_path
 from accelkit.launch.accelerate_main import exit_status
 from accelkit.launch.launch_dir import STALLED_MARKER, create_launch_dir, launcher_env
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.restarts import ResumeAnnouncer
 from accelkit.ranks import WATCH_DIR_ENV
 
 WORKER_MODULE = "accelkit.launch.worker"
@@ -131,6 +132,15 @@ class Supervisor:
             self.kill_deadline = time.monotonic() + self.grace
         else:  # asked twice: stop waiting for a clean shutdown
             self.kill_deadline = time.monotonic()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the job from another thread (a lost machine): SIGTERM to the launcher's group, SIGKILL for the
+        whole tree `grace` seconds later. The status stays the launcher's, not 128 + SIGTERM: nobody signalled us."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        self.kill_deadline = time.monotonic() + grace
 
     # -- process tree ----------------------------------------------------------------------------------------
     def _track(self) -> None:
@@ -269,6 +279,7 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
         watchdog = None
+        resumes = None
         started = time.monotonic()
         try:
             self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True, cwd=self.cwd,
@@ -277,11 +288,14 @@ class Supervisor:
                 watchdog = self._watchdog()
                 next(watchdog)
             last_track = 0.0
+            resumes = ResumeAnnouncer(self.watch.watch_dir) if self.watch is not None else None
             while self.proc.poll() is None:
                 now = time.monotonic()
                 if now - last_track > 0.5:
                     self._track()
                     last_track = now
+                    for line in resumes.poll() if resumes is not None else ():
+                        self._say(line)
                 if watchdog is not None:
                     try:
                         watchdog.send(now)
@@ -306,6 +320,9 @@ class Supervisor:
                 from accelkit.ranks import read_failures
 
                 self.failures = read_failures(self.watch.watch_dir)
+                if resumes is not None:  # a restarted or requeued run: its attempts, one line each
+                    for line in resumes.summary_lines(exit_status(self.proc.returncode)):
+                        self._say(line)
         if self.stalled:
             return STALL_EXIT_STATUS
         if self.signals:  # however the launcher ended (even SIGKILLed after a second Ctrl-C): 128 + first signal

@@ -7,6 +7,7 @@ unmodified script.
                  on request, so the supervisor can tell a stalled rank and say where it is;
 - rank_files.py  the files a rank and its supervisor share in the launch's watch folder (registration, step
                  counter, failure record, one-line explanations);
+- resume_record.py, restart_store.py   which checkpoint a rank resumed from; a restarted group's own store keys;
 - explain.py     known failures of a rank, turned into one line naming the cause and the fix;
 - user_code.py   telling the user's frames from library frames in a stack;
 - probes/        what the per-feature probes (bench, plan --measure, convert --check) share.
@@ -20,6 +21,7 @@ from accelkit.exports import lazy_exports
 
 # The supervisor's side (accelkit.launch) reads what ranks leave in the watch folder through these names.
 __all__, __getattr__ = lazy_exports(__name__, {
+    "GROUP_ATTEMPT_ENV": "restart_store",
     "PROBES_ENV": "bootstrap",
     "STACK_SIGNAL": "rank_files",
     "WATCH_DIR_ENV": "rank_files",
@@ -27,6 +29,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "RankInfo": "rank_files",
     "read_error": "rank_files",
     "read_failures": "rank_files",
+    "read_resumed": "resume_record",
     "read_steps": "rank_files",
     "read_text": "rank_files",
     "registered_ranks": "rank_files",

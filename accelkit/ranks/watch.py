@@ -7,6 +7,8 @@ without changing what the script does:
   then names the signal and the line);
 - a global optimizer step hook (torch's `register_optimizer_step_post_hook`, installed when the script imports
   torch.optim) counts optimizer steps in a memory-mapped counter;
+- in a group torchrun restarted, the ranks rendezvous under the attempt's own keys (accelkit.ranks.restart_store);
+- `Accelerator.load_state` records the checkpoint the rank resumed from (accelkit.ranks.resume_record);
 - stdout and stderr become line-buffered, so each printed line reaches the console (and the supervisor's view of
   the rank's writes) when it is printed, as on a terminal, not 8 KB later;
 - last, the rank registers itself (`<pid>.json`): from then on the supervisor may signal it.
@@ -23,8 +25,10 @@ import sys
 import threading
 from pathlib import Path
 
+from accelkit.ranks import restart_store
 from accelkit.ranks.probes import after_import
 from accelkit.ranks.rank_files import STACK_SIGNAL, WATCH_DIR_ENV, RankFiles, RankInfo, StepCounter, write_info
+from accelkit.ranks.resume_record import hook_load_state
 from accelkit.rehearsal import REHEARSAL_ENV
 
 _open_files: list[io.TextIOBase] = []  # faulthandler writes to their descriptors for the life of the process
@@ -59,6 +63,8 @@ def install() -> None:
     faulthandler.enable(file=crash, all_threads=True)
     counter = StepCounter(files.steps)
     after_import("torch.optim.optimizer", lambda: _count_optimizer_steps(counter))
+    after_import("accelerate.accelerator", lambda: hook_load_state(files))  # which checkpoint a restart resumed
+    restart_store.install()
     _line_buffered(sys.stdout)
     _line_buffered(sys.stderr)
     if os.environ.get("ACCELKIT_JOB_BOARD") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:

@@ -1,7 +1,11 @@
 """A real Slurm cluster on this host for the tests: munged, slurmctld and two slurmd "nodes" (n1, n2).
 
 Debian's slurm-wlm is built with multiple-slurmd support, so two slurmd daemons on one host act as two nodes:
-`NodeName=n1`/`n2`, both `NodeAddr=127.0.0.1` with distinct ports. The node names do not resolve (nothing edits
+`NodeName=n1`/`n2`, both `NodeAddr=127.0.0.1` with distinct ports. With `network=True` each node is instead its
+own Linux network namespace (tests/helpers/netns.py: its own loopback, an `eth0` with its own address on a bridge,
+`NodeAddr` that address), its slurmd started inside with nsenter, and slurmctld listens on the bridge's address:
+the nodes then talk across a network as separate machines do, while the host name still resolves to 127.0.0.1 and
+the filesystem stays shared (like a cluster's home). The node names do not resolve (nothing edits
 /etc/hosts), as on clusters whose node names are not host names. Everything lives in one folder: the config, a
 fresh munge key and socket, state, spool and logs. Daemons are started in the foreground (-D / --foreground) so the
 PID we hold is the daemon's, and stopped by those PIDs only (other processes on a shared machine are never touched).
@@ -9,8 +13,8 @@ PID we hold is the daemon's, and stopped by those PIDs only (other processes on 
     with SlurmCluster(tmp_dir) as cluster:
         proc = cluster.sbatch_wait(script)       # sbatch --wait, with SLURM_CONF pointing at the cluster
 
-Standalone (to try things by hand): `python tests/helpers/slurm.py DIR` starts a cluster and prints the
-environment to use, until Ctrl-C.
+Standalone (to try things by hand): `python tests/helpers/slurm.py DIR [GPUS] [--network]` starts a cluster and
+prints the environment to use, until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+try:
+    from helpers.netns import NetworkNamespaces
+except ImportError:  # run as a script (python tests/helpers/slurm.py DIR): this folder is on sys.path
+    from netns import NetworkNamespaces
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
@@ -73,7 +82,22 @@ def _placeholder_device(path: Path) -> None:
 class SlurmCluster:
     root: Path
     gpus_per_node: int = 0  # >0: a fake Gres=gpu:N per node (placeholder device files)
+    # True: every node is its own network namespace (tests/helpers/netns.py) with its own address, as separate
+    # machines are; slurmctld listens on the bridge's address. False: every node on this host's loopback.
+    network: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    hosts: NetworkNamespaces | None = None
+
+    @property
+    def controller_address(self) -> str:
+        return self.hosts.bridge_address if self.hosts else "127.0.0.1"
+
+    def node_address(self, node: str) -> str:
+        return self.hosts.addresses[NODES.index(node)] if self.hosts else "127.0.0.1"
+
+    def node_pids(self, node: str) -> list[int]:
+        """The processes running inside a namespaced node (slurmd and whatever its jobs started there)."""
+        return self.hosts.pids(NODES.index(node)) if self.hosts else []
 
     @property
     def conf(self) -> Path:
@@ -113,13 +137,13 @@ class SlurmCluster:
                 lines.append(f"NodeName={node} Name=gpu File={devices}/nvidia[0-{self.gpus_per_node - 1}]")
             (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
         nodes = "\n".join(
-            f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} "
+            f"NodeName={node} NodeHostname={host} NodeAddr={self.node_address(node)} Port={port} CPUs={CPUS_PER_NODE} "
             f"RealMemory={MEMORY_MIB_PER_NODE}{gres} State=UNKNOWN"
             for node, port in zip(NODES, node_ports, strict=True))
         r = self.root
         self.conf.write_text(f"""\
 ClusterName=accelkit-test
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({self.controller_address})
 SlurmctldPort={ctld_port}
 SlurmUser=root
 SlurmdUser=root
@@ -166,6 +190,8 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         if missing:
             raise RuntimeError(f"{INSTALL_HINT}; missing: {', '.join(missing)}")
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.network and self.hosts is None:
+            self.hosts = NetworkNamespaces(len(NODES)).start()
         self._write_config()
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -186,6 +212,8 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
                 slurmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                           'mount --bind "$0" "$1" && shift && exec "$@"', str(self.node_local_copy),
                           str(self.node_local), *slurmd]
+            if self.hosts:  # nsenter changes the network only: slurmd needs the machine's /sys (its cgroups)
+                slurmd = self.hosts.enter(NODES.index(node), *slurmd)
             self._start(f"slurmd-{node}", slurmd)
         self._wait_for(self.all_idle, "both nodes idle in sinfo", timeout)
         return self
@@ -297,6 +325,9 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
                 proc.wait()
         self.procs.clear()
         self._kill_job_leftovers()
+        if self.hosts is not None:
+            self.hosts.stop()
+            self.hosts = None
 
     def _kill_job_leftovers(self) -> None:
         """Job processes that outlived the cluster (slurmstepd and what it started, had cancelling failed): their
@@ -316,7 +347,9 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
 
 
 if __name__ == "__main__":
-    cluster = SlurmCluster(Path(sys.argv[1]).resolve(), gpus_per_node=int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    counts = [int(arg) for arg in sys.argv[2:] if arg.isdigit()]
+    cluster = SlurmCluster(Path(sys.argv[1]).resolve(), gpus_per_node=counts[0] if counts else 0,
+                           network="--network" in sys.argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the daemons too
     with cluster:
         print(f"export SLURM_CONF={cluster.conf}", flush=True)

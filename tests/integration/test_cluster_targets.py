@@ -2,8 +2,10 @@
 
 SkyPilot's own parser (`sky.Task.from_yaml`, in SkyPilot's virtualenv: tests/helpers/skypilot.py) reads the tasks
 accelkit writes, and rejects broken ones. Then the task's `run` block and the TrainJob's command run as two
-concurrent local "nodes" (bash, with the variables SkyPilot or the Trainer would set, on loopback) and train a
-template with world size 2 on CPU; a rank failing on node 1 ends the job with its exit status, named by machine 0.
+concurrent "nodes" (bash, with the variables SkyPilot or the Trainer would set, each in its own network namespace:
+tests/helpers/netns.py, its own loopback and an eth0 on a bridge, the host name resolving to 127.0.0.1) and train a
+template with world size 2 on CPU across that network; a rank failing on node 1 ends the job with its exit status,
+named by machine 0. Nothing sets an interface: each node finds its own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import DATA, REPO_ROOT
+from helpers.netns import NetworkNamespaces
 from helpers.skypilot import parse_tasks
 
 from accelkit.launch.ports import free_port, port_free
@@ -22,6 +25,12 @@ from accelkit.scaffold import init_project
 
 pytestmark = pytest.mark.slow
 PROBE = DATA / "launch" / "probe.py"
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with NetworkNamespaces(2) as namespaces:
+        yield namespaces
 
 
 def two_free_ports() -> int:
@@ -48,11 +57,14 @@ def write(project: Path, *args: str) -> Path:
     return project / args[args.index("--skypilot") + 1 if "--skypilot" in args else args.index("--kubernetes") + 1]
 
 
-def run_nodes(project: Path, command: str, node_env: list[dict[str, str]], timeout: float = 240) -> list[tuple]:
-    """Run `command` with bash once per node, concurrently, in `project`; each node's exit status and output."""
+def run_nodes(project: Path, command: str, node_env: list[dict[str, str]], hosts: NetworkNamespaces,
+              timeout: float = 240) -> list[tuple]:
+    """Run `command` with bash once per node, concurrently, in `project`, node i in host i's network namespace;
+    each node's exit status and output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "PET_", "ACCELKIT_"))}
-    procs = [subprocess.Popen(["bash", "-c", command], cwd=project, env={**env, **extra}, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for extra in node_env]
+    procs = [subprocess.Popen(hosts.enter(index, "bash", "-c", command), cwd=project, env={**env, **extra},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for index, extra in enumerate(node_env)]
     out = []
     for proc in procs:
         try:
@@ -65,8 +77,10 @@ def run_nodes(project: Path, command: str, node_env: list[dict[str, str]], timeo
     return out
 
 
-def sky_nodes(task: dict) -> list[dict[str, str]]:
-    return [{**task["envs"], "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1\n",
+def sky_nodes(task: dict, hosts: NetworkNamespaces) -> list[dict[str, str]]:
+    """What SkyPilot sets on each node: its rank and every node's IP address (machine 0's first)."""
+    ips = "".join(f"{address}\n" for address in hosts.addresses)
+    return [{**task["envs"], "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": ips,
              "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"} for rank in (0, 1)]
 
 
@@ -102,18 +116,20 @@ def test_skypilots_parser_accepts_the_tasks_and_rejects_broken_ones(tmp_path: Pa
     assert "nodes" in errors["unknown_key.yaml"], errors
 
 
-def test_skypilot_run_block_trains_a_template_on_two_local_nodes(tmp_path: Path) -> None:
+def test_skypilot_run_block_trains_a_template_on_two_hosts(tmp_path: Path, hosts: NetworkNamespaces) -> None:
     project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
     task = yaml.safe_load(write(project, "--cpu", "--backend", "ddp", "--skypilot", "task.yaml", "--nodes", "2",
                                 "--gpus-per-node", "1", "--main-process-port", str(two_free_ports()), "train.py",
                                 "--max-steps", "2", "--num-samples", "64", "--output-dir", "out").read_text())
-    (status0, log0), (status1, log1) = run_nodes(project, task["run"], sky_nodes(task))
+    (status0, log0), (status1, log1) = run_nodes(project, task["run"], sky_nodes(task, hosts), hosts)
     assert (status0, status1) == (0, 0), log0 + log1
     assert "world size 2" in log0 and "machine_rank=1" in log1
+    assert f"ranks talk on eth0 (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME): this machine's route to " \
+           f"machine 0 at {hosts.addresses[0]} goes through it (from {hosts.addresses[1]})" in log1, log1
     assert (project / "out" / "checkpoint-2" / "accelkit-manifest.json").is_file(), log0
 
 
-def test_trainjob_command_trains_a_template_on_two_local_pods(tmp_path: Path) -> None:
+def test_trainjob_command_trains_a_template_on_two_pods(tmp_path: Path, hosts: NetworkNamespaces) -> None:
     project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
     job = yaml.safe_load(write(project, "--cpu", "--backend", "ddp", "--kubernetes", "trainjob.yaml", "--nodes", "2",
                                "--gpus-per-node", "1", "--image", "img", "train.py", "--max-steps", "2",
@@ -122,26 +138,27 @@ def test_trainjob_command_trains_a_template_on_two_local_pods(tmp_path: Path) ->
     env = {item["name"]: item["value"] for item in trainer["env"]}
     port = str(two_free_ports())
     pods = [{**env, "PET_NNODES": "2", "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
-             "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port} for rank in (0, 1)]
-    (status0, log0), (status1, log1) = run_nodes(project, trainer["command"][2], pods)
+             "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": hosts.addresses[0], "PET_MASTER_PORT": port}
+            for rank in (0, 1)]
+    (status0, log0), (status1, log1) = run_nodes(project, trainer["command"][2], pods, hosts)
     assert (status0, status1) == (0, 0), log0 + log1
     assert "world size 2" in log0 and "machine_rank=1" in log1
     assert (project / "out" / "checkpoint-2" / "accelkit-manifest.json").is_file(), log0
 
 
-def test_a_rank_failing_on_node_1_is_the_jobs_exit_status(tmp_path: Path) -> None:
+def test_a_rank_failing_on_node_1_is_the_jobs_exit_status(tmp_path: Path, hosts: NetworkNamespaces) -> None:
     (tmp_path / "probe.py").write_text(PROBE.read_text())
     task = yaml.safe_load(write(tmp_path, "--cpu", "--skypilot", "task.yaml", "--nodes", "2", "--gpus-per-node", "1",
                                 "--main-process-port", str(two_free_ports()), "probe.py", "--crash-rank", "1",
                                 "--crash-code", "7").read_text())
-    (status0, log0), (status1, log1) = run_nodes(project := tmp_path, task["run"], sky_nodes(task))
+    (status0, log0), (status1, log1) = run_nodes(project := tmp_path, task["run"], sky_nodes(task, hosts), hosts)
     assert status1 == 7, log1
     assert status0 == 7, log0  # machine 0 reports the job's first failure, from the job board it hosts
     assert "the job failed: rank 1 on node" in log0 and "(machine 1) exited with status 7" in log0
     assert not list(project.glob("accelkit-launch-*"))
 
 
-def test_pods_with_different_scripts_stop_before_any_rank(tmp_path: Path) -> None:
+def test_pods_with_different_scripts_stop_before_any_rank(tmp_path: Path, hosts: NetworkNamespaces) -> None:
     """The cross-node preflight through the board machine 0 hosts: pod 1's image has another copy of the script."""
     pod0, pod1 = tmp_path / "pod0", tmp_path / "pod1"
     for pod in (pod0, pod1):
@@ -156,8 +173,8 @@ def test_pods_with_different_scripts_stop_before_any_rank(tmp_path: Path) -> Non
     procs = []
     for rank, cwd in ((0, pod0), (1, pod1)):
         pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(rank),
-               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
-        procs.append(subprocess.Popen(["bash", "-c", trainer["command"][2]], cwd=cwd, text=True,
+               "PET_MASTER_ADDR": hosts.addresses[0], "PET_MASTER_PORT": port}
+        procs.append(subprocess.Popen(hosts.enter(rank, "bash", "-c", trainer["command"][2]), cwd=cwd, text=True,
                                       env={**os.environ, **env, **pet}, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT))
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]

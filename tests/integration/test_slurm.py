@@ -2,14 +2,18 @@
 tests/helpers/slurm.py). Every test writes its job with `accelkit launch --slurm` and submits the file as a user
 would (`sbatch --wait`), then checks the job's exit status, its log and what it left behind.
 
-Node names do not resolve here, so a job that took machine 0's address from its name would fail at once. One
-cluster serves the whole module (all tests in this file run on one pytest worker: --dist loadfile). Each node has a
-fake `Gres=gpu:8` (placeholder device files): GPU-shaped jobs are scheduled as on a GPU cluster, and SLURM gives
-their steps CUDA_VISIBLE_DEVICES; the CPU jobs (`--cpu`) ask for no GPU.
+Each node is its own network namespace (tests/helpers/netns.py: its own loopback and an `eth0` on a bridge, its
+own address as NodeAddr) while the host name resolves to 127.0.0.1, as on Debian clusters: the ranks cross a
+network, and a job that advertised the host name's address, or took machine 0's address from its name (node
+names do not resolve here), would fail. No test sets an interface or an address by hand. One cluster serves the
+whole module (all tests in this file run on one pytest worker: --dist loadfile). Each node has a fake
+`Gres=gpu:8` (placeholder device files): GPU-shaped jobs are scheduled as on a GPU cluster, and SLURM gives their
+steps CUDA_VISIBLE_DEVICES; the CPU jobs (`--cpu`) ask for no GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,12 +22,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from helpers import DATA, REPO_ROOT, run_accelkit
-from helpers.slurm import CPUS_PER_NODE, INSTALL_HINT, MEMORY_MIB_PER_NODE, SlurmCluster, missing_binaries
+from helpers.slurm import CPUS_PER_NODE, INSTALL_HINT, MEMORY_MIB_PER_NODE, NODES, SlurmCluster, missing_binaries
 
 from accelkit.scaffold import init_project
 
@@ -55,7 +60,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     missing = missing_binaries()
     if missing:
         pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"), gpus_per_node=GPUS_PER_NODE)
+    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"), gpus_per_node=GPUS_PER_NODE, network=True)
     slurm.start()
     try:
         yield slurm
@@ -97,7 +102,13 @@ def test_two_node_ddp_training_of_a_template_and_merge(cluster: SlurmCluster, tm
     assert "scontrol show hostnames" not in job.read_text()
     code, _, log = submit(cluster, job)
     assert code == 0, log
-    assert "machine 0 is n1 at 127.0.0.1:" in log  # NodeAddr, not the node's (unresolvable) name
+    # NodeAddr (n1's own network namespace), not the node's (unresolvable) name nor the host name's 127.0.0.1
+    assert f"machine 0 is n1 at {cluster.node_address('n1')}:" in log, log
+    # Each node found the interface on its route to machine 0 (nothing set it by hand): gloo's ranks meet there.
+    assert f"ranks talk on eth0 (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME): it holds machine 0's " \
+           f"address {cluster.node_address('n1')}" in log, log
+    assert f"this machine's route to machine 0 at {cluster.node_address('n1')} goes through it (from " \
+           f"{cluster.node_address('n2')})" in log, log
     assert "world size 2" in log
     checkpoint = project / "out" / "checkpoint-2"
     assert (checkpoint / "accelkit-manifest.json").is_file(), log
@@ -133,13 +144,15 @@ def test_gpu_shaped_job_gives_every_rank_its_place_and_its_nodes_gpus(cluster: S
     seen = {int(path.stem.removeprefix("rank-")): json.loads(path.read_text())
             for path in (folder / "seen").glob("rank-*.json")}
     assert sorted(seen) == list(range(2 * GPUS_PER_NODE)), log
-    port = re.search(r"machine 0 is n1 at 127\.0\.0\.1:(\d+)", log).group(1)
+    address = cluster.node_address("n1")
+    port = re.search(rf"machine 0 is n1 at {re.escape(address)}:(\d+)", log).group(1)
     for rank, env in seen.items():
         machine, local = divmod(rank, GPUS_PER_NODE)
         assert env["SLURMD_NODENAME"] == f"n{machine + 1}" and env["SLURM_NODEID"] == str(machine), env
         assert env["GROUP_RANK"] == str(machine) and env["LOCAL_RANK"] == str(local), env
         assert env["WORLD_SIZE"] == str(2 * GPUS_PER_NODE) and env["LOCAL_WORLD_SIZE"] == str(GPUS_PER_NODE), env
-        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", port), env
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (address, port), env
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0", env
         # Every rank sees its node's 8 GPUs (LOCAL_RANK picks its own), and no rank is told to use the CPU.
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(GPUS_PER_NODE))), env
         assert env["SLURM_GPUS_ON_NODE"] == str(GPUS_PER_NODE) and env["ACCELERATE_USE_CPU"] is None, env
@@ -170,7 +183,8 @@ def test_fsdp_and_zero3_rehearsals_on_two_nodes_by_two_processes_at_once(cluster
     times = {name: cluster.job_fields(job_id) for name, job_id in ids.items()}
     assert times["fsdp"]["StartTime"] <= times["zero3"]["EndTime"], times  # the jobs shared the nodes
     assert times["zero3"]["StartTime"] <= times["fsdp"]["EndTime"], times
-    ports = {name: re.search(r"machine 0 is n1 at 127\.0\.0\.1:(\d+)", log).group(1) for name, log in logs.items()}
+    machine_zero = re.escape(cluster.node_address("n1"))
+    ports = {name: re.search(rf"machine 0 is n1 at {machine_zero}:(\d+)", log).group(1) for name, log in logs.items()}
     assert ports["fsdp"] != ports["zero3"], ports
 
     merges = {name: subprocess.Popen([sys.executable, "-m", "accelkit", "merge-ckpt", str(job.parent / "state"), "-o",
@@ -240,13 +254,30 @@ def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_pat
     assert job_processes(cluster, job_id) == []
 
 
+@contextlib.contextmanager
+def port_held_on_node(cluster: SlurmCluster, node: str) -> Iterator[int]:
+    """A port listened on inside `node`'s network (its namespace, or this host on the loopback cluster)."""
+    if cluster.hosts is None:
+        with socket.socket() as busy:
+            busy.bind(("", 0))
+            busy.listen()
+            yield busy.getsockname()[1]
+        return
+    listen = "import socket, sys, time\ns = socket.socket(); s.bind(('', 0)); s.listen()\n" \
+             "print(s.getsockname()[1], flush=True); time.sleep(3600)"
+    holder = subprocess.Popen(cluster.hosts.enter(NODES.index(node), sys.executable, "-c", listen),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_fixed_port_in_use_on_machine_zero_stops_the_job_before_any_node_starts(cluster: SlurmCluster,
                                                                                      tmp_path: Path) -> None:
     shutil.copy(PROBE, tmp_path / "probe.py")
-    with socket.socket() as busy:  # another job's rendezvous on machine 0 (every node is this host here)
-        busy.bind(("", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with port_held_on_node(cluster, "n1") as port:  # another job's rendezvous on machine 0
         job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--main-process-port", str(port),
                         "probe.py")
         code, job_id, log = submit(cluster, job)
