@@ -92,8 +92,24 @@ def test_a_broken_comment_line_in_a_config_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--interconnect", "2TB/s"], r"--interconnect '2TB/s' is not a link or a bandwidth"),
     (["--powersgd-rank", "4"], r"--powersgd-rank applies only to --grad-compression powersgd"),
+    (["--powersgd-start-step", "0"], r"--powersgd-start-step applies only to --grad-compression powersgd"),
+    (["--grad-compression", "powersgd", "--strategy", "fsdp-full"],
+     r"--write-config: --grad-compression powersgd does not apply to the recommended FSDP full shard"),
+    (["--grad-compression", "int8", "--strategy", "zero2"],
+     r"--write-config: --grad-compression int8 does not apply to the recommended ZeRO-2"),
+    (["--grad-compression", "int8", "--strategy", "ddp"],
+     r"--write-config: --grad-compression int8 does not apply to the recommended DDP"),
 ])
 def test_plan_refuses_before_planning_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
     result = invoke_fault(["plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB", *args,
                            "--write-config", str(tmp_path / "plan.yaml")], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(message)
+
+
+def test_plan_int8_refuses_to_replace_an_existing_deepspeed_json(tmp_path: Path) -> None:
+    """The ZeRO++ JSON plan writes beside FILE is refused like FILE itself when it exists (no --force)."""
+    (tmp_path / "plan.json").write_text("{}\n")
+    result = invoke_fault(["plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB", "--strategy",
+                           "zero3", "--grad-compression", "int8", "--write-config", str(tmp_path / "plan.yaml")],
+                          watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(r"plan\.json already exists")
