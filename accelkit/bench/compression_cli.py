@@ -61,7 +61,8 @@ def run_compression_command(*, options: Any, script: str | None, script_args: tu
     settings = launch_settings(base, config_file, cpu, command_line="accelkit bench --grad-compression")
     # launch's own checks for every run, before any starts: a layout that cannot run is refused; a compression a
     # layout cannot take is a row that says why (compression_runs)
-    runs = plan_runs(settings, [spec], places, world, script, script_args)
+    runs = plan_runs(settings, [spec], places, world, script, script_args,
+                     reduce_dtype=options.reduce_dtype is not None)
     if not any(run.spec.active and run.not_applicable is None for run in runs):
         first = next(run for run in runs if run.spec.active)
         raise AccelkitError(first.not_applicable or f"--grad-compression {spec.method} applies to no run",

@@ -47,16 +47,21 @@ def spec_settings(settings: Any, spec: CompressionSpec) -> Any:
 
 
 def plan_runs(settings: Any, specs: Sequence[CompressionSpec], places: Sequence[tuple[str, Layout | None]],
-              world: int, script: str, script_args: tuple[str, ...], *, check: bool = True) -> list[CompressionRun]:
+              world: int, script: str, script_args: tuple[str, ...], *, check: bool = True,
+              reduce_dtype: bool = False) -> list[CompressionRun]:
     """The runs for each (backend, layout) in `places`: none first, then each active spec. With `check`, every run is
-    checked as launch checks it; a failing uncompressed run raises, a failing compressed one is not applicable."""
+    checked as launch checks it; a failing uncompressed run raises, a failing compressed one is not applicable.
+    `reduce_dtype`: the spec came from --reduce-dtype, which only FSDP2 has (a DDP layout gets no hook for it)."""
     from accelkit.bench.launching import check_request, request_for
 
     runs: list[CompressionRun] = []
     for backend, layout in places:
         for spec in [NONE, *(s for s in specs if s.active)]:
             reason = hint = None
-            if check:
+            if reduce_dtype and spec.active and backend != "fsdp":
+                reason = f"--reduce-dtype is FSDP2's reduce dtype, and this layout runs under {backend}"
+                hint = "use --grad-compression for a DDP hook"
+            elif check:
                 request = request_for(spec_settings(settings, spec), backend, world, script, script_args,
                                       module=False, probes=(), layout=layout)
                 try:

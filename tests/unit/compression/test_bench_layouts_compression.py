@@ -91,3 +91,12 @@ def test_rows_compare_within_their_own_layout() -> None:
             CompressionRow("fp16", "fsdp", 2, "dp_shard=2", bytes_per_step=40, final_loss=2.25)]
     compare(rows)
     assert [(r.bytes_vs_none, r.loss_delta) for r in rows[2:]] == [(0.5, 0.5), (0.5, 0.25)]
+
+
+def test_reduce_dtype_applies_to_the_fsdp_layouts_only() -> None:
+    settings = launch_settings(ConfigOptions(), None, True)
+    places = [("ddp", parse_layout("dp_replicate=2")), ("fsdp", parse_layout("dp_shard=2"))]
+    runs = plan_runs(settings, [CompressionSpec("bf16")], places, 2, SCRIPT, (), reduce_dtype=True)
+    reasons = {(run.layout_name, run.spec.method): run.not_applicable for run in runs}
+    assert reasons[("dp_replicate=2", "bf16")].startswith("--reduce-dtype is FSDP2's reduce dtype")
+    assert reasons[("dp_shard=2", "bf16")] is None
