@@ -188,9 +188,10 @@ def draw(rows: Sequence[CompressionRow], path: Path) -> bool:
         return False
     ok = [r for r in rows if r.status == "ok"]
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [f"{r.method}\n{r.layout or r.backend}" for r in ok]
+    labels = [f"{r.method} ({r.layout or r.backend})" for r in ok]
     bars.bar(labels, [r.bytes_per_step or 0 for r in ok])
     bars.set_ylabel("gradient bytes per step (counted)")
+    bars.tick_params(axis="x", labelrotation=30, labelsize=8)
     for r in ok:
         curves.plot(range(1, len(r.losses) + 1), r.losses, label=f"{r.method} ({r.layout or r.backend})")
     curves.set_xlabel("optimizer step")
