@@ -18,6 +18,7 @@
     comm_worker.py  the rank side of `accelkit bench --comm` (all-reduce, all-gather, reduce-scatter)
     compression.py  --grad-compression: compression vs none, same seed (bytes counted and computed, loss, time)
     compression_cli.py      the command-line side of --grad-compression (checks, then compression.py)
+    compression_runs.py     which runs it makes (per backend or --layouts layout), where a compression applies
     compression_probe.py    its per-rank instrument: collectives inside backward, losses, compression_stats()
 """
 

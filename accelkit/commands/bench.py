@@ -29,7 +29,8 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
 @click.option("--layouts", "layouts", multiple=True, metavar="DIM=N,...;...",
               help="Compare N-D parallelism layouts of one world size, e.g. \"dp_shard=4;dp_shard=2,tp=2\" "
                    "(dimensions dp_replicate, dp_shard, tp, cp, sp; `;` between layouts, or repeat the option). "
-                   "Each layout runs with the backend that composes it unless --backend names one.")
+                   "Each layout runs with the backend that composes it unless --backend names one. With "
+                   "--grad-compression: compression vs none per layout.")
 @run_options
 @click.option("--steps", type=int, default=20, show_default=True, metavar="N",
               help="Measured optimizer steps per run, at least (after warmup); every rank then stops cleanly.")
@@ -73,6 +74,7 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
       accelkit bench --compare-backends ddp,fsdp,deepspeed --num-processes 8 train.py
       accelkit bench --layouts "dp_shard=4;dp_shard=2,tp=2" train.py
       accelkit bench --cpu --backend ddp --grad-compression powersgd --powersgd-start-step 0 train.py
+      accelkit bench --cpu --layouts "dp_shard=2;dp_replicate=2" --grad-compression fp16 train.py
       accelkit bench --scaling strong --batch-arg --per-device-batch-size --global-batch 256 train.py
       accelkit bench --comm --num-processes 8                # interconnect only
       accelkit bench --comm --backend ddp train.py           # and predicted communication per step

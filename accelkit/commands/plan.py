@@ -66,6 +66,9 @@ OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
                    "ZeRO-3 int8 = ZeRO++).")
 @click.option("--powersgd-rank", type=click.IntRange(min=1), default=None, metavar="R",
               help="With --grad-compression powersgd: its rank. Default 1.")
+@click.option("--powersgd-start-step", type=click.IntRange(min=0), default=None, metavar="S",
+              help="With --grad-compression powersgd: the step it starts compressing at (written with "
+                   "--write-config). Default 1000 (torch's).")
 @click.option("--interconnect", default=None, metavar="LINK",
               help="The link between GPUs: nvlink, infiniband, ethernet, pcie, a bandwidth per GPU (25GB/s, 100Gb/s), "
                    "or the results folder of `accelkit bench --comm`; the recommendation then says whether the link, "

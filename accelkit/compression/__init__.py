@@ -7,7 +7,9 @@
     sizes.py    the bytes a step sends, computed from parameter shapes (DDP hooks, PowerSGD, FSDP2 reduce dtype)
     launching.py    what `accelkit launch` does with it (the config's comment line, the ranks' variable, warnings)
     plan_comm.py    `accelkit plan --grad-compression/--interconnect`: the comm column and the recommendation
-The measuring side lives in accelkit.bench (compression.py, compression_probe.py): `bench --grad-compression`.
+    plan_config.py  `accelkit plan --grad-compression --write-config`: the compression in the written config
+The measuring side lives in accelkit.bench (compression.py, compression_runs.py, compression_probe.py):
+`bench --grad-compression [--layouts ...]`.
 
 Light to import (standard library only at module level).
 """

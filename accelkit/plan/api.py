@@ -129,7 +129,8 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
              base_lr: float | None, base_batch: int | None, strategy: str | None, prefer: str,
              write_config: Path | None, force: bool, measure_script: str | None, script_args: tuple[str, ...],
              command_line: str, stall_timeout: float | None = None, grad_compression: str | None = None,
-             powersgd_rank: int | None = None, interconnect: str | None = None) -> PlanResult:
+             powersgd_rank: int | None = None, powersgd_start_step: int | None = None,
+             interconnect: str | None = None) -> PlanResult:
     # Cheap checks first: every bad value is reported before torch is imported, the model built or a file written.
     count = parse_count(params, "--params") if params is not None else None
     gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
@@ -143,7 +144,7 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     from accelkit.compression.plan_comm import apply_compression, parse_interconnect
     from accelkit.compression.spec import from_options
 
-    compression = from_options(grad_compression, powersgd_rank, None)  # gradient compression (issue 35)
+    compression = from_options(grad_compression, powersgd_rank, powersgd_start_step)  # gradient compression (issue 35)
     link = parse_interconnect(interconnect) if interconnect is not None else None
     if write_config is not None:
         from accelkit.fsio import refuse_overwrite
@@ -167,6 +168,7 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
 
     plan = make_plan(spec, hardware, training, prefer=prefer, strategy=strategy)
     compression_json = apply_compression(plan, compression, link) if compression.active or link else None
+    plan.compression = compression if compression.active else None
     script = measure_script or (str(spec.script) if spec.script else None)
     config_path = str(write_config) if write_config is not None else None
     result = PlanResult(lines=report.text(plan, config_path, script), json=report.to_json(plan, config_path, script))
@@ -179,21 +181,24 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
         result.lines += section[0]
         result.json["nd"] = section[1]
     if write_config is not None:
-        _write(plan, write_config, command_line, result)
+        _write(plan, write_config, command_line, result, compression, force)
     if measure_script is not None:
         _measure(plan, spec, measure_script, script_args, command_line, result, stall_timeout)
     return result
 
 
-def _write(plan, path: Path, command_line: str, result: PlanResult) -> None:
+def _write(plan, path: Path, command_line: str, result: PlanResult, compression, force: bool) -> None:
+    from accelkit.compression.plan_config import options_with_compression
     from accelkit.plan import spine
 
     chosen = plan.chosen
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no config to write", hint=plan.recommendation.reason)
     options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
-    spine.write_config_file(options, path, command_line)
-    result.messages.append(f"Wrote {path} ({chosen.strategy.label}, {plan.hardware.gpus} process(es)).")
+    options = options_with_compression(options, chosen.strategy, compression, path)  # issue 35
+    also = spine.write_config_file(options, path, command_line, force)
+    result.messages.append(f"Wrote {path}" + (f" and {also}" if also else "") +
+                           f" ({chosen.strategy.label}, {plan.hardware.gpus} process(es)).")
     result.json["written_config"] = str(path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from accelkit.errors import AccelkitError, clip
 from accelkit.plan.activations.trace import Compute, trace
@@ -55,6 +56,7 @@ class Plan:
     activations: dict[str, Activations]
     device: str = "cuda"
     notes: list[str] = field(default_factory=list)
+    compression: Any = None  # --grad-compression's CompressionSpec (accelkit.compression), None: not given
 
     def row(self, name: str) -> Estimate:
         return next(r for r in self.rows if r.strategy.name == name)

@@ -27,6 +27,15 @@ def commands(plan: Plan, config_path: str | None = None, script: str | None = No
         return None
     path = config_path or f"plan-{chosen.strategy.name}.yaml"
     options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
+    if plan.compression is not None:  # the config command carries --grad-compression where the strategy takes it
+        from contextlib import suppress
+        from pathlib import Path
+
+        from accelkit.compression.plan_config import options_with_compression
+        from accelkit.errors import AccelkitError
+
+        with suppress(AccelkitError):  # not applicable: the notes say so, and --write-config refuses it
+            options = options_with_compression(options, chosen.strategy, plan.compression, Path(path))
     return Commands(spine.config_command(options, path),
                     spine.launch_command(path, script or str(plan.spec.script or "your_script.py"),
                                          chosen.strategy, chosen.accumulation), path)

@@ -48,11 +48,18 @@ def launch_command(config: Path | str, script: str, strategy: Strategy, accumula
     return command_line("accelkit", "launch", flags=flags, args=[script])
 
 
-def write_config_file(options, path: Path, command_line: str) -> None:
-    """Build through the same builder as `accelkit config` (Accelerate's own checks included) and write."""
+def write_config_file(options, path: Path, command_line: str, force: bool = False) -> Path | None:
+    """Build through the same builder as `accelkit config` (Accelerate's own checks included) and write; the
+    DeepSpeed JSON written beside it (ZeRO++), if any."""
     from accelkit.configs import resolve_config, write_config
+    from accelkit.fsio import refuse_overwrite
 
-    write_config(resolve_config(options), path, command_line)
+    config = resolve_config(options)
+    json_path = config.json_path()
+    if json_path is not None:
+        refuse_overwrite(json_path, force)
+    write_config(config, path, command_line)
+    return json_path
 
 
 def run_measurement(options, script: str, args: tuple[str, ...], cpu: bool, probe_dir: Path, probe: str,

@@ -70,9 +70,30 @@ def test_bench_refuses_a_bad_combination_before_any_run(tmp_path: Path) -> None:
 
 
 def test_bench_refuses_options_of_another_bench(tmp_path: Path) -> None:
-    result = invoke_fault(["bench", "--cpu", "--layouts", "dp_replicate=2", "--grad-compression", "fp16",
+    result = invoke_fault(["bench", "--cpu", "--comm", "--backend", "ddp", "--grad-compression", "fp16",
                            "-o", str(tmp_path / "results"), str(SCRIPT)], watch=[tmp_path], cwd=tmp_path)
-    result.assert_refused(r"--grad-compression and --layouts are separate benches")
+    result.assert_refused(r"--grad-compression and --comm are separate benches")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--layouts", "dp_shard=2", "--grad-compression", "powersgd"],
+     r"--grad-compression powersgd is not an FSDP option"),  # applies to no layout: nothing to compare
+    (["--layouts", "dp_replicate=2;dp_shard=2", "--compare-backends", "ddp,fsdp", "--grad-compression", "fp16"],
+     r"--layouts and --compare-backends both choose what each run launches"),
+    (["--layouts", "dp_replicate=2", "--tp-size", "2", "--grad-compression", "fp16"],
+     r"--layouts and --tp-size both set the parallelism sizes"),
+    (["--layouts", "dp_replicate=2;dp_shard=2", "--num-processes", "4", "--grad-compression", "fp16"],
+     r"--layouts: the sizes of dp_replicate=2 multiply to 2, not --num-processes 4"),
+    (["--layouts", "dp_replicate=2;dp_shard=4", "--grad-compression", "fp16"],
+     r"layouts are compared at one world size"),
+    (["--layouts", "tp=2", "--backend", "fsdp", "--fsdp-version", "1", "--grad-compression", "fp16"],
+     r"layout tp=2 \(fsdp\): "),  # the uncompressed run of a layout cannot start: refused, not a row
+])
+def test_bench_layouts_with_compression_refuses_before_any_run(args: list[str], message: str,
+                                                                tmp_path: Path) -> None:
+    result = invoke_fault(["bench", "--cpu", *args, "-o", str(tmp_path / "results"), str(SCRIPT)], watch=[tmp_path],
+                          cwd=tmp_path)
+    result.assert_refused(message)
 
 
 def test_bench_refuses_one_process(tmp_path: Path) -> None:
@@ -92,8 +113,24 @@ def test_a_broken_comment_line_in_a_config_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--interconnect", "2TB/s"], r"--interconnect '2TB/s' is not a link or a bandwidth"),
     (["--powersgd-rank", "4"], r"--powersgd-rank applies only to --grad-compression powersgd"),
+    (["--powersgd-start-step", "0"], r"--powersgd-start-step applies only to --grad-compression powersgd"),
+    (["--grad-compression", "powersgd", "--strategy", "fsdp-full"],
+     r"--write-config: --grad-compression powersgd does not apply to the recommended FSDP full shard"),
+    (["--grad-compression", "int8", "--strategy", "zero2"],
+     r"--write-config: --grad-compression int8 does not apply to the recommended ZeRO-2"),
+    (["--grad-compression", "int8", "--strategy", "ddp"],
+     r"--write-config: --grad-compression int8 does not apply to the recommended DDP"),
 ])
 def test_plan_refuses_before_planning_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
     result = invoke_fault(["plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB", *args,
                            "--write-config", str(tmp_path / "plan.yaml")], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(message)
+
+
+def test_plan_int8_refuses_to_replace_an_existing_deepspeed_json(tmp_path: Path) -> None:
+    """The ZeRO++ JSON plan writes beside FILE is refused like FILE itself when it exists (no --force)."""
+    (tmp_path / "plan.json").write_text("{}\n")
+    result = invoke_fault(["plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB", "--strategy",
+                           "zero3", "--grad-compression", "int8", "--write-config", str(tmp_path / "plan.yaml")],
+                          watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(r"plan\.json already exists")

@@ -85,3 +85,30 @@ def test_a_late_powersgd_start_is_a_warning_naming_both(tmp_path: Path) -> None:
                           "powersgd", "--dry-run", str(SCRIPT), "--max-steps", "20", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "--powersgd-start-step 1000 is not before the run's 20 steps" in result.stdout + result.stderr
+
+
+def test_compression_per_layout_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """`bench --grad-compression fp16 --layouts "dp_replicate=2;dp_shard=2"`: per layout, the uncompressed run and
+    the fp16 run from the same seed; DDP's hook and FSDP2's reduce dtype each halve the gradient bytes counted over
+    the layout's data-parallel groups, equal to the bytes computed from the shapes; losses within the bound."""
+    out = tmp_path / "layouts"
+    result = run_accelkit("bench", "--cpu", "--layouts", "dp_replicate=2;dp_shard=2", "--grad-compression", "fp16",
+                          "--steps", str(STEPS), "-o", str(out), str(SCRIPT), "--output-dir", str(tmp_path / "train"),
+                          cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    rows = {(row["layout"], row["method"]): row for row in json.loads((out / "compression.json").read_text())["rows"]}
+    assert set(rows) == {(layout, method) for layout in ("dp_replicate=2", "dp_shard=2") for method in ("none", "fp16")}
+    for layout, backend in (("dp_replicate=2", "ddp"), ("dp_shard=2", "fsdp")):
+        none, fp16 = rows[(layout, "none")], rows[(layout, "fp16")]
+        assert none["backend"] == fp16["backend"] == backend
+        for row in (none, fp16):
+            assert row["status"] == "ok" and row["steps"] == STEPS
+            assert row["bytes_per_step"] == row["expected_bytes_per_step"], row["collectives"]
+        assert fp16["bytes_per_step"] * 2 == none["bytes_per_step"] and fp16["bytes_vs_none"] == 0.5
+        assert abs(fp16["loss_delta"]) <= LOSS_BOUND["fp16"], (layout, fp16["final_loss"], none["final_loss"])
+    assert rows[("dp_replicate=2", "fp16")]["weights_equal"] is True
+    assert any(key.startswith("reduce_scatter") for key in rows[("dp_shard=2", "fp16")]["collectives"])
+    written = list(csv.DictReader((out / "compression.csv").open()))
+    assert {(row["layout"], row["method"]) for row in written} == set(rows)
+    assert (out / "compression.png").stat().st_size > 0
+    assert "dp_shard=2" in result.stdout and "0.500x" in result.stdout

@@ -72,3 +72,47 @@ def test_the_bandwidth_of_a_bench_comm_run_is_read(tmp_path) -> None:
     (tmp_path / "empty" / "bench.json").write_text(json.dumps({"comm": []}))
     with pytest.raises(AccelkitError, match="holds no all-reduce measurement"):
         parse_interconnect(str(tmp_path / "empty"))
+
+
+WRITE = ("plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB")
+
+
+def test_write_config_carries_powersgd_to_the_line_launch_reads(tmp_path) -> None:
+    """`plan --write-config` writes the compression where `accelkit launch` reads it (the config's comment line),
+    with PowerSGD's rank and start step, and the printed `accelkit config` command says the same."""
+    from accelkit.compression.spec import CompressionSpec, read_comment
+
+    out = tmp_path / "plan.yaml"
+    result = invoke_accelkit(*WRITE, "--strategy", "ddp", "--grad-compression", "powersgd", "--powersgd-rank", "4",
+                             "--powersgd-start-step", "0", "--write-config", str(out))
+    assert result.returncode == 0, result.stderr
+    assert read_comment(out.read_text(), str(out)) == CompressionSpec("powersgd", 4, 0)
+    assert "--grad-compression powersgd --powersgd-rank 4 --powersgd-start-step 0" in result.stdout
+    fsdp = tmp_path / "fsdp.yaml"
+    assert invoke_accelkit(*WRITE, "--strategy", "fsdp-full", "--grad-compression", "bf16", "--write-config",
+                           str(fsdp)).returncode == 0
+    assert read_comment(fsdp.read_text(), str(fsdp)) == CompressionSpec("bf16")  # FSDP2's reduce dtype
+    plain = tmp_path / "plain.yaml"
+    assert invoke_accelkit(*WRITE, "--strategy", "ddp", "--write-config", str(plain)).returncode == 0
+    assert read_comment(plain.read_text(), str(plain)) is None
+
+
+def test_write_config_int8_writes_zeropp_json_deepspeed_accepts(tmp_path) -> None:
+    """ZeRO-3 + int8: the YAML references a DeepSpeed JSON beside it with the ZeRO++ keys, and DeepSpeed's own
+    config class reads them back (validated on CPU: ZeRO++'s kernels need CUDA to run)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    out = tmp_path / "plan.yaml"
+    result = invoke_accelkit(*WRITE, "--strategy", "zero3", "--grad-compression", "int8", "--write-config", str(out))
+    assert result.returncode == 0, result.stderr
+    ds = tmp_path / "plan.json"
+    assert f"Wrote {out} and {ds}" in result.stdout + result.stderr
+    assert str(ds) in out.read_text()  # deepspeed_config_file
+    content = json.loads(ds.read_text())
+    zero = content["zero_optimization"]
+    assert zero["stage"] == 3 and zero["zero_quantized_weights"] and zero["zero_quantized_gradients"]
+    filled = {k: v for k, v in content.items() if v != "auto"}
+    filled.update(train_batch_size=1, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
+    parsed = DeepSpeedConfig(filled).zero_config
+    assert parsed.zero_quantized_weights and parsed.zero_quantized_gradients
+    assert parsed.zero_hpz_partition_size == 1  # one machine: no slower link for hpZ to avoid
