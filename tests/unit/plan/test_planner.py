@@ -119,7 +119,7 @@ def test_global_batch_sets_accumulation_and_the_learning_rate_scales_linearly() 
     lr = plan.learning_rate()
     assert lr.effective_batch == 64 and lr.linear == pytest.approx(1.2e-3)
     text = "\n".join(report.text(plan))
-    assert "effective batch 64 = micro-batch 2 x 8 GPU(s) x 4 accumulation step(s)" in text
+    assert "effective batch 64 = micro-batch 2 x 8 data-parallel rank(s) x 4 accumulation step(s)" in text
     assert "warm it up linearly" in text
 
 

@@ -128,3 +128,39 @@ def test_gpt3_175b_64_x_8_x_8_shape():
     assert middle.states == pytest.approx(model.parameters / 64 * 16, rel=0.02)  # about 1/64 of the model
     row = nd.row(layout, model, gpus=4096, nodes=512, gpu_memory=None, seq_len=2048)
     assert row.worst_rank == 0 and row.states > middle.states  # the embeddings' stage holds the most
+
+
+def _plan(*args: str) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from accelkit.commands.plan import command
+
+    result = CliRunner().invoke(command, [*args, "--json"], standalone_mode=False)
+    assert result.exception is None, result.output
+    return json.loads(result.output)
+
+
+def test_checkpointing_comes_before_offload_and_the_batch_advice_stays():
+    """70B on 64 x 80 GB at 8,192 tokens: the main table without checkpointing fits only with offload; the plan
+    adds checkpointing (cheaper) and recommends FSDP full shard, never offload, with the learning rate."""
+    plan = _plan("--params", "70B", "--num-processes", "64", "--num-machines", "8", "--gpu-memory", "80GB",
+                 "--seq-len", "8192", "--base-lr", "3e-4", "--base-batch", "32")
+    assert plan["recommendation"]["strategy"] == "fsdp-full"
+    assert plan["training"]["activation_checkpointing"] is True
+    assert "--activation-checkpointing" in plan["recommendation"]["config_command"]
+    assert any(note.startswith("activation checkpointing added") for note in plan["notes"])
+    assert plan["learning_rate"]["effective_batch"] == 64
+
+
+def test_a_given_pipeline_layout_is_the_recommendation_with_its_commands():
+    plan = _plan("--params", "1B", "--layout", "dp_shard=2,pp=2", "--pp-schedule", "interleaved-1f1b",
+                 "--microbatches", "4", "--gpu-memory", "80GB", "--seq-len", "1024")
+    rec = plan["recommendation"]
+    assert rec["layout"] == "dp_shard=2,pp=2" and rec["fits"] is True
+    assert "--pp-size 2 --pp-schedule Interleaved1F1B --microbatches 4" in rec["config_command"]
+    assert "--mixed-precision bf16" in rec["launch_command"]
+    pipeline = plan["nd"]["rows"][0]["pipeline"]
+    assert pipeline["bubble"] == pytest.approx(1 / 8) and pipeline["stages_per_rank"] == 2
+    assert plan["learning_rate"] is None
