@@ -15,7 +15,7 @@ _PP = re.compile(r"\s*pp(?:[_-]size)?\s*=\s*(\S*)\s*", re.IGNORECASE)
 
 
 def parse(text: str, schedule: str | None, microbatches: int | None) -> nd.Layout:
-    from accelkit.bench.layouts import parse_layout
+    from accelkit.bench import parse_layout
 
     items = [item for item in text.split(",")]
     pp_items = [item for item in items if _PP.fullmatch(item)]
