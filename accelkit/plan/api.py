@@ -181,17 +181,20 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     from accelkit.plan.planner import make_plan
 
     plan = make_plan(spec, hardware, training, prefer=prefer, strategy=strategy)
-    if given_layout is None and strategy is None and _needs_more(plan) and not training.activation_checkpointing:
+    if given_layout is None and strategy is None and _needs_more(plan) and not training.activation_checkpointing \
+            and plan.hardware.gpu_memory is not None:
         # the cheaper remedy first: activation checkpointing, before sharding the model further or offloading it
         checkpointed = make_plan(spec, hardware, dataclasses.replace(training, activation_checkpointing=True),
                                  prefer=prefer, shape=plan.shape)
-        if not _needs_more(checkpointed):
-            best = min((r for r in plan.rows if r.unavailable is None and not r.strategy.offload),
-                       key=lambda r: r.total)
+        plain = [r for r in plan.rows if r.unavailable is None and not r.strategy.offload]
+        if plain:
+            best = min(plain, key=lambda r: r.total)
+            then = "" if not _needs_more(checkpointed) else \
+                "; with it still no data-parallel strategy fits on the GPUs alone"
             checkpointed.notes.insert(0, f"activation checkpointing added (the cheaper remedy, before sharding or "
                                          f"offload): without it the smallest option, {best.strategy.label}, needs "
-                                         f"{format_bytes(best.total)} per GPU")
-            plan = checkpointed
+                                         f"{format_bytes(best.total)} per GPU{then}")
+        plan = checkpointed
     from accelkit.plan.nd_report import nd_section
 
     layout_lines: list[str] = []

@@ -22,6 +22,7 @@ A layout is Accelerate's ParallelismConfig (dp_replicate x dp_shard x cp x sp x 
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import re
@@ -237,10 +238,12 @@ def rank_tensors(model: Model, pipeline: Pipeline, rank: int) -> list[tuple[str,
 def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int,
         micro_batch: int = 1, checkpointing: bool = True, optimizer: str = "adamw",
         tp_plan: Mapping[str, str] = LLAMA_TP_PLAN, profile: Profile | None = None, compute_bytes: int = 2,
-        reduce_bytes: int | None = None) -> Row:
+        reduce_bytes: int | None = None, buffers: Mapping[str, int] | None = None) -> Row:
     """One layout's worst rank. `profile`: the traced activations of one micro-batch on one GPU (the formula's
     when None); `reduce_bytes`: the dtype FSDP2 accumulates unsharded gradients in across a pipeline's
-    micro-batches (Accelerate's policy: the compute dtype; torchtitan reduces in fp32)."""
+    micro-batches (Accelerate's policy: the compute dtype; torchtitan reduces in fp32); `buffers`: per backend,
+    the data-parallel table's buffers for the same shard group (buffers.py's unit-by-unit model), used for the
+    layouts that shard like it (no tp, no pp)."""
     why = unavailable(layout, model, gpus, nodes)
     if why is not None:
         return Row(layout, why)
@@ -254,6 +257,8 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
                               tp_plan, profile, compute_bytes, reduce_bytes or compute_bytes)
         if worst is None or candidate.total > worst.total:
             worst = candidate
+    if buffers is not None and layout.backend in buffers and layout.tp == 1 and layout.pp == 1:
+        worst = dataclasses.replace(worst, gathered=buffers[layout.backend])
     return worst
 
 
@@ -407,13 +412,13 @@ def launch_flags(layout: Layout, gpus: int, nodes: int, precision: str | None, c
 def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int, micro_batch: int = 1,
            checkpointing: bool = True, optimizer: str = "adamw",
            tp_plan: Mapping[str, str] = LLAMA_TP_PLAN, profile: Profile | None = None, precision: str | None = None,
-           layouts: list[Layout] | None = None) -> NdAdvice:
+           layouts: list[Layout] | None = None, buffers: Mapping[str, int] | None = None) -> NdAdvice:
     """The first layout of `layouts` (default: `candidates`) that fits, with the config/launch commands; rows for
     every layout. `precision`: Accelerate's --mixed-precision value the commands carry."""
     layouts = layouts if layouts is not None else candidates(gpus, nodes, model.layers)
     rows = tuple(row(layout, model, gpus=gpus, nodes=nodes, gpu_memory=gpu_memory, seq_len=seq_len,
                      micro_batch=micro_batch, checkpointing=checkpointing, optimizer=optimizer, tp_plan=tp_plan,
-                     profile=profile)
+                     profile=profile, buffers=buffers)
                  for layout in layouts)
     best = next((r for r in rows if r.fits), None)
     if best is None:

@@ -82,7 +82,7 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
                        seq_len=training.seq_len, micro_batch=training.micro_batch, checkpointing=checkpointing,
                        optimizer=training.optimizer, tp_plan=tp_plan_of(shape.name),
                        profile=profile, precision=MIXED_PRECISION[training.precision],
-                       layouts=[layout] if layout is not None else None)
+                       layouts=[layout] if layout is not None else None, buffers=_table_buffers(plan))
     if layout is not None and advice.best is None:  # the given layout: its commands whether or not it fits
         only = advice.rows[0]
         flags = nd.launch_flags(layout, hardware.gpus, hardware.nodes, MIXED_PRECISION[training.precision],
@@ -100,6 +100,17 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
             "activations_source": profile.source if profile else None,
             "rows": [_row_json(r) for r in advice.rows]}
     return lines, data, advice
+
+
+def _table_buffers(plan: Any) -> dict[str, int]:
+    """The data-parallel table's buffers of the strategies that shard like the no-tp layouts: FSDP full shard
+    (over dp_shard x cp, every GPU) and ZeRO-3 (every GPU)."""
+    out = {}
+    for backend, name in (("fsdp", "fsdp-full"), ("deepspeed", "zero3")):
+        row = next((r for r in plan.rows if r.strategy.name == name and r.unavailable is None), None)
+        if row is not None:
+            out[backend] = row.buffers
+    return out
 
 
 def _row_json(r: nd.Row) -> dict[str, Any]:

@@ -132,7 +132,8 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None,
     choice = plan.layout_choice
     if choice is not None:
         layout = (choice.best or choice.rows[0]).layout
-        lines.append(f"Recommendation: {layout.describe()} ({layout.name}). {choice.reason}")
+        reason = choice.reason[:1].upper() + choice.reason[1:]
+        lines.append(f"Recommendation: {layout.describe()} ({layout.name}). {reason}.")
         lines += [f"  {command}" for command in choice.commands]
         if plan.hardware.nodes > 1:
             lines.append("  (run the launch on every machine with --machine-rank R --main-process-ip ADDRESS_OF_0)")
