@@ -1,23 +1,33 @@
-"""N-D rows of the plan: per-GPU memory and traffic of tensor, context and sequence parallelism (and HSDP), and
-the recommendation that adds them when data-parallel sharding alone cannot fit.
+"""N-D and pipeline rows of the plan: per-GPU memory and traffic of tensor, context, sequence and pipeline
+parallelism (and HSDP), and the recommendation that adds them when data-parallel sharding alone cannot fit.
 
-A layout is Accelerate's ParallelismConfig (dp_replicate x dp_shard x cp x sp x tp = GPUs). Per GPU:
+A layout is Accelerate's ParallelismConfig (dp_replicate x dp_shard x cp x sp x tp = GPUs), times pp pipeline
+ranks (torch.distributed.pipelining, pipeline.py). Per GPU, for the pipeline rank that needs the most:
 
-- model states: every tensor the model's TP plan names (`colwise`/`rowwise`, matched like transformers matches
-  `base_model_tp_plan` keys, `layers.*.mlp.up_proj`) is split over tp ranks (padded to whole rows); the rest (norms,
-  embeddings unless the plan names them) stays replicated over tp. FSDP2 then shards each tensor over dp_shard x cp
-  (Accelerate's `dp_shard_cp` dimension); DeepSpeed ZeRO-3 with Ulysses SP over every rank. Bytes per element as
-  in states.py (Accelerate's mixed precision keeps fp32 weights, gradients and moments: 16 bytes with AdamW).
-- activations: Korthikanti et al. (activations/formula.py) on the rank's share of the sequence (seq / (cp x sp));
-  under TP without sequence parallelism the attention/MLP internals split over tp but layer inputs, norms and
-  dropouts do not (10 + 24/t of the 34 s*b*h per layer), with sequence parallelism everything splits (34/t); the
-  per-layer checkpoints (2 s*b*h) split only with sequence parallelism. transformers' TP plans gather the logits
-  (`colwise_gather_output`), so the fp32 logits are not split by tp.
-- FSDP's all-gathered layer (and the one prefetched) in 16-bit, split over tp.
+- model states: the rank's stages' tensors (pipeline.py: layers in order, the embedding on the first stage, the
+  final norm and head on the last). Every tensor the model's TP plan names (`colwise`/`rowwise`, matched like
+  transformers matches `base_model_tp_plan` keys, `layers.*.mlp.up_proj`) is split over tp ranks (padded to whole
+  rows); the rest (norms, embeddings unless the plan names them) stays replicated over tp. FSDP2 then shards each
+  tensor over dp_shard x cp (Accelerate's `dp_shard_cp` dimension); DeepSpeed ZeRO-3 with Ulysses SP over every
+  rank. Bytes per element as in states.py (Accelerate's mixed precision keeps fp32 weights, gradients and moments:
+  16 bytes with AdamW).
+- activations: the plan's one traced profile (activations/profile.py: what a layer keeps, what one layer holds
+  while recomputed, what lives outside the layers), the same trace as the data-parallel table, on the rank's share
+  of the sequence (1 / (cp x sp)). Under TP without sequence parallelism (transformers' TP plans) a layer's
+  internals split over tp but its inputs, norms and dropouts do not (Korthikanti et al.'s 10 + 24/t of 34), the
+  checkpointed inputs and the gathered logits not at all; with sequence parallelism (and loss parallelism, as
+  torchtitan runs it) everything splits by tp. A pipeline rank keeps its in-flight stage-micro-batches' layers
+  (pipeline.py: per schedule), one layer while recomputing, and on the last stage the loss inputs.
+- buffers: layouts that shard like the data-parallel table (no tp, no pp) take its FSDP full-shard or ZeRO-3
+  buffers (buffers.py); with tp the embeddings, final norm and head stay gathered from forward to backward plus the
+  current and prefetched layer and the reducing layer's gradients, split over tp; inside a pipeline stage,
+  torch.distributed.pipelining keeps FSDP2 gathered and accumulating unsharded gradients until the last
+  micro-batch, so the stage's whole tp shard counts twice (16-bit weights and gradients).
 - traffic per step per mesh dimension, per GPU: TP two all-reduces of the layer output per layer in forward and two
   in backward (one more forward with recomputation); CP the K/V ring (each rank receives cp-1 chunks of K and V per
   layer, forward and backward); SP Ulysses' four all-to-alls per layer each way; FSDP all-gather twice and
-  reduce-scatter once of the rank's tp shard of the weights; HSDP an all-reduce of the shard across replicas.
+  reduce-scatter once of the rank's tp shard of the weights; HSDP an all-reduce of the shard across replicas; PP
+  each micro-batch's hidden state forward and its gradient back at every stage boundary.
 """
 
 from __future__ import annotations
