@@ -142,6 +142,10 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
         gpus = layout_option.check_world(given_layout, gpus, nodes)
         if strategy is not None:
             raise AccelkitError("--strategy and --layout both name what to plan", hint="give one of them")
+        if write_config is not None:
+            from accelkit.plan import spine
+
+            spine.check_writable(given_layout)
     elif pp_schedule is not None or microbatches is not None:
         given = "--pp-schedule" if pp_schedule is not None else "--microbatches"
         raise AccelkitError(f"{given} needs a pipeline: give --layout with pp=N",
@@ -229,9 +233,15 @@ def _write(plan, path: Path, command_line: str, result: PlanResult) -> None:
     from accelkit.plan import spine
 
     chosen = plan.chosen
-    if plan.layout_choice is not None:
-        raise AccelkitError("the plan is of an N-D or pipeline layout: --write-config writes data-parallel configs",
-                            hint="run the `accelkit config` command the plan prints")
+    choice = plan.layout_choice
+    if choice is not None:
+        layout = (choice.best or choice.rows[0]).layout
+        checkpointing = bool(result.json.get("nd", {}).get("checkpointing"))
+        options = spine.layout_options(layout, plan.hardware, plan.training, checkpointing)
+        spine.write_config_file(options, path, command_line)
+        result.messages.append(f"Wrote {path} ({layout.describe()}, {plan.hardware.gpus} process(es)).")
+        result.json["written_config"] = str(path)
+        return
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no config to write", hint=plan.recommendation.reason)
     options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)

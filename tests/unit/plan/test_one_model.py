@@ -60,3 +60,24 @@ def test_a_layout_is_the_one_recommendation_when_no_data_parallel_strategy_fits(
     assert "--mixed-precision bf16" in rec["config_command"]
     assert plan["training"]["activation_checkpointing"] is True  # the cheaper remedy was tried first
     assert plan["learning_rate"] is None and "Batch:" in text.output
+
+
+def test_write_config_writes_the_recommended_layout(tmp_path):
+    """--write-config writes the layout the plan recommends, built like `accelkit config` builds it: the mesh
+    sizes, the precision and the checkpointing of the planned job."""
+    import yaml
+    from click.testing import CliRunner
+
+    from accelkit.commands.plan import command
+
+    path = tmp_path / "nd.yaml"
+    result = CliRunner().invoke(command, ["--layers", "4", "--hidden", "1024", "--heads", "8", "--vocab", "32000",
+                                          "--num-processes", "8", "--gpu-memory", "24GiB", "--cpu-memory", "64GiB",
+                                          "--seq-len", "131072", "--write-config", str(path)],
+                                standalone_mode=False)
+    assert result.exception is None, result.output
+    config = yaml.safe_load(path.read_text())
+    mesh = config["parallelism_config"]
+    assert (mesh["parallelism_config_dp_shard_size"], mesh["parallelism_config_cp_size"]) == (4, 2)
+    assert config["mixed_precision"] == "bf16" and config["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    assert "--dp-shard-size 4 --cp-size 2" in result.output
