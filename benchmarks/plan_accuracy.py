@@ -19,6 +19,10 @@ transformers' TP plan, FSDP2 over Accelerate's mesh, one AdamW step), measured w
 installed versions cannot run (FSDP2 x TP with transformers >= 5.1) prints launch's one-line refusal instead.
 No peer estimates N-D layouts from a model (DeepSpeed's and Accelerate's estimators know no TP).
 
+Pipeline rows on paper (accelkit/plan/published.py): torchtitan's Llama 3.1 405B on 512 H100 as FSDP 8 x TP 8 x
+PP 8 with 1F1B and Interleaved1F1B (published peak 82.5 and 72.7 GiB; tests/unit/plan/test_pp_plan.py holds the
+plan within 10%), and GPT-3 175B's 64 x 8 x 8 shape.
+
     python benchmarks/plan_accuracy.py [--ranks 2,4 | --ranks ''] [--nd-layouts tp2,hsdp2x2,fsdp4,fsdp2xtp2 | '']
 
 The last line reads `worst error: model states X%, activations Y%` (accelkit's plan against the measurement, the
@@ -82,6 +86,25 @@ def run_nd(names: list[str], folder: Path) -> list[tuple[str, dict | None, str]]
             continue
         results.append((name, json.loads((work / "result.json").read_text())["state_bytes"], ""))
     return results
+
+
+def print_published() -> None:
+    """The pipeline rows checked on paper against published runs (accelkit/plan/published.py)."""
+    from accelkit.plan import nd
+    from accelkit.plan.published import TORCHTITAN_405B, gpt3_175b, torchtitan_405b
+
+    print("Pipeline rows on paper: torchtitan's Llama 3.1 405B, 512 H100, FSDP 8 x TP 8 x PP 8, local batch 32 x "
+          "8,192 tokens, full checkpointing (GiB a GPU needs, planned total + headroom, vs published peak):")
+    for schedule in TORCHTITAN_405B:
+        planned, published = torchtitan_405b(schedule)
+        print(f"  {schedule:16} planned {planned:6.1f}  published {published:6.1f}  "
+              f"({(planned - published) / published:+.1%})")
+    model = gpt3_175b()
+    layout = nd.Layout("ddp", dp_replicate=64, tp=8, pipeline=nd.Pipeline(8, "1F1B", 8))
+    row = nd.row(layout, model, gpus=4096, nodes=512, gpu_memory=None, seq_len=2048)
+    print(f"  GPT-3 175B as 64 x 8 x 8 on 4,096 GPUs: {model.parameters / 1e9:.1f}B parameters, "
+          f"{[len(r) for r in layout.pipeline.layers_of_stage(model.layers)][0]} layers a stage, model states "
+          f"{row.states / 2**30:.1f} GiB on the embeddings' stage (rank {row.worst_rank})")
 
 
 def print_nd(results: list[tuple[str, dict | None, str]]) -> float:
@@ -224,6 +247,7 @@ def main() -> None:
               "estimate-memory has one figure per model (no ranks, no activations, no batch).")
     if nd_results:
         worst_states = max(worst_states, print_nd(nd_results))
+    print_published()
     print(f"worst error: model states {worst_states * 100:.2f}%, activations {worst_act * 100:.2f}%")
 
 

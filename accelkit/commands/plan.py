@@ -50,6 +50,13 @@ OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
                                                             "the gradient accumulation.")
 @click.option("--base-lr", type=float, metavar="LR", help="A learning rate known to work at --base-batch.")
 @click.option("--base-batch", type=int, metavar="B0", help="The batch --base-lr was tuned for.")
+@click.option("--layout", metavar="LAYOUT", help='Plan one N-D or pipeline layout, in bench\'s syntax: '
+                                                  '"dp_shard=8,tp=8,pp=8" (dp_replicate, dp_shard, cp, sp, tp, pp); '
+                                                  'sets --num-processes.')
+@click.option("--pp-schedule", metavar="SCHEDULE", help="With pp in --layout: GPipe, 1F1B (default) or "
+                                                        "Interleaved1F1B (2 stages per rank).")
+@click.option("--microbatches", type=click.IntRange(min=1), metavar="M",
+              help="With pp in --layout: micro-batches per step (of --micro-batch samples). Default: one per stage.")
 @click.option("--strategy", type=click.Choice(STRATEGY_NAMES), help="Recommend (write, measure) this strategy "
                                                                     "instead of the decision tree's.")
 @click.option("--prefer", type=click.Choice(("any", "fsdp", "deepspeed")), default="any", show_default=True,

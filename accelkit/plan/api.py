@@ -7,6 +7,7 @@ parse strictly, the model resolves, the hardware and batch add up, --write-confi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -17,7 +18,8 @@ from typing import Any
 from accelkit.errors import AccelkitError
 from accelkit.plan.inputs import Hardware, Training, check_hardware, check_sizes, check_training
 from accelkit.plan.models import ShapeFlags, resolve_model
-from accelkit.plan.sizes import parse_bytes, parse_count
+from accelkit.plan.recommend import Recommendation
+from accelkit.plan.sizes import format_bytes, parse_bytes, parse_count
 
 DEFAULT_SEQ_LEN = 2048
 
@@ -130,8 +132,25 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
              write_config: Path | None, force: bool, measure_script: str | None, script_args: tuple[str, ...],
              command_line: str, stall_timeout: float | None = None, grad_compression: str | None = None,
              powersgd_rank: int | None = None, powersgd_start_step: int | None = None,
-             interconnect: str | None = None) -> PlanResult:
+             interconnect: str | None = None, layout: str | None = None, pp_schedule: str | None = None,
+             microbatches: int | None = None) -> PlanResult:
     # Cheap checks first: every bad value is reported before torch is imported, the model built or a file written.
+    given_layout = None
+    if layout is not None:
+        from accelkit.plan import layout_option
+
+        given_layout = layout_option.parse(layout, pp_schedule, microbatches)
+        gpus = layout_option.check_world(given_layout, gpus, nodes)
+        if strategy is not None:
+            raise AccelkitError("--strategy and --layout both name what to plan", hint="give one of them")
+        if write_config is not None:
+            from accelkit.plan import spine
+
+            spine.check_writable(given_layout)
+    elif pp_schedule is not None or microbatches is not None:
+        given = "--pp-schedule" if pp_schedule is not None else "--microbatches"
+        raise AccelkitError(f"{given} needs a pipeline: give --layout with pp=N",
+                            hint='e.g. --layout "dp_shard=8,tp=8,pp=8"')
     count = parse_count(params, "--params") if params is not None else None
     gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
     cpu_bytes = parse_bytes(cpu_memory, "--cpu-memory") if cpu_memory is not None else None
@@ -167,19 +186,39 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     from accelkit.plan.planner import make_plan
 
     plan = make_plan(spec, hardware, training, prefer=prefer, strategy=strategy)
+    if given_layout is None and strategy is None and _needs_more(plan) and not training.activation_checkpointing \
+            and plan.hardware.gpu_memory is not None:
+        # the cheaper remedy first: activation checkpointing, before sharding the model further or offloading it
+        checkpointed = make_plan(spec, hardware, dataclasses.replace(training, activation_checkpointing=True),
+                                 prefer=prefer, shape=plan.shape)
+        plain = [r for r in plan.rows if r.unavailable is None and not r.strategy.offload]
+        if plain:
+            best = min(plain, key=lambda r: r.total)
+            then = "" if not _needs_more(checkpointed) else \
+                "; with it still no data-parallel strategy fits on the GPUs alone"
+            checkpointed.notes.insert(0, f"activation checkpointing added (the cheaper remedy, before sharding or "
+                                         f"offload): without it the smallest option, {best.strategy.label}, needs "
+                                         f"{format_bytes(best.total)} per GPU{then}")
+        plan = checkpointed
+    from accelkit.plan.nd_report import nd_section
+
+    layout_lines: list[str] = []
+    section = nd_section(plan, given_layout) if given_layout is not None or _needs_more(plan) else None
+    if section is not None:  # the layouts that split the model, the sequence or the layers
+        layout_lines, layout_json, advice = section
+        if given_layout is not None or advice.best is not None:  # one recommendation across every layout
+            plan.layout_choice = advice
+            plan.recommendation = Recommendation(None, advice.reason)
     compression_json = apply_compression(plan, compression, link) if compression.active or link else None
     plan.compression = compression if compression.active else None
     script = measure_script or (str(spec.script) if spec.script else None)
     config_path = str(write_config) if write_config is not None else None
-    result = PlanResult(lines=report.text(plan, config_path, script), json=report.to_json(plan, config_path, script))
+    result = PlanResult(lines=report.text(plan, config_path, script, layout_lines),
+                        json=report.to_json(plan, config_path, script))
     if compression_json is not None:
         result.json["grad_compression"] = compression_json
-    from accelkit.plan.nd_report import nd_section
-
-    section = nd_section(plan)
-    if section is not None:  # nothing data-parallel fits: the layouts that split the model or the sequence
-        result.lines += section[0]
-        result.json["nd"] = section[1]
+    if section is not None:
+        result.json["nd"] = layout_json
     if write_config is not None:
         _write(plan, write_config, command_line, result, compression, force)
     if measure_script is not None:
@@ -187,11 +226,25 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     return result
 
 
+def _needs_more(plan) -> bool:
+    """Nothing data-parallel fits on the GPUs alone: no recommendation, or only offload."""
+    return plan.chosen is None or plan.chosen.strategy.offload
+
+
 def _write(plan, path: Path, command_line: str, result: PlanResult, compression, force: bool) -> None:
     from accelkit.compression.plan_config import options_with_compression
     from accelkit.plan import spine
 
     chosen = plan.chosen
+    choice = plan.layout_choice
+    if choice is not None:
+        layout = (choice.best or choice.rows[0]).layout
+        checkpointing = bool(result.json.get("nd", {}).get("checkpointing"))
+        options = spine.layout_options(layout, plan.hardware, plan.training, checkpointing)
+        spine.write_config_file(options, path, command_line, force)
+        result.messages.append(f"Wrote {path} ({layout.describe()}, {plan.hardware.gpus} process(es)).")
+        result.json["written_config"] = str(path)
+        return
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no config to write", hint=plan.recommendation.reason)
     options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
@@ -208,6 +261,9 @@ def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, 
     from accelkit.plan.measure import api as measuring
 
     chosen = plan.chosen
+    if plan.layout_choice is not None:
+        raise AccelkitError("the plan is of an N-D or pipeline layout: --measure rehearses data-parallel strategies",
+                            hint="measure one with --strategy NAME, or run the printed launch command")
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no launch to measure",
                             hint="pick one with --strategy NAME to measure it anyway")

@@ -1,33 +1,47 @@
-"""N-D rows of the plan: per-GPU memory and traffic of tensor, context and sequence parallelism (and HSDP), and
-the recommendation that adds them when data-parallel sharding alone cannot fit.
+"""N-D and pipeline rows of the plan: per-GPU memory and traffic of tensor, context, sequence and pipeline
+parallelism (and HSDP), and the recommendation that adds them when data-parallel sharding alone cannot fit.
 
-A layout is Accelerate's ParallelismConfig (dp_replicate x dp_shard x cp x sp x tp = GPUs). Per GPU:
+A layout is Accelerate's ParallelismConfig (dp_replicate x dp_shard x cp x sp x tp = GPUs), times pp pipeline
+ranks (torch.distributed.pipelining, pipeline.py). Per GPU, for the pipeline rank that needs the most:
 
-- model states: every tensor the model's TP plan names (`colwise`/`rowwise`, matched like transformers matches
-  `base_model_tp_plan` keys, `layers.*.mlp.up_proj`) is split over tp ranks (padded to whole rows); the rest (norms,
-  embeddings unless the plan names them) stays replicated over tp. FSDP2 then shards each tensor over dp_shard x cp
-  (Accelerate's `dp_shard_cp` dimension); DeepSpeed ZeRO-3 with Ulysses SP over every rank. Bytes per element as
-  in states.py (Accelerate's mixed precision keeps fp32 weights, gradients and moments: 16 bytes with AdamW).
-- activations: Korthikanti et al. (activations/formula.py) on the rank's share of the sequence (seq / (cp x sp));
-  under TP without sequence parallelism the attention/MLP internals split over tp but layer inputs, norms and
-  dropouts do not (10 + 24/t of the 34 s*b*h per layer), with sequence parallelism everything splits (34/t); the
-  per-layer checkpoints (2 s*b*h) split only with sequence parallelism. transformers' TP plans gather the logits
-  (`colwise_gather_output`), so the fp32 logits are not split by tp.
-- FSDP's all-gathered layer (and the one prefetched) in 16-bit, split over tp.
+- model states: the rank's stages' tensors (pipeline.py: layers in order, the embedding on the first stage, the
+  final norm and head on the last). Every tensor the model's TP plan names (`colwise`/`rowwise`, matched like
+  transformers matches `base_model_tp_plan` keys, `layers.*.mlp.up_proj`) is split over tp ranks (padded to whole
+  rows); the rest (norms, embeddings unless the plan names them) stays replicated over tp. FSDP2 then shards each
+  tensor over dp_shard x cp (Accelerate's `dp_shard_cp` dimension); DeepSpeed ZeRO-3 with Ulysses SP over every
+  rank. Bytes per element as in states.py (Accelerate's mixed precision keeps fp32 weights, gradients and moments:
+  16 bytes with AdamW).
+- activations: the plan's one traced profile (activations/profile.py: what a layer keeps, what one layer holds
+  while recomputed, what lives outside the layers), the same trace as the data-parallel table, on the rank's share
+  of the sequence (1 / (cp x sp)). Under TP without sequence parallelism (transformers' TP plans) a layer's
+  internals split over tp but its inputs, norms and dropouts do not (Korthikanti et al.'s 10 + 24/t of 34), the
+  checkpointed inputs and the gathered logits not at all; with sequence parallelism (and loss parallelism, as
+  torchtitan runs it) everything splits by tp. A pipeline rank keeps its in-flight stage-micro-batches' layers
+  (pipeline.py: per schedule), one layer while recomputing, and on the last stage the loss inputs.
+- buffers: layouts that shard like the data-parallel table (no tp, no pp) take its FSDP full-shard or ZeRO-3
+  buffers (buffers.py); with tp the embeddings, final norm and head stay gathered from forward to backward plus the
+  current and prefetched layer and the reducing layer's gradients, split over tp; inside a pipeline stage,
+  torch.distributed.pipelining keeps FSDP2 gathered and accumulating unsharded gradients until the last
+  micro-batch, so the stage's whole tp shard counts twice (16-bit weights and gradients).
 - traffic per step per mesh dimension, per GPU: TP two all-reduces of the layer output per layer in forward and two
   in backward (one more forward with recomputation); CP the K/V ring (each rank receives cp-1 chunks of K and V per
   layer, forward and backward); SP Ulysses' four all-to-alls per layer each way; FSDP all-gather twice and
-  reduce-scatter once of the rank's tp shard of the weights; HSDP an all-reduce of the shard across replicas.
+  reduce-scatter once of the rank's tp shard of the weights; HSDP an all-reduce of the shard across replicas; PP
+  each micro-batch's hidden state forward and its gradient back at every stage boundary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from accelkit.plan.activations.profile import Profile, from_formula
 from accelkit.plan.estimate import CUDA_RESERVE, usable_gpu
+from accelkit.plan.pipeline import Pipeline
 from accelkit.plan.sizes import format_bytes
 
 MOMENTS = {"adamw": 2, "sgd-momentum": 1, "sgd": 0, "adafactor": 1}
@@ -51,15 +65,25 @@ class Layout:
     tp: int = 1
     cp: int = 1
     sp: int = 1
-    sequence_parallel: bool = False  # TP's sequence parallelism (norm/dropout activations split over tp)
+    sequence_parallel: bool = False  # TP's sequence parallelism (norms, dropouts, layer inputs and logits split)
+    pipeline: Pipeline = Pipeline()  # pp ranks, schedule, micro-batches
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline.ranks
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp * self.pp
 
     @property
     def sequence_split(self) -> int:
         return self.cp * self.sp
+
+    @property
+    def batch_replicas(self) -> int:
+        """Ranks that share one batch: a TP, CP, SP group and the stages of one pipeline."""
+        return self.tp * self.cp * self.sp * self.pp
 
     @property
     def shard_group(self) -> int:
@@ -68,11 +92,21 @@ class Layout:
             return self.world
         return self.dp_shard * self.cp if self.backend == "fsdp" else 1
 
+    @property
+    def name(self) -> str:
+        """bench's layout syntax: `dp_shard=8,tp=8,pp=8`."""
+        shard = self.world // (self.sp * self.pp) if self.backend == "deepspeed" else self.dp_shard
+        sizes = (("dp_replicate", self.dp_replicate), ("dp_shard", shard), ("cp", self.cp), ("sp", self.sp),
+                 ("tp", self.tp), ("pp", self.pp))
+        return ",".join(f"{dim}={size}" for dim, size in sizes if size > 1) or "dp_replicate=1"
+
     def describe(self) -> str:
         shard = "zero3" if self.backend == "deepspeed" else "dp_shard"
         parts = [f"{name} {size}" for name, size in (("dp_replicate", self.dp_replicate), (shard, self.dp_shard),
-                                                      ("cp", self.cp), ("sp", self.sp), ("tp", self.tp)) if size > 1]
-        return f"{self.backend}: " + (" x ".join(parts) or "1 GPU")
+                                                      ("cp", self.cp), ("sp", self.sp), ("tp", self.tp),
+                                                      ("pp", self.pp)) if size > 1]
+        text = f"{self.backend}: " + (" x ".join(parts) or "1 GPU")
+        return text + (f" ({self.pipeline.describe()})" if self.pp > 1 else "")
 
     def flags(self) -> str:
         """The `accelkit config`/`launch` flags (DeepSpeed takes only --sp-size: ZeRO's data parallelism is the
@@ -80,7 +114,10 @@ class Layout:
         shard = 1 if self.backend == "deepspeed" else self.dp_shard
         sizes = [f"--{name}-size {size}" for name, size in (("dp-replicate", self.dp_replicate),
                                                              ("dp-shard", shard), ("tp", self.tp),
-                                                             ("cp", self.cp), ("sp", self.sp)) if size > 1]
+                                                             ("cp", self.cp), ("sp", self.sp), ("pp", self.pp))
+                 if size > 1]
+        if self.pp > 1:
+            sizes += [f"--pp-schedule {self.pipeline.schedule}", f"--microbatches {self.pipeline.microbatches}"]
         backend = "--backend deepspeed --zero-stage 3" if self.backend == "deepspeed" else f"--backend {self.backend}"
         return " ".join([backend, *sizes])
 
@@ -135,6 +172,8 @@ class Row:
     tp_replicated: int = 0  # parameters every tp rank keeps whole
     traffic: Mapping[str, int] = field(default_factory=dict)  # mesh dimension -> bytes per GPU per step
     usable: int | None = None
+    worst_rank: int = 0  # the pipeline rank the figures are of (the one that needs the most)
+    bubble: float = 0.0  # the pipeline's idle share of a step
 
     @property
     def total(self) -> int:
@@ -170,25 +209,81 @@ def unavailable(layout: Layout, model: Model, gpus: int, nodes: int) -> str | No
         return f"{model.heads} heads do not split over sp {layout.sp} (Ulysses splits heads)"
     if layout.cp > 1 and layout.sp > 1:
         return "cp and sp cannot be combined"
-    if layout.backend == "deepspeed" and (layout.tp > 1 or layout.cp > 1):
+    if layout.backend == "deepspeed" and (layout.tp > 1 or layout.cp > 1 or layout.pp > 1):
         return "DeepSpeed composes only sp"
+    if layout.pp > 1 and layout.sp > 1:
+        return "pp composes with dp_replicate, dp_shard, tp and cp (torch's mesh), not Ulysses sp"
+    if layout.pp > 1 and model.layers < layout.pipeline.stages:
+        return f"{layout.pipeline.stages} stages for {model.layers} layers"
     if layout.backend == "fsdp" and layout.dp_shard * layout.cp == 1:
         return "FSDP has nothing to shard"
     return None
 
 
+def _layer_of(name: str) -> int | None:
+    match = re.search(r"\.layers\.(\d+)\.", f".{name}")
+    return int(match.group(1)) if match else None
+
+
+def rank_tensors(model: Model, pipeline: Pipeline, rank: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensors pipeline rank `rank` holds: its stages' layers, the embedding (tensors before the first layer)
+    on stage 0, the final norm and head (tensors after the last layer) on the last stage."""
+    if pipeline.ranks == 1:
+        return list(model.tensors)
+    splits = pipeline.layers_of_stage(model.layers)
+    mine = pipeline.stages_of_rank(rank)
+    layers = {i for stage in mine for i in splits[stage]}
+    out, seen_layer = [], False
+    for name, shape in model.tensors:
+        index = _layer_of(name)
+        if index is not None:
+            seen_layer = True
+            if index in layers:
+                out.append((name, shape))
+        elif (not seen_layer and 0 in mine) or (seen_layer and pipeline.stages - 1 in mine):
+            out.append((name, shape))
+    return out
+
+
 def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int,
         micro_batch: int = 1, checkpointing: bool = True, optimizer: str = "adamw",
-        tp_plan: Mapping[str, str] = LLAMA_TP_PLAN) -> Row:
+        tp_plan: Mapping[str, str] = LLAMA_TP_PLAN, profile: Profile | None = None, compute_bytes: int = 2,
+        reduce_bytes: int | None = None, buffers: Mapping[str, int] | None = None) -> Row:
+    """One layout's worst rank. `profile`: the traced activations of one micro-batch on one GPU (the formula's
+    when None); `reduce_bytes`: the dtype FSDP2 accumulates unsharded gradients in across a pipeline's
+    micro-batches (Accelerate's policy: the compute dtype; torchtitan reduces in fp32); `buffers`: per backend,
+    the data-parallel table's buffers for the same shard group (buffers.py's unit-by-unit model), used for the
+    layouts that shard like it (no tp, no pp)."""
     why = unavailable(layout, model, gpus, nodes)
     if why is not None:
         return Row(layout, why)
-    tp, group = layout.tp, layout.shard_group
+    if profile is None:
+        profile = from_formula({"hidden_size": model.hidden, "num_hidden_layers": model.layers,
+                                "vocab_size": model.vocab}, micro_batch, seq_len)
+    worst: Row | None = None
+    ranks = range(layout.pp)
+    for rank in ranks:
+        candidate = _rank_row(layout, model, rank, gpu_memory, seq_len, micro_batch, checkpointing, optimizer,
+                              tp_plan, profile, compute_bytes, reduce_bytes or compute_bytes)
+        if worst is None or candidate.total > worst.total:
+            worst = candidate
+    if buffers is not None and layout.backend in buffers and layout.tp == 1 and layout.pp == 1:
+        worst = dataclasses.replace(worst, gathered=buffers[layout.backend])
+    return worst
+
+
+def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, seq_len: int, micro_batch: int,
+              checkpointing: bool, optimizer: str, tp_plan: Mapping[str, str], profile: Profile,
+              compute_bytes: int, reduce_bytes: int) -> Row:
+    tp, group, pipeline = layout.tp, layout.shard_group, layout.pipeline
     weight, grad, moments = 4, 4, 4 * MOMENTS[optimizer]  # fp32 (Accelerate mixed precision)
     if layout.backend == "deepspeed":
         weight, grad, moments = 2, 2, 4 + 4 * MOMENTS[optimizer]  # 16-bit weights/gradients, fp32 master + moments
-    sharded = replicated = local = whole_grads = 0
-    for name, shape in model.tensors:
+    tensors = rank_tensors(model, pipeline, rank)
+    sharded = replicated = local = whole_grads = unsharded = 0
+    layer_sizes: dict[int, int] = {}
+    outside = 0
+    for name, shape in tensors:
         numel = math.prod(shape)
         style = _plan_style(name, tp_plan) if tp > 1 else None
         if style in SHARDED_STYLES:
@@ -202,19 +297,45 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
         else:
             replicated += numel
         local += math.ceil(numel / group)
+        unsharded += numel
+        index = _layer_of(name)
+        if index is None:
+            outside += numel
+        else:
+            layer_sizes[index] = layer_sizes.get(index, 0) + numel
     states = local * (weight + grad + moments) + whole_grads * grad
-    s = seq_len / layout.sequence_split
-    b, h = micro_batch, model.hidden
-    inner = 34 / tp if layout.sequence_parallel else 10 + 24 / tp
-    per_layer = s * b * h * inner
-    checkpoints = model.layers * 2 * s * b * h / (tp if layout.sequence_parallel else 1)
-    logits = s * b * model.vocab * 4
-    activations = (checkpoints + per_layer if checkpointing else model.layers * per_layer) + logits
-    layer_params = model.parameters / max(model.layers, 1) / tp
-    gathered = int(2 * layer_params * 2) if group > 1 else 0  # the gathered unit and the prefetched one, 16-bit
-    return Row(layout, None, states=states, activations=int(activations), gathered=gathered,
-               tp_sharded=sharded, tp_replicated=replicated,
-               traffic=_traffic(layout, model, local, s, b, checkpointing), usable=usable_gpu(gpu_memory))
+    # activations: the profile's parts, scaled to this rank's tokens, tp split and pipeline share
+    split = layout.sequence_split
+    sp_tp = layout.sequence_parallel
+    layer = profile.layer / split * ((1 / tp) if sp_tp else (10 + 24 / tp) / 34)
+    kept = profile.kept / split / (tp if sp_tp else 1)
+    rest = profile.rest / split / (tp if sp_tp else 1)
+    stage_layers = pipeline.layers_of_stage(model.layers)
+    per_stage = max(len(stage_layers[stage]) for stage in pipeline.stages_of_rank(rank))
+    in_flight = pipeline.in_flight(rank) * per_stage  # layer-micro-batches kept for the backward
+    last = pipeline.stages - 1 in pipeline.stages_of_rank(rank)
+    head = rest * pipeline.head_in_flight() if last else 0
+    activations = (in_flight * kept + layer if checkpointing else in_flight * layer) + head
+    # gathered weights (16-bit, this rank's tp shard)
+    largest = max(layer_sizes.values(), default=0)
+    if group > 1 and pipeline.ranks > 1 and pipeline.microbatches > 1:
+        # torch.distributed.pipelining turns FSDP2's resharding and gradient sync off for every micro-batch but the
+        # last: the stage stays gathered and accumulates unsharded gradients
+        gathered = unsharded * (compute_bytes + reduce_bytes)
+    elif group > 1:
+        # root and tail (embeddings, final norm, head) gathered forward to backward, the current and prefetched
+        # layer, and the reducing layer's unsharded gradients with its reduce-scatter input (buffers.py)
+        gathered = (outside + 2 * largest) * compute_bytes + 2 * largest * compute_bytes
+    else:
+        gathered = 0
+    s = seq_len / split
+    traffic = _traffic(layout, model, local, s, micro_batch, checkpointing)
+    if pipeline.ranks > 1:
+        boundary = s * micro_batch * model.hidden * compute_bytes / (tp if sp_tp else 1)
+        traffic["pp"] = int(pipeline.p2p_sends() * boundary)
+    return Row(layout, None, states=states, activations=int(activations), gathered=int(gathered),
+               tp_sharded=sharded, tp_replicated=replicated, traffic=traffic, usable=usable_gpu(gpu_memory),
+               worst_rank=rank, bubble=pipeline.bubble)
 
 
 def _traffic(layout: Layout, model: Model, local: int, s: float, b: int, checkpointing: bool) -> dict[str, int]:
@@ -244,8 +365,9 @@ class NdAdvice:
     commands: tuple[str, ...] = ()
 
 
-def candidates(gpus: int, nodes: int) -> list[Layout]:
-    """Data-parallel sharding first, then splitting the sequence (CP, then SP), then TP, smallest split first."""
+def candidates(gpus: int, nodes: int, layers: int | None = None) -> list[Layout]:
+    """Data-parallel sharding first, then splitting the sequence (CP, then SP), then TP, then pipelines (with
+    FSDP and TP inside a stage, 1F1B over one micro-batch per stage): the least communication first."""
     per_node = gpus // nodes
     splits = [n for n in (2, 4, 8, 16, 32, 64) if n <= gpus and gpus % n == 0]
     out = [Layout("fsdp", dp_shard=gpus)]
@@ -257,16 +379,57 @@ def candidates(gpus: int, nodes: int) -> list[Layout]:
             if t <= per_node and t < gpus]
     out += [Layout("fsdp", dp_shard=gpus // (t * c), tp=t, cp=c) for t in splits for c in splits
             if t * c <= per_node and t * c < gpus]
+    for p in splits:
+        if layers is not None and layers < p:
+            continue
+        for t in [1, *splits]:
+            if t <= per_node and p * t < gpus and gpus % (p * t) == 0:
+                out.append(Layout("fsdp", dp_shard=gpus // (p * t), tp=t, pipeline=Pipeline(p, "1F1B", p)))
     return out
+
+
+def _reason(best: Row, rows: tuple[Row, ...], nodes: int, seq_len: int) -> str:
+    first = rows[0]
+    layout = best.layout
+    if best is first or (nodes > 1 and best is rows[1]):
+        return (f"data-parallel sharding alone fits ({layout.describe()}, {format_bytes(best.total)} per "
+                "GPU): no tensor, context, sequence or pipeline parallelism needed")
+    if layout.pp > 1:
+        return (f"the model's states per GPU need splitting by layers: {layout.describe()} needs "
+                f"{format_bytes(best.total)} per GPU (pipeline rank {best.worst_rank}), with a bubble of "
+                f"{best.bubble:.0%} of each step")
+    if layout.sequence_split > 1:
+        return (f"the {seq_len:,}-token activations do not fit with data-parallel sharding alone "
+                f"({format_bytes(first.activations)} per GPU); splitting the sequence over "
+                f"{layout.sequence_split} GPUs ({layout.describe()}) needs {format_bytes(best.total)}")
+    return (f"one layer's weights and activations need splitting: {layout.describe()} needs "
+            f"{format_bytes(best.total)} per GPU")
+
+
+def launch_flags(layout: Layout, gpus: int, nodes: int, precision: str | None, checkpointing: bool) -> str:
+    """Every flag the planned job needs: the layout, the processes, the precision, checkpointing (FSDP's config
+    switch; DeepSpeed runs it from the script)."""
+    flags = [layout.flags(), f"--num-machines {nodes} --num-processes {gpus}"]
+    if nodes > 1:
+        flags.append("--main-process-ip MACHINE0")
+    if precision is not None:
+        flags.append(f"--mixed-precision {precision}")
+    if checkpointing and layout.backend == "fsdp":
+        flags.append("--activation-checkpointing")
+    return " ".join(flags)
 
 
 def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int, micro_batch: int = 1,
            checkpointing: bool = True, optimizer: str = "adamw",
-           tp_plan: Mapping[str, str] = LLAMA_TP_PLAN) -> NdAdvice:
-    """The first layout of `candidates` that fits, with the config/launch commands; rows for every candidate."""
+           tp_plan: Mapping[str, str] = LLAMA_TP_PLAN, profile: Profile | None = None, precision: str | None = None,
+           layouts: list[Layout] | None = None, buffers: Mapping[str, int] | None = None) -> NdAdvice:
+    """The first layout of `layouts` (default: `candidates`) that fits, with the config/launch commands; rows for
+    every layout. `precision`: Accelerate's --mixed-precision value the commands carry."""
+    layouts = layouts if layouts is not None else candidates(gpus, nodes, model.layers)
     rows = tuple(row(layout, model, gpus=gpus, nodes=nodes, gpu_memory=gpu_memory, seq_len=seq_len,
-                     micro_batch=micro_batch, checkpointing=checkpointing, optimizer=optimizer, tp_plan=tp_plan)
-                 for layout in candidates(gpus, nodes))
+                     micro_batch=micro_batch, checkpointing=checkpointing, optimizer=optimizer, tp_plan=tp_plan,
+                     profile=profile, buffers=buffers)
+                 for layout in layouts)
     best = next((r for r in rows if r.fits), None)
     if best is None:
         smallest = min((r for r in rows if r.unavailable is None), key=lambda r: r.total, default=None)
@@ -274,24 +437,16 @@ def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_l
             if smallest else ""
         return NdAdvice(None, rows, f"no layout fits in {format_bytes(usable_gpu(gpu_memory) or 0)} per GPU{need}: "
                                     "add GPUs, shorten the sequence, or offload")
-    first = rows[0]
-    if best is first or (nodes > 1 and best is rows[1]):
-        reason = (f"data-parallel sharding alone fits ({best.layout.describe()}, {format_bytes(best.total)} per "
-                  "GPU): no tensor, context or sequence parallelism needed")
-    elif best.layout.sequence_split > 1:
-        reason = (f"the {seq_len:,}-token activations do not fit with data-parallel sharding alone "
-                  f"({format_bytes(first.activations)} per GPU); splitting the sequence over "
-                  f"{best.layout.sequence_split} GPUs ({best.layout.describe()}) needs {format_bytes(best.total)}")
-    else:
-        reason = (f"one layer's weights and activations need splitting: {best.layout.describe()} needs "
-                  f"{format_bytes(best.total)} per GPU")
+    reason = _reason(best, rows, nodes, seq_len)
     per_node = gpus // nodes
     if best.layout.sp > per_node:
         reason += (f"; sp {best.layout.sp} spans {best.layout.sp // per_node} machines, so Ulysses' all-to-all "
                    "crosses the network (cp and tp stay within a machine)")
-    procs = f"--num-machines {nodes} --num-processes {gpus}" + (" --main-process-ip MACHINE0" if nodes > 1 else "")
-    commands = (f"accelkit config {best.layout.flags()} {procs} -o nd.yaml",
-                f"accelkit launch {best.layout.flags()} {procs} train.py")
+    if checkpointing and best.layout.backend != "fsdp":
+        reason += ("; activation checkpointing: call model.gradient_checkpointing_enable() in the script (only "
+                   "FSDP configs switch it on)")
+    flags = launch_flags(best.layout, gpus, nodes, precision, checkpointing)
+    commands = (f"accelkit config {flags} -o nd.yaml", f"accelkit launch {flags} train.py")
     return NdAdvice(best, rows, reason, commands)
 
 
@@ -300,8 +455,12 @@ def describe_row(r: Row) -> str:
         return f"{r.layout.describe():<40} refused: {r.unavailable}"
     verdict = {True: "fits", False: "does not fit", None: "?"}[r.fits]
     split = f", TP splits {r.tp_sharded:,} params, {r.tp_replicated:,} replicated" if r.layout.tp > 1 else ""
+    if r.layout.pp > 1:
+        split += (f", pipeline rank {r.worst_rank}, bubble {r.bubble:.1%}, point-to-point "
+                  f"{format_bytes(r.traffic.get('pp', 0))} per step")
     return (f"{r.layout.describe():<40} states {format_bytes(r.states)}, activations {format_bytes(r.activations)}, "
             f"gathered {format_bytes(r.gathered)}: {format_bytes(r.total)} per GPU, {verdict}{split}")
 
 
-__all__ = ["CUDA_RESERVE", "Layout", "Model", "NdAdvice", "Row", "advise", "candidates", "describe_row", "row"]
+__all__ = ["CUDA_RESERVE", "Layout", "Model", "NdAdvice", "Pipeline", "Row", "advise", "candidates", "describe_row",
+           "launch_flags", "rank_tensors", "row"]

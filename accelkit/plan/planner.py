@@ -3,6 +3,7 @@ the recommendation and the batch / learning-rate advice."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ class Plan:
     device: str = "cuda"
     notes: list[str] = field(default_factory=list)
     compression: Any = None  # --grad-compression's CompressionSpec (accelkit.compression), None: not given
+    layout_choice: Any = None  # nd.NdAdvice: the N-D or pipeline layout recommended (or asked for with --layout)
 
     def row(self, name: str) -> Estimate:
         return next(r for r in self.rows if r.strategy.name == name)
@@ -65,13 +67,26 @@ class Plan:
     def chosen(self) -> Estimate | None:
         return None if self.recommendation.strategy is None else self.row(self.recommendation.strategy)
 
+    def batch(self) -> tuple[int, int, int, int, str]:
+        """(effective batch, micro-batch, data-parallel ranks, accumulation x pipeline micro-batches, how) of the
+        recommended job; with nothing recommended, of plain data parallelism over every GPU."""
+        tr, chosen, choice = self.training, self.chosen, self.layout_choice
+        if choice is not None:
+            layout = (choice.best or choice.rows[0]).layout
+            ranks = layout.world // layout.batch_replicas
+            steps = layout.pipeline.microbatches if layout.pp > 1 else 1
+            with contextlib.suppress(AccelkitError):  # a --global-batch the layout's batch does not divide
+                steps *= tr.accumulation(ranks * steps)
+            what = "pipeline micro-batch(es)" if layout.pp > 1 else "accumulation step(s)"
+            return tr.micro_batch * ranks * steps, tr.micro_batch, ranks, steps, what
+        ranks = self.hardware.gpus if chosen is None or chosen.strategy.distributed else 1
+        steps = chosen.accumulation if chosen is not None else tr.accumulation(ranks)
+        return tr.micro_batch * ranks * steps, tr.micro_batch, ranks, steps, "accumulation step(s)"
+
     def learning_rate(self) -> LearningRate | None:
-        if self.training.base_lr is None or self.chosen is None:
+        if self.training.base_lr is None:
             return None
-        chosen = self.chosen
-        world = self.hardware.gpus if chosen.strategy.distributed else 1
-        return LearningRate(self.training.micro_batch * world * chosen.accumulation, self.training.base_lr,
-                            self.training.base_batch)
+        return LearningRate(self.batch()[0], self.training.base_lr, self.training.base_batch)
 
 
 def compute_for(family: str, precision: str) -> Compute:

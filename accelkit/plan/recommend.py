@@ -11,6 +11,9 @@
 6. Nothing fits -> what to change: activation checkpointing when activations dominate, a smaller micro-batch,
    more GPUs.
 Among strategies that fit, the earlier step wins (less communication). --strategy NAME skips the tree.
+Before an offload recommendation (or none) stands, api.py tries the cheaper remedies in order: activation
+checkpointing, then N-D and pipeline layouts (nd.py); the reasons say what does not fit (the model states only when
+they alone exceed the GPU).
 """
 
 from __future__ import annotations
@@ -77,9 +80,18 @@ def recommend(estimates: list[Estimate], gpus: int, nodes: int, prefer: str, che
         name = offloads[0]
         row = rows[name]
         shard = "Even fully sharded" if gpus > 1 else "On one GPU"
-        return Recommendation(name, f"{shard}, the model states do not fit in GPU memory; {row.strategy.label} "
-                                    f"keeps them in CPU memory ({format_bytes(row.cpu_per_node)} per node) and "
-                                    f"needs {format_bytes(row.total)} per GPU.")
+        plain = [e for e in estimates if e.unavailable is None and not e.strategy.offload]
+        smallest = min(plain, key=lambda e: e.total) if plain else None
+        if smallest is not None and smallest.gpu_usable is not None and \
+                smallest.states.total <= smallest.gpu_usable:  # the states fit: say what does not
+            short = (f"the model states fit ({format_bytes(smallest.states.total)} with "
+                     f"{smallest.strategy.label}) but not with the activations and buffers "
+                     f"({format_bytes(smallest.total)} in all)")
+        else:
+            short = "the model states do not fit in GPU memory"
+        return Recommendation(name, f"{shard}, {short}; {row.strategy.label} keeps the states in CPU memory "
+                                    f"({format_bytes(row.cpu_per_node)} per node) and needs "
+                                    f"{format_bytes(row.total)} per GPU.")
     return Recommendation(None, _nothing_fits(estimates, checkpointing))
 
 

@@ -106,7 +106,8 @@ def _why_no_plain_sharding(plan: Plan) -> str | None:
             f"{what} exceed the {format_bytes(usable)} usable of each GPU.")
 
 
-def text(plan: Plan, config_path: str | None = None, script: str | None = None) -> list[str]:
+def text(plan: Plan, config_path: str | None = None, script: str | None = None,
+         layout_lines: list[str] | None = None) -> list[str]:
     shape, hw, tr = plan.shape, plan.hardware, plan.training
     src = hw.sources
     lines = [f"Model:     {plan.spec.label}",
@@ -134,9 +135,18 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None) 
     for row in plan.rows:
         if row.unavailable is not None and row.strategy.name != "single":
             lines.append(f"  n/a {row.strategy.label}: {row.unavailable}")
+    lines += layout_lines or []
     lines.append("")
     rec = plan.recommendation
-    if rec.strategy is None:
+    choice = plan.layout_choice
+    if choice is not None:
+        layout = (choice.best or choice.rows[0]).layout
+        reason = choice.reason[:1].upper() + choice.reason[1:]
+        lines.append(f"Recommendation: {layout.describe()} ({layout.name}). {reason}.")
+        lines += [f"  {command}" for command in choice.commands]
+        if plan.hardware.nodes > 1:
+            lines.append("  (run the launch on every machine with --machine-rank R --main-process-ip ADDRESS_OF_0)")
+    elif rec.strategy is None:
         lines.append(f"Recommendation: none. {rec.reason}")
     else:
         lines.append(f"Recommendation: {plan.chosen.strategy.label} ({rec.strategy}). {rec.reason}")
@@ -167,13 +177,12 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None) 
 
 
 def _batch_lines(plan: Plan) -> list[str]:
-    chosen, tr = plan.chosen, plan.training
-    if chosen is None:
-        return []
-    world = plan.hardware.gpus if chosen.strategy.distributed else 1
-    effective = tr.micro_batch * world * chosen.accumulation
-    lines = [f"Batch:     effective batch {effective} = micro-batch {tr.micro_batch} x {world} GPU(s) x "
-             f"{chosen.accumulation} accumulation step(s)"]
+    tr = plan.training
+    effective, micro, world, steps, what = plan.batch()
+    unplanned = " (if it ran as data parallelism over every GPU: nothing above fits)" \
+        if plan.chosen is None and plan.layout_choice is None else ""
+    lines = [f"Batch:     effective batch {effective} = micro-batch {micro} x {world} data-parallel rank(s) x "
+             f"{steps} {what}{unplanned}"]
     lr = plan.learning_rate()
     if lr is not None:
         lines.append(f"Learning rate: {lr.linear:.3g} = {lr.base_lr:g} x {effective}/{lr.base_batch} (linear "
@@ -200,16 +209,26 @@ def to_json(plan: Plan, config_path: str | None = None, script: str | None = Non
         "activations": {family: {"bytes": a.bytes, "weight_copies": a.weight_copies, "source": a.source}
                         for family, a in plan.activations.items()},
         "strategies": [_row_json(row) for row in plan.rows],
-        "recommendation": {"strategy": plan.recommendation.strategy, "reason": plan.recommendation.reason,
-                           "command": f"{cmd.config} && {cmd.launch}" if cmd else None,
-                           "config_command": cmd.config if cmd else None,
-                           "launch_command": cmd.launch if cmd else None},
+        "recommendation": _recommendation_json(plan, cmd),
         "learning_rate": None if lr is None else {"effective_batch": lr.effective_batch, "base_lr": lr.base_lr,
                                                   "base_batch": lr.base_batch, "linear": lr.linear, "sqrt": lr.sqrt},
         "headroom": {"cuda_reserve_bytes": CUDA_RESERVE, "fragmentation": FRAGMENTATION, "cpu_reserve": CPU_RESERVE},
         "device": plan.device,
         "notes": plan.notes,
     }
+
+
+def _recommendation_json(plan: Plan, cmd: Commands | None) -> dict[str, Any]:
+    choice = plan.layout_choice
+    if choice is not None:
+        row = choice.best or choice.rows[0]
+        return {"strategy": None, "layout": row.layout.name, "backend": row.layout.backend, "kind": "layout",
+                "fits": row.fits, "total_bytes": row.total, "reason": choice.reason,
+                "command": " && ".join(choice.commands), "config_command": choice.commands[0],
+                "launch_command": choice.commands[1]}
+    return {"strategy": plan.recommendation.strategy, "layout": None, "kind": "strategy" if cmd else None,
+            "reason": plan.recommendation.reason, "command": f"{cmd.config} && {cmd.launch}" if cmd else None,
+            "config_command": cmd.config if cmd else None, "launch_command": cmd.launch if cmd else None}
 
 
 def _row_json(row: Estimate) -> dict[str, Any]:

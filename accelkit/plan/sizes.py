@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 from accelkit.errors import AccelkitError
 
@@ -44,8 +45,9 @@ def parse_count(text: str, option: str) -> int:
     if not match:
         raise AccelkitError(f"{option} {text!r} is not a count",
                             hint=f"give a number, optionally with K, M, B or T: e.g. {option} 7B or {option} 1.3e9")
-    value = float(match.group(1)) * COUNT_SUFFIXES[match.group(2).upper()]
-    if not math.isfinite(value) or value < 1 or value != int(value):
+    # Decimal, not float: 8.03 x 10^9 is 8_030_000_000 exactly (in binary floating point it is not whole)
+    value = Decimal(match.group(1)) * COUNT_SUFFIXES[match.group(2).upper()]
+    if value < 1 or value != value.to_integral_value():
         raise AccelkitError(f"{option} {text!r} must be a whole number of at least 1", hint=f"e.g. {option} 7B")
     return int(value)
 

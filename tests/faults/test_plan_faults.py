@@ -49,6 +49,23 @@ SEVEN_B = ["--params", "7B", *MEMORY]
      r"--num-processes 100,000,000,000 is more than any cluster has"),
     ([*SEVEN_B, "--cpu-memory", "1e30GB"], r"--cpu-memory 1e30GB is more than any machine holds"),
     (["--params", "5000", *MEMORY], r"--params 5,000 is smaller than the smallest Llama shape"),
+    # --layout / --pp-schedule / --microbatches (issue 34): refused before anything is built
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4,zz=2"], r"--layout: unknown dimension 'zz'"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4,pp=0"],
+     r"--layout: 'pp=0': a size is a whole number of 1 or more"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "pp=2,pp=2"], r"--layout: pp is given twice"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4,pp=2", "--gpus", "4"],
+     r"--layout dp_shard=4,pp=2 multiplies to 8 GPUs, not --num-processes 4"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4,pp=2", "--pp-schedule", "zigzag"],
+     r"--pp-schedule 'zigzag' is not a pipeline schedule the plan models"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4", "--pp-schedule", "1F1B"],
+     r"--pp-schedule needs a pipeline: --layout has no pp dimension"),
+    (["--params", "7B", *MEMORY, "--microbatches", "4"], r"--microbatches needs a pipeline: give --layout with pp=N"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "sp=2,pp=2"], r"--layout: pp does not compose with sp"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=2,pp=2", "--strategy", "ddp"],
+     r"--strategy and --layout both name what to plan"),
+    (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=2,pp=2", "--write-config", "pp.yaml"],
+     r"--write-config: this version of `accelkit config` has no --pp-size"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path: Path, args: list[str], match: str) -> None:
     invoke_fault(["plan", *args], watch=[tmp_path], cwd=tmp_path).assert_refused(match)

@@ -89,10 +89,20 @@ def test_recommended_commands_pass_the_config_rules(seq_len, monkeypatch):
 
     monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
     monkeypatch.setattr(compat, "gaps", lambda **_: iter(()))
-    words = nd.advise(LLAMA_70B, seq_len=seq_len, **CLUSTER).commands[0].split()[2:-2]
+    advice = nd.advise(LLAMA_70B, seq_len=seq_len, precision="bf16", **CLUSTER)
+    words = advice.commands[0].split()[2:-2]
+    assert "--mixed-precision" in words  # the job as planned: its precision, and its checkpointing
+    if advice.best.layout.backend == "fsdp":
+        assert "--activation-checkpointing" in words
+    else:
+        assert "gradient_checkpointing_enable()" in advice.reason
     given = {}
-    for flag, value in zip(words[::2], words[1::2], strict=True):
-        name = flag[2:].replace("-", "_")
-        given[name] = value if name in ("backend", "main_process_ip") else int(value)
+    while words:
+        name = words.pop(0)[2:].replace("-", "_")
+        if not words or words[0].startswith("--"):
+            given[name] = True
+            continue
+        value = words.pop(0)
+        given[name] = value if name in ("backend", "main_process_ip", "mixed_precision") else int(value)
     config = resolve_config(ConfigOptions(**given))
     assert config.parallelism is not None and config.parallelism.total in (32, config.parallelism.sp)

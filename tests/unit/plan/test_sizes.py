@@ -32,6 +32,7 @@ def test_bad_bytes_are_refused_with_the_fix(text: str, hint: str) -> None:
 @pytest.mark.parametrize("text, expected", [
     ("7B", 7 * 10**9), ("1.3e9", 1_300_000_000), ("350M", 350_000_000), ("125K", 125_000), ("7b", 7 * 10**9),
     ("70000000000", 70 * 10**9), ("1.5T", 1_500_000_000_000), ("6.7B", 6_700_000_000),
+    ("8.03B", 8_030_000_000), ("70.6B", 70_600_000_000), ("1.235e9", 1_235_000_000), ("405.85B", 405_850_000_000),
 ])
 def test_counts(text: str, expected: int) -> None:
     assert parse_count(text, "--params") == expected

@@ -1,0 +1,166 @@
+"""Pipeline rows of the plan (issue 34, item 5): stages, in-flight micro-batches per schedule, the bubble, point-to-
+point bytes, per-stage model states, and the published runs checked on paper (torchtitan's Llama 3.1 405B on 512
+H100, GPT-3 175B's 64 x 8 x 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelkit.errors import AccelkitError
+from accelkit.plan import nd
+from accelkit.plan.activations.profile import Profile
+from accelkit.plan.pipeline import Pipeline, check, schedule_name
+
+LLAMA_70B = nd.Model.llama(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256, intermediate=28672)
+GiB = 2**30
+
+
+def test_bubble_follows_the_schedules_formulas():
+    assert Pipeline(8, "1F1B", 32).bubble == pytest.approx(7 / 39)
+    assert Pipeline(8, "GPipe", 32).bubble == pytest.approx(7 / 39)
+    assert Pipeline(8, "Interleaved1F1B", 32).bubble == pytest.approx(7 / 64)  # (p-1)/(v*m), v = 2
+    assert Pipeline(1).bubble == 0
+
+
+def test_in_flight_micro_batches_differ_by_schedule():
+    gpipe, one_f_one_b = Pipeline(4, "GPipe", 16), Pipeline(4, "1F1B", 16)
+    assert [gpipe.in_flight(r) for r in range(4)] == [16] * 4  # every forward before any backward
+    assert [one_f_one_b.in_flight(r) for r in range(4)] == [4, 3, 2, 1]  # p - r
+    assert gpipe.head_in_flight() == 16 and one_f_one_b.head_in_flight() == 1
+
+
+@pytest.mark.parametrize("p, v", [(4, 2), (8, 2)])
+def test_interleaving_keeps_one_plus_p_minus_1_over_pv_of_1f1b(p, v):
+    layers = p * v * 4
+    interleaved, plain = Pipeline(p, "Interleaved1F1B", 4 * p), Pipeline(p, "1F1B", 4 * p)
+    per_stage = layers // interleaved.stages
+    kept = interleaved.in_flight(0) * per_stage
+    assert kept / (plain.in_flight(0) * layers // p) == pytest.approx(1 + (p - 1) / (p * v))
+
+
+def test_layers_split_in_order_with_embedding_first_and_head_last():
+    pipeline = Pipeline(4, "1F1B", 4)
+    assert [len(r) for r in pipeline.layers_of_stage(10)] == [3, 3, 2, 2]
+    first = {n for n, _ in nd.rank_tensors(LLAMA_70B, pipeline, 0)}
+    last = {n for n, _ in nd.rank_tensors(LLAMA_70B, pipeline, 3)}
+    assert "model.embed_tokens.weight" in first and "lm_head.weight" not in first
+    assert {"lm_head.weight", "model.norm.weight"} <= last and "model.embed_tokens.weight" not in last
+    held = sum(len(nd.rank_tensors(LLAMA_70B, pipeline, r)) for r in range(4))
+    assert held == len(LLAMA_70B.tensors)  # every tensor on exactly one stage
+
+
+def test_states_per_stage_are_the_stages_share():
+    """pp 4 over 32 GPUs with FSDP 8 inside a stage: each rank's states are its stage's tensors / 8 at 16 B."""
+    layout = nd.Layout("fsdp", dp_shard=8, pipeline=Pipeline(4, "1F1B", 4))
+    pipeline = layout.pipeline
+    for rank in range(4):
+        tensors = nd.rank_tensors(LLAMA_70B, pipeline, rank)
+        numel = sum(-(-__import__("math").prod(s) // 8) for _, s in tensors)
+        assert nd._rank_row(layout, LLAMA_70B, rank, None, 4096, 1, True, "adamw", nd.LLAMA_TP_PLAN,
+                            _profile(), 2, 2).states == numel * 16
+
+
+def _profile() -> Profile:
+    return Profile(layers=80, layer=34 * 4096 * 8192, kept=2 * 4096 * 8192, rest=4096 * 128256 * 4, source="test")
+
+
+def test_gpipe_keeps_more_activations_than_1f1b_and_the_point_to_point_bytes():
+    rows = {s: nd.row(nd.Layout("fsdp", dp_shard=8, pipeline=Pipeline(4, s, 8)), LLAMA_70B, gpus=32, nodes=4,
+                      gpu_memory=80 * 10**9, seq_len=4096, profile=_profile()) for s in ("GPipe", "1F1B")}
+    assert rows["GPipe"].activations > 1.8 * rows["1F1B"].activations
+    boundary = 4096 * 8192 * 2  # one micro-batch's hidden state, 16-bit
+    assert rows["1F1B"].traffic["pp"] == 2 * 8 * boundary  # forward activations + backward gradients, m of each
+    assert rows["1F1B"].bubble == pytest.approx(3 / 11)
+
+
+def test_data_parallel_pipeline_rank_reduces_to_the_whole_profile():
+    """pp 1: one rank holds the whole model and exactly the traced total (the same figure as the main table)."""
+    profile = _profile()
+    row = nd.row(nd.Layout("fsdp", dp_shard=32), LLAMA_70B, gpus=32, nodes=4, gpu_memory=80 * 10**9,
+                 seq_len=4096, profile=profile)
+    assert row.activations == profile.total(True)
+
+
+@pytest.mark.parametrize("text, name", [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved-1f1b", "Interleaved1F1B"),
+                                        ("Interleaved1F1B", "Interleaved1F1B")])
+def test_schedule_names(text, name):
+    assert schedule_name(text) == name
+
+
+@pytest.mark.parametrize("pipeline, layers, message", [
+    (Pipeline(8, "1F1B", 4), 80, "--microbatches 4 is fewer than the 8 pipeline stages"),
+    (Pipeline(4, "Interleaved1F1B", 6), 80, "does not divide into rounds of 4"),
+    (Pipeline(8, "Interleaved1F1B", 8), 12, "needs 16 stages, more than the model's 12 layers"),
+])
+def test_pipeline_rules(pipeline, layers, message):
+    with pytest.raises(AccelkitError, match=message):
+        check(pipeline, layers)
+
+
+# Llama 3.1 405B, torchtitan docs/performance.md Table 5 (commit 9dec370, 2024-12-26): 512 H100 (95 GiB), FSDP 8 x
+# TP 8 (with sequence parallelism and loss parallelism) x PP 8, local batch 32 at 8,192 tokens, full activation
+# checkpointing, FSDP reducing in fp32; micro-batches: torchtitan's default, one per stage (8 for 1F1B, 16 for
+# Interleaved1F1B with 2 stages per rank). Peak reserved memory, the maximum over all GPUs: 82.5 and 72.7 GiB.
+TORCHTITAN_405B = {"1F1B": (8, 82.5), "Interleaved1F1B": (16, 72.7)}
+
+
+@pytest.mark.parametrize("schedule", list(TORCHTITAN_405B))
+def test_torchtitan_405b_on_paper_within_ten_percent(schedule):
+    from accelkit.plan.published import torchtitan_405b
+
+    planned, published = torchtitan_405b(schedule)
+    assert published == TORCHTITAN_405B[schedule][1]
+    assert abs(planned - published) / published <= 0.10, (planned, published)
+
+
+def test_gpt3_175b_64_x_8_x_8_shape():
+    """GPT-3 175B on 4,096 GPUs as 64 (data) x 8 (pipeline) x 8 (tensor): 12 layers a stage, 1/64 of the model
+    per GPU, tensor groups inside an 8-GPU machine."""
+    from accelkit.plan.published import gpt3_175b
+
+    model = gpt3_175b()
+    assert model.parameters == pytest.approx(175e9, rel=0.01)
+    layout = nd.Layout("ddp", dp_replicate=64, tp=8, pipeline=Pipeline(8, "1F1B", 8))
+    assert layout.world == 4096 and nd.unavailable(layout, model, 4096, 512) is None
+    assert [len(r) for r in layout.pipeline.layers_of_stage(model.layers)] == [12] * 8
+    middle = nd._rank_row(layout, model, 3, None, 2048, 1, True, "adamw", nd.LLAMA_TP_PLAN, _profile(), 2, 2)
+    assert middle.states == 12 * 12 * 12288**2 // 8 * 16 + 12 * 2 * 12288 * 16  # 12 layers' tp shard, 16 B each
+    assert middle.states == pytest.approx(model.parameters / 64 * 16, rel=0.02)  # about 1/64 of the model
+    row = nd.row(layout, model, gpus=4096, nodes=512, gpu_memory=None, seq_len=2048)
+    assert row.worst_rank == 0 and row.states > middle.states  # the embeddings' stage holds the most
+
+
+def _plan(*args: str) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from accelkit.commands.plan import command
+
+    result = CliRunner().invoke(command, [*args, "--json"], standalone_mode=False)
+    assert result.exception is None, result.output
+    return json.loads(result.output)
+
+
+def test_checkpointing_comes_before_offload_and_the_batch_advice_stays():
+    """70B on 64 x 80 GB at 8,192 tokens: the main table without checkpointing fits only with offload; the plan
+    adds checkpointing (cheaper) and recommends FSDP full shard, never offload, with the learning rate."""
+    plan = _plan("--params", "70B", "--num-processes", "64", "--num-machines", "8", "--gpu-memory", "80GB",
+                 "--seq-len", "8192", "--base-lr", "3e-4", "--base-batch", "32")
+    assert plan["recommendation"]["strategy"] == "fsdp-full"
+    assert plan["training"]["activation_checkpointing"] is True
+    assert "--activation-checkpointing" in plan["recommendation"]["config_command"]
+    assert any(note.startswith("activation checkpointing added") for note in plan["notes"])
+    assert plan["learning_rate"]["effective_batch"] == 64
+
+
+def test_a_given_pipeline_layout_is_the_recommendation_with_its_commands():
+    plan = _plan("--params", "1B", "--layout", "dp_shard=2,pp=2", "--pp-schedule", "interleaved-1f1b",
+                 "--microbatches", "4", "--gpu-memory", "80GB", "--seq-len", "1024")
+    rec = plan["recommendation"]
+    assert rec["layout"] == "dp_shard=2,pp=2" and rec["fits"] is True
+    assert "--pp-size 2 --pp-schedule Interleaved1F1B --microbatches 4" in rec["config_command"]
+    assert "--mixed-precision bf16" in rec["launch_command"]
+    pipeline = plan["nd"]["rows"][0]["pipeline"]
+    assert pipeline["bubble"] == pytest.approx(1 / 8) and pipeline["stages_per_rank"] == 2
+    assert plan["learning_rate"] is None
