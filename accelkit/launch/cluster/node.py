@@ -179,7 +179,10 @@ def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
 
     if not os.environ.get("SLURM_JOB_ID") or (request.options.num_machines or 1) < 2:
         return None
-    return Path.cwd() if resolve_request(request).backend in (Backend.FSDP, Backend.DEEPSPEED) else None
+    # Only the backend is read here; the launcher resolves and checks the whole config again before any rank starts
+    # (Accelerate's own check imports torch: ~10 s on a loaded node, before the preflight could even begin).
+    backend = resolve_request(request, check_with_accelerate=False).backend
+    return Path.cwd() if backend in (Backend.FSDP, Backend.DEEPSPEED) else None
 
 
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
