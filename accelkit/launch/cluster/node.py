@@ -170,6 +170,21 @@ def _forward_save_signal(supervisor, board) -> None:
     threading.Thread(target=watch_board, name="accelkit-save-request", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _terminate_unwinds():
+    """While the cross-node preflight runs: SIGTERM unwinds like an error. When one node refuses the job, srun
+    ends the others with SIGTERM, and their preflight must still remove what it wrote (its marker file in the
+    working directory) and free machine 0's port."""
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
     """A SLURM job whose checkpoints are sharded (FSDP, DeepSpeed: each node saves its ranks' shards) writes them
     under its working directory, which every node must then share. (SkyPilot and Kubernetes jobs run in a copy of
@@ -202,8 +217,9 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
     if board is not None:
         from accelkit.launch.cluster.node_preflight import check_nodes
 
-        check_nodes(board, request, machine=machine_rank, machines=machines, node=node,
-                    main_address=main_process_ip, port=port, shared_dir=_shared_dir_to_check(request))
+        with _terminate_unwinds():
+            check_nodes(board, request, machine=machine_rank, machines=machines, node=node,
+                        main_address=main_process_ip, port=port, shared_dir=_shared_dir_to_check(request))
     fd, failure_path = tempfile.mkstemp(prefix="accelkit-node-failure-")
     os.close(fd)
     failure_file = Path(failure_path)
