@@ -94,8 +94,9 @@ def accelkit_nodes(project: Path, lost_timeout: float) -> list[Proc]:
     port = free_port_pair()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
     env.update(task_env)
-    return [Proc([sys.executable, "-m", "accelkit.launch.node", "--machine-rank", str(rank), "--main-process-ip",
-                  "127.0.0.1", "--main-process-port", str(port), "--job-board-port", str(port + 1), "--node-name",
+    return [Proc([sys.executable, "-m", "accelkit.launch.cluster.node", "--machine-rank", str(rank),
+                  "--main-process-ip", "127.0.0.1", "--main-process-port", str(port), "--job-board-port", str(port + 1),
+                  "--node-name",
                   f"node{rank}"], project, env) for rank in (0, 1)]
 
 

@@ -15,7 +15,11 @@ The accelkit job adds a batch step (address, port, job board), one supervised la
 launcher under it) and the preflight. Runs alternate between the two so machine load hits both alike; medians and
 minima are compared (goal: accelkit <= 1.10x bare).
 
-    python benchmarks/slurm_overhead.py [--runs 3]
+    python benchmarks/slurm_overhead.py [--runs 3] [--network]
+
+--network runs the nodes as two hosts (each its own network namespace on a bridge, tests/helpers/netns.py): the
+bare job then finds machine 0's NodeAddr with scontrol and sets GLOO_SOCKET_IFNAME=eth0 by hand, as it must; the
+accelkit job finds both itself (and checks the port and addresses at preflight).
 """
 
 from __future__ import annotations
@@ -51,10 +55,23 @@ BARE = """\
 #SBATCH --ntasks-per-node=1
 #SBATCH --output=bare-%j.out
 set -euo pipefail
-srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \\
+{network}srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \\
   'exec {python} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank $SLURM_NODEID \\
-   --master-addr 127.0.0.1 --master-port {port} hello.py'
+   --master-addr {address} --master-port {port} hello.py'
 """
+# Across hosts (--network), what a user who knows the pitfalls writes by hand: machine 0's NodeAddr (node names do
+# not resolve) and the interface gloo must use (the host name resolves to a loopback address).
+BARE_NETWORK = """\
+first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+export MASTER_ADDR=$(scontrol show node -o "$first" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
+export GLOO_SOCKET_IFNAME=eth0
+"""
+
+
+def bare_job(python: str, port: int, network: bool) -> str:
+    if network:
+        return BARE.format(python=python, port=port, network=BARE_NETWORK, address="$MASTER_ADDR")
+    return BARE.format(python=python, port=port, network="", address="127.0.0.1")
 
 
 def timed_job(cluster: SlurmCluster, script: Path) -> float:
@@ -114,10 +131,12 @@ def diverged_folder(cluster: SlurmCluster, name: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--network", action="store_true",
+                        help="each node its own network namespace (two hosts on a bridge, tests/helpers/netns.py)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="slurm-overhead-"))
     try:
-        with SlurmCluster(root / "cluster") as cluster:
+        with SlurmCluster(root / "cluster", network=args.network) as cluster:
             work = root / "work"
             work.mkdir()
             (work / "hello.py").write_text(HELLO)
@@ -132,7 +151,7 @@ def main() -> None:
             times: dict[str, list[float]] = {"bare srun + torchrun": [], "accelkit --slurm": []}
             for _ in range(args.runs):
                 bare = work / "bare.sbatch"
-                bare.write_text(BARE.format(python=sys.executable, port=free_port()))
+                bare.write_text(bare_job(sys.executable, free_port(), args.network))
                 times["bare srun + torchrun"].append(timed_job(cluster, bare))
                 times["accelkit --slurm"].append(timed_job(cluster, work / "accelkit.sbatch"))
 
@@ -149,7 +168,7 @@ def main() -> None:
                     raise SystemExit(f"the diverged job was not stopped by the preflight (exit {refused})")
                 preflight.append({**marks, "exit": refused})
             bare_project = diverged_folder(cluster, "diverged-bare")
-            (bare_project / "bare.sbatch").write_text(BARE.format(python=sys.executable, port=free_port()))
+            (bare_project / "bare.sbatch").write_text(bare_job(sys.executable, free_port(), args.network))
             bare_code, bare_marks = watched_job(cluster, bare_project / "bare.sbatch", "bare-%j.out",
                                                 {"rank": "hello rank="})
     finally:
@@ -157,7 +176,9 @@ def main() -> None:
 
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPU(s), load average (1, 5, 15 min) at the end: {load}")
-    print(f"2-node job, 1 CPU rank per node, local Slurm cluster; {args.runs} run(s) each (submission to end)")
+    where = "two hosts (network namespaces on a bridge)" if args.network else "both nodes on this host's loopback"
+    print(f"2-node job, 1 CPU rank per node, local Slurm cluster, {where}; {args.runs} run(s) each (submission to "
+          "end)")
     print(f"{'job':<24}{'median s':>10}{'min s':>10}")
     for name, values in times.items():
         print(f"{name:<24}{statistics.median(values):>10.2f}{min(values):>10.2f}")

@@ -1,7 +1,7 @@
 """The resource, environment and storage options of `accelkit launch --slurm/--skypilot/--kubernetes`: what a node
 is asked for (CPUs, memory, whole nodes, /dev/shm), where the job runs (account, QOS, more #SBATCH lines, set-up
 lines, a container) and the storage its nodes share. Each option's targets are in launch.CLUSTER_ONLY; the values
-are checked where the job is written (accelkit.launch.targets)."""
+are checked where the job is written (accelkit.launch.cluster.targets)."""
 
 from __future__ import annotations
 

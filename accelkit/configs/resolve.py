@@ -48,12 +48,14 @@ _JSON_SETTINGS = ("zero_stage", "offload_optimizer", "offload_params", "offload"
 
 def resolve_config(options: ConfigOptions, *, base: Mapping[str, Any] | None = None, base_label: str | None = None,
                    labels: Mapping[str, str] | None = None, launch: bool = False,
-                   per_machine: bool = True) -> ResolvedConfig:
+                   per_machine: bool = True, check_with_accelerate: bool = True) -> ResolvedConfig:
     """The config for `options` on top of `options.preset` or `base` (a loaded config file, named `base_label`).
     `labels`: option name -> how the user gave it when not by its own flag (e.g. "--cpu"). `launch`: for a launch
     rather than a file (gradient accumulation may then go to the environment). `per_machine=False`: a template for
-    every machine of a cluster, whose rank and main address each node supplies. AccelkitError on anything that
-    cannot work, naming the value as the user gave it."""
+    every machine of a cluster, whose rank and main address each node supplies. `check_with_accelerate=False`
+    skips Accelerate's own check (it imports accelerate and torch: seconds), for a caller that only reads the
+    backend of a config that is checked again where it runs. AccelkitError on anything that cannot work, naming
+    the value as the user gave it."""
     layer = _base_layer(options, base, base_label)
     if layer is not None and options.backend and layer.backend and Backend(options.backend) is not layer.backend:
         origin = f"preset `{options.preset}`" if options.preset else f"the base config {base_label or ''}".rstrip()
@@ -80,7 +82,8 @@ def resolve_config(options: ConfigOptions, *, base: Mapping[str, Any] | None = N
     findings = rules.check_rules(resolved, options, writes_file=not launch)
     raise_first_error(findings, more=None)
     resolved = replace(resolved, grad_compression=_grad_compression(filled, resolved))
-    _through_accelerate(resolved.to_accelerate_dict())
+    if check_with_accelerate:
+        _through_accelerate(resolved.to_accelerate_dict())
     warnings = [*(layer.findings if layer else ()), *findings]
     return replace(resolved, findings=tuple(f for f in warnings if not f.is_error))
 

@@ -9,22 +9,32 @@ The public surface (what the rest of accelkit imports; the modules below are thi
   supervision: environment, probes, stall timeout, deadline and output files as parameters; status, exit code,
   stacks and the first failing rank's own error back (supervised.py); run_request: `accelkit launch`'s run;
 - SlurmOptions, write_slurm_job / SkyPilotOptions, write_skypilot_task / KubernetesOptions, write_trainjob:
-  the cluster targets (targets/: one typed cluster job, one renderer per scheduler).
+  the cluster targets (cluster/targets/: one typed cluster job, one renderer per scheduler).
 
 Modules, in the order a launch uses them:
 - api.py      run_launch: the command's one entry point (run, --dry-run, or a job file for --slurm/--skypilot/...);
 - request.py  LaunchRequest: what the user asked for (crosses into the launcher process as JSON);
+- preflight.py  checks made once in the `accelkit` process before any rank exists (the script's syntax, ...);
 - build_plan.py  resolve the config (accelkit.configs), decide CPU rehearsal (accelkit.rehearsal), check script, GPUs,
               DeepSpeed and the rendezvous port, write the config, then plan;
+- cpu_capacity.py  how many CPU ranks this machine can hold;
+- build_locks.py  DeepSpeed op build locks left by interrupted builds, found and removed;
+- collective_debug.py  the debug settings that make a hung GPU collective explain itself;
 - launch_plan.py  LaunchPlan: the launcher module, its flags, the bootstrap, the port, the environment and the script
               argv as fields (argv derived), made by a pure function;
 - summary.py  which value came from where, for the user (read from the config's sources and the plan's fields);
 - worker.py   the launcher process: prepare, print, then run accelerate_main in-process;
 - accelerate_main.py  `accelerate launch` with the failing rank's exit status;
+- launch_dir.py  the one temporary folder a launch owns, removed on every way out;
 - supervisor.py  the Supervisor in the `accelkit` process: signals, no orphans, stall watchdog, deadline, exit status;
+- rank_monitor.py  the supervisor's view of this machine's ranks (who, how much they compute and write);
+- watchdog.py  when a job is stalled: a pure decision over the monitor's samples;
+- stacks.py   the ranks' dumped Python stacks, and where the job hangs;
+- failures.py  what the launcher says when a rank exits with an error or dies of a signal;
+- restarts.py  restarts said out loud (`--max-restarts`): which rank, how, the attempt, the checkpoint resumed;
 - supervised.py  the supervised-run API on top of it (request in, outcome out);
-- targets/    cluster jobs: SLURM, SkyPilot and Kubernetes renderings of one ClusterJob and one per-node command
-              (node.py, the node launcher they all run; slurm_job.py, SLURM's batch step);
+- cluster/    the cluster side: the node launcher every job file runs, SLURM's batch step, the job board, the
+              cross-node preflight, network and heartbeats, and the job files (cluster/targets/);
 - ports.py    free and busy ports.
 
 Importing this package is cheap: its names load on first use (no torch, no psutil until then).
@@ -43,7 +53,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "check_target": "build_plan",
     "prepare_launch": "build_plan",
     "dry_run_text": "summary",
-    "run_request": "supervisor",
+    "run_request": "supervised",
     "run_launch": "api",
     "ClusterJobFile": "api",
     "STALL_EXIT_STATUS": "supervisor",
@@ -52,10 +62,10 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "Stream": "supervised",
     "SupervisedRun": "supervised",
     "run_supervised": "supervised",
-    "SlurmOptions": "targets.slurm",
-    "write_slurm_job": "targets.slurm",
-    "SkyPilotOptions": "targets.skypilot",
-    "write_skypilot_task": "targets.skypilot",
-    "KubernetesOptions": "targets.kubernetes",
-    "write_trainjob": "targets.kubernetes",
+    "SlurmOptions": "cluster.targets.slurm",
+    "write_slurm_job": "cluster.targets.slurm",
+    "SkyPilotOptions": "cluster.targets.skypilot",
+    "write_skypilot_task": "cluster.targets.skypilot",
+    "KubernetesOptions": "cluster.targets.kubernetes",
+    "write_trainjob": "cluster.targets.kubernetes",
 })

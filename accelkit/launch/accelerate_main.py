@@ -68,7 +68,7 @@ class _Rendezvous:
     def announce(self) -> None:
         if self.machines < 2:
             return
-        from accelkit.launch.network import choose_socket_interface
+        from accelkit.launch.cluster.network import choose_socket_interface
 
         # Before torchrun starts: the ranks inherit the interface variables from this process's environment.
         print(choose_socket_interface(self.address), file=sys.stderr, flush=True)
@@ -106,7 +106,7 @@ class _Rendezvous:
         return failures.other_machines_missing(self.port, self.machines, self.timeout)
 
 
-FAILURE_FILE_ENV = "ACCELKIT_FAILURE_FILE"  # set by a cluster node's launcher (accelkit.launch.node)
+FAILURE_FILE_ENV = "ACCELKIT_FAILURE_FILE"  # set by a cluster node's launcher (accelkit.launch.cluster.node)
 
 
 def _record_first_failure(exc) -> None:
@@ -212,7 +212,7 @@ def _single_process_died(signum: int, watch_dir: Path | None) -> int:
     return report(error)
 
 
-NODE_NAME_ENV = "ACCELKIT_NODE_NAME"  # set by a cluster node's launcher (accelkit.launch.node)
+NODE_NAME_ENV = "ACCELKIT_NODE_NAME"  # set by a cluster node's launcher (accelkit.launch.cluster.node)
 RUN_ID_ENV = "ACCELKIT_RUN_ID"  # the rendezvous run id every machine of one job shares (default: from the port)
 
 
@@ -230,7 +230,7 @@ def _say_restarts(args, rendezvous: _Rendezvous, watch_dir: Path | None) -> None
             args.rdzv_endpoint = f"127.0.0.1:{rendezvous.port}"
     board = None
     if rendezvous.machines > 1:
-        from accelkit.launch import job_board
+        from accelkit.launch.cluster import job_board
 
         args.rdzv_id = os.environ.get(RUN_ID_ENV) or os.environ.get("SLURM_JOB_ID") or \
             f"accelkit-{rendezvous.address}-{rendezvous.port}"
@@ -239,7 +239,7 @@ def _say_restarts(args, rendezvous: _Rendezvous, watch_dir: Path | None) -> None
         # Each agent's own address, which the restarted ranks use to reach the store of the attempt: torch would
         # take it from the host name (a loopback address again) where the user has not given one.
         if not getattr(args, "local_addr", None):
-            from accelkit.launch.heartbeat import own_address
+            from accelkit.launch.cluster.heartbeat import own_address
 
             args.local_addr = own_address(rendezvous.address, rendezvous.port)
         conf = getattr(args, "rdzv_conf", None) or ""

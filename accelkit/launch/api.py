@@ -52,7 +52,7 @@ def run_launch(request: LaunchRequest, *, stall_timeout: float | None = None, dr
         return write_cluster_job(request, cluster, stall_timeout)
     if dry_run:
         return CommandResult().out(dry_run_text_of(request))
-    from accelkit.launch.supervisor import run_request
+    from accelkit.launch.supervised import run_request
 
     return CommandResult(exit_code=run_request(request, stall_timeout=stall_timeout))
 
@@ -73,9 +73,9 @@ def dry_run_text_of(request: LaunchRequest) -> str:
 
 def write_cluster_job(request: LaunchRequest, job_file: ClusterJobFile, stall_timeout: float | None) -> CommandResult:
     """Write the job file of one cluster target; say what it resolved and how to submit it."""
-    from accelkit.launch.targets import kubernetes, skypilot, slurm
-    from accelkit.launch.targets.resources import NodeResources, parse_memory
-    from accelkit.launch.targets.storage import parse_storages
+    from accelkit.launch.cluster.targets import kubernetes, skypilot, slurm
+    from accelkit.launch.cluster.targets.resources import NodeResources, parse_memory
+    from accelkit.launch.cluster.targets.storage import parse_storages
 
     nodes = 1 if request.options.num_machines is None else request.options.num_machines  # or its spelling --nodes
     path, name = job_file.path, job_file.job_name

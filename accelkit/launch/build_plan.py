@@ -45,9 +45,10 @@ def check_target(target: LaunchTarget, cwd: Path | None = None) -> None:
         raise AccelkitError(f"not a file: {target.script}", hint="pass the training script itself, e.g. train.py")
 
 
-def resolve_request(request: LaunchRequest) -> ResolvedConfig:
+def resolve_request(request: LaunchRequest, *, check_with_accelerate: bool = True) -> ResolvedConfig:
     """The job's config: the options on top of --config FILE (if any). `--cpu` with several processes and no
-    backend means N data-parallel CPU processes (what `accelerate launch --cpu --num_processes N` users expect)."""
+    backend means N data-parallel CPU processes (what `accelerate launch --cpu --num_processes N` users expect).
+    `check_with_accelerate=False`: without Accelerate's own check (see configs.resolve_config)."""
     from accelkit.configs import load_config, resolve_config
 
     options, labels = request.options, dict(request.source_labels)
@@ -60,7 +61,8 @@ def resolve_request(request: LaunchRequest) -> ResolvedConfig:
     if request.cpu and several and options.backend is None and options.preset is None and base is None:
         options, labels["backend"] = replace(options, backend=Backend.CPU.value), "--cpu"
     return resolve_config(options, base=base, base_label=str(request.config_file) if base is not None else None,
-                          labels=labels, launch=True, per_machine=not request.for_cluster)
+                          labels=labels, launch=True, per_machine=not request.for_cluster,
+                          check_with_accelerate=check_with_accelerate)
 
 
 def check_gpus(config: ResolvedConfig) -> None:

@@ -29,11 +29,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.supervisor import WATCH_PROBE, WORKER_MODULE, stall_error, supervised_job
 
 
 class Stream(enum.Enum):
@@ -69,6 +71,8 @@ class SupervisedRun:
                    job) go where the job's stderr goes
     grace          seconds a stopped job gets to end by itself before it is killed
     report_stall   also print the stall's one-line `Error:` (as `accelkit launch` does); otherwise the caller says it
+    on_start       called with the Supervisor just before the job starts, to run work beside it (a cluster node's
+                   heartbeats and save-signal forwarding); the caller stops that work after run_supervised returns
     """
 
     job: LaunchRequest | ScriptProcess
@@ -81,6 +85,7 @@ class SupervisedRun:
     stderr: Path | Stream = Stream.INHERIT
     grace: float = 15.0
     report_stall: bool = False
+    on_start: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "deadline"):
@@ -123,10 +128,16 @@ class RunOutcome:
         return self.status == OK
 
 
+def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: float | None = None) -> int:
+    """`accelkit launch`'s run: `request` in a supervised launcher process (accelkit.launch.worker); the exit status
+    (the failing rank's on failure, STALL_EXIT_STATUS after a stall). `stall_timeout`: None = the default for the
+    job's kind, 0 = no watchdog."""
+    return run_supervised(SupervisedRun(request, stall_timeout=stall_timeout, grace=grace,
+                                        report_stall=True)).exit_code
+
+
 def run_supervised(run: SupervisedRun) -> RunOutcome:
     """Run `run.job` under a Supervisor until every process it started is gone; see the module docstring."""
-    from accelkit.launch.supervisor import WATCH_PROBE, WORKER_MODULE, supervised_job
-
     env = dict(os.environ if run.env is None else run.env)
     if isinstance(run.job, LaunchRequest):
         from accelkit.launch.preflight import check_syntax
@@ -146,6 +157,8 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
         with supervised_job(argv, env, plain=not isinstance(run.job, LaunchRequest), grace=run.grace,
                             stall_timeout=run.stall_timeout, cwd=run.cwd, stdout=stdout, stderr=stderr,
                             deadline=run.deadline, messages=messages, report_stall=run.report_stall) as supervisor:
+            if run.on_start is not None:
+                run.on_start(supervisor)
             started = time.monotonic()
             exit_code = supervisor.run()
             seconds = time.monotonic() - started
@@ -185,8 +198,6 @@ def _open_outputs(run: SupervisedRun, files: contextlib.ExitStack):
 
 def outcome_of(supervisor, exit_code: int, seconds: float) -> RunOutcome:
     """The typed outcome of a finished Supervisor."""
-    from accelkit.launch.supervisor import stall_error
-
     user_signal = supervisor.signals[0] if supervisor.signals else None
     if supervisor.stalled:
         stall = supervisor.stall

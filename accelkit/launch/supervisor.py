@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
@@ -34,7 +34,6 @@ from accelkit.errors import AccelkitError, report
 from accelkit.fsio import remove_path
 from accelkit.launch.accelerate_main import exit_status
 from accelkit.launch.launch_dir import STALLED_MARKER, create_launch_dir, launcher_env
-from accelkit.launch.request import LaunchRequest
 from accelkit.launch.restarts import ResumeAnnouncer
 from accelkit.ranks import WATCH_DIR_ENV
 
@@ -341,29 +340,6 @@ def stall_error(stall: StallReport) -> AccelkitError:
         f"the job stalled for {stall.seconds:.0f} s and was stopped: {stall.where}",
         hint=f"{stall.advice}; if the job is only slow and silent, raise --stall-timeout (now {stall.timeout:g} s; 0 "
              "turns the watchdog off)")
-
-
-def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: float | None = None) -> int:
-    """Resolve and run `request` in a supervised launcher process (accelkit.launch.worker); return the exit status
-    (the failing rank's on failure, STALL_EXIT_STATUS after a stall). `stall_timeout`: None = the default for the
-    job's kind, 0 = no watchdog."""
-    from accelkit.launch.supervised import SupervisedRun, run_supervised
-
-    return run_supervised(SupervisedRun(request, stall_timeout=stall_timeout, grace=grace,
-                                        report_stall=True)).exit_code
-
-
-@contextlib.contextmanager
-def supervised(request: LaunchRequest, *, env: dict[str, str] | None = None, grace: float = 15.0,
-               stall_timeout: float | None = None):
-    """A Supervisor for `request` (not started: call `.run()`), with the launch folder it owns, which is removed
-    when the block ends, however it ends. `env`: the launcher's environment (default: this process's)."""
-    # Every rank starts with the watch probe: stacks on demand and on fatal signals, optimizer step counts.
-    request = replace(request, probes=(*request.probes, WATCH_PROBE))
-    argv = [sys.executable, "-m", WORKER_MODULE, request.to_json()]
-    with supervised_job(argv, dict(os.environ if env is None else env), grace=grace,
-                        stall_timeout=stall_timeout) as supervisor:
-        yield supervisor
 
 
 @contextlib.contextmanager

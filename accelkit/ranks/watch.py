@@ -68,7 +68,8 @@ def install() -> None:
     _line_buffered(sys.stdout)
     _line_buffered(sys.stderr)
     if os.environ.get("ACCELKIT_JOB_BOARD") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-        # In a cluster job SIGUSR1 asks the ranks to save and stop (accelkit.launch.node repeats it until they end);
+        # In a cluster job SIGUSR1 asks the ranks to save and stop (accelkit.launch.cluster.node repeats it until
+        # they end);
         # one that comes before the script installed its handler is ignored rather than fatal.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     write_info(files, RankInfo(pid=os.getpid(), rank=int(os.environ.get("RANK", "0")),

@@ -1,5 +1,5 @@
-"""`--lost-timeout` (accelkit.launch.heartbeat): a value that is not a finite, non-negative number of seconds is a
-usage error (exit 2), one line, before anything starts, leaving nothing behind."""
+"""`--lost-timeout` (accelkit.launch.cluster.heartbeat): a value that is not a finite, non-negative number of seconds
+is a usage error (exit 2), one line, before anything starts, leaving nothing behind."""
 
 from __future__ import annotations
 

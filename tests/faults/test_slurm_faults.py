@@ -50,7 +50,7 @@ def test_a_folder_where_the_job_file_goes(tmp_path: Path) -> None:
     result.assert_refused("job.sbatch. is a directory", exit_code=2, hint=False)
 
 
-@pytest.mark.parametrize("module", ["accelkit.launch.slurm_job", "accelkit.launch.node"])
+@pytest.mark.parametrize("module", ["accelkit.launch.cluster.slurm_job", "accelkit.launch.cluster.node"])
 def test_job_entry_points_outside_a_job(module: str, tmp_path: Path) -> None:
     import subprocess
 

@@ -1,4 +1,4 @@
-"""A lost machine, named (accelkit.launch.heartbeat), on two node launchers on loopback, as SkyPilot or a
+"""A lost machine, named (accelkit.launch.cluster.heartbeat), on two node launchers on loopback, as SkyPilot or a
 TrainJob would start them (machine 0 hosts the job board). Machine 1 is "lost" by killing every one of its
 processes at once (a node crash) or by freezing them all (SIGSTOP: it stops answering, as a partitioned machine
 does; its sockets stay open, so the ranks on machine 0 hang in their collective). Either way machine 0 ends the
@@ -41,13 +41,13 @@ def two_free_ports() -> int:
 
 
 class Node:
-    """One node launcher (`python -m accelkit.launch.node`) in a session of its own; its output, read live."""
+    """One node launcher (`python -m accelkit.launch.cluster.node`) in a session of its own; its output, read live."""
 
     def __init__(self, project: Path, machine: int, port: int, request: str, extra_env: dict | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
         env.update({"ACCELKIT_LAUNCH_REQUEST": request, "ACCELKIT_JOB_KEY": "0123456789abcdef", **(extra_env or {})})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "accelkit.launch.node", "--machine-rank", str(machine), "--main-process-ip",
+            [sys.executable, "-m", "accelkit.launch.cluster.node", "--machine-rank", str(machine), "--main-process-ip",
              "127.0.0.1", "--main-process-port", str(port), "--job-board-port", str(port + 1), "--node-name",
              f"node{machine}"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)

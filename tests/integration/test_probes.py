@@ -20,7 +20,7 @@ import sys
 from accelkit.configs import ConfigOptions
 from accelkit.launch.launch_plan import LaunchTarget
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.supervisor import run_request
+from accelkit.launch.supervised import run_request
 backend, script, *args = sys.argv[1:]
 request = LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True, probes=("count_probe",),
                         options=ConfigOptions(backend=backend, num_processes=2))

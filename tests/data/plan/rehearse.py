@@ -16,7 +16,7 @@ import sys
 from accelkit.configs import ConfigOptions
 from accelkit.launch.launch_plan import LaunchTarget
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.supervisor import run_request
+from accelkit.launch.supervised import run_request
 backend, processes, stage, script, *args = sys.argv[1:]
 options = ConfigOptions(backend=backend, num_processes=int(processes), mixed_precision="bf16",
                         zero_stage=int(stage) if stage != "-" else None)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from helpers import DATA
 
 from accelkit.cli import cli
-from accelkit.launch.slurm_job import srun_argv, step_options
+from accelkit.launch.cluster.slurm_job import srun_argv, step_options
 from accelkit.scaffold import init_project
 
 PROBE = DATA / "launch" / "probe.py"
@@ -132,7 +132,7 @@ def test_trainjob_requests_cpus_memory_shm_and_a_shared_claim(tmp_path, monkeypa
     assert {m.name: m.mount_path for m in container.volume_mounts} == {"dshm": "/dev/shm",
                                                                        "shared-0": "/checkpoints"}
     script = job.spec.trainer.command[2]
-    assert script.index("source /opt/venv/bin/activate") < script.index("exec python -m accelkit.launch.node")
+    assert script.index("source /opt/venv/bin/activate") < script.index("exec python -m accelkit.launch.cluster.node")
 
 
 def test_every_trainjob_has_its_shm_volume(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""The lost-machine verdict (accelkit.launch.heartbeat) and the restart lines (accelkit.launch.restarts), on a real
-job board object and real watch files, with time given by the test."""
+"""The lost-machine verdict (accelkit.launch.cluster.heartbeat) and the restart lines (accelkit.launch.restarts), on a
+real job board object and real watch files, with time given by the test."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from accelkit.launch import job_board
-from accelkit.launch.heartbeat import HEARTBEAT_PREFIX, LossWatcher, describe_loss, wait_for_cause
+from accelkit.launch.cluster import job_board
+from accelkit.launch.cluster.heartbeat import HEARTBEAT_PREFIX, LossWatcher, describe_loss, wait_for_cause
 from accelkit.launch.restarts import RestartReporter, ResumeAnnouncer, is_peer_loss, peer_detail
 from accelkit.ranks.rank_files import RankFailure, RankFiles, RankInfo, write_failure, write_info
 

@@ -1,5 +1,5 @@
 """`accelkit launch --slurm`: the sbatch script is valid bash and carries the job's request; each node's launch, as
-accelkit.launch.node derives it from that request, is what Accelerate's parser expects for that node (a GPU job,
+accelkit.launch.cluster.node derives it from that request, is what Accelerate's parser expects for that node (a GPU job,
 checked without GPUs). The job itself runs on a real Slurm cluster in tests/integration/test_slurm.py; here: the
 pure parts (machine 0's address, the failure line, the preflight comparison, the job board)."""
 
@@ -15,12 +15,12 @@ from helpers import DATA
 
 from accelkit.cli import cli
 from accelkit.errors import AccelkitError
-from accelkit.launch import job_board
-from accelkit.launch.cluster_preflight import differences
-from accelkit.launch.node import describe_failure, node_request
+from accelkit.launch.cluster import job_board
+from accelkit.launch.cluster.node import describe_failure, node_request
+from accelkit.launch.cluster.node_preflight import differences
+from accelkit.launch.cluster.slurm_job import main_address
+from accelkit.launch.cluster.targets.slurm import REQUEST_DELIMITER
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.slurm_job import main_address
-from accelkit.launch.targets.slurm import REQUEST_DELIMITER
 
 PROBE = DATA / "launch" / "probe.py"
 
@@ -53,14 +53,14 @@ def test_sbatch_for_two_gpu_nodes_starts_one_launcher_per_node(tmp_path, monkeyp
     subprocess.run(["bash", "-n", str(script)], check=True)
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --time=04:00:00", "#SBATCH --job-name=ft",
-                 f"#SBATCH --chdir={tmp_path}", "exec python -m accelkit.launch.slurm_job --stall-timeout 600"):
+                 f"#SBATCH --chdir={tmp_path}", "exec python -m accelkit.launch.cluster.slurm_job --stall-timeout 600"):
         assert line in text.splitlines()
     assert "scontrol show hostnames" not in text and "29500" not in text  # address and port come at run time
     config = yaml.safe_load((tmp_path / "job.accelerate.yaml").read_text())
     assert (config["distributed_type"], config["num_machines"], config["num_processes"]) == ("DEEPSPEED", 2, 16)
 
     request = embedded_request(text)
-    for node in (0, 1):  # what accelkit.launch.node runs on each node, read back with Accelerate's own parser
+    for node in (0, 1):  # what accelkit.launch.cluster.node runs on each node, read back with Accelerate's own parser
         mine = node_request(request, node, "10.1.2.3", 29411)
         prepared = prepare_launch(mine, config_path=tmp_path / f"node{node}.yaml", check_hardware=False)
         args = launch_command_parser().parse_args(prepared.plan.launcher_args())
@@ -77,7 +77,7 @@ def test_a_fixed_port_is_kept(tmp_path, monkeypatch):
     _write(tmp_path, monkeypatch, "--cpu", "--slurm", str(script), "--nodes", "2", "--gpus-per-node", "1",
            "--main-process-port", "29633", str(PROBE))
     text = script.read_text()
-    assert "exec python -m accelkit.launch.slurm_job --port 29633" in text
+    assert "exec python -m accelkit.launch.cluster.slurm_job --port 29633" in text
     assert "#SBATCH --gpus-per-node" not in text  # a CPU job asks SLURM for no GPU
     request = embedded_request(text)
     assert request.cpu and request.options.num_machines == 2 and request.options.num_processes == 2
@@ -142,14 +142,14 @@ def test_slurm_refuses_inconsistent_shapes(tmp_path, monkeypatch):
     ("UNLIMITED", None), ("infinite", None), ("0", None),
 ])
 def test_slurm_time_limits_read_as_sbatch_reads_them(text, seconds):
-    from accelkit.launch.slurm_values import time_limit_seconds
+    from accelkit.launch.cluster.slurm_values import time_limit_seconds
 
     assert time_limit_seconds(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["abc", "1:2:3:4", "-5", "1-", "4h", "04:00:00x"])
 def test_slurm_time_limits_sbatch_would_refuse(text):
-    from accelkit.launch.slurm_values import time_limit_seconds
+    from accelkit.launch.cluster.slurm_values import time_limit_seconds
 
     with pytest.raises(AccelkitError, match="is not a SLURM time limit"):
         time_limit_seconds(text)

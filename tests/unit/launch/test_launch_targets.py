@@ -14,10 +14,10 @@ from helpers import DATA
 
 from accelkit.cli import cli
 from accelkit.errors import AccelkitError
-from accelkit.launch.node import check_scheduler_shape, node_request
+from accelkit.launch.cluster.node import check_scheduler_shape, node_request
+from accelkit.launch.cluster.slurm_job import NODE_PROGRAM
+from accelkit.launch.cluster.targets.accelerators import canonical_accelerator
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.slurm_job import NODE_PROGRAM
-from accelkit.launch.targets.accelerators import canonical_accelerator
 
 PROBE = DATA / "launch" / "probe.py"
 
@@ -47,7 +47,7 @@ def test_skypilot_task_for_two_h100_nodes(tmp_path, monkeypatch):
     subprocess.run(["bash", "-n"], input=run, text=True, check=True)
     for variable in ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert f'"${variable}"' in run
-    assert "head -n1" in run and "python -m accelkit.launch.node" in run and "--stall-timeout 600" in run
+    assert "head -n1" in run and "python -m accelkit.launch.cluster.node" in run and "--stall-timeout 600" in run
     assert "--main-process-port 29500 --job-board-port 29501" in run
     assert len(task["envs"]["ACCELKIT_JOB_KEY"]) == 32
     config = yaml.safe_load((tmp_path / "task.accelerate.yaml").read_text())
@@ -105,7 +105,7 @@ def test_every_target_runs_the_same_node_launcher(tmp_path, monkeypatch):
     sky_run = yaml.safe_load((tmp_path / "task.yaml").read_text())["run"]
     kube_run = yaml.safe_load((tmp_path / "tj.yaml").read_text())["spec"]["trainer"]["command"][2]
     for text in (NODE_PROGRAM, sky_run, kube_run):
-        assert "-m accelkit.launch.node --machine-rank" in text and '--node-name "' in text
+        assert "-m accelkit.launch.cluster.node --machine-rank" in text and '--node-name "' in text
 
 
 def test_accelerator_names_are_skypilots():

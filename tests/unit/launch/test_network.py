@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 from accelkit.errors import AccelkitError
-from accelkit.launch.job_board import Board
-from accelkit.launch.network import SOCKET_IFNAME_VARS, choose_socket_interface, is_loopback, route_to
-from accelkit.launch.network_checks import CHECK_PREFIX, MARKER_PREFIX, NetworkChecks, network_identity
+from accelkit.launch.cluster.job_board import Board
+from accelkit.launch.cluster.network import SOCKET_IFNAME_VARS, choose_socket_interface, is_loopback, route_to
+from accelkit.launch.cluster.network_checks import CHECK_PREFIX, MARKER_PREFIX, NetworkChecks, network_identity
 from accelkit.launch.ports import free_port
 
 

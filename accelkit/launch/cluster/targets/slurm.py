@@ -1,6 +1,7 @@
 """Write an sbatch script that runs one supervised accelkit launcher per node.
 
-The script holds the job's LaunchRequest (JSON) and runs accelkit.launch.slurm_job on the allocation's first node,
+The script holds the job's LaunchRequest (JSON) and runs accelkit.launch.cluster.slurm_job on the allocation's first
+node,
 which finds machine 0's address from SLURM, picks the rendezvous port, hosts the job board and starts the per-node
 command (node_command.py) on every node with srun: each node resolves and supervises its own ranks exactly as
 `accelkit launch --machine-rank R` would (stall watchdog included), and the job ends with the first failing
@@ -14,10 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.launch.cluster.slurm_values import (
+    MAX_SIGNAL_BEFORE,
+    check_directive_value,
+    sbatch_directive,
+    time_limit_seconds,
+)
+from accelkit.launch.cluster.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job
+from accelkit.launch.cluster.targets.resources import mebibytes
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.slurm_values import check_directive_value, check_slurm_options, sbatch_directive
-from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job
-from accelkit.launch.targets.resources import mebibytes
 
 SLURM = ClusterTarget(flag="--slurm", scheduler="SLURM", job_file="the sbatch script", rank_source="SLURM_NODEID")
 REQUEST_DELIMITER = "ACCELKIT_REQUEST"
@@ -145,7 +151,7 @@ def render_sbatch(job: ClusterJob, options: SlurmOptions) -> str:
         "",
         "# On this (the first) node: find machine 0's address (NodeAddr; export MAIN_PROCESS_IP to override) and a",
         "# free port, start one supervised launcher per node with srun, exit with the first failing rank's status.",
-        "exec python -m accelkit.launch.slurm_job" + (" " + shlex.join(job_args) if job_args else ""),
+        "exec python -m accelkit.launch.cluster.slurm_job" + (" " + shlex.join(job_args) if job_args else ""),
         "",
     ]
     return "\n".join(header + body)
@@ -204,3 +210,32 @@ def write_slurm_job(request: LaunchRequest, slurm: SlurmOptions, sbatch_path: Pa
         check_saves_on_signal(request)
     return write_cluster_job(request, SLURM, slurm, sbatch_path, force, lambda job: render_sbatch(job, slurm),
                              mode=0o755)
+
+
+def check_slurm_options(options: SlurmOptions) -> None:
+    """Refuse what sbatch would refuse (or misread) in the script, before anything is written."""
+    if options.partition is not None:
+        check_directive_value("--partition", options.partition, spaces=False)
+    check_directive_value("--job-name", options.job_name, spaces=True)
+    if "/" in options.job_name:
+        raise AccelkitError(f"--job-name {options.job_name} has a '/': it names the job's log (%x-%j.out)",
+                            hint="pass a job name without '/'")
+    for option, value in (("--account", options.account), ("--qos", options.qos),
+                          ("--container-image", options.container_image)):
+        if value is not None:
+            check_directive_value(option, value, spaces=False)
+    if options.chdir is not None:
+        check_directive_value("the job's folder", str(options.chdir), spaces=True,
+                               hint="run accelkit launch --slurm from a folder whose path has no quotes")
+    limit = time_limit_seconds(options.time) if options.time is not None else None
+    if not options.requeue:
+        return
+    if options.signal_before > MAX_SIGNAL_BEFORE:
+        raise AccelkitError(f"--signal-before {options.signal_before} is more than SLURM allows "
+                            f"({MAX_SIGNAL_BEFORE} seconds)", hint=f"pass --signal-before {MAX_SIGNAL_BEFORE} or less")
+    if limit is not None and options.signal_before >= limit:
+        raise AccelkitError(f"--requeue's warning {options.signal_before} s before the time limit (--signal-before) "
+                            f"is not shorter than --time {options.time} ({limit} s): SLURM would ask the job to save "
+                            "as soon as it starts",
+                            hint="pass a shorter --signal-before (a few minutes: time to save a checkpoint), or a "
+                                 "longer --time")

@@ -1,7 +1,8 @@
-"""The one per-node command of every cluster target: `python -m accelkit.launch.node ...`, with the scheduler's
+"""The one per-node command of every cluster target: `python -m accelkit.launch.cluster.node ...`, with the scheduler's
 variables for this node's rank, machine 0's address and the port.
 
-accelkit.launch.node reads the job's request ($ACCELKIT_LAUNCH_REQUEST), fills in those per-node values exactly as
+accelkit.launch.cluster.node reads the job's request ($ACCELKIT_LAUNCH_REQUEST), fills in those per-node values
+exactly as
 `accelkit launch --machine-rank R --main-process-ip A --main-process-port P` does on a bare machine, and runs this
 node's ranks under the supervisor (stall watchdog, one-line failures, the first failing rank's exit status), after
 the cross-node preflight. Targets differ only in where the values come from (SLURM_NODEID, SKYPILOT_NODE_RANK,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-NODE_MODULE = "accelkit.launch.node"
+NODE_MODULE = "accelkit.launch.cluster.node"
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,14 @@ torchrun's own store cannot give them (it exists only once ranks rendezvous, and
 - which node failed first, with which rank, status and signal (the job's exit status is that rank's: srun's own
   is the largest code, 143 after it killed the other nodes);
 - what every node is about to run (versions, the script's sha256, the config's hash, the world size), compared
-  before any rank starts (accelkit.launch.cluster_preflight);
+  before any rank starts (accelkit.launch.cluster.node_preflight);
 - that a node's watchdog found the job stalled, so every node prints its ranks' stacks before any is stopped.
 
 Standard library only (multiprocessing.managers, authenticated with a per-job key), so the light processes that
-host and read it never import torch. The first node's job process (accelkit.launch.slurm_job) hosts it and
+host and read it never import torch. The first node's job process (accelkit.launch.cluster.slurm_job) hosts it and
 publishes its address as ACCELKIT_JOB_BOARD=HOST:PORT and ACCELKIT_JOB_KEY to every node. Where no batch step runs
 before the nodes (SkyPilot, Kubernetes), machine 0's node launcher hosts it on a port the job file names, with the
-key the job file carries (accelkit.launch.node --job-board-port).
+key the job file carries (accelkit.launch.cluster.node --job-board-port).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import threading
 import time
 from multiprocessing.managers import BaseManager
 from typing import Any
+
+from accelkit.errors import AccelkitError
 
 BOARD_ENV = "ACCELKIT_JOB_BOARD"
 KEY_ENV = "ACCELKIT_JOB_KEY"
@@ -109,3 +111,18 @@ def connect(env: dict[str, str] | os._Environ | None = None, timeout: float = 30
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.5)
+
+
+def wait_for_all(board, prefix: str, machines: int, timeout: float) -> dict[int, Any]:
+    """Every machine's entry under `prefix` (machine -> value), once all `machines` have published one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        entries = board.with_prefix(prefix)
+        if len(entries) >= machines:
+            return {int(key[len(prefix):]): value for key, value in entries.items()}
+        if time.monotonic() >= deadline:
+            missing = sorted(set(range(machines)) - {int(key[len(prefix):]) for key in entries})
+            raise AccelkitError(f"machine(s) {', '.join(map(str, missing))} of {machines} did not start within "
+                                f"{timeout:g} s", hint="check that the job got all its nodes and that they run "
+                                                      "accelkit from the same environment")
+        time.sleep(0.2)

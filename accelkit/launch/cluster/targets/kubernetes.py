@@ -16,11 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.launch.cluster.targets.cluster_job import (
+    ClusterJob,
+    ClusterTarget,
+    JobOptions,
+    write_cluster_job,
+    yaml_document,
+)
+from accelkit.launch.cluster.targets.node_command import NodeCommand
+from accelkit.launch.cluster.targets.resources import kubernetes_quantity
+from accelkit.launch.cluster.targets.storage import SharedMount, check_checkpoints_shared
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job, yaml_document
-from accelkit.launch.targets.node_command import NodeCommand
-from accelkit.launch.targets.resources import kubernetes_quantity
-from accelkit.launch.targets.storage import SharedMount, check_checkpoints_shared
 
 KUBERNETES = ClusterTarget(flag="--kubernetes", scheduler="Kubernetes", job_file="the TrainJob",
                            rank_source="PET_NODE_RANK")

@@ -1,4 +1,4 @@
-"""A lost machine, named. Every node of a cluster job beats on the job board (accelkit.launch.job_board) once a
+"""A lost machine, named. Every node of a cluster job beats on the job board (accelkit.launch.cluster.job_board) once a
 second: its machine, node name, address and the step its ranks reached. Machine 0 watches the beats; when a machine
 that was beating falls silent for the lost timeout (its processes gone: a node crash; or unreachable: a partition,
 a frozen host), machine 0 records it as the job's first failure, says so in a few lines, and stops its own ranks,
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelkit.launch import job_board
+from accelkit.launch.cluster import job_board
 
 HEARTBEAT_PREFIX = "heartbeat/"
 BEAT_INTERVAL = 1.0  # seconds between a node's beats
@@ -170,8 +170,8 @@ def say(text: str) -> None:
 
 
 class NodeBeats:
-    """What one node of a multi-machine job runs around its supervised ranks (accelkit.launch.node): its beat, and
-    on machine 0 the loss watcher, which stops this node's ranks when another machine is lost."""
+    """What one node of a multi-machine job runs around its supervised ranks (accelkit.launch.cluster.node): its
+    beat, and on machine 0 the loss watcher, which stops this node's ranks when another machine is lost."""
 
     def __init__(self, board, supervisor, *, machine: int, machines: int, node: str, main_process_ip: str,
                  port: int, timeout: float | None) -> None:

@@ -1,14 +1,14 @@
 """One node of a cluster job: the same supervised launch `accelkit launch --machine-rank R` runs, plus the job board.
 
-    python -m accelkit.launch.node --machine-rank R --main-process-ip A --main-process-port P [--node-name N]
+    python -m accelkit.launch.cluster.node --machine-rank R --main-process-ip A --main-process-port P [--node-name N]
 
 reads the job's LaunchRequest (JSON, from $ACCELKIT_LAUNCH_REQUEST, which the job script sets), gives it this
 node's rank, machine 0's address and the rendezvous port, and runs it under accelkit.launch.supervisor's
 Supervisor: this node's ranks are supervised and watched for stalls exactly as in a single-machine launch. Through
-the job board (accelkit.launch.job_board), when the job has one, the node
-- checks before any rank starts that every node runs the same thing (accelkit.launch.cluster_preflight), reaches
+the job board (accelkit.launch.cluster.job_board), when the job has one, the node
+- checks before any rank starts that every node runs the same thing (accelkit.launch.cluster.node_preflight), reaches
   machine 0's address and port, and (a SLURM job with sharded checkpoints) shares the working directory
-  (accelkit.launch.network_checks);
+  (accelkit.launch.cluster.network_checks);
 - reports its failure (rank, status, signal, node) so the job ends with the first failing rank's status;
 - passes a save request (a preemption's warning) on to its ranks, which save a checkpoint and end;
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
@@ -35,10 +35,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, debug_enabled, report
-from accelkit.launch import job_board
 from accelkit.launch.accelerate_main import NODE_NAME_ENV
+from accelkit.launch.cluster import job_board
+from accelkit.launch.cluster.heartbeat import NodeBeats, describe_loss
 from accelkit.launch.failures import signal_name
-from accelkit.launch.heartbeat import NodeBeats, describe_loss
 from accelkit.launch.request import LaunchRequest
 
 REQUEST_ENV = "ACCELKIT_LAUNCH_REQUEST"
@@ -170,6 +170,21 @@ def _forward_save_signal(supervisor, board) -> None:
     threading.Thread(target=watch_board, name="accelkit-save-request", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _terminate_unwinds():
+    """While the cross-node preflight runs: SIGTERM unwinds like an error. When one node refuses the job, srun
+    ends the others with SIGTERM, and their preflight must still remove what it wrote (its marker file in the
+    working directory) and free machine 0's port."""
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
     """A SLURM job whose checkpoints are sharded (FSDP, DeepSpeed: each node saves its ranks' shards) writes them
     under its working directory, which every node must then share. (SkyPilot and Kubernetes jobs run in a copy of
@@ -179,14 +194,17 @@ def _shared_dir_to_check(request: LaunchRequest) -> Path | None:
 
     if not os.environ.get("SLURM_JOB_ID") or (request.options.num_machines or 1) < 2:
         return None
-    return Path.cwd() if resolve_request(request).backend in (Backend.FSDP, Backend.DEEPSPEED) else None
+    # Only the backend is read here; the launcher resolves and checks the whole config again before any rank starts
+    # (Accelerate's own check imports torch: ~10 s on a loaded node, before the preflight could even begin).
+    backend = resolve_request(request, check_with_accelerate=False).backend
+    return Path.cwd() if backend in (Backend.FSDP, Backend.DEEPSPEED) else None
 
 
 def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str, port: int, node: str,
              stall_timeout: float | None, board_wait: float = 30.0) -> int:
     from accelkit.launch.accelerate_main import FAILURE_FILE_ENV
     from accelkit.launch.preflight import check_syntax
-    from accelkit.launch.supervisor import supervised
+    from accelkit.launch.supervised import SupervisedRun, run_supervised
 
     request = node_request(request, machine_rank, main_process_ip, port)
     machines = request.options.num_machines or 1
@@ -197,10 +215,11 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
                             hint="check that machine 0 started and that the nodes reach each other on that port")
     check_syntax(request.target)
     if board is not None:
-        from accelkit.launch.cluster_preflight import check_nodes
+        from accelkit.launch.cluster.node_preflight import check_nodes
 
-        check_nodes(board, request, machine=machine_rank, machines=machines, node=node,
-                    main_address=main_process_ip, port=port, shared_dir=_shared_dir_to_check(request))
+        with _terminate_unwinds():
+            check_nodes(board, request, machine=machine_rank, machines=machines, node=node,
+                        main_address=main_process_ip, port=port, shared_dir=_shared_dir_to_check(request))
     fd, failure_path = tempfile.mkstemp(prefix="accelkit-node-failure-")
     os.close(fd)
     failure_file = Path(failure_path)
@@ -208,33 +227,39 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
         env = {**os.environ, FAILURE_FILE_ENV: str(failure_file)}
         env.pop(REQUEST_ENV, None)
         env[NODE_NAME_ENV] = node
-        beats = None
-        with supervised(request, env=env, stall_timeout=stall_timeout) as supervisor:
+        watched: dict = {"beats": None}
+
+        def on_start(supervisor) -> None:
+            """Just before the node's ranks start: forward save signals to every node and, across machines, beat."""
+            watched["supervisor"] = supervisor
             _forward_save_signal(supervisor, board)
             if board is not None and machines > 1:
                 _wait_for_peer_stacks(supervisor, board, machine_rank, machines, node)
-                beats = NodeBeats(board, supervisor, machine=machine_rank, machines=machines, node=node,
-                                  main_process_ip=main_process_ip, port=port, timeout=request.lost_timeout)
-            try:
-                status = supervisor.run()
-                # A node stopped from outside (srun ending the job after another node failed, scancel) is not the
-                # cause; nor is one whose ranks only lost a peer, once the node that failed (or was lost) is named.
-                if status != 0 and board is not None and not supervisor.signals:
-                    record = _failure_record(status, failure_file, node, machine_rank, supervisor.stalled)
-                    errors = [failure.error for failure in supervisor.failures]
-                    if beats is None or beats.should_record(record, errors):
-                        with contextlib.suppress(Exception):  # machine 0, hosting the board, may have ended already
-                            board.put_first(job_board.FIRST_FAILURE, {**record, "errors": errors[:1]})
-            finally:
-                if beats is not None:
-                    beats.finish()
+                watched["beats"] = NodeBeats(board, supervisor, machine=machine_rank, machines=machines, node=node,
+                                             main_process_ip=main_process_ip, port=port, timeout=request.lost_timeout)
+
+        try:
+            status = run_supervised(SupervisedRun(request, env=env, stall_timeout=stall_timeout, report_stall=True,
+                                                  on_start=on_start)).exit_code
+            supervisor, beats = watched["supervisor"], watched["beats"]
+            # A node stopped from outside (srun ending the job after another node failed, scancel) is not the
+            # cause; nor is one whose ranks only lost a peer, once the node that failed (or was lost) is named.
+            if status != 0 and board is not None and not supervisor.signals:
+                record = _failure_record(status, failure_file, node, machine_rank, supervisor.stalled)
+                errors = [failure.error for failure in supervisor.failures]
+                if beats is None or beats.should_record(record, errors):
+                    with contextlib.suppress(Exception):  # machine 0, hosting the board, may have ended already
+                        board.put_first(job_board.FIRST_FAILURE, {**record, "errors": errors[:1]})
+        finally:
+            if watched["beats"] is not None:
+                watched["beats"].finish()
         return status
     finally:
         failure_file.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accelkit.launch.node")
+    parser = argparse.ArgumentParser(prog="python -m accelkit.launch.cluster.node")
     parser.add_argument("--machine-rank", type=int, required=True)
     parser.add_argument("--main-process-ip", required=True)
     parser.add_argument("--main-process-port", type=int, required=True)

@@ -3,7 +3,7 @@
 `accelkit launch --slurm/--skypilot/--kubernetes` all come here: the shape (nodes, processes per node, the GPUs the
 scheduler is asked for, a fixed port) is derived from the command line in one place, the config is resolved once
 (a bad option fails now, not on the cluster), and each target's renderer only spells the result in its own format.
-Every node later resolves the same request again for its own rank (accelkit.launch.node), exactly as
+Every node later resolves the same request again for its own rank (accelkit.launch.cluster.node), exactly as
 `accelkit launch --machine-rank R` does on a bare machine.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.launch.cluster.targets.resources import NodeResources, check_resources, check_shape_ceilings
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.targets.resources import NodeResources, check_resources, check_shape_ceilings
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ the request every node runs); each only spells them in its scheduler's format.
 - cluster_job.py   ClusterJob: the request for all nodes, its shape checked and its config resolved once;
                    JobOptions: what every target is asked (nodes, GPUs per node, name, stall timeout);
                    write_cluster_job: refuse what cannot be written, then write the job file (and its config beside);
-- node_command.py  the one per-node command every target runs (accelkit.launch.node, which is what
+- node_command.py  the one per-node command every target runs (accelkit.launch.cluster.node, which is what
                    `accelkit launch --machine-rank R` runs on a bare machine), with the scheduler's variables;
-- slurm.py         the sbatch script (its batch step: accelkit.launch.slurm_job);
+- slurm.py         the sbatch script (its batch step: accelkit.launch.cluster.slurm_job);
 - skypilot.py      a SkyPilot task (num_nodes, resources.accelerators, setup, run);
 - kubernetes.py    a Kubeflow Trainer TrainJob (runtimeRef torch-distributed);
 - accelerators.py  the accelerator names SkyPilot knows;

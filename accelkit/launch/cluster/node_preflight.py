@@ -1,12 +1,12 @@
 """Before any rank starts, every node of a cluster job checks that all nodes are about to run the same thing.
 
-Each node publishes on the job board (accelkit.launch.job_board) what it would run: the versions of Python, torch,
+Each node publishes on the job board (job_board.py) what it would run: the versions of Python, torch,
 accelerate, transformers, deepspeed and accelkit, the script's sha256, the config's hash and the world size; when
 every node has published, each compares them with machine 0's. A difference (a node with an older copy of the
 script, another torch, a different config) stops the job within seconds with one line naming the nodes and what
 differs, instead of a hang in the first collective or silently different training on some ranks.
 
-On a job of several machines, also before any rank starts (accelkit.launch.network_checks):
+On a job of several machines, also before any rank starts (accelkit.launch.cluster.network_checks):
 - machine 0's address must not be a loopback address unless every node is on machine 0's own network (the same
   host and network namespace);
 - every node must reach machine 0's rendezvous port (machine 0 listens on it for the check);
@@ -20,12 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from accelkit.errors import AccelkitError
+from accelkit.launch.cluster.job_board import wait_for_all
 from accelkit.launch.preflight import module_file
 from accelkit.launch.request import LaunchRequest
 
@@ -90,28 +90,13 @@ def _short(value: Any) -> str:
     return text[:12] if len(text) == 64 else text  # a sha256 reads fine by its first 12 hex digits
 
 
-def wait_for_all(board, prefix: str, machines: int, timeout: float) -> dict[int, Any]:
-    """Every machine's entry under `prefix` (machine -> value), once all `machines` have published one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        entries = board.with_prefix(prefix)
-        if len(entries) >= machines:
-            return {int(key[len(prefix):]): value for key, value in entries.items()}
-        if time.monotonic() >= deadline:
-            missing = sorted(set(range(machines)) - {int(key[len(prefix):]) for key in entries})
-            raise AccelkitError(f"machine(s) {', '.join(map(str, missing))} of {machines} did not start within "
-                                f"{timeout:g} s", hint="check that the job got all its nodes and that they run "
-                                                      "accelkit from the same environment")
-        time.sleep(0.2)
-
-
 def check_nodes(board, request: LaunchRequest, *, machine: int, machines: int, node: str,
                 timeout: float = WAIT_FOR_NODES, main_address: str | None = None, port: int | None = None,
                 shared_dir: Path | None = None) -> None:
     """Publish this node's facts, wait for every node's, and raise when any differs from machine 0's. With
     `main_address` and `port` (a job of several machines), then check the network and, with `shared_dir`, that the
-    directory is shared (accelkit.launch.network_checks)."""
-    from accelkit.launch.network_checks import NetworkChecks
+    directory is shared (accelkit.launch.cluster.network_checks)."""
+    from accelkit.launch.cluster.network_checks import NetworkChecks
 
     checks = NetworkChecks(machine=machine, machines=machines, node=node, main_address=main_address, port=port,
                            shared_dir=shared_dir)

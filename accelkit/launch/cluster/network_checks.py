@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.errors import AccelkitError
-from accelkit.launch.network import is_loopback, resolve
+from accelkit.launch.cluster.network import is_loopback, resolve
 
 CHECK_PREFIX = "network/"
 CONNECT_TIMEOUT = 10.0  # seconds a node tries machine 0's port (a dropped SYN shows as this wait)
@@ -151,7 +151,7 @@ class NetworkChecks:
     def run(self, board, published: dict[int, dict[str, Any]], timeout: float) -> None:
         """Try machine 0's port and the other nodes' markers, publish what was found, and raise on the first
         problem any node found."""
-        from accelkit.launch.cluster_preflight import wait_for_all
+        from accelkit.launch.cluster.job_board import wait_for_all
 
         if not self.active:
             return

@@ -9,12 +9,8 @@ writes the script, with nothing written, instead of leaving a script that fails 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
-
-if TYPE_CHECKING:
-    from accelkit.launch.targets.slurm import SlurmOptions
 
 MAX_SIGNAL_BEFORE = 65535  # SLURM's --signal=...@SECONDS takes at most this (sbatch: "Invalid --signal specification")
 # sbatch's time limit forms: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS[:MINUTES[:SECONDS]]
@@ -46,35 +42,6 @@ def check_directive_value(option: str, value: str, *, spaces: bool, hint: str | 
         what = "spaces, quotes or control characters" if not spaces else "quotes or control characters"
         raise AccelkitError(f"{option} {value!r} cannot go into an #SBATCH line: it has {what}",
                             hint=hint or f"pass {option} without them")
-
-
-def check_slurm_options(options: SlurmOptions) -> None:
-    """Refuse what sbatch would refuse (or misread) in the script, before anything is written."""
-    if options.partition is not None:
-        check_directive_value("--partition", options.partition, spaces=False)
-    check_directive_value("--job-name", options.job_name, spaces=True)
-    if "/" in options.job_name:
-        raise AccelkitError(f"--job-name {options.job_name} has a '/': it names the job's log (%x-%j.out)",
-                            hint="pass a job name without '/'")
-    for option, value in (("--account", options.account), ("--qos", options.qos),
-                          ("--container-image", options.container_image)):
-        if value is not None:
-            check_directive_value(option, value, spaces=False)
-    if options.chdir is not None:
-        check_directive_value("the job's folder", str(options.chdir), spaces=True,
-                               hint="run accelkit launch --slurm from a folder whose path has no quotes")
-    limit = time_limit_seconds(options.time) if options.time is not None else None
-    if not options.requeue:
-        return
-    if options.signal_before > MAX_SIGNAL_BEFORE:
-        raise AccelkitError(f"--signal-before {options.signal_before} is more than SLURM allows "
-                            f"({MAX_SIGNAL_BEFORE} seconds)", hint=f"pass --signal-before {MAX_SIGNAL_BEFORE} or less")
-    if limit is not None and options.signal_before >= limit:
-        raise AccelkitError(f"--requeue's warning {options.signal_before} s before the time limit (--signal-before) "
-                            f"is not shorter than --time {options.time} ({limit} s): SLURM would ask the job to save "
-                            "as soon as it starts",
-                            hint="pass a shorter --signal-before (a few minutes: time to save a checkpoint), or a "
-                                 "longer --time")
 
 
 def sbatch_directive(option: str, value: object) -> str:

@@ -1,15 +1,15 @@
-"""The batch step of an accelkit SLURM job: `python -m accelkit.launch.slurm_job`, run by the sbatch script.
+"""The batch step of an accelkit SLURM job: `python -m accelkit.launch.cluster.slurm_job`, run by the sbatch script.
 
 SLURM runs the batch script on the allocation's first node, which is machine 0 (SLURM_NODEID 0 of the step). This
 process, there:
 - finds machine 0's address from SLURM itself (`scontrol show node` NodeAddr), never from a node name that may not
   resolve elsewhere; $MAIN_PROCESS_IP overrides it;
 - picks the rendezvous port free on this node (two jobs sharing a node do not collide), unless the job fixed one;
-- hosts the job board (accelkit.launch.job_board) for the nodes' preflight, failures and stalls;
-- starts one supervised launcher per node with srun (accelkit.launch.node), forwarding the signals it gets;
+- hosts the job board (accelkit.launch.cluster.job_board) for the nodes' preflight, failures and stalls;
+- starts one supervised launcher per node with srun (accelkit.launch.cluster.node), forwarding the signals it gets;
 - turns SIGUSR1 (`#SBATCH --signal=B:USR1@S`, with --requeue) into a save request on the board: every node's
   ranks save a checkpoint and stop, and the job requeues itself;
-- with --requeue, requeues the job when a machine was lost (accelkit.launch.heartbeat), so that it resumes once
+- with --requeue, requeues the job when a machine was lost (accelkit.launch.cluster.heartbeat), so that it resumes once
   the node is back;
 - ends with the first failing rank's exit status (srun's own is the largest, 143 after it stopped the other
   nodes), after one line naming the rank, its node and its signal.
@@ -29,8 +29,9 @@ import sys
 from collections.abc import Mapping
 
 from accelkit.errors import AccelkitError, debug_enabled, report
-from accelkit.launch import job_board, ports
-from accelkit.launch.targets.node_command import NodeCommand
+from accelkit.launch import ports
+from accelkit.launch.cluster import job_board
+from accelkit.launch.cluster.targets.node_command import NodeCommand
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Each srun task expands its own rank and node name; the arguments after the program come from this process.
@@ -136,12 +137,12 @@ SRUN_GRACE = 10.0  # seconds srun gets to end its step after a lost machine, bef
 
 
 def _wait_for_srun(proc: subprocess.Popen, board) -> dict | None:
-    """Wait for srun; when machine 0 declares a machine lost (accelkit.launch.heartbeat), say it at once and end
+    """Wait for srun; when machine 0 declares a machine lost (accelkit.launch.cluster.heartbeat), say it at once and end
     srun, which would otherwise wait for the lost node until SLURM declares it down. The lost machine's record, or
     None when none was lost."""
     import time
 
-    from accelkit.launch.node import describe_failure
+    from accelkit.launch.cluster.node import describe_failure
 
     stop_at = None
     lost = None
@@ -210,7 +211,7 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
     status = 128 - returncode if returncode < 0 else returncode
     record = board.board.get(job_board.FIRST_FAILURE)
     if record is not None:
-        from accelkit.launch.node import STALL_PREFIX, describe_failure
+        from accelkit.launch.cluster.node import STALL_PREFIX, describe_failure
 
         if lost is None:  # a lost machine was said as soon as machine 0 found it
             _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
@@ -225,7 +226,7 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accelkit.launch.slurm_job")
+    parser = argparse.ArgumentParser(prog="python -m accelkit.launch.cluster.slurm_job")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--stall-timeout", type=float, default=None)
     parser.add_argument("--requeue", action="store_true", help="after SIGUSR1 and a clean stop: scontrol requeue")

@@ -17,11 +17,17 @@ from importlib import metadata
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.launch.cluster.targets.accelerators import canonical_accelerator
+from accelkit.launch.cluster.targets.cluster_job import (
+    ClusterJob,
+    ClusterTarget,
+    JobOptions,
+    write_cluster_job,
+    yaml_document,
+)
+from accelkit.launch.cluster.targets.node_command import NodeCommand
+from accelkit.launch.cluster.targets.storage import SharedMount, check_checkpoints_shared
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.targets.accelerators import canonical_accelerator
-from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job, yaml_document
-from accelkit.launch.targets.node_command import NodeCommand
-from accelkit.launch.targets.storage import SharedMount, check_checkpoints_shared
 
 SKYPILOT = ClusterTarget(flag="--skypilot", scheduler="SkyPilot", job_file="the task", rank_source="SKYPILOT_NODE_RANK")
 DEFAULT_PORT = 29500  # SkyPilot's nodes are the job's own machines: a fixed port does not collide there
