@@ -464,7 +464,7 @@ def _tp_heads(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
 def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
     """The layout needs what the installed packages lack (compat.py): one line with the versions that work."""
     p = cfg.parallelism
-    if p is None or p.total <= 1:
+    if p is None or p.total <= 1 or p.pipelined:  # a pipeline's mesh is torch's own, not Accelerate's preparation
         return
     from accelkit.configs.compat import gaps
 

@@ -151,6 +151,8 @@ class Pipeline:
         self.modules = [StageModule(model, ranges[s], s == 0, s == num_stages - 1) for s in self.stage_ids]
         for module in self.modules:
             module.to(device)
+            if tp > 1:
+                self._tensor_parallel(module)
             if dp > 1:
                 self._shard(module)
         self.has_last = num_stages - 1 in self.stage_ids
@@ -161,6 +163,24 @@ class Pipeline:
         kind = getattr(schedules, SCHEDULES[spec["schedule"]])
         stages = self.stages[0] if per_rank == 1 else self.stages
         self.schedule = kind(stages, n_microbatches=spec["microbatches"], loss_fn=loss_fn, scale_grads=False)
+
+    def _tensor_parallel(self, module: StageModule) -> None:
+        """Megatron-style TP over the tp dimension inside each decoder layer: the q/k/v and gate/up projections
+        split by output features (whole heads per rank), o/down by input features (one all-reduce each); the
+        embeddings, norms and LM head stay whole on every tp rank."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        heads, kv = module.config.num_attention_heads, getattr(module.config, "num_key_value_heads", None)
+        tp = self.spec["tp"]
+        if heads % tp or (kv or heads) % tp:
+            raise SystemExit(f"tensor parallelism: tp {tp} does not split the model's {heads} attention heads "
+                             f"and {kv or heads} kv heads")
+        plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel()}
+        for layer in module.model.layers.values():
+            parallelize_module(layer, self.mesh["tp"], plan)
 
     def _shard(self, module: StageModule) -> None:
         """FSDP2 over the dp_shard dimension: each decoder layer one unit, the stage's rest one more."""
@@ -204,7 +224,11 @@ class Pipeline:
             squares = squares + (square.full_tensor() if isinstance(square, DTensor) else square)
         dist.all_reduce(squares, group=self.mesh.get_group("pp"))
         total = squares.sqrt()
-        torch.nn.utils.clip_grads_with_norm_(list(self.parameters()), max_norm, total)
+        # torch's clip_grads_with_norm_ arithmetic, one gradient at a time: TP and FSDP gradients live on
+        # different meshes, which one foreach call cannot mix.
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
+        for grad in grads:
+            grad.mul_(coef)
         return total
 
     # -- checkpoints --------------------------------------------------------------------------------------------

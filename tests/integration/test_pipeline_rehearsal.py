@@ -1,8 +1,9 @@
 """Pipeline parallelism rehearsed on real gloo ranks through `accelkit launch --cpu` (issue 34, items 2 to 4).
 
 The causal-lm template with a tiny 4-layer Llama (saved once, so every run starts from the same weights), three
-steps with gradient clipping on: pp 2 with GPipe, 1F1B and Interleaved1F1B (2 stages per rank), and dp_shard 2 x
-pp 2 (FSDP2 inside each stage group), each against the template run in one process on the same global batch. Equal
+steps with gradient clipping on: pp 2, dp_shard 2 x pp 2 (FSDP2 inside each stage group) and dp_shard 2 x pp 2 x
+tp 2 (8 ranks), each with GPipe, 1F1B and Interleaved1F1B (2 stages per rank), against the template run in one
+process on the same global batch. Equal
 means: every logged step loss within 1e-4 (the one-process log prints 4 decimals) and every weight of the final
 model within 1e-5 (measured: 6e-8, float32 rounding of a different summation order). The pipeline's checkpoint
 resumes exactly (bit for bit) and `accelkit merge-ckpt` merges its per-stage shards into the model the run gathered,
@@ -99,12 +100,32 @@ def test_pp2_gives_the_one_process_losses(root: Path, schedule: str) -> None:
     assert_equal_to_one_process(root, text, out, 4)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved1f1b"])
 def test_dp_shard2_x_pp2_gives_the_one_process_losses(root: Path, schedule: str) -> None:
     text, out = rehearse(root, f"fsdp-pp2-{schedule}", "--backend", "fsdp", "--num-processes", "4", "--pp-size", "2",
                          "--pp-schedule", schedule, "--microbatches", "2", script_args=("--per-device-batch-size", "4"))
     assert "layout=pp 2 x dp_shard 2" in text
     assert_equal_to_one_process(root, text, out, 8)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved1f1b"])
+def test_dp_shard2_x_pp2_x_tp2_gives_the_one_process_losses(root: Path, schedule: str) -> None:
+    """8 gloo ranks: FSDP2 over dp_shard and Megatron-style TP over tp inside every stage, on one 3-D mesh."""
+    import torch
+    from safetensors.torch import load_file
+
+    text, out = rehearse(root, f"3d-{schedule}", "--backend", "fsdp", "--num-processes", "8", "--pp-size", "2",
+                         "--tp-size", "2", "--pp-schedule", schedule, "--microbatches", "2",
+                         script_args=("--per-device-batch-size", "4"))
+    assert "layout=pp 2 x dp_shard 2 x tp 2" in text
+    assert_equal_to_one_process(root, text, out, 8)
+    if schedule == "1f1b":  # merge-ckpt of 2-D (FSDP x TP) DTensor shards in each stage: bit for bit
+        merged = out / "merged"
+        proc = run_accelkit("merge-ckpt", str(out / "checkpoint-3"), "-o", str(merged), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        tensors, expected = load_file(str(merged / "model.safetensors")), final_weights(out / "final")
+        assert sorted(tensors) == sorted(expected)
+        assert all(torch.equal(tensors[key], tensor) for key, tensor in expected.items())
 
 
 def test_pipeline_checkpoint_resumes_exactly_and_merges_bit_exact(root: Path) -> None:
