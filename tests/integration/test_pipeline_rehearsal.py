@@ -58,11 +58,12 @@ def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("pp")
     subprocess.run([sys.executable, "-c", MAKE_MODEL, str(root / "model")], check=True, timeout=300,
                    capture_output=True)
-    for batch in (4, 8):
-        out = root / f"one-{batch}"
+    for batch, accumulation in ((4, 1), (8, 1), (4, 2)):
+        out = root / (f"one-{batch}" if accumulation == 1 else f"one-{batch}-acc{accumulation}")
         proc = subprocess.run([sys.executable, str(TEMPLATE), "--model", str(root / "model"), *ARGS,
-                               "--per-device-batch-size", str(batch), "--output-dir", str(out)], text=True,
-                              capture_output=True, timeout=500)
+                               "--per-device-batch-size", str(batch), "--gradient-accumulation-steps",
+                               str(accumulation), "--output-dir", str(out)], text=True, capture_output=True,
+                              timeout=500)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (out / "log.txt").write_text(proc.stdout + proc.stderr)
     return root
@@ -76,10 +77,10 @@ def rehearse(root: Path, name: str, *flags: str, script_args: tuple[str, ...] = 
     return proc.stdout + proc.stderr, out
 
 
-def assert_equal_to_one_process(root: Path, text: str, out: Path, batch: int) -> None:
+def assert_equal_to_one_process(root: Path, text: str, out: Path, batch: int, reference: str = "") -> None:
     import torch
 
-    one = root / f"one-{batch}"
+    one = root / (reference or f"one-{batch}")
     mine, reference = losses(text), losses((one / "log.txt").read_text())
     assert len(mine) == len(reference) == 3, (mine, reference)
     assert mine == pytest.approx(reference, abs=1e-4)
@@ -98,6 +99,15 @@ def test_pp2_gives_the_one_process_losses(root: Path, schedule: str) -> None:
     stages = 4 if schedule == "interleaved1f1b" else 2
     assert f"pipeline {schedule} | pp 2 x dp_shard 1 x tp 1 | {stages} stages" in text
     assert_equal_to_one_process(root, text, out, 4)
+
+
+def test_gradient_accumulation_across_stages_gives_the_one_process_losses(root: Path) -> None:
+    """Two batches per optimizer step: each microbatch's loss divided by microbatches x accumulation."""
+    text, out = rehearse(root, "pp2-acc2", "--backend", "fsdp", "--num-processes", "4", "--pp-size", "2",
+                         "--microbatches", "2", script_args=("--per-device-batch-size", "2",
+                                                             "--gradient-accumulation-steps", "2"))
+    assert "x 2 accumulation" in text
+    assert_equal_to_one_process(root, text, out, 4, reference="one-4-acc2")
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved1f1b"])
