@@ -120,3 +120,20 @@ def test_a_bad_pipeline_line_is_refused(text: str) -> None:
 def test_spec_counts_stages_per_rank() -> None:
     assert PipelineSpec(pp=2, schedule="1f1b").stages == 2
     assert PipelineSpec(pp=2, schedule="interleaved1f1b").stages == 4
+
+
+def test_config_check_reads_the_pipeline_line(tmp_path: Path) -> None:
+    from accelkit.configs import check_config
+
+    config = resolve_config(ConfigOptions(backend="fsdp", num_processes=4, pp_size=2, microbatches=4))
+    good = tmp_path / "pp.yaml"
+    write_config(config, good, "accelkit config ...")
+    assert [f for f in check_config(good) if f.is_error] == []
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("microbatches=4", "microbatches=1"))
+    errors = [f.message for f in check_config(bad) if f.is_error]
+    assert errors == ["microbatches 1 is fewer than the 2 pipeline stages of pp_size 2: every schedule needs a "
+                      "microbatch for each stage in flight"]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(good.read_text().replace("schedule=1f1b", "schedule=zigzag"))
+    assert any("unknown pipeline schedule 'zigzag'" in f.message for f in check_config(broken) if f.is_error)
