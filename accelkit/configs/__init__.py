@@ -8,7 +8,8 @@
     rules.py     the one rule set over a ResolvedConfig (config, launch and `config --check` share its words)
     files.py     config files: load (line and column of syntax errors) and check (`accelkit config --check`)
     render.py    a config -> commented YAML (+ its DeepSpeed JSON), written without partial files
-    model_heads.py  the model's attention heads (config.json) against the tensor-parallel size
+    model_heads.py  the model's attention heads and layers (config.json) against the tp size and the pp stages
+    pipeline.py  where a pipeline layout lives (no Accelerate key): $ACCELKIT_PIPELINE and the YAML's comment line
     api.py       run_config: `accelkit config` as one call (write or print the YAML, --list, --check)
     presets.py, hardware.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the DeepSpeed
                  JSON, and the keys Accelerate accepts (read from Accelerate itself)
@@ -46,6 +47,11 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "raise_first_error": "findings",
     "installed_layout_gaps": "compat",
     "model_from_script_args": "model_heads",
+    # the pipeline layout, which Accelerate has no key for
+    "PipelineSpec": "pipeline",
+    "pipeline_of": "pipeline",
+    "pipeline_with_config_comment": "pipeline",
+    "PIPELINE_ENV": "pipeline",
     # files: load, check, write
     "load_config": "files",
     "check_config": "files",

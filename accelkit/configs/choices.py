@@ -112,6 +112,11 @@ CP_BACKENDS = ("torch",)
 SP_BACKENDS = ("deepspeed",)
 # The N-D dimensions, in the order Accelerate lays out its device mesh (outermost first, tp innermost).
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+# Pipeline schedules (torch.distributed.pipelining), as `--pp-schedule` spells them. The first two run one stage per
+# rank; the others loop MULTI_STAGE_PER_RANK stages per rank (interleaving).
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble")
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+MULTI_STAGE_PER_RANK = 2
 
 
 def from_accelerate(kind: type[Choice], text: object) -> Choice | None:

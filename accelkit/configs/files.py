@@ -90,7 +90,8 @@ def check_config(path: Path) -> list[Finding]:
     if resolved is not None:
         if resolved.num_machines > 1 and _written_for_cluster_job(path):
             resolved = dataclasses.replace(resolved, per_machine=False)
-        found = found + rules.check_rules(resolved)
+        resolved, pipeline_found = _with_pipeline(path, resolved)
+        found = found + pipeline_found + rules.check_rules(resolved)
     found += _compression_findings(path, resolved) if resolved is not None else []
     return _loader_finding(path, found) + found
 
@@ -105,6 +106,30 @@ def load_config(path: Path) -> dict[str, Any]:
     found = _loader_finding(path, found) + found
     raise_first_error(found, prefix=f"{path}: ", more=f": `accelkit config --check {path}`")
     return raw
+
+
+def _with_pipeline(path: Path, resolved: Any) -> tuple[Any, list[Finding]]:
+    """The config with the pipeline its `# accelkit-pipeline:` line carries (accelkit.configs.pipeline), so the
+    rule set checks it as `accelkit launch --config` will run it."""
+    from accelkit.configs.pipeline import COMMENT_KEY, read_comment
+    from accelkit.configs.resolved import ParallelismSettings
+
+    try:
+        spec = read_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    except AccelkitError as exc:
+        return resolved, [Finding("pipeline-line", ERROR, f"the {COMMENT_KEY} line: {exc.message}", exc.hint or "")]
+    if spec is None:
+        return resolved, []
+    if resolved.parallelism is not None:
+        return resolved, [Finding("pipeline-and-parallelism-config", ERROR, f"{path} has both an {COMMENT_KEY} line "
+                                  "and a parallelism_config: a pipeline's mesh lives in the comment line alone",
+                                  "regenerate it with `accelkit config ... --pp-size N`")]
+    layout = ParallelismSettings(dp_shard=spec.dp_shard, tp=spec.tp, pp=spec.pp, pp_schedule=spec.schedule,
+                                 microbatches=spec.microbatches or spec.pp)
+    origin = Source(FILE, f"{path} ({COMMENT_KEY})")
+    sources = {**resolved.sources, **{name: origin for name in ("pp_size", "pp_schedule", "microbatches",
+                                                                 "dp_shard_size", "tp_size")}}
+    return dataclasses.replace(resolved, parallelism=layout, sources=sources), []
 
 
 def _compression_findings(path: Path, resolved: Any) -> list[Finding]:

@@ -1,7 +1,8 @@
 """The model's attention heads, where the model is known before any rank starts (`--model-config`, or a local model
 folder the script is given), against the tensor-parallel size: transformers' TP plan splits every attention layer
 by heads, so tp must divide both the attention heads and the kv heads, or every rank dies in its first forward.
-Read from config.json as plain JSON: no model code runs."""
+Its decoder layers likewise, against the pipeline's stages (each stage holds whole layers). Read from config.json as
+plain JSON: no model code runs."""
 
 from __future__ import annotations
 
@@ -94,3 +95,43 @@ def tp_heads_problem(tp: int, heads: tuple[int, int]) -> tuple[str, str] | None:
         "drop tensor parallelism (no tp size splits them)"
     return (f"does not split the model's {names}: each tensor-parallel rank must hold whole heads",
             f"{fix}, or choose a model whose head counts it divides")
+
+
+def _layers_in_script(path: Path) -> int | None:
+    """The decoder layers of the one model config a training script builds in code with literal sizes
+    (`LlamaConfig(..., num_hidden_layers=2)`), read from its syntax tree; None when absent or ambiguous."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                                           or "").endswith("Config"):
+            for keyword in node.keywords:
+                if keyword.arg == "num_hidden_layers" and isinstance(keyword.value, ast.Constant) and \
+                        isinstance(keyword.value.value, int):
+                    found.add(keyword.value.value)
+    return found.pop() if len(found) == 1 else None
+
+
+def read_layers(path: Path, option: str = "--model-config") -> int | None:
+    """The model's decoder layers (`num_hidden_layers`) from its config.json or the script that builds it, for the
+    pipeline's stage split; None when not stated. AccelkitError when a config file cannot be read."""
+    if Path(path).suffix == ".py":
+        return _layers_in_script(Path(path))
+    file = config_file(Path(path))
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise AccelkitError(f"{option} {path}: cannot read {file.name} ({reason})",
+                            hint="give a model folder with a config.json, or the config.json itself") from None
+    for section in (data, data.get("text_config") if isinstance(data, dict) else None):
+        if isinstance(section, dict):
+            layers = section.get("num_hidden_layers", section.get("n_layer"))
+            if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+                return layers
+    return None

@@ -15,6 +15,7 @@ from typing import Any
 from accelkit.configs.choices import (
     CP_BACKENDS,
     FSDP_VERSIONS,
+    PP_SCHEDULES,
     SP_BACKENDS,
     ZERO_STAGES,
     Backend,
@@ -126,6 +127,18 @@ class ConfigOptions:
                                      key="parallelism_config.parallelism_config_sp_backend", kind="choice",
                                      choices=SP_BACKENDS)
 
+    # Pipeline parallelism (torch.distributed.pipelining): no Accelerate key; accelkit.configs.pipeline says where it
+    # goes ($ACCELKIT_PIPELINE, and a comment line in the YAML).
+    pp_size: int | None = _option(
+        "N-D: pipeline parallelism (the decoder layers are split into N stages, one group of processes each; run by "
+        "accelkit's templates with torch.distributed.pipelining).", kind="int", metavar="N")
+    pp_schedule: str | None = _option(
+        "Pipeline schedule. gpipe and 1f1b run one stage per process, the interleaved ones two. Default: 1f1b.",
+        kind="choice", choices=PP_SCHEDULES)
+    microbatches: int | None = _option(
+        "Pipeline microbatches per batch (at least the number of stages). Default: --pp-size.", kind="int",
+        metavar="M")
+
     # The model, for the checks that need it (tp must divide its attention heads); written to no config key.
     model_config: Path | None = _option(
         "The model's config.json (or its folder): tensor parallelism is checked against its attention heads "
@@ -180,7 +193,8 @@ OPTION_FIELDS = {f.name: f for f in fields(ConfigOptions)}
 # The N-D sizes, by mesh dimension, in Accelerate's mesh order (outermost first).
 ND_SIZES = {"dp_replicate": "dp_replicate_size", "dp_shard": "dp_shard_size", "cp": "cp_size", "sp": "sp_size",
             "tp": "tp_size"}
-ND_OPTIONS = (*ND_SIZES.values(), "cp_backend", "sp_backend")
+PP_OPTIONS = ("pp_size", "pp_schedule", "microbatches")
+ND_OPTIONS = (*ND_SIZES.values(), "cp_backend", "sp_backend", *PP_OPTIONS)
 
 
 def flag_name(field_name: str) -> str:

@@ -81,6 +81,7 @@ def render_yaml(config: ResolvedConfig | Mapping, command_line: str, *, cluster_
                      "--config ...)")
     lines.append("# Check with: accelkit config --check THIS_FILE")
     lines += _compression_lines(config_object)
+    lines += _pipeline_lines(config_object)
     lines.append("")
     for key, value in config.items():
         if key in TOP_COMMENTS:
@@ -108,6 +109,13 @@ def _compression_lines(config: object) -> list[str]:
 
     return [f"# Gradient compression: accelkit launch reads the next line; with accelerate launch set {ENV_VAR}="
             f"{spec.env_value()} (accelkit templates apply it)", comment_line(spec)]
+
+
+def _pipeline_lines(config: object) -> list[str]:
+    """The pipeline layout, which has no Accelerate key either (accelkit.configs.pipeline)."""
+    from accelkit.configs.pipeline import header_lines
+
+    return header_lines(config)
 
 
 def render_json(content: dict) -> str:

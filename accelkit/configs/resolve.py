@@ -211,12 +211,17 @@ def _fill_parallelism(r: ConfigOptions, backend: Backend, default: Any) -> None:
     dp_replicate), which takes the processes the others leave: `--tp-size 2` on 8 GPUs = dp_shard 4 x tp 2."""
     rest = "dp_shard_size" if backend is Backend.FSDP else "dp_replicate_size" if backend is Backend.DDP else None
     if rest is not None and getattr(r, rest) is None:
-        others = math.prod(getattr(r, name) or 1 for name in ND_SIZES.values() if name != rest)
+        others = math.prod(getattr(r, name) or 1 for name in (*ND_SIZES.values(), "pp_size") if name != rest)
         if others > 0 and r.num_processes % others == 0:
             default(rest, r.num_processes // others, f"the processes left by the other sizes: {r.num_processes} / "
                     f"{others}")
-    for name in ND_SIZES.values():
+    for name in (*ND_SIZES.values(), "pp_size"):
         default(name, 1)
+    if r.pp_size > 1:
+        from accelkit.configs.pipeline import DEFAULT_SCHEDULE
+
+        default("pp_schedule", DEFAULT_SCHEDULE)
+        default("microbatches", r.pp_size, f"default: one per stage of --pp-size {r.pp_size}")
 
 
 def _backend_default_reason(r: ConfigOptions) -> str:

@@ -30,7 +30,8 @@ from accelkit.configs.options import config_key, flag_name
 
 # option name -> ParallelismSettings field
 ND_FIELDS = {"dp_replicate_size": "dp_replicate", "dp_shard_size": "dp_shard", "tp_size": "tp", "cp_size": "cp",
-             "sp_size": "sp", "cp_backend": "cp_backend", "sp_backend": "sp_backend"}
+             "sp_size": "sp", "cp_backend": "cp_backend", "sp_backend": "sp_backend", "pp_size": "pp",
+             "pp_schedule": "pp_schedule", "microbatches": "microbatches"}
 FLAG, FILE, PRESET, DEFAULT, ABSENT, LABEL = "flag", "file", "preset", "default", "absent", "label"
 
 
@@ -86,7 +87,8 @@ class DeepSpeedSettings:
 
 @dataclass(frozen=True)
 class ParallelismSettings:
-    """Accelerate's ParallelismConfig: the size of each mesh dimension (1 = not used) and the CP/SP backends."""
+    """Accelerate's ParallelismConfig: the size of each mesh dimension (1 = not used) and the CP/SP backends, plus
+    the pipeline dimension Accelerate does not have (pp, its schedule and microbatches: accelkit.configs.pipeline)."""
 
     dp_replicate: int = 1
     dp_shard: int = 1
@@ -96,11 +98,19 @@ class ParallelismSettings:
     cp_backend: str | None = None
     sp_backend: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # parallelism_config keys accelkit does not model
+    pp: int = 1  # pipeline stages (groups of ranks), outermost in the mesh; not an Accelerate dimension
+    pp_schedule: str | None = None
+    microbatches: int | None = None
 
     @property
     def sizes(self) -> dict[str, int]:
-        """Dimension -> size, in Accelerate's mesh order (outermost first, tp innermost)."""
-        return {name: getattr(self, name) for name in MESH_ORDER}
+        """Dimension -> size, in mesh order (outermost first, tp innermost); pp, when used, comes first."""
+        accelerate_sizes = {name: getattr(self, name) for name in MESH_ORDER}
+        return {"pp": self.pp, **accelerate_sizes} if self.pp != 1 else accelerate_sizes
+
+    @property
+    def pipelined(self) -> bool:
+        return self.pp > 1
 
     @property
     def total(self) -> int:
@@ -128,7 +138,7 @@ class ParallelismSettings:
         values = {name: getattr(options, option) for option, name in ND_FIELDS.items()}
         if all(value is None for value in values.values()):
             return None
-        return cls(**{name: (1 if value is None else value) if name in MESH_ORDER else value
+        return cls(**{name: (1 if value is None else value) if name in (*MESH_ORDER, "pp") else value
                       for name, value in values.items()}, extra=dict(extra or {}))
 
     def describe(self) -> str:
@@ -254,7 +264,9 @@ class ResolvedConfig:
                     "parallelism_config_tp_size": 1, "parallelism_config_cp_size": 1}
         if self.deepspeed is not None:
             out["deepspeed_config"] = self._deepspeed_dict(self.deepspeed)
-        if self.parallelism is not None:
+        if self.parallelism is not None and not self.parallelism.pipelined:
+            # With a pipeline the mesh is the template's own (accelkit.configs.pipeline): Accelerate's
+            # ParallelismConfig has no pp and would refuse sizes that do not multiply to the processes.
             out["parallelism_config"] = self._parallelism_dict(self.parallelism)
         out.update({key: value for key, value in self.extra.items() if key not in out})
         return out

@@ -231,7 +231,8 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
     if p is None:
         return
     bad = [name for name, size in (("dp_replicate_size", p.dp_replicate), ("dp_shard_size", p.dp_shard),
-                                   ("tp_size", p.tp), ("cp_size", p.cp), ("sp_size", p.sp)) if size < 1]
+                                   ("tp_size", p.tp), ("cp_size", p.cp), ("sp_size", p.sp), ("pp_size", p.pp))
+           if size < 1]
     if bad:
         yield _finding("nd-size", ERROR, f"{cfg.said(bad[0])}: a parallelism size is at least 1", "use 1 for a "
                        "dimension you do not split", bad[0])
@@ -240,6 +241,10 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
         yield _finding("nd-cp-and-sp", ERROR, f"{cfg.said('cp_size')} and {cfg.said('sp_size')}: context and "
                        "sequence parallelism both split the sequence and cannot be combined",
                        "keep one: --cp-size N (FSDP2, torch) or --sp-size N (DeepSpeed Ulysses)", "sp_size")
+        return
+    pipeline = list(_pipeline(cfg, p))
+    yield from pipeline
+    if any(f.is_error for f in pipeline):
         return
     crossing = list(_nd_machines(cfg, p))
     yield from crossing
@@ -253,6 +258,72 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
     yield from _nd_product(cfg, p)
 
 
+def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
+    """Pipeline parallelism (accelkit.configs.pipeline): its settings without a pipeline, microbatches against the
+    stages and the schedule, and what the templates compose it with (FSDP2's dp_shard and TP, on one mesh)."""
+    from accelkit.configs.pipeline import stages_per_rank
+
+    if p.pp == 1:
+        for name in ("pp_schedule", "microbatches"):
+            if cfg.given_by_flag(name):
+                yield _finding("pp-unused", ERROR, f"{cfg.said(name)} applies to a pipeline, but there is none "
+                               "(pp_size is 1)", f"add --pp-size 2 or more, or drop {flag_name(name)}", name)
+        return
+    m, schedule = p.microbatches or p.pp, p.pp_schedule or "1f1b"
+    if m < p.pp:
+        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} is fewer than the {p.pp} pipeline "
+                       f"stages of {cfg.said('pp_size')}: every schedule needs a microbatch for each stage in "
+                       "flight", f"use --microbatches {p.pp} or more ({4 * p.pp} keeps the bubble under 20%)",
+                       "microbatches")
+        return
+    rounds = max(1, m // p.pp)
+    if stages_per_rank(schedule) > 1 and m % rounds:
+        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} with "
+                       f"{cfg.said('pp_schedule', schedule)}: the interleaved schedules run microbatches in "
+                       f"{rounds} rounds of {cfg.said('pp_size')}, and {m} is not a multiple of {rounds}",
+                       f"use a multiple of {p.pp} microbatches, e.g. --microbatches {rounds * p.pp}", "microbatches")
+        return
+    said = cfg.said_backend()
+    if cfg.backend is Backend.DEEPSPEED:
+        yield _finding("pp-backend", ERROR, f"{cfg.said('pp_size')} with {said}: DeepSpeed's pipeline engine is not "
+                       "reachable through Accelerate (its `pipeline` block has no effect)", "use --backend fsdp "
+                       "--pp-size N (FSDP2 x PP), or --backend ddp --pp-size N for a pipeline alone", "pp_size")
+        return
+    other = next((n for n, size in (("cp_size", p.cp), ("sp_size", p.sp), ("dp_replicate_size", p.dp_replicate))
+                  if size > 1), None)
+    if other == "dp_replicate_size" and cfg.source(other).kind == DEFAULT:
+        yield _finding("pp-compose", ERROR, f"{cfg.said('pp_size')} on {cfg.said('num_processes')} under {said} "
+                       f"leaves {p.dp_replicate} replicas of the pipeline: replicated pipelines are not composed",
+                       f"use --backend fsdp to shard over the other processes (dp_shard), or --num-processes "
+                       f"{p.total // p.dp_replicate}", "pp_size")
+        return
+    if other is not None:
+        yield _finding("pp-compose", ERROR, f"{cfg.said('pp_size')} with {cfg.said(other)}: the pipeline composes "
+                       "with FSDP2 (dp_shard) and tensor parallelism (tp) only", f"drop {flag_name(other)}"
+                       + (" and shard over --dp-shard-size under --backend fsdp" if other == "dp_replicate_size"
+                          else ""), other)
+
+
+def _pp_layers(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
+    """The pipeline's stages against the model's decoder layers: each stage holds one or more whole layers."""
+    from accelkit.configs.model_heads import read_layers
+    from accelkit.configs.pipeline import stages_per_rank
+
+    p = cfg.parallelism
+    if p is None or p.pp <= 1:
+        return
+    layers = read_layers(model_config)
+    per_rank = stages_per_rank(p.pp_schedule)
+    stages = p.pp * per_rank
+    if layers is not None and layers < stages:
+        how = f" ({per_rank} per process with {cfg.said('pp_schedule', p.pp_schedule)})" if per_rank > 1 else ""
+        yield _finding("pp-layers", ERROR, f"{cfg.said('pp_size')} makes {stages} pipeline stages{how}, but the model "
+                       f"has {layers} decoder layers ({model_config}): each stage needs a whole layer",
+                       (f"use a one-stage schedule (--pp-schedule 1f1b or gpipe), or --pp-size {layers // per_rank}"
+                        if per_rank > 1 and layers >= p.pp else f"use --pp-size {layers} or less")
+                       + ", or a model with more layers", "pp_size")
+
+
 def _nd_leftover(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
     """The backend's data-parallel dimension (FSDP's dp_shard, DDP's dp_replicate) was not given and takes the
     processes the other sizes leave, but they do not divide the processes: `--tp-size 3` on 8 processes."""
@@ -260,7 +331,7 @@ def _nd_leftover(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
     procs = cfg.num_processes
     if rest is None or cfg.source(rest).kind != DEFAULT or procs < 1:
         return
-    given = {name: getattr(p, field) for name, field in (("dp_replicate_size", "dp_replicate"),
+    given = {name: getattr(p, field) for name, field in (("pp_size", "pp"), ("dp_replicate_size", "dp_replicate"),
              ("dp_shard_size", "dp_shard"), ("tp_size", "tp"), ("cp_size", "cp"), ("sp_size", "sp"))
              if name != rest and getattr(p, field) > 1}
     others = 1
@@ -321,6 +392,10 @@ def _nd_backend(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
                            "under tp/cp: Accelerate composes TP/CP with FSDP (or HSDP), not with pure replication",
                            "give --dp-shard-size 2 or more (HSDP x TP), or move the replicas to --dp-shard-size",
                            "dp_shard_size")
+        elif p.dp_shard == 1 and p.cp == 1 and p.pipelined:
+            yield _finding("nd-nothing-to-shard", ERROR, f"{p.describe()} under {said} leaves FSDP nothing to "
+                           "shard (dp_shard is 1)", "use --backend ddp for a pipeline alone, or more processes so "
+                           "--dp-shard-size is 2 or more", "dp_shard_size")
         elif p.dp_shard == 1 and p.cp == 1:
             yield _finding("nd-nothing-to-shard", ERROR, f"{p.describe()} under {said} leaves FSDP nothing to "
                            f"shard (dp_shard and cp are 1): Accelerate refuses it", "lower --tp-size so "
@@ -345,8 +420,8 @@ def _nd_product(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
         fix = f"--dp-shard-size {procs // others}" if cfg.backend is Backend.FSDP and procs % others == 0 else \
             f"sizes whose product is {procs}"
         yield _finding("nd-product", ERROR, f"the parallelism sizes ({sizes} = {p.total}) do not multiply to "
-                       f"{cfg.said('num_processes')}", f"use {fix} (dp_replicate x dp_shard x tp x cp x sp = "
-                       "processes)", "num_processes")
+                       f"{cfg.said('num_processes')}", f"use {fix} ({'pp x ' if p.pp > 1 else ''}dp_replicate x "
+                       "dp_shard x tp x cp x sp = processes)", "num_processes")
         return
 
 
@@ -389,7 +464,7 @@ def _tp_heads(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
 def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
     """The layout needs what the installed packages lack (compat.py): one line with the versions that work."""
     p = cfg.parallelism
-    if p is None or p.total <= 1:
+    if p is None or p.total <= 1 or p.pipelined:  # a pipeline's mesh is torch's own, not Accelerate's preparation
         return
     from accelkit.configs.compat import gaps
 
@@ -413,6 +488,7 @@ def check_rules(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writ
     layout = list(_parallelism(cfg))
     if not any(f.is_error for f in layout) and given is not None and given.model_config is not None:
         layout += _tp_heads(cfg, given.model_config)
+        layout += _pp_layers(cfg, given.model_config)
     if not any(f.is_error for f in layout):
         layout += _installed(cfg, ERROR if installed_matters else WARNING)
     return [*found, *_fsdp(cfg), *_deepspeed(cfg), *layout, *_multi_machine(cfg)]

@@ -57,6 +57,9 @@ def resolve_request(request: LaunchRequest, *, check_with_accelerate: bool = Tru
         from accelkit.compression.launching import options_with_config_comment
 
         options, labels = options_with_config_comment(options, labels, request.config_file)
+        from accelkit.configs import pipeline_with_config_comment
+
+        options, labels = pipeline_with_config_comment(options, labels, request.config_file)
     several = (options.num_processes or 0) > 1 or (options.num_machines or 0) > 1
     if request.cpu and several and options.backend is None and options.preset is None and base is None:
         options, labels["backend"] = replace(options, backend=Backend.CPU.value), "--cpu"
@@ -158,6 +161,11 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         from accelkit.launch.collective_debug import gpu_debug_env
 
         env.update(gpu_debug_env())
+    from accelkit.configs import PIPELINE_ENV, pipeline_of
+
+    pipeline = pipeline_of(config.parallelism)
+    if pipeline is not None:  # the one place the ranks read the pipeline layout (accelkit.configs.pipeline)
+        env[PIPELINE_ENV] = pipeline.env_value()
     if compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
         env.update(compression[0])
         notes = (*notes, *compression[1])

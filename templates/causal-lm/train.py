@@ -18,6 +18,7 @@ import json
 import math
 import re
 import signal
+import sys
 import time
 import uuid
 from itertools import chain
@@ -404,6 +405,17 @@ def grad_compression_kwargs() -> dict:
 # <<< shared block "grad-compression"
 
 
+def load_pipeline_module():
+    """pipeline_parallel.py beside this script (read by file path: a launcher may start the script from elsewhere)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "pipeline_parallel.py"
+    spec = importlib.util.spec_from_file_location("pipeline_parallel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def evaluate(accelerator: Accelerator, model, loader: DataLoader) -> dict[str, float]:
     model.eval()
     losses = []
@@ -439,12 +451,18 @@ def main(argv: list[str] | None = None) -> None:
     # -- data and model --------------------------------------------------------------------------------------------
     parallelism = accelerator.parallelism_config
     tp_size = parallelism.tp_size if parallelism is not None else 1
+    pipeline_module = load_pipeline_module()
+    pipeline = pipeline_module.spec_from_env()
     tokenizer, model = build_tokenizer_and_model(args, accelerator, tp_size)
     with accelerator.main_process_first():  # rank 0 fills the datasets cache, the others read it
         datasets = tokenize_and_pack(load_raw_datasets(args), tokenizer, args.text_column, args.block_size)
     train_set, eval_set = datasets["train"], datasets["validation"]
     if len(train_set) == 0 or len(eval_set) == 0:
         raise SystemExit(f"not enough text for one {args.block_size}-token block per split: lower --block-size")
+    if pipeline is not None:  # `accelkit launch --pp-size N`: the decoder layers in stages (pipeline_parallel.py)
+        pipeline_module.train_with_pipeline(sys.modules[__name__], args, accelerator, pipeline, tokenizer, model,
+                                            train_set, output_dir, run_id)
+        return
     # Each loader owns a generator, so starting an epoch or an evaluation never draws from the global RNG that
     # dropout uses: a resumed run sees exactly the random numbers the uninterrupted run saw.
     shuffle_generator = torch.Generator().manual_seed(args.seed)

@@ -1,0 +1,67 @@
+"""Pipeline-parallel layouts that cannot work (issue 34, item 1): `--pp-size`, `--pp-schedule` and `--microbatches`
+refused in one line with the fix, exit 1, no traceback, nothing written, and no rank started on a launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import REPO_ROOT
+from helpers.faults import invoke_fault
+
+TEMPLATE = REPO_ROOT / "templates" / "causal-lm" / "train.py"
+
+CONFIG_CASES = [
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "0"], r"--pp-size 0: a parallelism size is at least 1"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "x"], r"'x' is not a valid integer"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--pp-schedule", "zigzag"],
+     r"'zigzag' is not one of"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-schedule", "gpipe"],
+     r"--pp-schedule gpipe applies to a pipeline, but there is none \(pp_size is 1\)"),
+    (["--backend", "ddp", "--num-processes", "2", "--microbatches", "8"],
+     r"--microbatches 8 applies to a pipeline, but there is none"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--microbatches", "1"],
+     r"--microbatches 1 is fewer than the 2 pipeline stages of --pp-size 2"),
+    (["--backend", "ddp", "--num-processes", "4", "--pp-size", "4", "--pp-schedule", "interleaved1f1b",
+      "--microbatches", "9"], r"9 is not a multiple of 2"),
+    (["--backend", "deepspeed", "--num-processes", "2", "--pp-size", "2"],
+     r"DeepSpeed's pipeline engine is not reachable through Accelerate"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--cp-size", "2"],
+     r"--pp-size 2 with --cp-size 2: the pipeline composes with FSDP2 \(dp_shard\) and tensor parallelism"),
+    (["--backend", "ddp", "--num-processes", "4", "--pp-size", "2"], r"leaves 2 replicas of the pipeline"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "3"], r"--pp-size 3 does not divide --num-processes 4"),
+    (["--backend", "fsdp", "--fsdp-version", "1", "--num-processes", "4", "--pp-size", "2"], r"needs FSDP2"),
+    (["--backend", "ddp", "--num-processes", "4", "--pp-size", "4", "--model-config", str(TEMPLATE)],
+     r"--pp-size 4 makes 4 pipeline stages, but the model has 2 decoder layers"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CONFIG_CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_config_refuses_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
+    result = invoke_fault(["config", *args, "-o", str(tmp_path / "out.yaml")], watch=[tmp_path], cwd=tmp_path)
+    usage = "not a valid" in message or "not one of" in message  # click's usage errors
+    result.assert_refused(message, exit_code=2 if usage else 1, hint=not usage)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # The stage split against the template's own model (2 decoder layers), before any rank starts.
+    (["--backend", "ddp", "--num-processes", "4", "--pp-size", "4"],
+     r"--pp-size 4 makes 4 pipeline stages, but the model has 2 decoder layers"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--pp-schedule", "interleaved1f1b"],
+     r"makes 4 pipeline stages \(2 per process with --pp-schedule interleaved1f1b\), but the model has 2"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--microbatches", "1"],
+     r"--microbatches 1 is fewer than the 2 pipeline stages"),
+])
+def test_launch_refuses_a_pipeline_before_any_rank_starts(args: list[str], message: str, tmp_path: Path) -> None:
+    result = invoke_fault(["launch", "--cpu", *args, str(TEMPLATE), "--output-dir", str(tmp_path / "out")],
+                          watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(message)
+
+
+def test_a_broken_pipeline_line_in_a_config_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "ddp.yaml"
+    config.write_text("# accelkit-pipeline: pp=2,schedule=zigzag\ndistributed_type: MULTI_GPU\nnum_processes: 2\n"
+                      "num_machines: 1\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\n")
+    result = invoke_fault(["launch", "--cpu", "--config", str(config), str(TEMPLATE)], watch=[tmp_path],
+                          cwd=tmp_path)
+    result.assert_refused(r"unknown pipeline schedule 'zigzag'")
