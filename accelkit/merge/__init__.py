@@ -45,7 +45,6 @@ def _load(module: str) -> Any:
 
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "DTYPES": "pipeline",
     "MergeOptions": "options",
     "MergeReport": "options",
     "inspect_checkpoint": "light_run",

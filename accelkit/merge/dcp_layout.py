@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge.dtypes import name_of
 from accelkit.merge.records import Record, TorchArchive, read_error
 
 METADATA_FILE = ".metadata"
@@ -209,8 +210,8 @@ def _open_chunk(path: Path, fqn: str, item, chunk, storage: dict) -> Chunk:
         raise AccelkitError(f"{what} is not a tensor: {file} and {METADATA_FILE} come from different saves",
                             hint=_ONE_SAVE)
     if tensor.dtype != dtype or tuple(tensor.shape) != sizes:
-        raise AccelkitError(f"{what} is a {_dtype(tensor.dtype)} tensor of shape {list(tensor.shape)} but "
-                            f"{METADATA_FILE} says {_dtype(dtype)} {list(sizes)}: the shard and {METADATA_FILE} "
+        raise AccelkitError(f"{what} is a {name_of(tensor.dtype)} tensor of shape {list(tensor.shape)} but "
+                            f"{METADATA_FILE} says {name_of(dtype)} {list(sizes)}: the shard and {METADATA_FILE} "
                             "come from different saves", hint=_ONE_SAVE)
     record, data_offset = archive.locate(tensor)
     span = _span_elements(tensor) * tensor.element_size()
@@ -239,10 +240,6 @@ def _check_coverage(path: Path, fqn: str, shape: tuple[int, ...], chunks: list[C
     if not covered:
         raise AccelkitError(f"{path / METADATA_FILE}: the chunks of {fqn} do not cover its shape {list(shape)} "
                             "exactly", hint=_RECOPY)
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def cached_reader(path: Path, metadata):

@@ -17,7 +17,7 @@ from accelkit.merge.records import read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, file_segment
 from accelkit.merge.writer import SAFETENSORS_DTYPES
 
-_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+_DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 
 

@@ -20,7 +20,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelkit.merge.light_pickle import DTYPES, DType, Refused, TensorRef, load_archive_pickle, load_metadata
+from accelkit.merge.dtypes import LIGHT, TABLE
+from accelkit.merge.light_pickle import DType, Refused, TensorRef, load_archive_pickle, load_metadata
 from accelkit.merge.records import Record, _crc32, _local_data_offset, _Window, pread_into
 
 METADATA_FILE = ".metadata"
@@ -50,7 +51,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype][1]
+        return math.prod(self.shape) * TABLE[self.dtype].itemsize
 
 
 @dataclass
@@ -175,7 +176,7 @@ def _open_chunk(path: Path, fds: dict[str, int], storage: dict, fqn: str, chunk,
     tensor, record = _read_item(fd, file, info.offset, info.length)
     if tensor.storage.dtype != dtype or tensor.shape != sizes or not tensor.is_contiguous:
         raise Unproven(f"the item of {fqn} is not the contiguous {dtype} {list(sizes)} .metadata names")
-    itemsize = DTYPES[dtype][1]
+    itemsize = TABLE[dtype].itemsize
     start, nbytes = tensor.storage_offset * itemsize, tensor.numel * itemsize
     if record.size != tensor.storage.numel * itemsize or start + nbytes > record.size:
         raise Unproven(f"the item of {fqn} reaches past its record")
@@ -217,7 +218,7 @@ def _read_item(fd: int, file: Path, start: int, length: int) -> tuple[TensorRef,
     """The one tensor of a `torch.save` item at [start, start + length) of a .distcp file, and its data record."""
     pickled, data = read_torch_archive(fd, file, start, length)
     tensor = load_archive_pickle(pickled)
-    if not isinstance(tensor, TensorRef) or tensor.storage.dtype not in DTYPES:
+    if not isinstance(tensor, TensorRef) or tensor.storage.dtype not in LIGHT:
         raise Unproven("an item that is not one plain tensor")
     record = data.get(tensor.storage.key)
     if record is None:

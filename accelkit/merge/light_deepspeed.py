@@ -26,8 +26,9 @@ from typing import Any
 
 from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.counters import Counted, FolderCounters
+from accelkit.merge.dtypes import LIGHT, SCANNED, TABLE
 from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven, read_torch_archive
-from accelkit.merge.light_pickle import DTYPES, Refused, TensorRef, load_deepspeed_pickle
+from accelkit.merge.light_pickle import Refused, TensorRef, load_deepspeed_pickle
 from accelkit.merge.records import Record, RecordReader, _Window
 
 
@@ -42,7 +43,7 @@ class _Archive:
     def locate(self, tensor: TensorRef) -> tuple[Record, int]:
         """The record holding a tensor's storage, and the byte offset of its first element (as TorchArchive)."""
         record = self.records.get(tensor.storage.key)
-        itemsize = DTYPES[tensor.storage.dtype][1]
+        itemsize = TABLE[tensor.storage.dtype].itemsize
         if record is None or record.size != tensor.storage.numel * itemsize:
             raise Unproven(f"{self.path.name}: a tensor's bytes are not where its pickle says")
         return record, tensor.storage_offset * itemsize
@@ -181,7 +182,7 @@ class _Planner:
         if plan.from_module:
             self.out.notes.append(layout.module_only_note(plan.from_module))
         for name in plan.order:
-            if dtypes[name] not in DTYPES:
+            if dtypes[name] not in LIGHT:
                 raise Unproven(f"dtype {dtypes[name]} of {name}")
             tensor = Tensor(name, dtypes[name], tuple(shapes[name]), [])
             tensor.pieces = [p for p in self._pieces(name, tensor) if p.nbytes]
@@ -225,7 +226,7 @@ class _Planner:
         if not tensor.is_contiguous:
             raise Unproven(f"a non-contiguous tensor in {archive.path.name}")
         record, offset = archive.locate(tensor)
-        size = DTYPES[tensor.storage.dtype][1]
+        size = TABLE[tensor.storage.dtype].itemsize
         start, nbytes = offset + begin * size, (end - begin) * size
         if start + nbytes > record.size:
             raise Unproven(f"a tensor of {archive.path.name} reaches past its record")
@@ -302,7 +303,7 @@ class _Planner:
         if tensor.numel != 1 or tensor.storage.dtype not in formats:
             raise Unproven("a step counter that is not one number")
         record, offset = archive.locate(tensor)
-        raw = bytearray(DTYPES[tensor.storage.dtype][1])
+        raw = bytearray(TABLE[tensor.storage.dtype].itemsize)
         self.reader.read(record, offset, memoryview(raw))
         return struct.unpack(formats[tensor.storage.dtype], raw)[0]
 
@@ -339,7 +340,7 @@ class _Planner:
         samples = 0
         for name, where in self.where.items():
             weights = module.get(name)
-            if where[0] != "flat12" or not isinstance(weights, TensorRef) or weights.storage.dtype not in _FLOATING:
+            if where[0] != "flat12" or not isinstance(weights, TensorRef) or weights.storage.dtype not in SCANNED:
                 continue
             _, group, offset, numel = where
             if weights.numel != numel or not weights.is_contiguous:
@@ -359,13 +360,11 @@ class _Planner:
 
     def _peek(self, archive: _Archive, tensor: TensorRef, index: int) -> bytes:
         record, offset = archive.locate(tensor)
-        size = DTYPES[tensor.storage.dtype][1]
+        size = TABLE[tensor.storage.dtype].itemsize
         raw = bytearray(size)
         self.reader.peek(record, offset + index * size, memoryview(raw))
         return bytes(raw)
 
-
-_FLOATING = ("float64", "float32", "float16", "bfloat16")
 
 
 def _cast(value: bytes, source: str, target: str) -> bytes:

@@ -15,21 +15,11 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit.merge.dtypes import LIGHT, STORAGES
+
 
 class Refused(pickle.UnpicklingError):
     """The pickle names something the light reader does not build (never imported, never called)."""
-
-
-# torch dtype name -> (safetensors code, bytes per element). Only dtypes both sides know.
-DTYPES: dict[str, tuple[str, int]] = {
-    "float64": ("F64", 8), "float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
-    "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
-    "bool": ("BOOL", 1),
-}
-# The typed storage classes torch.save names for each dtype.
-_STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-             "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
-             "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +88,7 @@ class MetadataUnpickler(pickle.Unpickler):
             return _STAND_INS[module, name]
         if module == "torch" and name == "Size":
             return _size
-        if module == "torch" and name in DTYPES:
+        if module == "torch" and name in LIGHT:
             return DType(name)
         if (module, name) == ("torch.serialization", "_get_layout"):
             return _layout
@@ -182,8 +172,8 @@ class ArchiveUnpickler(pickle.Unpickler):
             return _rebuild_tensor_v2
         if (module, name) == ("collections", "OrderedDict"):
             return _ordered_dict
-        if module == "torch" and name in _STORAGES:
-            return _StorageType(_STORAGES[name])
+        if module == "torch" and name in STORAGES:
+            return _StorageType(STORAGES[name])
         raise Refused(f"{module}.{name} in a tensor archive")
 
     def persistent_load(self, pid: Any) -> StorageRef:
@@ -266,7 +256,7 @@ class DeepSpeedUnpickler(ArchiveUnpickler):
             return _TENSOR_TYPE
         if (module, name) == ("torch", "Size"):
             return _size
-        if module == "torch" and name in DTYPES:
+        if module == "torch" and name in LIGHT:
             return DType(name)
         return super().find_class(module, name)
 

@@ -36,8 +36,9 @@ from pathlib import Path
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
+from accelkit.merge.dtypes import CAST, SCANNED, TABLE
 from accelkit.merge.header import safetensors_header
-from accelkit.merge.light_pickle import DTYPES, Refused
+from accelkit.merge.light_pickle import Refused
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
@@ -52,8 +53,6 @@ from accelkit.merge.records import RecordReader, pread_into, read_error
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
 SAFETENSORS_METADATA = {"format": "pt"}
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
-_CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_FLOATS = ("float64", "float32", "float16", "bfloat16")
 _RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
 _TRAINER_FILE = re.compile(r"^(rng_state(_\d+)?\.pth|trainer_state\.json)$")  # transformers' Trainer
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
@@ -143,7 +142,7 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
     reader = RecordReader()
     try:
         found, steps = _light_plan(opts, deepspeed_root, reader)
-        if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype]
+        if opts.dtype != "keep" and any(t.dtype in SCANNED and t.dtype != CAST[opts.dtype]
                                         for t in found.tensors):
             raise _TorchPath(f"--dtype {opts.dtype} casts")
         side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
@@ -282,7 +281,7 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
     metadata = dict(SAFETENSORS_METADATA)
     if not to_file:
         metadata[FILES_KEY] = json.dumps(folder_files)
-    header = safetensors_header(((t.name, DTYPES[t.dtype][0], t.shape, t.nbytes) for t in found.tensors), metadata)
+    header = safetensors_header(((t.name, TABLE[t.dtype].code, t.shape, t.nbytes) for t in found.tensors), metadata)
     data_bytes = sum(t.nbytes for t in found.tensors)
     report = _planned_report(found, [*found.checks, *checks])
     report.output, report.output_files = output, list(names)
@@ -378,7 +377,7 @@ def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: Re
         with open(target, "r+b", buffering=0) as out:
             _write_all(out, header, label)
             for tensor in found.tensors:
-                floating = tensor.dtype in _FLOATS and records.SCAN_NONFINITE
+                floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
                 for piece in tensor.pieces:
                     for begin in range(0, piece.nbytes, READ_BYTES):
                         view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))

@@ -21,6 +21,7 @@ from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, manifest, savestate, shards, single_file
 from accelkit.merge.detect import open_source
+from accelkit.merge.dtypes import CAST, name_of
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
@@ -34,13 +35,9 @@ from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
 from accelkit.merge.writer import SAFETENSORS_DTYPES, build_header
 
-DTYPES: dict[str, torch.dtype | None] = {"keep": None, "fp32": torch.float32, "bf16": torch.bfloat16,
-                                         "fp16": torch.float16}
+_CASTS: dict[str, torch.dtype | None] = {choice: getattr(torch, name) if name else None
+                                        for choice, name in CAST.items()}
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport:
@@ -48,7 +45,7 @@ def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport
     return MergeReport(
         format_name=source.format_name, world_size=source.world_size, notes=list(source.notes),
         tensors=len(entries), parameters=sum(e.numel for e in entries), bytes=sum(e.nbytes for e in entries),
-        dtypes=dict(Counter(_dtype_name(e.dtype) for e in entries)), input_files=len(files),
+        dtypes=dict(Counter(name_of(e.dtype) for e in entries)), input_files=len(files),
         input_bytes=sum(f.stat().st_size for f in files), checks=list(source.checks))
 
 
@@ -105,7 +102,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     if opts.output is None:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
-    dtype = DTYPES[opts.dtype]
+    dtype = _CASTS[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
     if opts.output.suffix in single_file.SUFFIXES:
         raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",

@@ -15,15 +15,11 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import write_error
+from accelkit.merge.dtypes import TABLE
 from accelkit.merge.header import safetensors_header
 from accelkit.merge.source import TensorEntry
 
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-}
+SAFETENSORS_DTYPES = {getattr(torch, name): info.code for name, info in TABLE.items()}
 
 
 def build_header(entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> bytes:
