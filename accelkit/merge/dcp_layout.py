@@ -1,7 +1,7 @@
 """What a DCP folder's `.metadata` claims, checked against the `.distcp` files before anything is merged.
 
-- `.metadata` is a pickle; it is read with an unpickler that only builds DCP's own metadata classes, torch sizes,
-  dtypes and paths, so a crafted file cannot run code.
+- `.metadata` is a pickle; it is read with light_pickle's unpickler (the torch-free path's too), which only builds
+  DCP's own metadata classes, torch sizes, dtypes and paths, so a crafted file cannot run code.
 - Storage entries: every file named exists, its items tile it exactly (each starts where the previous one ended, the
   last ends at the file's last byte) and no `.distcp` file is left over. A shard from a save with other shapes, a
   truncated or padded file, or metadata from another save fails here.
@@ -25,6 +25,7 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge.dtypes import name_of
+from accelkit.merge.light_pickle import MetadataUnpickler
 from accelkit.merge.records import Record, TorchArchive, read_error
 
 METADATA_FILE = ".metadata"
@@ -33,58 +34,9 @@ _RECOPY = "re-copy the checkpoint directory from the machine that wrote it"
 _ONE_SAVE = "copy the checkpoint into a clean directory with only the files of one save"
 
 
-class _Inert:
-    """Stands in for a DCP metadata class: keeps the state it is given, runs no code of the real class. Reading
-    `.metadata` through these never imports torch.distributed (about a second of start-up)."""
-
-    def __init__(self, *args: object) -> None:
-        self.args = args
-
-    def __setstate__(self, state: object) -> None:
-        if isinstance(state, dict):
-            self.__dict__.update(state)
-        elif type(self).__name__ == "TensorProperties" and isinstance(state, tuple):
-            self.dtype = state[0]  # (dtype, layout, requires_grad, memory format, pin_memory)
-        else:
-            self.state = state
-
-
-_INERT: dict[tuple[str, str], type] = {}
-
-
-def _inert(module: str, name: str) -> type:
-    if (module, name) not in _INERT:
-        _INERT[module, name] = type(name, (_Inert,), {"__module__": module})
-    return _INERT[module, name]
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds only what a DCP `.metadata` is made of; anything else is refused, never imported or called.
-
-    With `real=True` DCP's own classes are built (for DCP's loader); otherwise inert stand-ins."""
-
-    _EXACT = {("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-              ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("builtins", "set"),
-              ("builtins", "frozenset")}
-    _CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                      "torch.distributed._shard.metadata", "torch.distributed._shard.sharded_tensor.metadata")
-
-    def __init__(self, handle, real: bool) -> None:
-        super().__init__(handle)
-        self.real = real
-
-    def find_class(self, module: str, name: str):
-        if (module, name) in self._EXACT:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if module in self._CLASS_MODULES and name.isidentifier() and not name.startswith("__"):
-            if not self.real:
-                return _inert(module, name)
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
+def _torch_dtype(name: str) -> torch.dtype | None:
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def is_tensor_item(item: object) -> bool:
@@ -95,7 +47,7 @@ def read_metadata(path: Path, real: bool = False):
     file = path / METADATA_FILE
     try:
         with open(file, "rb") as handle:
-            metadata = _MetadataUnpickler(handle, real).load()
+            metadata = MetadataUnpickler(handle, dtype=_torch_dtype, real=real).load()
     except OSError as exc:
         raise read_error(exc, file) from None
     except pickle.UnpicklingError as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from accelkit.merge.dtypes import LIGHT, TABLE
 from accelkit.merge.light_pickle import DType, Refused, TensorRef, load_archive_pickle, load_metadata
-from accelkit.merge.records import Record, _crc32, _local_data_offset, _Window, pread_into
+from accelkit.merge.records import Record, Window, crc32, local_data_offset, pread_into
 
 METADATA_FILE = ".metadata"
 _DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -111,8 +111,8 @@ def _plan(path: Path) -> Plan:
         for out_name, fqn in names.items():
             item = items[fqn]
             dtype = item.properties.dtype
-            if not isinstance(dtype, DType):
-                raise Unproven(f"dtype of {fqn}")
+            if not isinstance(dtype, DType) or getattr(item.properties, "layout", "torch.strided") != "torch.strided":
+                raise Unproven(f"dtype or layout of {fqn}")
             shape = tuple(item.size)
             chunks = [_open_chunk(path, fds, storage, fqn, chunk, dtype.name, shape) for chunk in item.chunks]
             chunks.sort(key=lambda c: c[0])
@@ -187,11 +187,11 @@ def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[by
     """A `torch.save` zip archive at [start, start + length) of a file: its pickle, CRC-32 checked, and its data
     records by storage key. Compressed, big-endian or odd archives are Unproven (the torch path reads them)."""
     records: dict[str, Record] = {}
-    with zipfile.ZipFile(io.BufferedReader(_Window(fd, start, length, file))) as archive:
+    with zipfile.ZipFile(io.BufferedReader(Window(fd, start, length, file))) as archive:
         for info in archive.infolist():
             if info.compress_type != zipfile.ZIP_STORED:
                 raise Unproven(f"{file.name} has a compressed record")
-            offset = _local_data_offset(fd, start + info.header_offset, file)
+            offset = local_data_offset(fd, start + info.header_offset, file)
             records[info.filename] = Record(file, info.filename, offset, info.file_size, info.CRC)
     pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
     if len(pickles) != 1:
@@ -205,7 +205,7 @@ def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[by
             continue
         raw = bytearray(record.size)
         pread_into(fd, memoryview(raw), record.offset, file)
-        if _crc32(raw) != record.crc:
+        if crc32(raw) != record.crc:
             raise Unproven(f"CRC-32 of {name}")
         if name == prefix + "byteorder" and bytes(raw) != b"little":
             raise Unproven(f"{file.name} is big-endian")

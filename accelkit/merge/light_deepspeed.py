@@ -30,7 +30,7 @@ from accelkit.merge.counters import FolderCounters
 from accelkit.merge.dtypes import LIGHT, SCANNED, TABLE
 from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven, read_torch_archive
 from accelkit.merge.light_pickle import Refused, TensorRef, load_deepspeed_pickle
-from accelkit.merge.records import Record, RecordReader, _Window
+from accelkit.merge.records import Record, RecordReader, Window
 
 
 @dataclass
@@ -55,7 +55,7 @@ def read_archive(path: Path) -> _Archive:
     fd = os.open(path, os.O_RDONLY)
     try:
         length = os.fstat(fd).st_size
-        window = _Window(fd, 0, length, path)
+        window = Window(fd, 0, length, path)
         if not zipfile.is_zipfile(window):
             raise Unproven(f"{path.name} is not a zip archive")
         pickled, data = read_torch_archive(fd, path, 0, length)

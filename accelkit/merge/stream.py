@@ -28,9 +28,9 @@ from accelkit.errors import AccelkitError
 from accelkit.merge import records
 from accelkit.merge.dtypes import name_of
 from accelkit.merge.nonfinite import NonFiniteScan, refusal
-from accelkit.merge.records import pread_into, read_error
+from accelkit.merge.records import read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
-from accelkit.merge.writer import SafetensorsWriter
+from accelkit.merge.writer import SafetensorsWriter, verify_output
 
 PIECE_BYTES = 16 * 1024 * 1024  # a multiple of every element size
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
@@ -227,29 +227,14 @@ class TensorStream:
 
     def verify_file(self, entries: list[TensorEntry], path: Path, data_start: int) -> None:
         """Re-read `path` and compare every byte with the source read again (cast the same way)."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise read_error(exc, path) from None
-        try:
-            offset = data_start
+        def expected():
             for entry in entries:
                 for segment, start, length in pieces(self._segments(entry.name), self.buffers.piece_bytes):
                     values, _ = self._read_piece(0, entry.name, entry.dtype, segment, start, length)
-                    expected = values.view(torch.uint8)
-                    written = self.buffers.raw(1, expected.numel())
-                    try:
-                        pread_into(fd, _as_memoryview(written), offset, path)
-                    except AccelkitError:
-                        raise AccelkitError(f"verification failed: {path.name} is shorter than planned",
-                                            hint="report this as a bug; no output was written") from None
-                    if not torch.equal(written, expected):
-                        raise AccelkitError(f"verification failed: {entry.name} in the output differs from the "
-                                            "source", hint="report this as a bug; no output was written")
-                    offset += expected.numel()
-                    self.on_bytes(expected.numel())
-        finally:
-            os.close(fd)
+                    yield entry.name, _as_memoryview(values.view(torch.uint8))
+
+        scratch = _as_memoryview(self.buffers.raw(1, self.buffers.piece_bytes))
+        verify_output(path, data_start, expected(), self.on_bytes, scratch)
 
     def same_values(self, a: str, b: str) -> bool:
         """Whether two source tensors hold the same bytes (compared piece by piece)."""

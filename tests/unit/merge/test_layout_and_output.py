@@ -122,3 +122,22 @@ def test_save_state_rng_files_must_agree(tmp_path: Path) -> None:
         "Accelerate save_state: the RNG files of all 3 processes were saved at step 8"]
     with pytest.raises(AccelkitError, match="RNG states of 3 processes .* saved by 2"):
         check(tmp_path, 2, RecordReader())
+
+
+def test_verify_output_names_the_tensor_that_differs_and_a_short_file(tmp_path: Path) -> None:
+    """The one --verify of both paths: compares by 64-bit words and by bytes, names the first tensor that differs."""
+    from accelkit.merge.writer import verify_output
+
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"H" * 8 + bytes(range(16)) + b"abc")
+    seen: list[int] = []
+    verify_output(out, 8, [("a", memoryview(bytes(range(16)))), ("b", memoryview(b"abc"))], seen.append)
+    assert seen == [16, 3]
+    with pytest.raises(AccelkitError, match=r"verification failed: b in the output differs from the source"):
+        verify_output(out, 8, [("a", memoryview(bytes(range(16)))), ("b", memoryview(b"abd"))], seen.append)
+    flipped = bytearray(range(16))
+    flipped[9] ^= 1
+    with pytest.raises(AccelkitError, match=r"verification failed: a in the output differs"):
+        verify_output(out, 8, [("a", memoryview(bytes(flipped)))], seen.append, memoryview(bytearray(64)))
+    with pytest.raises(AccelkitError, match=r"verification failed: out.bin is shorter than planned"):
+        verify_output(out, 8, [("a", memoryview(bytes(range(16)))), ("b", memoryview(b"abcd"))], seen.append)
