@@ -8,7 +8,6 @@ made, beside the checks of the input.
 
 from __future__ import annotations
 
-import importlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +23,12 @@ class NonFiniteError(AccelkitError):
     pass
 
 
+def _import_numpy():
+    import numpy
+
+    return numpy
+
+
 class NonFiniteScan:
     """Counts non-finite values window by window; `tensors` holds what was found (name -> count), `seconds` the
     time the scan took."""
@@ -33,7 +38,7 @@ class NonFiniteScan:
         self.tensors: dict[str, int] = {}
         self._mask = None
         importing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-import")
-        self._numpy = importing.submit(importlib.import_module, "numpy")
+        self._numpy = importing.submit(_import_numpy)
         importing.shutdown(wait=False)
 
     def count(self, view: memoryview, dtype: str) -> int:
