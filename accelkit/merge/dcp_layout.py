@@ -1,7 +1,7 @@
 """What a DCP folder's `.metadata` claims, checked against the `.distcp` files before anything is merged.
 
-- `.metadata` is a pickle; it is read with an unpickler that only builds DCP's own metadata classes, torch sizes,
-  dtypes and paths, so a crafted file cannot run code.
+- `.metadata` is a pickle; it is read with light_pickle's unpickler (the torch-free path's too), which only builds
+  DCP's own metadata classes, torch sizes, dtypes and paths, so a crafted file cannot run code.
 - Storage entries: every file named exists, its items tile it exactly (each starts where the previous one ended, the
   last ends at the file's last byte) and no `.distcp` file is left over. A shard from a save with other shapes, a
   truncated or padded file, or metadata from another save fails here.
@@ -17,73 +17,27 @@ from __future__ import annotations
 
 import math
 import pickle
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge.dtypes import name_of
+from accelkit.merge.light_dcp import (
+    METADATA_FILE,
+    ONE_SAVE,
+    RECOPY,
+    check_coverage,
+    check_storage_files,
+)
+from accelkit.merge.light_pickle import MetadataUnpickler
 from accelkit.merge.records import Record, TorchArchive, read_error
 
-METADATA_FILE = ".metadata"
-DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
-_RECOPY = "re-copy the checkpoint directory from the machine that wrote it"
-_ONE_SAVE = "copy the checkpoint into a clean directory with only the files of one save"
 
-
-class _Inert:
-    """Stands in for a DCP metadata class: keeps the state it is given, runs no code of the real class. Reading
-    `.metadata` through these never imports torch.distributed (about a second of start-up)."""
-
-    def __init__(self, *args: object) -> None:
-        self.args = args
-
-    def __setstate__(self, state: object) -> None:
-        if isinstance(state, dict):
-            self.__dict__.update(state)
-        elif type(self).__name__ == "TensorProperties" and isinstance(state, tuple):
-            self.dtype = state[0]  # (dtype, layout, requires_grad, memory format, pin_memory)
-        else:
-            self.state = state
-
-
-_INERT: dict[tuple[str, str], type] = {}
-
-
-def _inert(module: str, name: str) -> type:
-    if (module, name) not in _INERT:
-        _INERT[module, name] = type(name, (_Inert,), {"__module__": module})
-    return _INERT[module, name]
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds only what a DCP `.metadata` is made of; anything else is refused, never imported or called.
-
-    With `real=True` DCP's own classes are built (for DCP's loader); otherwise inert stand-ins."""
-
-    _EXACT = {("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-              ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("builtins", "set"),
-              ("builtins", "frozenset")}
-    _CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                      "torch.distributed._shard.metadata", "torch.distributed._shard.sharded_tensor.metadata")
-
-    def __init__(self, handle, real: bool) -> None:
-        super().__init__(handle)
-        self.real = real
-
-    def find_class(self, module: str, name: str):
-        if (module, name) in self._EXACT:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if module in self._CLASS_MODULES and name.isidentifier() and not name.startswith("__"):
-            if not self.real:
-                return _inert(module, name)
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
+def _torch_dtype(name: str) -> torch.dtype | None:
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def is_tensor_item(item: object) -> bool:
@@ -94,7 +48,7 @@ def read_metadata(path: Path, real: bool = False):
     file = path / METADATA_FILE
     try:
         with open(file, "rb") as handle:
-            metadata = _MetadataUnpickler(handle, real).load()
+            metadata = MetadataUnpickler(handle, dtype=_torch_dtype, real=real).load()
     except OSError as exc:
         raise read_error(exc, file) from None
     except pickle.UnpicklingError as exc:
@@ -102,12 +56,12 @@ def read_metadata(path: Path, real: bool = False):
             raise AccelkitError(f"{file} refers to {str(exc).split(' is not')[0]}, which is not DCP metadata",
                                 hint="merge-ckpt never runs pickled code; this file was not written by "
                                      "torch.distributed.checkpoint") from None
-        raise AccelkitError(f"cannot read {file}: it is truncated or corrupt ({exc})", hint=_RECOPY) from None
+        raise AccelkitError(f"cannot read {file}: it is truncated or corrupt ({exc})", hint=RECOPY) from None
     except Exception as exc:
         raise AccelkitError(f"cannot read {file}: it is truncated or corrupt ({type(exc).__name__})",
-                            hint=_RECOPY) from None
+                            hint=RECOPY) from None
     if not all(hasattr(metadata, a) for a in ("state_dict_metadata", "storage_data")):
-        raise AccelkitError(f"{file} is not DCP metadata", hint=_RECOPY)
+        raise AccelkitError(f"{file} is not DCP metadata", hint=RECOPY)
     return metadata
 
 
@@ -141,18 +95,8 @@ class Layout:
 def check(path: Path, metadata, fqns: set[str]) -> Layout:
     """Check `.metadata` against the folder's files and open the item of every chunk of the tensors `fqns`."""
     layout = Layout()
-    by_file: dict[str, list] = {}
-    for index, info in metadata.storage_data.items():
-        by_file.setdefault(info.relative_path, []).append((info.offset, info.length, index))
-    for rel in sorted(by_file):
-        _check_tiling(path / rel, sorted(by_file[rel], key=lambda item: item[0]))
-        layout.files.append(path / rel)
-    strays = sorted(p.name for p in path.iterdir() if DISTCP.match(p.name) and p.name not in by_file)
-    if strays:
-        raise AccelkitError(f"{path} holds shards not named in its {METADATA_FILE} ({', '.join(strays[:4])}): "
-                            "they come from a run with a different world size or step", hint=_ONE_SAVE)
-    ranks = {int(m.group(1)) for rel in by_file if (m := DISTCP.match(rel))}
-    layout.world_size = (max(ranks) + 1) if ranks else None
+    by_file, layout.world_size = check_storage_files(path, metadata)
+    layout.files = [path / rel for rel in sorted(by_file)]
     # Non-tensor items (an optimizer's step, param_groups) have no offset: only tensor chunks are looked up by it.
     storage = {(index.fqn, tuple(offset)): info for index, info in metadata.storage_data.items()
                if (offset := getattr(index, "offset", None)) is not None}
@@ -160,7 +104,8 @@ def check(path: Path, metadata, fqns: set[str]) -> Layout:
     for fqn in sorted(fqns):
         item = metadata.state_dict_metadata[fqn]
         layout.chunks[fqn] = [_open_chunk(path, fqn, item, chunk, storage) for chunk in item.chunks]
-        _check_coverage(path, fqn, tuple(item.size), layout.chunks[fqn])
+        check_coverage(path, fqn, tuple(item.size),
+                       [(c.offsets, c.sizes, c.is_row_block) for c in layout.chunks[fqn]])
         items += len(item.chunks)
     layout.checks.append(f"{METADATA_FILE} matches the shards: {len(metadata.storage_data)} items tile "
                          f"{len(by_file)} files exactly; {items} tensor items hold the shapes and dtypes it names "
@@ -168,37 +113,12 @@ def check(path: Path, metadata, fqns: set[str]) -> Layout:
     return layout
 
 
-def _check_tiling(file: Path, items: list[tuple[int, int, object]]) -> None:
-    """The items of one file follow each other without gap or overlap, and the file ends where the last one does."""
-    try:
-        size = file.stat().st_size
-    except FileNotFoundError:
-        raise AccelkitError(f"shard {file} named in {METADATA_FILE} is missing",
-                            hint="copy every rank's .distcp file into the checkpoint directory") from None
-    except OSError as exc:
-        raise read_error(exc, file) from None
-    end = max(offset + length for offset, length, _ in items)
-    if size < end:
-        raise AccelkitError(f"shard {file} is truncated ({size} bytes, {METADATA_FILE} needs at least {end})",
-                            hint="re-copy this file from the machine that wrote it")
-    position = 0
-    for offset, length, index in items:
-        if offset != position:
-            raise AccelkitError(f"{METADATA_FILE} does not describe shard {file}: its item for "
-                                f"{getattr(index, 'fqn', index)} starts at byte {offset}, not {position} (the "
-                                f"metadata and the shard come from different saves)", hint=_ONE_SAVE)
-        position = offset + length
-    if size != end:
-        raise AccelkitError(f"shard {file} has {size - end} bytes more than {METADATA_FILE} describes: it was written "
-                            "by another save", hint=_ONE_SAVE)
-
-
 def _open_chunk(path: Path, fqn: str, item, chunk, storage: dict) -> Chunk:
     offsets, sizes, dtype = tuple(chunk.offsets), tuple(chunk.sizes), item.properties.dtype
     info = storage.get((fqn, offsets))
     if info is None:
         raise AccelkitError(f"{path / METADATA_FILE} lists a chunk of {fqn} at {list(offsets)} but no storage for it",
-                            hint=_RECOPY)
+                            hint=RECOPY)
     if getattr(info, "transform_descriptors", None):
         return Chunk(offsets, sizes, dtype, transformed=True)
     file = path / info.relative_path
@@ -207,15 +127,15 @@ def _open_chunk(path: Path, fqn: str, item, chunk, storage: dict) -> Chunk:
     tensor = archive.obj
     if archive.legacy or not isinstance(tensor, torch.Tensor):
         raise AccelkitError(f"{what} is not a tensor: {file} and {METADATA_FILE} come from different saves",
-                            hint=_ONE_SAVE)
+                            hint=ONE_SAVE)
     if tensor.dtype != dtype or tuple(tensor.shape) != sizes:
-        raise AccelkitError(f"{what} is a {_dtype(tensor.dtype)} tensor of shape {list(tensor.shape)} but "
-                            f"{METADATA_FILE} says {_dtype(dtype)} {list(sizes)}: the shard and {METADATA_FILE} "
-                            "come from different saves", hint=_ONE_SAVE)
+        raise AccelkitError(f"{what} is a {name_of(tensor.dtype)} tensor of shape {list(tensor.shape)} but "
+                            f"{METADATA_FILE} says {name_of(dtype)} {list(sizes)}: the shard and {METADATA_FILE} "
+                            "come from different saves", hint=ONE_SAVE)
     record, data_offset = archive.locate(tensor)
     span = _span_elements(tensor) * tensor.element_size()
     if data_offset + span > record.size:
-        raise AccelkitError(f"{what} is corrupt: its tensor reaches past its record", hint=_RECOPY)
+        raise AccelkitError(f"{what} is corrupt: its tensor reaches past its record", hint=RECOPY)
     full_rows = all(o == 0 for o in offsets[1:]) and sizes[1:] == tuple(item.size)[1:]
     return Chunk(offsets, sizes, dtype, record, data_offset, tuple(tensor.stride()), span,
                  is_row_block=full_rows and tensor.is_contiguous())
@@ -225,24 +145,6 @@ def _span_elements(tensor: torch.Tensor) -> int:
     if tensor.numel() == 0:
         return 0
     return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
-
-
-def _check_coverage(path: Path, fqn: str, shape: tuple[int, ...], chunks: list[Chunk]) -> None:
-    """The chunks lie inside the tensor and their elements add up to it (overlaps would add up to more)."""
-    inside = all(len(c.offsets) == len(shape) and all(o >= 0 and o + s <= d for o, s, d in
-                                                      zip(c.offsets, c.sizes, shape, strict=True)) for c in chunks)
-    covered = inside and sum(math.prod(c.sizes) for c in chunks) == math.prod(shape)
-    rows = sorted((c.offsets[0], c.sizes[0]) for c in chunks if c.is_row_block and c.offsets)
-    if covered and len(rows) == len(chunks):  # row blocks: each starts where the previous one ends
-        covered = all(start == prev_start + prev_size
-                      for (prev_start, prev_size), (start, _) in zip(rows, rows[1:], strict=False))
-    if not covered:
-        raise AccelkitError(f"{path / METADATA_FILE}: the chunks of {fqn} do not cover its shape {list(shape)} "
-                            "exactly", hint=_RECOPY)
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def cached_reader(path: Path, metadata):

@@ -29,7 +29,7 @@ from accelkit.errors import AccelkitError
 from accelkit.merge import deepspeed_checks
 from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry
-from accelkit.merge.torch_files import open_archive, tensor_segments
+from accelkit.merge.torch_files import materialise, open_archive, peek_flat, tensor_segments
 
 _OPTIM, _ZERO3_MODEL, ZERO12_MODEL_FILE = layout.OPTIM, layout.ZERO3_MODEL, layout.ZERO12_MODEL_FILE
 is_deepspeed_tag_dir, resolve_tag_dir, _ranked = layout.is_deepspeed_tag_dir, layout.resolve_tag_dir, layout.ranked
@@ -92,7 +92,7 @@ class DeepSpeedSource(CheckpointSource):
                                     hint="copy the complete checkpoint of one run into a clean folder")
         self.files = [*model_paths, *optim_paths]
         self._plan()
-        deepspeed_checks.check_all(self)
+        deepspeed_checks.check_all(self._rank_files(), self.checks, self.step_counters)
 
     # -- file access -------------------------------------------------------------------------------------------
     def optim_state(self, rank: int) -> dict[str, Any]:
@@ -122,6 +122,34 @@ class DeepSpeedSource(CheckpointSource):
 
     def model_archive(self, rank: int = 0):
         return self._models[rank]
+
+    def _rank_files(self) -> deepspeed_checks.RankFiles:
+        """This checkpoint as the consistency checks read it (torch tensors, read through their CRC-32)."""
+        world = self.world_size or 1
+
+        def scalar(rank: int, value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return materialise(self._optim[rank], self.reader, value).item()
+            return value
+
+        def sample(rank: int, flat: torch.Tensor, index: int, weights: torch.Tensor,
+                   weights_index: int) -> tuple[bool, str, str]:
+            master = peek_flat(self._optim[rank], self.reader, flat, index)
+            copy = peek_flat(self._models[0], self.reader, weights, weights_index)
+            same = torch.equal(master.to(copy.dtype).reshape(1).view(torch.uint8), copy.reshape(1).view(torch.uint8))
+            return bool(same), repr(master.item()), repr(copy.item())
+
+        def samplable(weights: Any, numel: int) -> bool:
+            return (isinstance(weights, torch.Tensor) and weights.is_floating_point() and weights.numel() == numel
+                    and weights.is_contiguous())
+
+        return deepspeed_checks.RankFiles(
+            tag=self.tag, stage=self.stage, world=world, model_files=list(self.model_files),
+            model_states=[self.model_state(r) for r in range(len(self.model_files))],
+            optim_files=[a.path for a in self._optim], optim_states=[self.optim_state(r) for r in range(world)],
+            where=self.where, partitions=self.partitions,
+            flats=[self.flat_groups(r) for r in range(world)] if self.stage < 3 else [],
+            scalar=scalar, sample=sample, samplable=samplable)
 
     # -- planning: where every tensor comes from ---------------------------------------------------------------
     def _plan(self) -> None:

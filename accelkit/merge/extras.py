@@ -9,6 +9,7 @@ shared_params, storage shared inside a `.bin`) or from the model class that conf
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
@@ -20,6 +21,9 @@ SIDE_FILES = (
     "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
 )
 SEARCH_LEVELS = 3
+RNG_FILE = re.compile(r"^random_states_(\d+)\.pkl$")  # Accelerate's save_state: one per process
+TRAINER_RNG_FILE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")  # transformers' Trainer: one per process
+TRAINER_STATE = "trainer_state.json"
 
 
 def find_side_files(input_path: Path, config_from: Path | None) -> tuple[Path | None, list[Path]]:
@@ -100,3 +104,27 @@ def tie_candidates(names: list[str]) -> dict[str, str]:
     if len(outputs) != 1 or len(inputs) != 1:
         return {}
     return {outputs[0]: inputs[0]}
+
+
+# -- a training-state save around the weights (its files are checked by savestate, with torch)
+def is_training_state_name(name: str) -> bool:
+    """A file only a training-state save writes beside the weights: Accelerate's RNG files, or the Trainer's RNG
+    files and trainer_state.json."""
+    return bool(RNG_FILE.match(name) or TRAINER_RNG_FILE.match(name)) or name == TRAINER_STATE
+
+
+def find_save_state_dir(weights_dir: Path) -> Path | None:
+    """The checkpoint folder around the weights (Accelerate's save_state or transformers' Trainer): it, or up to
+    two folders above, with RNG files or trainer_state.json."""
+    folder = weights_dir if weights_dir.is_dir() else weights_dir.parent
+    for candidate in (folder, folder.parent, folder.parent.parent):
+        if any(is_training_state_name(p.name) for p in listing(candidate)):
+            return candidate
+    return None
+
+
+def listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []

@@ -12,12 +12,13 @@ import json
 import struct
 from pathlib import Path
 
+import torch
+
 from accelkit.errors import AccelkitError, clip
+from accelkit.merge.dtypes import BY_CODE
 from accelkit.merge.records import read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, file_segment
-from accelkit.merge.writer import SAFETENSORS_DTYPES
 
-_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 
 
@@ -86,7 +87,7 @@ class SafetensorsSource(CheckpointSource):
             for name, info in header.items():
                 if name == "__metadata__" or (index is not None and weight_map.get(name) != file.name):
                     continue
-                dtype = _DTYPES.get(info["dtype"])
+                dtype = getattr(torch, BY_CODE[info["dtype"]]) if info["dtype"] in BY_CODE else None
                 if dtype is None:
                     raise AccelkitError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']}",
                                         hint="convert that tensor with safetensors first")

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accelkit.merge import deepspeed_checks
 from accelkit.merge import deepspeed_layout as layout
-from accelkit.merge.counters import Counted, FolderCounters
+from accelkit.merge.counters import FolderCounters
+from accelkit.merge.dtypes import LIGHT, SCANNED, TABLE
 from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven, read_torch_archive
-from accelkit.merge.light_pickle import DTYPES, Refused, TensorRef, load_deepspeed_pickle
-from accelkit.merge.records import Record, RecordReader, _Window
+from accelkit.merge.light_pickle import Refused, TensorRef, load_deepspeed_pickle
+from accelkit.merge.records import Record, RecordReader, Window
 
 
 @dataclass
@@ -42,7 +44,7 @@ class _Archive:
     def locate(self, tensor: TensorRef) -> tuple[Record, int]:
         """The record holding a tensor's storage, and the byte offset of its first element (as TorchArchive)."""
         record = self.records.get(tensor.storage.key)
-        itemsize = DTYPES[tensor.storage.dtype][1]
+        itemsize = TABLE[tensor.storage.dtype].itemsize
         if record is None or record.size != tensor.storage.numel * itemsize:
             raise Unproven(f"{self.path.name}: a tensor's bytes are not where its pickle says")
         return record, tensor.storage_offset * itemsize
@@ -53,7 +55,7 @@ def read_archive(path: Path) -> _Archive:
     fd = os.open(path, os.O_RDONLY)
     try:
         length = os.fstat(fd).st_size
-        window = _Window(fd, 0, length, path)
+        window = Window(fd, 0, length, path)
         if not zipfile.is_zipfile(window):
             raise Unproven(f"{path.name} is not a zip archive")
         pickled, data = read_torch_archive(fd, path, 0, length)
@@ -120,11 +122,7 @@ class _Planner:
         self.out.files = [*model_paths, *optim_paths]
         self.out.world_size = world
         self._plan()
-        self._check_global_steps()
-        self._check_optimizer_steps()
-        if self.stage < 3:
-            self._check_slice_mappings()
-            self._check_module_matches_partitions()
+        deepspeed_checks.check_all(self._rank_files(), self.out.checks, self.counters)
         return self.out, self.counters
 
     # -- the pickles, as DeepSpeedSource reads them ------------------------------------------------------------
@@ -181,7 +179,7 @@ class _Planner:
         if plan.from_module:
             self.out.notes.append(layout.module_only_note(plan.from_module))
         for name in plan.order:
-            if dtypes[name] not in DTYPES:
+            if dtypes[name] not in LIGHT:
                 raise Unproven(f"dtype {dtypes[name]} of {name}")
             tensor = Tensor(name, dtypes[name], tuple(shapes[name]), [])
             tensor.pieces = [p for p in self._pieces(name, tensor) if p.nbytes]
@@ -225,7 +223,7 @@ class _Planner:
         if not tensor.is_contiguous:
             raise Unproven(f"a non-contiguous tensor in {archive.path.name}")
         record, offset = archive.locate(tensor)
-        size = DTYPES[tensor.storage.dtype][1]
+        size = TABLE[tensor.storage.dtype].itemsize
         start, nbytes = offset + begin * size, (end - begin) * size
         if start + nbytes > record.size:
             raise Unproven(f"a tensor of {archive.path.name} reaches past its record")
@@ -266,106 +264,54 @@ class _Planner:
             out += self._rank_range(rank, start, length, group)
         return out
 
-    # -- the checks of deepspeed_checks, as predicates: any disagreement goes to the torch path ------------------
-    def _check_global_steps(self) -> None:
-        files = self.out.files[:len(self.models)]
-        steps = [state.get("global_steps") for state in self.model_states]
-        if layout.odd_one(steps) is not None:
-            raise Unproven("model-state files of different steps")
-        match = layout.DEFAULT_TAG.match(self.tag_dir.name)
-        if match and steps[0] is not None and int(match.group(1)) != int(steps[0]):
-            raise Unproven("model states of another step than their tag folder")
-        if steps[0] is not None:
-            self.counters.taken += [Counted(float(s), f, "global_steps") for s, f in zip(steps, files, strict=True)]
-            skipped = self.model_states[0].get("skipped_steps")
-            if isinstance(skipped, (int, float)):
-                self.counters.skipped["deepspeed"] = Counted(float(skipped), files[0], "skipped_steps")
-            tag = f" (tag {self.tag_dir.name})" if match else ""
-            self.out.checks.append(f"DeepSpeed: every model-states file was saved at step {steps[0]}{tag}")
+    # -- the checks (deepspeed_checks), read without torch ------------------------------------------------------
+    def _rank_files(self) -> deepspeed_checks.RankFiles:
+        def scalar(rank: int, value: Any) -> Any:
+            return self._item(self.optim[rank], value) if isinstance(value, TensorRef) else value
 
-    def _optimizer_steps(self, rank: int) -> tuple | None:
-        base = self.states[rank].get("optimizer_state_dict" if self.stage == 3 else "base_optimizer_state")
-        if not isinstance(base, dict) or not isinstance(base.get("state"), dict):
-            return None
-        steps = []
-        for key in sorted(base["state"], key=str):
-            entry = base["state"][key]
-            step = entry.get("step") if isinstance(entry, dict) else None
-            if isinstance(step, TensorRef):
-                step = self._item(self.optim[rank], step)
-            steps.append(step)
-        return tuple(steps)
+        def sample(rank: int, flat: TensorRef, index: int, weights: TensorRef,
+                   weights_index: int) -> tuple[bool, str, str]:
+            master = self._peek(self.optim[rank], flat, index)
+            copy = self._peek(self.models[0], weights, weights_index)
+            same = _cast(master, flat.storage.dtype, weights.storage.dtype) == copy
+            return same, repr(_value(master, flat.storage.dtype)), repr(_value(copy, weights.storage.dtype))
+
+        def samplable(weights: Any, numel: int) -> bool:
+            return (isinstance(weights, TensorRef) and weights.storage.dtype in SCANNED and weights.numel == numel
+                    and weights.is_contiguous)
+
+        return deepspeed_checks.RankFiles(
+            tag=self.tag_dir.name, stage=self.stage, world=self.world, model_files=self.out.files[:len(self.models)],
+            model_states=self.model_states, optim_files=[a.path for a in self.optim], optim_states=self.states,
+            where=self.where, partitions=self.partitions, flats=self.flats, scalar=scalar, sample=sample,
+            samplable=samplable)
 
     def _item(self, archive: _Archive, tensor: TensorRef) -> float | int:
         """The value of a one-element tensor, read through its record's CRC-32 (as torch_files.materialise)."""
-        formats = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
-        if tensor.numel != 1 or tensor.storage.dtype not in formats:
+        if tensor.numel != 1 or tensor.storage.dtype not in _FORMATS:
             raise Unproven("a step counter that is not one number")
         record, offset = archive.locate(tensor)
-        raw = bytearray(DTYPES[tensor.storage.dtype][1])
+        raw = bytearray(TABLE[tensor.storage.dtype].itemsize)
         self.reader.read(record, offset, memoryview(raw))
-        return struct.unpack(formats[tensor.storage.dtype], raw)[0]
-
-    def _check_optimizer_steps(self) -> None:
-        steps = [self._optimizer_steps(r) for r in range(self.world)]
-        if any(s is None for s in steps) or not any(steps):
-            return
-        if layout.odd_one(steps) is not None:
-            raise Unproven("optimizer partitions of different steps")
-        numbers = [float(s) for s in steps[0] if isinstance(s, (int, float))]
-        if numbers:
-            self.counters.applied.append(Counted(max(numbers), self.optim[0].path, "optimizer step",
-                                                 owner="deepspeed"))
-        self.out.checks.append(f"DeepSpeed: the {self.world} optimizer partitions agree on the optimizer step "
-                               f"({layout.steps_text(steps[0])})")
-
-    def _check_slice_mappings(self) -> None:
-        checked = 0
-        for rank in range(self.world):
-            mappings = self.states[rank].get("param_slice_mappings")
-            if not isinstance(mappings, list) or len(mappings) != len(self.partitions):
-                continue
-            for group, mapping in enumerate(mappings):
-                found = {name: layout.fragment(v) for name, v in dict(mapping).items()}
-                if found != layout.expected_fragments(self.where, self.partitions, group, rank):
-                    raise Unproven("a rank's param_slice_mappings disagree with param_shapes")
-                checked += 1
-        if checked:
-            self.out.checks.append("DeepSpeed: every rank's partition layout (param_slice_mappings) matches "
-                                   "param_shapes")
-
-    def _check_module_matches_partitions(self) -> None:
-        module = self.model_states[0].get("module") or {}
-        samples = 0
-        for name, where in self.where.items():
-            weights = module.get(name)
-            if where[0] != "flat12" or not isinstance(weights, TensorRef) or weights.storage.dtype not in _FLOATING:
-                continue
-            _, group, offset, numel = where
-            if weights.numel != numel or not weights.is_contiguous:
-                continue
-            for rank, (start, size) in enumerate(self.partitions[group]):
-                lo, hi = max(offset, start), min(offset + numel, start + size)
-                flat = self.flats[rank][group]
-                for element in sorted({lo, (lo + hi) // 2, hi - 1}) if lo < hi else ():
-                    master = self._peek(self.optim[rank], flat, element - start)
-                    copy = self._peek(self.models[0], weights, element - offset)
-                    samples += 1
-                    if _cast(master, flat.storage.dtype, weights.storage.dtype) != copy:
-                        raise Unproven("a partition does not hold the model-states weights")
-        if samples:
-            self.out.checks.append(f"DeepSpeed: the fp32 partitions equal the model-states weights at {samples} "
-                                   "sampled positions (3 per parameter and rank)")
+        return _value(bytes(raw), tensor.storage.dtype)
 
     def _peek(self, archive: _Archive, tensor: TensorRef, index: int) -> bytes:
         record, offset = archive.locate(tensor)
-        size = DTYPES[tensor.storage.dtype][1]
+        size = TABLE[tensor.storage.dtype].itemsize
         raw = bytearray(size)
         self.reader.peek(record, offset + index * size, memoryview(raw))
         return bytes(raw)
 
 
-_FLOATING = ("float64", "float32", "float16", "bfloat16")
+
+_FORMATS = {"float32": "<f", "float64": "<d", "float16": "<e", "int64": "<q", "int32": "<i"}
+
+
+def _value(raw: bytes, dtype: str) -> float | int:
+    """One element's value, as torch's `.item()` gives it."""
+    if dtype == "bfloat16":
+        return struct.unpack("<f", b"\0\0" + raw)[0]
+    return struct.unpack(_FORMATS[dtype], raw)[0]
 
 
 def _cast(value: bytes, source: str, target: str) -> bytes:

@@ -4,32 +4,24 @@ Both are pickles naming torch classes. Importing torch to rebuild them costs sec
 the merge only needs plain facts from them (shapes, dtypes, offsets, which storage record holds a tensor). The
 unpicklers here build light stand-ins for an explicit list of names and refuse every other global, persistent id or
 opcode target with `Refused` (a `pickle.UnpicklingError`): nothing is imported and no pickled code ever runs, so a
-crafted file's `__reduce__` payload is refused, not executed. What they refuse, the torch path (see dcp_layout,
-records) reads with its own allowlist, or rejects with its messages.
+crafted file's `__reduce__` payload is refused, not executed. The `.metadata` unpickler is also the torch path's
+(dcp_layout gives it torch's dtypes); what the archive unpicklers refuse, the torch path reads with torch's
+`weights_only` loader (records, torch_files), or rejects with its messages.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from accelkit.merge.dtypes import LIGHT, STORAGES
 
 
 class Refused(pickle.UnpicklingError):
     """The pickle names something the light reader does not build (never imported, never called)."""
-
-
-# torch dtype name -> (safetensors code, bytes per element). Only dtypes both sides know.
-DTYPES: dict[str, tuple[str, int]] = {
-    "float64": ("F64", 8), "float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
-    "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
-    "bool": ("BOOL", 1),
-}
-# The typed storage classes torch.save names for each dtype.
-_STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-             "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
-             "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
 
 
 @dataclass(frozen=True)
@@ -48,21 +40,23 @@ class _Record:
     def __setstate__(self, state: Any) -> None:
         if isinstance(state, dict):
             self.__dict__.update(state)
-        elif isinstance(state, tuple) and type(self).__name__ == "TensorProperties":
-            self.dtype = state[0]  # (dtype, layout, requires_grad, memory format, pin_memory)
+        elif type(self).__name__ == "TensorProperties" and isinstance(state, tuple) and len(state) >= 2:
+            self.dtype, self.layout = state[0], state[1]  # (dtype, layout, requires_grad, memory format, pin_memory)
         else:
-            raise Refused(f"unexpected state for {type(self).__name__}")
+            self.state = state
 
 
-# Only these DCP metadata classes are built (torch 2.2 - 2.13 write no others for tensors and bytes).
-_DCP_CLASSES = {
-    "torch.distributed.checkpoint.metadata": ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                                              "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
-                                              "_MEM_FORMAT_ENCODING", "StorageMeta"),
-    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
-}
-_STAND_INS = {(module, name): type(name, (_Record,), {"__module__": module})
-              for module, names in _DCP_CLASSES.items() for name in names}
+# The modules of DCP's metadata classes (torch 2.2 - 2.13; _shard for older ShardedTensor saves): their classes are
+# built as `_Record` stand-ins (or, for DCP's own loader, as the real classes); every other global is refused.
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                "torch.distributed._shard.metadata", "torch.distributed._shard.sharded_tensor.metadata")
+_STAND_INS: dict[tuple[str, str], type] = {}
+
+
+def _stand_in(module: str, name: str) -> type:
+    if (module, name) not in _STAND_INS:
+        _STAND_INS[module, name] = type(name, (_Record,), {"__module__": module})
+    return _STAND_INS[module, name]
 
 
 def _size(values: Any = ()) -> tuple:
@@ -82,37 +76,58 @@ def _path(*parts: Any) -> str:
 
 _PATHS = {("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
           ("pathlib", "PureWindowsPath")}
+_BUILTINS = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}
 
 
 def _layout(name: Any) -> str:
-    if name != "torch.strided":
-        raise Refused(f"tensor layout {name!r}")
+    """torch.serialization._get_layout(name): the layout's name (a strided tensor's is "torch.strided")."""
+    if not isinstance(name, str):
+        raise Refused("a layout that is not a name")
     return name
 
 
+def light_dtype(name: str) -> DType | None:
+    """A torch dtype the torch-free readers know, by name (None: refused)."""
+    return DType(name) if name in LIGHT else None
+
+
 class MetadataUnpickler(pickle.Unpickler):
-    """Builds what a DCP `.metadata` is made of (as `_Record` stand-ins, sizes as tuples, dtypes as `DType`)."""
+    """The one reader of a DCP `.metadata`, for both paths: builds only what it is made of, refuses every other
+    global and persistent id with `Refused` ("<module>.<name> is not part of DCP metadata"), never importing it.
+
+    `dtype` turns a torch dtype's name into what the caller wants (`light_dtype`, or torch's dtype on the torch
+    path); with `real=True` (DCP's own loader, torch path only) DCP's classes, torch.Size and paths are the real
+    ones, else `_Record` stand-ins, tuples and text."""
+
+    def __init__(self, handle: Any, dtype: Callable[[str], Any] = light_dtype, real: bool = False) -> None:
+        super().__init__(handle)
+        self.dtype, self.real = dtype, real
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _STAND_INS:
-            return _STAND_INS[module, name]
-        if module == "torch" and name == "Size":
-            return _size
-        if module == "torch" and name in DTYPES:
-            return DType(name)
-        if (module, name) == ("torch.serialization", "_get_layout"):
-            return _layout
-        if (module, name) in _PATHS:
-            return _path
-        raise Refused(f"{module}.{name} is not part of the DCP metadata the light reader knows")
+        if (module, name) in _BUILTINS:
+            return super().find_class(module, name)
+        if module == "torch" and name != "Size" and (dtype := self.dtype(name)) is not None:
+            return dtype
+        known = {("torch", "Size"): _size, ("torch.serialization", "_get_layout"): _layout,
+                 **dict.fromkeys(_PATHS, _path)}
+        if (module, name) in known:
+            return super().find_class(module, name) if self.real else known[module, name]
+        if module in _DCP_MODULES and name.isidentifier() and not name.startswith("__"):
+            if not self.real:
+                return _stand_in(module, name)
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise Refused(f"{module}.{name} is not part of DCP metadata")
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise Refused("persistent id in DCP metadata")
+    def persistent_load(self, pid: Any) -> Any:  # pickle's own words, as the torch path has always said them
+        raise Refused("A load persistent id instruction was encountered, but no persistent_load function was "
+                      "specified.")
 
 
 def load_metadata(data: bytes) -> Any:
     metadata = MetadataUnpickler(io.BytesIO(data)).load()
-    if type(metadata) is not _STAND_INS["torch.distributed.checkpoint.metadata", "Metadata"]:
+    if type(metadata) is not _stand_in("torch.distributed.checkpoint.metadata", "Metadata"):
         raise Refused("not DCP metadata")
     return metadata
 
@@ -182,8 +197,8 @@ class ArchiveUnpickler(pickle.Unpickler):
             return _rebuild_tensor_v2
         if (module, name) == ("collections", "OrderedDict"):
             return _ordered_dict
-        if module == "torch" and name in _STORAGES:
-            return _StorageType(_STORAGES[name])
+        if module == "torch" and name in STORAGES:
+            return _StorageType(STORAGES[name])
         raise Refused(f"{module}.{name} in a tensor archive")
 
     def persistent_load(self, pid: Any) -> StorageRef:
@@ -266,7 +281,7 @@ class DeepSpeedUnpickler(ArchiveUnpickler):
             return _TENSOR_TYPE
         if (module, name) == ("torch", "Size"):
             return _size
-        if module == "torch" and name in DTYPES:
+        if module == "torch" and name in LIGHT:
             return DType(name)
         return super().find_class(module, name)
 

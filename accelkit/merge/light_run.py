@@ -23,11 +23,8 @@ import collections
 import contextlib
 import dataclasses
 import gc
-import importlib
 import json
 import math
-import os
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +33,9 @@ from pathlib import Path
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
-from accelkit.merge.header import safetensors_header
-from accelkit.merge.light_pickle import DTYPES, Refused
+from accelkit.merge.dtypes import CAST, SCANNED, TABLE
+from accelkit.merge.light_pickle import Refused
+from accelkit.merge.nonfinite import NonFiniteScan
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
@@ -47,15 +45,12 @@ from accelkit.merge.output import (
     format_bytes,
     progress_bar,
 )
-from accelkit.merge.records import RecordReader, pread_into, read_error
+from accelkit.merge.records import RecordReader
+from accelkit.merge.writer import safetensors_header, verify_output
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
 SAFETENSORS_METADATA = {"format": "pt"}
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
-_CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_FLOATS = ("float64", "float32", "float16", "bfloat16")
-_RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
-_TRAINER_FILE = re.compile(r"^(rng_state(_\d+)?\.pth|trainer_state\.json)$")  # transformers' Trainer
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
 
@@ -84,9 +79,9 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     try:
         return _light_merge(opts)
     except _TorchPath as why:
-        from accelkit.merge import _load
-
-        report = _load("accelkit.merge.pipeline").merge_checkpoint(opts)
+        with _importing_torch():
+            from accelkit.merge import pipeline
+        report = pipeline.merge_checkpoint(opts)
         report.notes.append(f"read with torch: {why}")
         return report
     finally:
@@ -101,9 +96,25 @@ def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: in
     try:
         return _light_inspect(opts)
     except _TorchPath:
-        from accelkit.merge import _load
+        with _importing_torch():
+            from accelkit.merge import pipeline
+        return pipeline.inspect_checkpoint(input_path, tag, model_index)
 
-        return _load("accelkit.merge.pipeline").inspect_checkpoint(input_path, tag, model_index)
+
+@contextlib.contextmanager
+def _importing_torch():
+    """Import the torch path without collecting garbage. Importing torch creates a few hundred thousand long-lived
+    objects; collecting cycles among them while importing, and once more when the interpreter exits, costs more CPU
+    than merging a small model: import without collecting, then freeze what was imported (exempt from every later
+    collection)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
 
 
 def _light_inspect(opts: MergeOptions) -> MergeReport:
@@ -139,11 +150,11 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
         raise _TorchPath("--max-shard-size was given")
     deepspeed_root = _light_input(opts)
     check_paths(opts.input, output, opts.force)
-    scan = _NonFiniteScan()  # imports NumPy beside the checks
+    scan = NonFiniteScan()  # imports NumPy beside the checks
     reader = RecordReader()
     try:
         found, steps = _light_plan(opts, deepspeed_root, reader)
-        if opts.dtype != "keep" and any(t.dtype in _FLOATS and t.dtype != _CAST[opts.dtype]
+        if opts.dtype != "keep" and any(t.dtype in SCANNED and t.dtype != CAST[opts.dtype]
                                         for t in found.tensors):
             raise _TorchPath(f"--dtype {opts.dtype} casts")
         side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
@@ -197,7 +208,7 @@ def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
 
 def _dcp_plan(opts: MergeOptions) -> light_dcp.Plan:
     root = opts.input
-    if any(_save_state_files(folder) for folder in (root, root.parent, root.parent.parent)):
+    if extras.find_save_state_dir(root) is not None:
         raise _TorchPath(_SAVE_STATE)
     try:
         found = light_dcp.plan(root)
@@ -212,7 +223,7 @@ def _deepspeed_plan(opts: MergeOptions, root: Path, reader: RecordReader):
         found, steps = light_deepspeed.plan(root, opts.tag, reader)
     except (Refused, light_dcp.Unproven) as exc:
         raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
-    if any(_save_state_files(folder) for folder in (found.root, found.root.parent, found.root.parent.parent)):
+    if extras.find_save_state_dir(found.root) is not None:
         raise _TorchPath(_SAVE_STATE)
     why = (f"{opts.input.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)" if root == opts.input
            else f"{opts.input.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
@@ -226,12 +237,6 @@ def _names(folder: Path) -> list[str]:
         return [p.name for p in folder.iterdir()]
     except OSError:
         return []
-
-
-def _save_state_files(folder: Path) -> bool:
-    """Files of a training-state save (Accelerate's save_state, transformers' Trainer): the torch path checks them."""
-    return any((name.startswith(_RNG_FILE) and name.endswith(".pkl")) or _TRAINER_FILE.match(name)
-               for name in _names(folder))
 
 
 def _may_tie(config: Path) -> bool:
@@ -274,7 +279,7 @@ def _planned_report(found: light_dcp.Plan, checks: list[str]) -> MergeReport:
 
 
 def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file: bool, side_folder: Path | None,
-           side_files: list[Path], scan: _NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
+           side_files: list[Path], scan: NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
     output = opts.output
     assert output is not None
     names = [output.name] if to_file else ["model.safetensors"]
@@ -282,7 +287,7 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
     metadata = dict(SAFETENSORS_METADATA)
     if not to_file:
         metadata[FILES_KEY] = json.dumps(folder_files)
-    header = safetensors_header(((t.name, DTYPES[t.dtype][0], t.shape, t.nbytes) for t in found.tensors), metadata)
+    header = safetensors_header(((t.name, TABLE[t.dtype].code, t.shape, t.nbytes) for t in found.tensors), metadata)
     data_bytes = sum(t.nbytes for t in found.tensors)
     report = _planned_report(found, [*found.checks, *checks])
     report.output, report.output_files = output, list(names)
@@ -328,33 +333,20 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
 def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: RecordReader,
             on_bytes: Callable[[int], None]) -> None:
     """Re-read the output and compare every byte with the input read again (what --verify promises)."""
-    expected, written = memoryview(bytearray(READ_BYTES)), memoryview(bytearray(READ_BYTES))
-    try:
-        fd = os.open(target, os.O_RDONLY)
-    except OSError as exc:
-        raise read_error(exc, target) from None
-    try:
-        offset = data_start
+    window = memoryview(bytearray(READ_BYTES))
+
+    def expected():
         for tensor in found.tensors:
             for piece in tensor.pieces:
                 for begin in range(0, piece.nbytes, READ_BYTES):
                     length = min(READ_BYTES, piece.nbytes - begin)
-                    reader.peek(piece.record, piece.start + begin, expected[:length])
-                    try:
-                        pread_into(fd, written[:length], offset, target)
-                    except AccelkitError:
-                        raise AccelkitError(f"verification failed: {target.name} is shorter than planned",
-                                            hint="report this as a bug; no output was written") from None
-                    if expected[:length] != written[:length]:
-                        raise AccelkitError(f"verification failed: {tensor.name} in the output differs from the "
-                                            "source", hint="report this as a bug; no output was written")
-                    offset += length
-                    on_bytes(length)
-    finally:
-        os.close(fd)
+                    reader.peek(piece.record, piece.start + begin, window[:length])
+                    yield tensor.name, window[:length]
+
+    verify_output(target, data_start, expected(), on_bytes, memoryview(bytearray(READ_BYTES)))
 
 
-def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: RecordReader, scan: _NonFiniteScan,
+def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: RecordReader, scan: NonFiniteScan,
                   label: Path, on_bytes: Callable[[int], None]) -> None:
     """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
     page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the
@@ -378,7 +370,7 @@ def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: Re
         with open(target, "r+b", buffering=0) as out:
             _write_all(out, header, label)
             for tensor in found.tensors:
-                floating = tensor.dtype in _FLOATS and records.SCAN_NONFINITE
+                floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
                 for piece in tensor.pieces:
                     for begin in range(0, piece.nbytes, READ_BYTES):
                         view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
@@ -419,31 +411,3 @@ def _write_all(out, data, label: Path) -> None:
             done += out.write(view[done:])
         except OSError as exc:
             raise write_error(exc, label) from None
-
-
-class _NonFiniteScan:
-    """NaN or inf in a window, with NumPy: `isfinite` into a reused cache-sized mask (measured 25% faster than the
-    float sum this scan used before, and exact without a second test). bfloat16, which NumPy lacks, is tested on its
-    exponent bits (all ones: inf or NaN). NumPy is imported on a thread while the input is being checked."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._mask = None
-        self._importing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-import")
-        self._numpy = self._importing.submit(importlib.import_module, "numpy")
-        self._importing.shutdown(wait=False)
-
-    def count(self, view: memoryview, dtype: str) -> bool:
-        np = self._numpy.result()
-        began = time.perf_counter()
-        try:
-            if dtype == "bfloat16":
-                bits = np.frombuffer(view, dtype=np.uint16)
-                return bool(np.any((bits & 0x7F80) == 0x7F80))
-            values = np.frombuffer(view, dtype={"float64": np.float64, "float32": np.float32,
-                                                "float16": np.float16}[dtype])
-            if self._mask is None or len(self._mask) < len(values):
-                self._mask = np.empty(max(len(values), READ_BYTES // 2), dtype=bool)
-            return not bool(np.isfinite(values, out=self._mask[:len(values)]).all())
-        finally:
-            self.seconds += time.perf_counter() - began

@@ -1,4 +1,4 @@
-"""Never lose data: where the output may go, and what `--force` may replace.
+"""The output: where it may go and what `--force` may replace (never lose data), and its layout.
 
 The output is built under a temporary name beside it (fsio.StagedOutput) and renamed into place at the end, so a
 failure leaves nothing. The input is only read and may not contain, or be contained in, the output. `--force`
@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import refuse_overwrite, write_error
-from accelkit.merge import shards
+
+if TYPE_CHECKING:
+    from accelkit.merge.source import TensorEntry
 
 # safetensors metadata / index metadata key listing every file of a folder output (relative names)
 FILES_KEY = "accelkit_merge_files"
@@ -66,14 +70,14 @@ def foreign_files(folder: Path) -> list[str]:
 
 def merged_files(folder: Path) -> list[str]:
     """The files an earlier merge wrote in `folder`, from its index or its single safetensors file."""
-    index = folder / shards.INDEX_FILE
+    index = folder / INDEX_FILE
     if index.is_file():
         try:
             listed = json.loads(index.read_text()).get("metadata", {}).get(FILES_KEY)
         except (OSError, ValueError, AttributeError):
             listed = None
         return [str(f) for f in listed] if isinstance(listed, list) else []
-    single = folder / shards.SINGLE_FILE
+    single = folder / SINGLE_FILE
     if single.is_file():
         from accelkit.merge.hf_sharded import read_header
 
@@ -128,3 +132,47 @@ def copy_side_files(temp: Path, side_files: list[Path], output: Path) -> None:
             raise AccelkitError(f"cannot read {exc.filename}: {exc.strerror}",
                                 hint="make the config/tokenizer files readable, or pass --config-from") from None
         raise write_error(exc, output) from None
+
+
+# -- layout: one file, or HF-named shards (`model-00001-of-00003.safetensors`) plus the index transformers reads.
+# Shards are planned the way `save_pretrained` does it: tensors in order, a new shard when the next tensor would
+# overflow the limit, a tensor larger than the limit alone in its own shard.
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50, "EIB": 2**60}
+
+
+def parse_size(text: str) -> int:
+    """'5GB' -> 5_000_000_000, '500MiB' -> 524288000 (the units transformers' max_shard_size accepts)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise AccelkitError(f"cannot read shard size {text!r}", hint="use a number with a unit, e.g. 5GB or 500MB")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size <= 0:
+        raise AccelkitError("--max-shard-size must be positive", hint="e.g. --max-shard-size 5GB")
+    return size
+
+
+def plan_shards(entries: list[TensorEntry], max_bytes: int) -> list[list[TensorEntry]]:
+    shards: list[list[TensorEntry]] = [[]]
+    size = 0
+    for e in entries:
+        if shards[-1] and size + e.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += e.nbytes
+    return shards
+
+
+def shard_file_names(count: int) -> list[str]:
+    if count == 1:
+        return [SINGLE_FILE]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def build_index(shards: list[list[TensorEntry]], names: list[str]) -> dict:
+    total = sum(e.nbytes for shard in shards for e in shard)
+    return {"metadata": {"total_size": total},
+            "weight_map": {e.name: name for shard, name in zip(shards, names, strict=True) for e in shard}}

@@ -19,28 +19,30 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, extras, manifest, savestate, shards, single_file
+from accelkit.merge import counters, extras, manifest, savestate, single_file
 from accelkit.merge.detect import open_source
+from accelkit.merge.dtypes import CAST, TABLE, name_of
 from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
+    INDEX_FILE,
+    build_index,
     check_free_space,
     check_paths,
     copy_side_files,
     format_bytes,
+    parse_size,
+    plan_shards,
     progress_bar,
+    shard_file_names,
 )
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
-from accelkit.merge.writer import SAFETENSORS_DTYPES, build_header
+from accelkit.merge.writer import build_header
 
-DTYPES: dict[str, torch.dtype | None] = {"keep": None, "fp32": torch.float32, "bf16": torch.bfloat16,
-                                         "fp16": torch.float16}
+_CASTS: dict[str, torch.dtype | None] = {choice: getattr(torch, name) if name else None
+                                        for choice, name in CAST.items()}
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport:
@@ -48,7 +50,7 @@ def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport
     return MergeReport(
         format_name=source.format_name, world_size=source.world_size, notes=list(source.notes),
         tensors=len(entries), parameters=sum(e.numel for e in entries), bytes=sum(e.nbytes for e in entries),
-        dtypes=dict(Counter(_dtype_name(e.dtype) for e in entries)), input_files=len(files),
+        dtypes=dict(Counter(name_of(e.dtype) for e in entries)), input_files=len(files),
         input_bytes=sum(f.stat().st_size for f in files), checks=list(source.checks))
 
 
@@ -67,7 +69,7 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
                 checks += manifest.verify(found, [*source.files, *side_files], source.world_size)
             else:
                 checks.append(manifest.unverified_line(found))
-        folder = savestate.find_save_state_dir(source.root)
+        folder = extras.find_save_state_dir(source.root)
         if folder is not None:
             checks += savestate.check(folder, source.world_size, source.reader, steps)
         agreed = counters.cross_check(steps)
@@ -105,7 +107,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     if opts.output is None:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
-    dtype = DTYPES[opts.dtype]
+    dtype = _CASTS[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
     if opts.output.suffix in single_file.SUFFIXES:
         raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",
@@ -113,7 +115,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     if to_file and opts.max_shard_size:
         raise AccelkitError("--max-shard-size needs a folder output",
                             hint=f"use -o {opts.output.with_suffix('')}/ to get shards and an index")
-    max_bytes = shards.parse_size(opts.max_shard_size) if opts.max_shard_size else None
+    max_bytes = parse_size(opts.max_shard_size) if opts.max_shard_size else None
     check_paths(opts.input, opts.output, opts.force)
     with lean_process():
         source, checks = _open_and_check(opts, hash_manifest=True)
@@ -164,14 +166,14 @@ def _plan(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | Non
         notes.append("tied weights stored once, as transformers does: "
                      + ", ".join(f"{a} -> {t}" for a, t in dropped.items()))
     entries = [_cast(e, dtype) for e in source.entries if e.name not in dropped]
-    unsupported = [e for e in entries if e.dtype not in SAFETENSORS_DTYPES]
+    unsupported = [e for e in entries if name_of(e.dtype) not in TABLE]
     if unsupported:
         raise AccelkitError(f"tensor {unsupported[0].name!r} has dtype {unsupported[0].dtype}, which safetensors "
                             "cannot store", hint="convert that tensor to a real dtype before merging")
     if to_file:
         return [entries], [opts.output.name], dropped, side_folder, side_files
-    plan = shards.plan_shards(entries, max_bytes) if max_bytes else [entries]
-    return plan, shards.shard_file_names(len(plan)), dropped, side_folder, side_files
+    plan = plan_shards(entries, max_bytes) if max_bytes else [entries]
+    return plan, shard_file_names(len(plan)), dropped, side_folder, side_files
 
 
 def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | None, to_file: bool,
@@ -186,7 +188,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
     report.notes, report.dropped_aliases, report.output = notes, dropped, opts.output
     report.output_files = list(names)
     report.open_seconds = time.perf_counter() - start
-    folder_files = [*names, *([shards.INDEX_FILE] if len(plan) > 1 else []), *(f.name for f in side_files)]
+    folder_files = [*names, *([INDEX_FILE] if len(plan) > 1 else []), *(f.name for f in side_files)]
     metadata = dict(SAFETENSORS_METADATA)
     if not to_file:
         metadata[FILES_KEY] = json.dumps(folder_files)
@@ -216,7 +218,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
             if side_files:
                 notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
             if len(plan) > 1:
-                report.output_files.append(shards.INDEX_FILE)
+                report.output_files.append(INDEX_FILE)
         if opts.verify:
             with progress_bar(report.bytes, "verify", opts.progress) as bar:
                 stream.on_bytes = bar.update
@@ -242,10 +244,10 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
 def _write_folder_extras(temp: Path, plan: list[list[TensorEntry]], names: list[str], side_files: list[Path],
                          output: Path, folder_files: list[str]) -> None:
     if len(plan) > 1:
-        index = shards.build_index(plan, names)
+        index = build_index(plan, names)
         index["metadata"][FILES_KEY] = folder_files
         try:
-            (temp / shards.INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+            (temp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             raise write_error(exc, output) from None
     copy_side_files(temp, side_files, output)

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from accelkit.errors import AccelkitError, clip
 
 try:  # ISA-L's CRC-32 (the zip polynomial, carry-less multiply): several times zlib's; optional, same values
-    from isal.isal_zlib import crc32 as _crc32
+    from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - depends on the environment
-    _crc32 = zlib.crc32
+    crc32 = zlib.crc32
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +128,7 @@ def map_file(fd: int, offset: int, length: int, path: Path) -> memoryview:
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages are faulted in as they are touched
 
 
-class _Window(io.RawIOBase):
+class Window(io.RawIOBase):
     """A read-only file object over bytes [start, start + length) of a file (one archive inside a .distcp file)."""
 
     def __init__(self, fd: int, start: int, length: int, path: Path) -> None:
@@ -157,7 +157,7 @@ class _Window(io.RawIOBase):
         return n
 
 
-def _local_data_offset(fd: int, header_offset: int, path: Path) -> int:
+def local_data_offset(fd: int, header_offset: int, path: Path) -> int:
     """Where a record's bytes start: after its local header, whose extra field may differ from the central one."""
     header = bytearray(zipfile.sizeFileHeader)
     pread_into(fd, memoryview(header), header_offset, path)
@@ -206,7 +206,7 @@ class TorchArchive:
     def _open(cls, path: Path, fd: int, start: int, length: int, safe_globals: list) -> TorchArchive:
         import torch  # here, not at the top: the torch-free merge path (see light_run) reads records too
 
-        window = _Window(fd, start, length, path)
+        window = Window(fd, start, length, path)
         if not zipfile.is_zipfile(window):
             if start == 0:  # a legacy (pre-1.6) torch.save file: no zip, no checksums; load it whole
                 with torch.serialization.safe_globals(safe_globals):
@@ -214,11 +214,11 @@ class TorchArchive:
             raise zipfile.BadZipFile("not a zip archive")
         records: dict[int, Record] = {}
         small: list[Record] = []
-        with zipfile.ZipFile(io.BufferedReader(_Window(fd, start, length, path))) as archive:
+        with zipfile.ZipFile(io.BufferedReader(Window(fd, start, length, path))) as archive:
             for info in archive.infolist():
                 if info.compress_type != zipfile.ZIP_STORED:
                     raise zipfile.BadZipFile(f"record {info.filename} is compressed")
-                offset = _local_data_offset(fd, start + info.header_offset, path)
+                offset = local_data_offset(fd, start + info.header_offset, path)
                 record = Record(path, info.filename, offset, info.file_size, info.CRC)
                 records[offset - start] = record
                 if not _DATA_RECORD.search(info.filename):
@@ -226,10 +226,10 @@ class TorchArchive:
         for record in small:  # the pickle and version records: checked before anything trusts them
             data = bytearray(record.size)
             pread_into(fd, memoryview(data), record.offset, path)
-            if _crc32(data) != record.crc:
+            if crc32(data) != record.crc:
                 raise ChecksumError(record)
         with torch.serialization.safe_globals(safe_globals):
-            obj = torch.load(io.BufferedReader(_Window(fd, start, length, path)), map_location="meta",
+            obj = torch.load(io.BufferedReader(Window(fd, start, length, path)), map_location="meta",
                              weights_only=True)
         return cls(path, obj, records)
 
@@ -302,7 +302,7 @@ class RecordReader:
             done = start
         if start == done:
             began = time.perf_counter()
-            crc = _crc32(data, crc)
+            crc = crc32(data, crc)
             self.checksum_seconds += time.perf_counter() - began
             self.checksum_bytes += len(data)
             done += len(data)
@@ -324,7 +324,7 @@ class RecordReader:
             part = view[: min(len(view), end - begin)]
             pread_into(fd, part, record.offset + begin, record.path)
             began = time.perf_counter()
-            crc = _crc32(part, crc)
+            crc = crc32(part, crc)
             self.checksum_seconds += time.perf_counter() - began
             self.checksum_bytes += len(part)
             begin += len(part)

@@ -31,41 +31,17 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.merge import dcp_layout
 from accelkit.merge.counters import Counted, FolderCounters
+from accelkit.merge.extras import RNG_FILE, TRAINER_RNG_FILE, TRAINER_STATE, listing
+from accelkit.merge.light_dcp import DISTCP
 from accelkit.merge.records import RecordReader, TorchArchive
 from accelkit.merge.torch_files import materialise
 
-_RNG = re.compile(r"^random_states_(\d+)\.pkl$")
-_TRAINER_RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")  # transformers' Trainer: one per process
-TRAINER_STATE = "trainer_state.json"
 _OPTIMIZER_DCP = re.compile(r"^optimizer_(\d+)$")
 _OPTIMIZER_FILE = re.compile(r"^optimizer(_\d+)?\.(bin|pt)$")
 _SCHEDULER_FILE = re.compile(r"^(scheduler(_\d+)?\.bin|scheduler\.pt|custom_checkpoint_\d+\.pkl)$")
 _SCALER_FILE = "scaler.pt"
 _LR_ITEM = re.compile(r"^(?:optimizer\.)?param_groups\.(\d+)\.lr$")
 _ONE_SAVE = "copy the complete checkpoint folder of one save_state call (every rank's files) into a clean folder"
-
-
-def is_training_state_name(name: str) -> bool:
-    """A file only a training-state save writes beside the weights: Accelerate's RNG files, or the Trainer's RNG
-    files and trainer_state.json."""
-    return bool(_RNG.match(name) or _TRAINER_RNG.match(name)) or name == TRAINER_STATE
-
-
-def find_save_state_dir(weights_dir: Path) -> Path | None:
-    """The checkpoint folder around the weights (Accelerate's save_state or transformers' Trainer): it, or up to
-    two folders above, with RNG files or trainer_state.json."""
-    folder = weights_dir if weights_dir.is_dir() else weights_dir.parent
-    for candidate in (folder, folder.parent, folder.parent.parent):
-        if any(is_training_state_name(p.name) for p in _listing(candidate)):
-            return candidate
-    return None
-
-
-def _listing(folder: Path) -> list[Path]:
-    try:
-        return list(folder.iterdir())
-    except OSError:
-        return []
 
 
 def _numpy_globals() -> list:
@@ -83,22 +59,22 @@ def check(folder: Path, world_size: int | None, reader: RecordReader,
     step counters into `counters`; return what held."""
     counters = counters if counters is not None else FolderCounters()
     checks = []
-    rng = {int(m.group(1)): p for p in _listing(folder) if (m := _RNG.match(p.name))}
+    rng = {int(m.group(1)): p for p in listing(folder) if (m := RNG_FILE.match(p.name))}
     if rng:
         checks.append(_check_rng(folder, rng, world_size, reader))
-    trainer_rng = {int(m.group(1) or 0): p for p in _listing(folder) if (m := _TRAINER_RNG.match(p.name))}
+    trainer_rng = {int(m.group(1) or 0): p for p in listing(folder) if (m := TRAINER_RNG_FILE.match(p.name))}
     if trainer_rng:
         checks.append(_check_trainer_rng(folder, trainer_rng, world_size))
     trainer = _collect_trainer_state(folder / TRAINER_STATE, counters)
-    optimizers = [p for p in _listing(folder)
+    optimizers = [p for p in listing(folder)
                   if _OPTIMIZER_DCP.match(p.name) and (p / dcp_layout.METADATA_FILE).is_file()]
     for path in sorted(optimizers):
         line = _check_optimizer_dcp(path, world_size, reader, counters)
         if line:
             checks.append(line)
-    for path in sorted(p for p in _listing(folder) if _OPTIMIZER_FILE.match(p.name)):
+    for path in sorted(p for p in listing(folder) if _OPTIMIZER_FILE.match(p.name)):
         _collect_optimizer_file(path, reader, counters)
-    for path in sorted(p for p in _listing(folder) if _SCHEDULER_FILE.match(p.name)):
+    for path in sorted(p for p in listing(folder) if _SCHEDULER_FILE.match(p.name)):
         _collect_scheduler(path, counters, steps_once=trainer)
     if (folder / _SCALER_FILE).is_file():
         counters.scaler = folder / _SCALER_FILE
@@ -221,7 +197,7 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
     """The optimizer's step counters agree across its rank files, and it was saved by as many ranks as the model;
     its largest step and its learning rates go to `counters`."""
     metadata = dcp_layout.read_metadata(path)
-    ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := dcp_layout.DISTCP.match(
+    ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := DISTCP.match(
         info.relative_path))}
     if world_size is not None and ranks and max(ranks) + 1 != world_size:
         raise AccelkitError(f"{path} was saved by {max(ranks) + 1} processes but the model by {world_size}: files of "

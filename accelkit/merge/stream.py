@@ -17,44 +17,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import records
-from accelkit.merge.records import pread_into, read_error
+from accelkit.merge.dtypes import name_of
+from accelkit.merge.nonfinite import NonFiniteScan, refusal
+from accelkit.merge.records import read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
-from accelkit.merge.writer import SafetensorsWriter
+from accelkit.merge.writer import SafetensorsWriter, verify_output
 
 PIECE_BYTES = 16 * 1024 * 1024  # a multiple of every element size
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
-
-
-@dataclass
-class ScanResult:
-    """What the non-finite scan found (only reported when --allow-nonfinite accepted it)."""
-
-    tensors: dict[str, int] = field(default_factory=dict)  # name -> number of non-finite values
-    seconds: float = 0.0
-
-
-class NonFiniteError(AccelkitError):
-    pass
-
-
-def count_nonfinite(values: torch.Tensor) -> int:
-    """Non-finite values in a piece. A sum is finite exactly when no NaN or inf went in, unless large finite values
-    overflow it, which the exact count then rules out; the sum runs at memory speed, the count only when needed."""
-    total = values.sum(dtype=torch.float64 if values.dtype == torch.float64 else torch.float32)
-    if bool(torch.isfinite(total)):
-        return 0
-    return int((~torch.isfinite(values)).sum())
 
 
 class Buffers:
@@ -170,7 +149,7 @@ class TensorStream:
         self.source = source
         self.allow_nonfinite = allow_nonfinite
         self.on_bytes = on_bytes
-        self.scan = ScanResult()
+        self.scan = NonFiniteScan()
         self.buffers = Buffers(piece_bytes)
         self._sources = source.entry_by_name
 
@@ -189,22 +168,17 @@ class TensorStream:
         return cast, True
 
     def _scan(self, name: str, values: torch.Tensor, source_values: torch.Tensor, cast: bool) -> None:
-        if not (records.SCAN_NONFINITE and values.is_floating_point()):
+        if not records.SCAN_NONFINITE:
             return
-        began = time.perf_counter()
-        bad = count_nonfinite(values)
-        self.scan.seconds += time.perf_counter() - began
+        bad = self.scan.count(_as_memoryview(values.view(torch.uint8)), name_of(values.dtype))
         if not bad:
             return
-        self.scan.tensors[name] = self.scan.tensors.get(name, 0) + bad
+        self.scan.found(name, bad)
         if self.allow_nonfinite:
             return
-        if cast and source_values.is_floating_point() and count_nonfinite(source_values) == 0:
-            raise NonFiniteError(f"tensor {name!r} overflows the --dtype you asked for: {bad} values become inf",
-                                 hint="merge with --dtype keep, or bf16 (which has the range of fp32)")
-        raise NonFiniteError(f"tensor {name!r} holds {bad} non-finite values (NaN or inf): the checkpoint is corrupt "
-                             "(a flipped bit) or the run diverged",
-                             hint="merge an earlier checkpoint, or pass --allow-nonfinite to write it anyway")
+        overflow = cast and source_values.is_floating_point() and not self.scan.count(
+            _as_memoryview(source_values.view(torch.uint8)), name_of(source_values.dtype))
+        raise refusal(name, bad, overflow)
 
     def _segments(self, name: str) -> list[Segment]:
         segments = self.source.segments(name)
@@ -253,29 +227,14 @@ class TensorStream:
 
     def verify_file(self, entries: list[TensorEntry], path: Path, data_start: int) -> None:
         """Re-read `path` and compare every byte with the source read again (cast the same way)."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise read_error(exc, path) from None
-        try:
-            offset = data_start
+        def expected():
             for entry in entries:
                 for segment, start, length in pieces(self._segments(entry.name), self.buffers.piece_bytes):
                     values, _ = self._read_piece(0, entry.name, entry.dtype, segment, start, length)
-                    expected = values.view(torch.uint8)
-                    written = self.buffers.raw(1, expected.numel())
-                    try:
-                        pread_into(fd, _as_memoryview(written), offset, path)
-                    except AccelkitError:
-                        raise AccelkitError(f"verification failed: {path.name} is shorter than planned",
-                                            hint="report this as a bug; no output was written") from None
-                    if not torch.equal(written, expected):
-                        raise AccelkitError(f"verification failed: {entry.name} in the output differs from the "
-                                            "source", hint="report this as a bug; no output was written")
-                    offset += expected.numel()
-                    self.on_bytes(expected.numel())
-        finally:
-            os.close(fd)
+                    yield entry.name, _as_memoryview(values.view(torch.uint8))
+
+        scratch = _as_memoryview(self.buffers.raw(1, self.buffers.piece_bytes))
+        verify_output(path, data_start, expected(), self.on_bytes, scratch)
 
     def same_values(self, a: str, b: str) -> bool:
         """Whether two source tensors hold the same bytes (compared piece by piece)."""

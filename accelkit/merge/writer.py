@@ -1,4 +1,5 @@
-"""A streaming safetensors writer: header first, then the tensors' bytes in order, never a whole file in memory.
+"""A streaming safetensors writer (no torch): header first, then the tensors' bytes in order, never a whole file in
+memory. Both paths write their headers here.
 
 The safetensors layout (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian unsigned
 header size N, then N bytes of UTF-8 JSON mapping each tensor name to {"dtype", "shape", "data_offsets": [begin,
@@ -9,25 +10,38 @@ are known before any byte is read, the header can be written first and the data 
 
 from __future__ import annotations
 
+import json
+import os
+import struct
+from collections.abc import Callable, Iterable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import write_error
-from accelkit.merge.header import safetensors_header
-from accelkit.merge.source import TensorEntry
+from accelkit.merge.dtypes import TABLE, name_of
+from accelkit.merge.records import pread_into, read_error
 
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-}
+if TYPE_CHECKING:
+    from accelkit.merge.source import TensorEntry
+
+def safetensors_header(tensors: Iterable[tuple[str, str, tuple[int, ...], int]],
+                       metadata: dict[str, str] | None = None) -> bytes:
+    """The header for (name, dtype code, shape, nbytes) of each tensor, in file order."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    offset = 0
+    for name, code, shape, nbytes in tensors:
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
 
 
 def build_header(entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> bytes:
-    return safetensors_header(((e.name, SAFETENSORS_DTYPES[e.dtype], e.shape, e.nbytes) for e in entries), metadata)
+    return safetensors_header(((e.name, TABLE[name_of(e.dtype)].code, e.shape, e.nbytes) for e in entries), metadata)
 
 
 class SafetensorsWriter:
@@ -87,3 +101,38 @@ class SafetensorsWriter:
             self._file.close()
         except OSError as exc:
             raise write_error(exc, self.label) from None
+
+
+def verify_output(path: Path, data_start: int, expected: Iterable[tuple[str, memoryview]],
+                  on_bytes: Callable[[int], None], scratch: memoryview | None = None) -> None:
+    """`--verify`, for both paths: re-read the written file from `data_start` and compare it, piece by piece, with
+    the bytes `expected` yields (tensor name, the bytes it should hold next: the input read again, cast the same way),
+    read into `scratch` when it is large enough. Compared as 64-bit words with NumPy when they divide evenly (a
+    memoryview compares item by item, 25 times slower)."""
+    import numpy as np
+
+    written = scratch if scratch is not None else memoryview(bytearray())
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise read_error(exc, path) from None
+    try:
+        offset = data_start
+        for name, want in expected:
+            length = len(want)
+            if len(written) < length:
+                written = memoryview(bytearray(length))
+            got = written[:length]
+            try:
+                pread_into(fd, got, offset, path)
+            except AccelkitError:
+                raise AccelkitError(f"verification failed: {path.name} is shorter than planned",
+                                    hint="report this as a bug; no output was written") from None
+            kind = np.uint64 if length % 8 == 0 else np.uint8
+            if not np.array_equal(np.frombuffer(want, dtype=kind), np.frombuffer(got, dtype=kind)):
+                raise AccelkitError(f"verification failed: {name} in the output differs from the source",
+                                    hint="report this as a bug; no output was written")
+            offset += length
+            on_bytes(length)
+    finally:
+        os.close(fd)

@@ -54,14 +54,25 @@ def test_metadata_never_runs_pickled_code(dcp_dir: Path) -> None:
 
 
 def test_nonfinite_count_is_exact_and_large_finite_values_are_not_flagged() -> None:
-    from accelkit.merge.stream import count_nonfinite
+    from accelkit.merge.nonfinite import NonFiniteScan
+
+    scan = NonFiniteScan()
+
+    def count(values: torch.Tensor) -> int:
+        return scan.count(memoryview(values.view(torch.uint8).numpy()), str(values.dtype).removeprefix("torch."))
 
     big = torch.full((10,), 3e38)  # finite, but their float32 sum overflows
-    assert count_nonfinite(big) == 0
+    assert count(big) == 0
     values = torch.zeros(100)
     values[[3, 50]] = torch.tensor([float("nan"), float("-inf")])
-    assert count_nonfinite(values) == 2
-    assert count_nonfinite(values.to(torch.bfloat16)) == 2
+    assert count(values) == 2
+    assert count(values.to(torch.bfloat16)) == 2
+    assert count(values.to(torch.float16)) == 2
+    assert count(values.to(torch.float64)) == 2
+    assert count(values.to(torch.float8_e5m2)) == 2
+    assert count(values.to(torch.float8_e4m3fn)) == 1  # no inf in this format: torch saturates -inf to -448
+    assert count(torch.full((10,), 448.0).to(torch.float8_e4m3fn)) == 0  # its largest finite value
+    assert count(torch.full((10,), 57344.0).to(torch.float8_e5m2)) == 0
 
 
 def test_force_only_replaces_what_a_merge_wrote(tmp_path: Path) -> None:
@@ -111,3 +122,22 @@ def test_save_state_rng_files_must_agree(tmp_path: Path) -> None:
         "Accelerate save_state: the RNG files of all 3 processes were saved at step 8"]
     with pytest.raises(AccelkitError, match="RNG states of 3 processes .* saved by 2"):
         check(tmp_path, 2, RecordReader())
+
+
+def test_verify_output_names_the_tensor_that_differs_and_a_short_file(tmp_path: Path) -> None:
+    """The one --verify of both paths: compares by 64-bit words and by bytes, names the first tensor that differs."""
+    from accelkit.merge.writer import verify_output
+
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"H" * 8 + bytes(range(16)) + b"abc")
+    seen: list[int] = []
+    verify_output(out, 8, [("a", memoryview(bytes(range(16)))), ("b", memoryview(b"abc"))], seen.append)
+    assert seen == [16, 3]
+    with pytest.raises(AccelkitError, match=r"verification failed: b in the output differs from the source"):
+        verify_output(out, 8, [("a", memoryview(bytes(range(16)))), ("b", memoryview(b"abd"))], seen.append)
+    flipped = bytearray(range(16))
+    flipped[9] ^= 1
+    with pytest.raises(AccelkitError, match=r"verification failed: a in the output differs"):
+        verify_output(out, 8, [("a", memoryview(bytes(flipped)))], seen.append, memoryview(bytearray(64)))
+    with pytest.raises(AccelkitError, match=r"verification failed: out.bin is shorter than planned"):
+        verify_output(out, 8, [("a", memoryview(bytes(range(16)))), ("b", memoryview(b"abcd"))], seen.append)
