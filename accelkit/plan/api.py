@@ -143,10 +143,6 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
         gpus = layout_option.check_world(given_layout, gpus, nodes)
         if strategy is not None:
             raise AccelkitError("--strategy and --layout both name what to plan", hint="give one of them")
-        if write_config is not None:
-            from accelkit.plan import spine
-
-            spine.check_writable(given_layout)
     elif pp_schedule is not None or microbatches is not None:
         given = "--pp-schedule" if pp_schedule is not None else "--microbatches"
         raise AccelkitError(f"{given} needs a pipeline: give --layout with pp=N",

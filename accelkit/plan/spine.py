@@ -40,7 +40,7 @@ def config_options(strategy: Strategy, hardware: Hardware, training: Training, a
 
 def layout_options(layout, hardware: Hardware, training: Training, checkpointing: bool):
     """The ConfigOptions of an N-D or pipeline layout (plan/nd.py's Layout): the flags its printed command
-    carries. A pipeline needs `accelkit config` to know --pp-size, --pp-schedule and --microbatches."""
+    carries, a pipeline's (--pp-size, --pp-schedule, --microbatches) included."""
     from accelkit.configs import ConfigOptions
 
     given: dict = {"backend": layout.backend, "num_processes": hardware.gpus,
@@ -55,30 +55,10 @@ def layout_options(layout, hardware: Hardware, training: Training, checkpointing
     sizes = {"dp_replicate_size": layout.dp_replicate, "dp_shard_size": shard, "tp_size": layout.tp,
              "cp_size": layout.cp, "sp_size": layout.sp}
     if layout.pp > 1:
-        sizes.update(pp_size=layout.pp, pp_schedule=layout.pipeline.schedule,
+        sizes.update(pp_size=layout.pp, pp_schedule=layout.pipeline.schedule.lower(),
                      microbatches=layout.pipeline.microbatches)
-    check_writable(layout)
     given.update({name: value for name, value in sizes.items() if value != 1})
     return ConfigOptions(**given)
-
-
-def check_writable(layout) -> None:
-    """A pipeline layout can be written only where `accelkit config` takes --pp-size, --pp-schedule and
-    --microbatches (checked before anything is planned)."""
-    import dataclasses
-
-    from accelkit.configs import ConfigOptions
-    from accelkit.errors import AccelkitError
-
-    if layout.pp == 1:
-        return
-    known = {f.name for f in dataclasses.fields(ConfigOptions)}
-    missing = [name for name in ("pp_size", "pp_schedule", "microbatches") if name not in known]
-    if missing:
-        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
-        raise AccelkitError(f"--write-config: this version of `accelkit config` has no {flags}, so it cannot write "
-                            "the pipeline layout", hint="plan without --write-config and keep the printed "
-                                                        "commands, or write a layout without pp")
 
 
 def config_command(options, output: Path | str) -> str:

@@ -164,3 +164,19 @@ def test_a_given_pipeline_layout_is_the_recommendation_with_its_commands():
     pipeline = plan["nd"]["rows"][0]["pipeline"]
     assert pipeline["bubble"] == pytest.approx(1 / 8) and pipeline["stages_per_rank"] == 2
     assert plan["learning_rate"] is None
+
+
+def test_write_config_writes_the_pipeline_layout_that_config_check_accepts(tmp_path):
+    from click.testing import CliRunner
+
+    from accelkit.cli import cli
+
+    runner = CliRunner()
+    written = tmp_path / "pp.yaml"
+    result = runner.invoke(cli, ["plan", "--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=2,pp=2",
+                                 "--pp-schedule", "Interleaved1F1B", "--microbatches", "4",
+                                 "--write-config", str(written)])
+    assert result.exit_code == 0, result.output
+    assert "# accelkit-pipeline: pp=2,schedule=interleaved1f1b,microbatches=4,dp_shard=2,tp=1" in written.read_text()
+    checked = runner.invoke(cli, ["config", "--check", str(written)])
+    assert checked.exit_code == 0, checked.output
