@@ -335,19 +335,22 @@ def _optimizers_by_use(ctx: Context, facts: Facts) -> None:
     for call in ctx.of_type(cst.Call):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
             function = ctx.function(call)
-            if function is not None:
-                has_backward.add(id(function))
+            # a module-level training loop (nanoGPT's train.py) counts as the module's own "function"
+            has_backward.add(id(function) if function is not None else id(ctx.module))
     for call in ctx.of_type(cst.Call):
         func = call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
             continue
         key = dotted(func.value)
         function = ctx.function(call)
-        if key is None or key in facts.kinds or function is None or id(function) not in has_backward:
+        scope = function if function is not None else ctx.module
+        if key is None or key in facts.kinds or id(scope) not in has_backward:
+            continue
+        if function is None and key.startswith("self."):
             continue
         if re.search(r"sched|lr|scaler", key.rsplit(".", 1)[-1], re.I):
             continue
-        creation = _assignment_of(ctx, key, function)
+        creation = _assignment_of(ctx, key, function) if function is not None else _module_assignment_of(ctx, key)
         if creation is None:
             continue
         value = next(v for k, v, _ in bindings(creation) if k == key)
@@ -355,6 +358,16 @@ def _optimizers_by_use(ctx: Context, facts: Facts) -> None:
             continue  # `self.optimizer = optimizer`: the object is tracked under its first name
         facts.kinds[key] = "optimizer"
         facts.created.append(Tracked(key, "optimizer", value, ctx.parent(creation), creation))  # type: ignore
+
+
+def _module_assignment_of(ctx: Context, key: str):
+    """The last module-level assignment of `key` (outside every function and class)."""
+    found = None
+    for node in ctx.of_type(cst.Assign, cst.AnnAssign):
+        if ctx.function(node) is None and not any(isinstance(a, cst.ClassDef) for a in ctx.ancestors(node)) \
+                and any(k == key for k, _, _ in bindings(node)):
+            found = node
+    return found
 
 
 def _assignment_of(ctx: Context, key: str, near: cst.FunctionDef):

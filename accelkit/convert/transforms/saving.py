@@ -298,6 +298,7 @@ def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
     for call in ctx.of_type(cst.Call):
         if isinstance(call.func, cst.Name) and call.func.value == "print" and "builtins.print" in ctx.qnames(call):
             plan.edit(call, lambda u: u.with_changes(func=accel("print")))
+            plan.prints.append(call)
             lines.append(ctx.line(call))
             for arg in call.args:
                 if dotted(arg.value) in models:  # print(model): the model, not the DDP wrapper around it

@@ -1,0 +1,136 @@
+"""Issue #31: idioms of public training scripts the converter got wrong (a conversion that was not data-parallel,
+crashed or hung on 2 ranks, or a false refusal), each on a small script of our own in that shape."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accelkit.convert import convert_source
+from accelkit.convert.verify import verify
+
+
+def convert(source: str):
+    return convert_source(textwrap.dedent(source).lstrip(), filename="train.py")
+
+
+def test_a_module_level_loop_with_a_model_built_in_branches_is_prepared() -> None:
+    # nanoGPT's train.py: no functions, the model made in `if init_from == ...` branches and imported from a local
+    # module, the optimizer from `model.configure_optimizers(...)`, `DDP(model)` under `if ddp:`
+    result = convert("""
+        import os
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from mymodel import Net
+        init_from = "scratch"
+        ddp = int(os.environ.get("RANK", -1)) != -1
+        if init_from == "scratch":
+            model = Net()
+        elif init_from == "resume":
+            model = Net()
+            model.load_state_dict(torch.load("ckpt.pt"))
+        optimizer = model.configure_optimizers(0.1)
+        if ddp:
+            model = DDP(model)
+        raw_model = model.module if ddp else model
+        it = 0
+        while True:
+            loss = model(torch.randn(4, 2)).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            it += 1
+            if it > 10:
+                break
+    """)
+    assert "model, optimizer = accelerator.prepare(model, optimizer)\n" in result.code
+    assert "raw_model = accelerator.unwrap_model(model) if ddp else model\n" in result.code
+    assert result.code.index("accelerator.prepare(") < result.code.index("while True:")
+    assert not result.report.problems
+
+
+def test_a_print_at_import_time_stays_a_print_when_the_accelerator_is_made_in_main() -> None:
+    # `accelerator.print` at module level, with `accelerator` created inside main(): a NameError at import
+    result = convert("""
+        import argparse
+        import torch
+        print("starting")
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+            for x in loader:
+                model(x).sum().backward()
+                opt.step()
+            print("done")
+        if __name__ == "__main__":
+            main()
+    """)
+    assert result.code.startswith("import argparse\nimport torch\nfrom accelerate import Accelerator\nprint(")
+    assert '    accelerator.print("done")' in result.code
+    assert not result.report.problems
+
+
+def test_a_loader_sampler_set_epoch_goes_with_an_inline_distributed_sampler() -> None:
+    # a torchrun script: `sampler=DistributedSampler(ds)` inline, then `loader.sampler.set_epoch(epoch)`; the prepared
+    # loader's sampler has no set_epoch (AttributeError on the first epoch)
+    code = convert("""
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+        dist.init_process_group("gloo")
+        ds = torch.utils.data.TensorDataset(torch.ones(8, 2))
+        loader = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, shuffle=True))
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            for (x,) in loader:
+                model(x).sum().backward()
+                opt.step()
+    """).code
+    assert "set_epoch" not in code and "DistributedSampler" not in code
+    assert "shuffle=True" in code
+
+
+def test_verify_refuses_a_conversion_that_trains_but_prepares_nothing() -> None:
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        model = build()
+        for x in data:
+            accelerator.backward(model(x).sum())
+    """))
+    assert [f.line for f in findings] == [5]
+    assert "no model is passed to `accelerator.prepare(...)`" in findings[0].what
+    assert "not data-parallel" in findings[0].what
+
+
+def test_verify_refuses_prepare_of_self_inside_the_model_class() -> None:
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.opt = torch.optim.SGD(self.parameters(), lr=0.1)
+                self, self.opt = accelerator.prepare(self, self.opt)
+    """))
+    assert [f.line for f in findings] == [7]
+    assert "`accelerator.prepare(self, ...)` inside the model's own class" in findings[0].what
+
+
+def test_verify_refuses_accelerator_used_at_import_before_it_exists() -> None:
+    findings = verify(textwrap.dedent("""
+        import torch
+        accelerator.print("hello")
+        def main():
+            accelerator = Accelerator()
+            accelerator.print("inside")
+        if __name__ == "__main__":
+            main()
+    """))
+    assert [f.line for f in findings] == [3]
+    assert "NameError" in findings[0].what
+    # created first, used after: nothing to say
+    assert not verify("accelerator = Accelerator()\nif True:\n    accelerator.print(1)\n")
