@@ -87,6 +87,7 @@ def analyze(ctx: Context) -> Facts:
     _models_from_optimizers(ctx, facts)
     _propagate_aliases(ctx, facts)
     _factories(ctx, facts)
+    _loaders_by_name(ctx, facts)
     _loaders_into_parameters(ctx, facts)
     _find_devices_and_loops(ctx, facts)
     _find_amp(ctx, facts)
@@ -429,6 +430,40 @@ def _factories(ctx: Context, facts: Facts) -> None:
 
 
 PREPARABLE = {"model", "optimizer", "loader", "scheduler"}
+LOADER_NAME = re.compile(r"loader|_dl$|^dl$|^dl_", re.I)
+NOT_LOADER_CALLS = {"iter", "enumerate", "zip", "len", "list", "tuple", "next", "tqdm", "cycle", "range"}
+
+
+def _loaders_by_name(ctx: Context, facts: Facts) -> None:
+    """`train_loader, val_loader = get_loaders(cfg)` from a helper of another module (or any call the analysis
+    cannot see into), then iterated: a DataLoader by its name and use. Left untracked, it would be neither prepared
+    nor reported, and every process would train on all of the data."""
+    iterated: set[str] = set()
+    for node in ctx.of_type(cst.For, cst.Call):
+        if isinstance(node, cst.For):
+            source = node.iter
+            while isinstance(source, cst.Call) and ctx.code(source.func).split(".")[-1] in NOT_LOADER_CALLS \
+                    and source.args:
+                source = source.args[0].value
+            key = dotted(source)
+        elif isinstance(node.func, cst.Name) and node.func.value == "iter" and node.args:
+            key = dotted(node.args[0].value)
+        else:
+            continue
+        if key:
+            iterated.add(key)
+    for small in ctx.of_type(cst.Assign):
+        line = ctx.parent(small)
+        if not isinstance(line, cst.SimpleStatementLine) or inside_class(ctx, small, facts.model_classes):
+            continue
+        for key, value, _ in bindings(small):
+            call = strip_chain(value) if value is not None else None
+            if key in facts.kinds or key not in iterated or not LOADER_NAME.search(key.rsplit(".", 1)[-1]) or \
+                    not isinstance(call, cst.Call) or ctx.code(call.func).split(".")[-1] in NOT_LOADER_CALLS or \
+                    (isinstance(call.func, cst.Name) and call.func.value in facts.factories):
+                continue
+            facts.kinds[key] = "loader"
+            facts.created.append(Tracked(key, "loader", call, line, small, origin="call"))
 
 
 def models_of(ctx: Context, facts: Facts, optimizer: Tracked) -> list[str]:

@@ -134,3 +134,57 @@ def test_verify_refuses_accelerator_used_at_import_before_it_exists() -> None:
     assert "NameError" in findings[0].what
     # created first, used after: nothing to say
     assert not verify("accelerator = Accelerator()\nif True:\n    accelerator.print(1)\n")
+
+
+def test_a_best_checkpoint_save_decided_by_each_process_gets_no_barrier() -> None:
+    # `if val_loss < best: torch.save(...)`: each process compares its own loss; barriers in that branch would
+    # leave the processes that skip it waiting. A save under a flag (`if args.save:`) keeps its barriers.
+    code = convert("""
+        import argparse
+        import torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--save", action="store_true")
+        args = parser.parse_args()
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        best = float("inf")
+        for epoch in range(3):
+            for x in loader:
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+            val_loss = loss.item()
+            if val_loss < best:
+                best = val_loss
+                torch.save(model.state_dict(), "best.pt")
+            if args.save and epoch % 2 == 0:
+                torch.save(model.state_dict(), "last.pt")
+    """).code
+    best = code[code.index("if val_loss < best:"):code.index("if args.save")]
+    flag = code[code.index("if args.save"):]
+    assert "wait_for_everyone" not in best and "accelerator.save(" in best
+    assert flag.count("accelerator.wait_for_everyone()") == 2
+
+
+def test_a_loader_returned_by_another_module_is_prepared() -> None:
+    # `train_loader, val_loader = get_loaders(...)` from the project's own data module: the converter cannot see
+    # into it, but the names and the loops say what they are; left alone, every process trained on all the data
+    result = convert("""
+        import torch
+        from data import get_loaders
+        def main():
+            train_loader, val_loader = get_loaders(batch_size=8)
+            model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x, y in train_loader:
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                for x, y in val_loader:
+                    out = model(x)
+        if __name__ == "__main__":
+            main()
+    """)
+    assert "model, opt, train_loader, val_loader = accelerator.prepare(" in result.code.replace("\n        ", "")
+    assert not result.report.problems
