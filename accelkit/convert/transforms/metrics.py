@@ -69,6 +69,8 @@ def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], mode
     labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
     if not labels:
         return False
+    if _aliases_read_after(ctx, loop, line, batch_names, later):
+        return False  # `target = y` before the forward, read after it: it would keep the local batch
     # inputs read after the forward (`loss * x.size(0)`) are gathered too: next to gathered outputs, a local
     # batch would weigh a global batch's loss by this process's share only
     labels += [n for n in sorted(batch_names) if n in inputs and n in later and n not in labels]
@@ -79,6 +81,26 @@ def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], mode
     plan.report.found_item("metric", ", ".join(_accumulators(ctx, loop)) or output, ctx.line(loop),
                            "computed from predictions and labels gathered from every process (gather_for_metrics)")
     return True
+
+
+def _aliases_read_after(ctx: Context, loop: cst.For, forward: cst.CSTNode, batch_names: set[str],
+                        later: set[str]) -> bool:
+    """A name bound from the batch before the forward (`target = y`, `n = y.size(0)`) and read after it: gathering
+    the batch names would rebind them to the whole batch, not the alias (a batch-size mismatch, or a local count
+    next to global predictions)."""
+    for node in ctx.descendants(loop.body):
+        if node is forward:
+            break
+        if not isinstance(node, (cst.Assign, cst.AnnAssign)):
+            continue
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        value = node.value
+        if value is None or not (names_of(ctx.descendants(value), ctx) & batch_names):
+            continue
+        bound = {n.value for t in targets for n in [t, *ctx.descendants(t)] if type(n) is cst.Name}
+        if (bound - batch_names) & later:
+            return True
+    return False
 
 
 def _model_call(block: cst.BaseSuite, models: set[str]):

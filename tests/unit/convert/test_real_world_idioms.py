@@ -188,3 +188,28 @@ def test_a_loader_returned_by_another_module_is_prepared() -> None:
     """)
     assert "model, opt, train_loader, val_loader = accelerator.prepare(" in result.code.replace("\n        ", "")
     assert not result.report.problems
+
+
+def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
+    # `target = y` before the forward and compared after it: gathering (out, y) would compare the whole batch's
+    # predictions with this process's labels (a batch-size mismatch); the counts are summed across processes instead
+    code = convert("""
+        import torch
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ds = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)),
+                                            torch.zeros(16, dtype=torch.long))
+        loader = torch.utils.data.DataLoader(ds, batch_size=4)
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        correct = 0
+        with torch.no_grad():
+            for x, y in loader:
+                target = y
+                out = model(x)
+                correct += (out.argmax(1) == target).sum().item()
+        print(correct / len(loader.dataset))
+    """).code
+    assert "gather_for_metrics" not in code
+    assert 'correct = accelerator.reduce(torch.as_tensor(correct, device=accelerator.device), "sum").item()' in code
