@@ -138,7 +138,7 @@ def _collectives_under_rank_conditions(tree: ast.Module) -> list[Finding]:
 
 def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
     found: list[Finding] = []
-    if "accelerator.prepare(" not in code or "accelerator.backward(" not in code:
+    if "accelerator.prepare(" not in code:
         return found
     for node in ast.walk(tree):
         for name in ("body", "orelse", "finalbody"):
@@ -156,6 +156,17 @@ def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
 
 def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> Finding | None:
     for statement in earlier:
+        for node in ast.walk(statement):  # a loop over a loader that is only prepared further down
+            source = node.iter if isinstance(node, (ast.For, ast.comprehension)) else None
+            while isinstance(source, ast.Call) and source.args and isinstance(source.func, ast.Name) and \
+                    source.func.id in {"enumerate", "iter", "tqdm", "zip"}:
+                source = source.args[0]
+            if isinstance(source, ast.Name) and source.id in prepared:
+                where = getattr(node, "lineno", statement.lineno)
+                return Finding(line, f"`accelerator.prepare(...)` comes after line {where}, which already iterates "
+                                     f"{source.id}: that loop runs on the unprepared loader "
+                                     "(every process sees all of its data)",
+                               "prepare every loader before the first loop over it")
         nodes = list(ast.walk(statement))
         if not any(_accelerator_method(n) == "backward" for n in nodes):
             continue

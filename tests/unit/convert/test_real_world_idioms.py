@@ -213,3 +213,15 @@ def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
     """).code
     assert "gather_for_metrics" not in code
     assert 'correct = accelerator.reduce(torch.as_tensor(correct, device=accelerator.device), "sum").item()' in code
+
+
+def test_verify_refuses_a_loader_prepared_after_a_loop_over_it() -> None:
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        model, opt = accelerator.prepare(model, opt)
+        for x, y in enumerate(test_loader):
+            model(x)
+        test_loader = accelerator.prepare(test_loader)
+    """))
+    assert [f.line for f in findings] == [6]
+    assert "comes after line 4, which already iterates test_loader" in findings[0].what
