@@ -327,14 +327,43 @@ def _stream_writes(ctx: Context, plan: Plan) -> None:
                            "a progress line written by N processes is drawn N times over itself")
 
 
+FETCHES = {"shutil.unpack_archive", "urllib.request.urlretrieve", "torchvision.datasets.utils.download_url",
+           "torchvision.datasets.utils.download_and_extract_archive", "torchvision.datasets.utils.extract_archive",
+           "torch.hub.download_url_to_file"}
+
+
+def _fetches(ctx: Context, call: cst.Call) -> bool:
+    """A call that downloads or unpacks into a shared folder: `download=True`, `tar.extractall(d)`, ..."""
+    if any(a.keyword is not None and a.keyword.value == "download" and ctx.code(a.value) != "False"
+           for a in call.args):
+        return True
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "extractall":
+        return True
+    return bool(ctx.qnames(call) & FETCHES)
+
+
+def _whole_fetch(ctx: Context, statement: cst.CSTNode) -> cst.CSTNode:
+    """The statement to run under main_process_first: the fetch with the `with tarfile.open(...)` around it and
+    the `if not os.path.exists(d):` that decides it (each process may decide it differently: the main process
+    may have unpacked already; a barrier inside such an `if` hangs)."""
+    for ancestor in ctx.ancestors(statement):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module, cst.For, cst.While)):
+            break
+        if isinstance(ancestor, cst.With) or (isinstance(ancestor, cst.If) and ctx.main_guard(statement) is not
+                                               ancestor and not _uniform(ctx, ancestor.test, statement)):
+            if ctx.suite_of(ancestor) is not None:
+                statement = ancestor
+    return statement
+
+
 def _download_statements(ctx: Context) -> list[cst.BaseStatement]:
-    """Statements that call something with `download=True` (torchvision datasets and their look-alikes)."""
+    """Statements that download or unpack (torchvision's `download=True` and look-alikes, archives)."""
     found: list[cst.BaseStatement] = []
     for call in ctx.of_type(cst.Call):
-        if not any(a.keyword is not None and a.keyword.value == "download" and ctx.code(a.value) != "False"
-                   for a in call.args):
+        if not _fetches(ctx, call):
             continue
         statement = ctx.statement(call)
+        statement = _whole_fetch(ctx, statement) if statement is not None else None
         if statement is None or statement in found or ctx.suite_of(statement) is None or \
                 any(isinstance(a, cst.With) and "main_process_first" in ctx.code(a.items[0].item)
                     for a in ctx.ancestors(call)):
@@ -360,12 +389,13 @@ def _downloads(ctx: Context, plan: Plan) -> None:
     """`MNIST(root, download=True)` on N processes downloads N times into one folder at once (and may read a half
     written file): the main process downloads first, the others then find the files."""
     for statement in _download_statements(ctx):
-        call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and any(
-            a.keyword is not None and a.keyword.value == "download" for a in c.args))  # type: ignore[attr-defined]
+        call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and _fetches(ctx, c))
         plan.edit(statement, lambda u: cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
                                                 body=cst.IndentedBlock(body=[u.with_changes(leading_lines=[])]),
                                                 leading_lines=u.leading_lines))
-        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(..., download=...)` runs under "
+        what = "(..., download=...)" if any(a.keyword is not None and a.keyword.value == "download"
+                                            for a in call.args) else "(...)"
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}{what}` runs under "
                                            "`with accelerator.main_process_first():`",
                            "N processes downloading into one folder at once race; the main process downloads "
                            "first, the others then read its files")

@@ -225,3 +225,23 @@ def test_verify_refuses_a_loader_prepared_after_a_loop_over_it() -> None:
     """))
     assert [f.line for f in findings] == [6]
     assert "comes after line 4, which already iterates test_loader" in findings[0].what
+
+
+def test_an_archive_is_unpacked_by_the_main_process_first_with_its_existence_test() -> None:
+    # every process unpacking one archive into one folder at once; the `if not os.path.exists(...)` goes inside
+    # main_process_first too (the others find the folder made, and no process skips the barrier alone)
+    code = convert("""
+        import os
+        import tarfile
+        import torch
+        if not os.path.exists("data/train"):
+            with tarfile.open("data.tgz") as tar:
+                tar.extractall("data")
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+    """).code
+    assert 'with accelerator.main_process_first():\n    if not os.path.exists("data/train"):\n' in code
