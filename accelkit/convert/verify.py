@@ -156,6 +156,8 @@ def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
 
 def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> Finding | None:
     for statement in earlier:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # defined before the prepare, run where it is called
         for node in ast.walk(statement):  # a loop over a loader that is only prepared further down
             source = node.iter if isinstance(node, (ast.For, ast.comprehension)) else None
             while isinstance(source, ast.Call) and source.args and isinstance(source.func, ast.Name) and \

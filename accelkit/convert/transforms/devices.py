@@ -32,6 +32,19 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _numpy_from_cpu(ctx, plan)
     _device_string_comparisons(ctx, facts, plan)
     _tensors_made_in_forward(ctx, facts, plan)
+    _gpu_asserts(ctx, plan)
+
+
+def _gpu_asserts(ctx: Context, plan: Plan) -> None:
+    """`assert torch.cuda.is_available()`: the launch now chooses the device (a CPU rehearsal, `--cpu`, another
+    accelerator); kept, it stops the converted script before training wherever there is no CUDA."""
+    for small in ctx.of_type(cst.Assert):
+        if isinstance(small.test, cst.Call) and ctx.qnames(small.test) & {"torch.cuda.is_available"} and \
+                isinstance(ctx.parent(small), cst.SimpleStatementLine):
+            plan.remove(small)
+            plan.report.change(ctx.line(small), f"removed `{ctx.code(small)}`",
+                               "the launch chooses the device (accelerator.device); the assert would stop the "
+                               "script on a CPU launch (`accelkit launch --cpu`, `--check`)")
 
 
 def _string_value(node: cst.CSTNode) -> str | None:

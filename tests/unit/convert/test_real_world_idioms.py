@@ -245,3 +245,31 @@ def test_an_archive_is_unpacked_by_the_main_process_first_with_its_existence_tes
             opt.step()
     """).code
     assert 'with accelerator.main_process_first():\n    if not os.path.exists("data/train"):\n' in code
+
+
+def test_a_train_function_defined_before_the_prepare_is_no_false_refusal() -> None:
+    # `def train(): ...` written (not run) before the prepare point and called after it
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        if __name__ == "__main__":
+            def train():
+                for x in loader:
+                    accelerator.backward(model(x).sum())
+            model, opt, loader = accelerator.prepare(model, opt, loader)
+            train()
+    """))
+    assert findings == []
+
+
+def test_an_assert_that_cuda_is_available_goes() -> None:
+    result = convert("""
+        import torch
+        assert torch.cuda.is_available(), "this script needs a GPU"
+        model = torch.nn.Linear(2, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        for x in loader:
+            model(x.cuda()).sum().backward()
+            opt.step()
+    """)
+    assert "assert" not in result.code and "is_available" not in result.code
