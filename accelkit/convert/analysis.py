@@ -24,6 +24,10 @@ DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                  "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 DISTRIBUTED = {
     "torch.multiprocessing.spawn": "it spawns its own worker processes (torch.multiprocessing.spawn)",
+    "torch.multiprocessing.start_processes": "it starts its own worker processes (torch.multiprocessing)",
+    "torch.multiprocessing.Process": "it trains in worker processes it starts itself (torch.multiprocessing.Process, "
+                                     "Hogwild-style shared memory)",
+    "multiprocessing.Process": "it trains in worker processes it starts itself (multiprocessing.Process)",
     "deepspeed.initialize": "it calls deepspeed.initialize",
     "torch.distributed.fsdp.FullyShardedDataParallel": "it wraps a model in FSDP",
 }
@@ -343,6 +347,8 @@ def _optimizers_by_use(ctx: Context, facts: Facts) -> None:
         if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
             continue
         key = dotted(func.value)
+        if key is not None and (facts.kinds.get(key) == "scaler" or re.search(r"scaler", key, re.I)) and call.args:
+            key = dotted(call.args[0].value)  # `scaler.step(optimizer)`: the AMP way to step an optimizer
         function = ctx.function(call)
         scope = function if function is not None else ctx.module
         if key is None or key in facts.kinds or id(scope) not in has_backward:

@@ -97,6 +97,10 @@ def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
         return True
     if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
         return True
+    for node in ctx.descendants(loop):  # `batch = batch_loader.next()`: a wrapper of a DataLoader (makemore)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in {"next", "__next__"} and LOADER_NAME.search(dotted(node.func.value) or ""):
+            return True
     for node in ctx.descendants(loop):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in {"next", "iter"} \
                 and node.args:

@@ -32,6 +32,7 @@ NOT_RUNNING = re.compile(r"^(apply|load_state_dict|state_dict|requires_grad_|tra
                          r"buffers|named_buffers|register_\w+|add_\w+|zero_grad|configure_optimizers|"
                          r"\w*init\w*|\w*reset\w*|\w*load\w*|\w*freeze\w*|tie_\w+|resize_\w+|gradient_checkpointing\w*|"
                          r"num_parameters|get_\w+|param_groups|dataset|batch_size|sampler)$")
+ITERATING = {"enumerate", "zip", "iter", "list", "tuple", "sorted", "map", "filter", "next"}
 HARMLESS_CALLS = {"len", "print", "isinstance", "type", "id", "repr", "str", "sum", "getattr", "hasattr", "setattr",
                   "list", "tuple", "sorted", "filter", "map", "zip", "enumerate", "max", "min"}
 
@@ -209,9 +210,12 @@ def _handed_over(ctx: Context, plan: Plan, member: Member) -> None:
     plan.report.found_item("model", member.key, line, "not prepared here: this script never runs it, it only hands "
                                                       "it to imported code (that code must prepare it, with its "
                                                       "optimizer)")
-    plan.report.leave(line, f"model `{member.key}` is only handed to imported code, which trains it",
-                      "convert that code too (accelkit convert FILE), or prepare the model where its optimizer is "
-                      "made")
+    # the training happens in another file: this one alone cannot be made data-parallel, and a "converted"
+    # script that trains every process's own copy would be worse than none
+    plan.report.problem(line, f"model `{member.key}` is only handed to imported code, which trains it: converted "
+                              "alone, this script would train every process's own copy",
+                        "convert the file that trains it (accelkit convert FILE) and prepare the model and its "
+                        "optimizer there; then write this one with --partial")
 
 
 def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
@@ -295,6 +299,8 @@ def _passive(ctx: Context, flow: Flow, ref: cst.CSTNode, member: Member) -> bool
         call = ctx.parent(parent)
         if isinstance(call, cst.Call):
             name = call.func.value if isinstance(call.func, cst.Name) else None
+            if member.kind == "loader" and name in ITERATING:
+                return False  # `for i, batch in enumerate(loader)` runs the loader
             if name in HARMLESS_CALLS or any(q.startswith(("builtins.print", "torch.nn.init"))
                                              for q in ctx.qnames(call)):
                 return True

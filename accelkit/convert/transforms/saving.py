@@ -349,10 +349,10 @@ def _whole_fetch(ctx: Context, statement: cst.CSTNode) -> cst.CSTNode:
     for ancestor in ctx.ancestors(statement):
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module, cst.For, cst.While)):
             break
-        if isinstance(ancestor, cst.With) or (isinstance(ancestor, cst.If) and ctx.main_guard(statement) is not
-                                               ancestor and not _uniform(ctx, ancestor.test, statement)):
-            if ctx.suite_of(ancestor) is not None:
-                statement = ancestor
+        decides = isinstance(ancestor, cst.If) and ctx.main_guard(statement) is not ancestor and \
+            not _uniform(ctx, ancestor.test, statement)
+        if (isinstance(ancestor, cst.With) or decides) and ctx.suite_of(ancestor) is not None:
+            statement = ancestor
     return statement
 
 

@@ -273,3 +273,47 @@ def test_an_assert_that_cuda_is_available_goes() -> None:
             opt.step()
     """)
     assert "assert" not in result.code and "is_available" not in result.code
+
+
+def test_hogwild_worker_processes_are_refused() -> None:
+    import pytest
+
+    from accelkit.errors import AccelkitError
+
+    with pytest.raises(AccelkitError, match=r"worker processes it starts itself .* \(line 5\)"):
+        convert("""
+            import torch
+            import torch.multiprocessing as mp
+            model = torch.nn.Linear(2, 1)
+            model.share_memory()
+            p = mp.Process(target=train, args=(model,))
+            p.start()
+        """)
+
+
+def test_an_amp_context_object_and_its_scaler_are_kept() -> None:
+    # nanoGPT: `ctx = nullcontext() if cpu else torch.amp.autocast(...)`, `GradScaler(enabled=(dtype == "float16"))`
+    # with dtype chosen at run time (bf16 where supported): no hard-coded Accelerator(mixed_precision="fp16")
+    result = convert("""
+        from contextlib import nullcontext
+        import torch
+        dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float16"
+        ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        ctx = nullcontext() if not torch.cuda.is_available() else torch.amp.autocast("cuda", dtype=ptdtype)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.AdamW(model.parameters())
+        scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
+        for it in range(3):
+            with ctx:
+                loss = model(torch.ones(4, 2)).sum()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+    """)
+    code = result.code
+    assert "accelerator = Accelerator()\n" in code and "mixed_precision" not in code
+    assert "accelerator.backward(scaler.scale(loss))" in code
+    assert "scaler.step(optimizer)" in code and "scaler.update()" in code
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in code
