@@ -149,6 +149,13 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                             "to accelerator.prepare(...), or shard it by accelerator.process_index")
         plan.report.found_item("batches", "", ctx.line(loop), "NOT sharded: source not found")
         return
+    if _fixed_selections(ctx, flow, loop, roots):
+        names = ", ".join(f"`{r}`" for r in roots)
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop),
+                               "full batch: every step uses the same fixed selection (a mask or index set: "
+                               f"{names}), so it is left whole; every process computes the same gradient (correct, "
+                               "no speed-up from more processes)")
+        return
     if _sliced(ctx, flow, loop, roots) and not _bounded_by_the_data(ctx, loop, roots):
         names = ", ".join(f"`{r}`" for r in roots)
         plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
@@ -218,8 +225,10 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
 
     for node in [loop, *_reached(flow, loop)]:
         params = set()
-        if isinstance(node, cst.FunctionDef):
+        if isinstance(node, cst.FunctionDef):  # a helper's parameters and its own locals are no data sources
             params = {p.name.value for p in node.params.params}
+            params |= {k for n in ctx.descendants(node) if isinstance(n, (cst.Assign, cst.AnnAssign))
+                       for k, _, _ in bindings(n)}
         for n in ctx.descendants(node):
             if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value not in params:
                 if any(isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.Integer,
@@ -311,6 +320,35 @@ def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bo
     """The batches are cut from the data by index (`x[i:i + bs]`), not fed whole."""
     return any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots
                for node in [loop, *_reached(flow, loop)] for n in ctx.descendants(node))
+
+
+def _fixed_selections(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:
+    """Every cut of the data is the same on every step: `labels[idx_train]`, `x[mask]` with an index that nothing
+    in the loop changes (full-batch training on a graph, a fixed train split), never `x[i:i + bs]`."""
+    changing = {k for n in ctx.descendants(loop) if isinstance(n, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+                for k, _, _ in bindings(n)}
+    if isinstance(loop, cst.For):
+        changing |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
+    cuts = [n for n in ctx.descendants(loop)
+            if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots]
+    for function in _reached(flow, loop):  # the data handed to a helper is cut there under its parameter name
+        params = {p.name.value for p in function.params.params} - {"self"}
+        changing |= {k for n in ctx.descendants(function.body) if isinstance(n, (cst.Assign, cst.AnnAssign,
+                                                                                   cst.AugAssign))
+                     for k, _, _ in bindings(n)}
+        cuts += [n for n in ctx.descendants(function.body)
+                 if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in params]
+    if not cuts:
+        return False
+    for cut in cuts:
+        for element in cut.slice:
+            index = element.slice
+            if not isinstance(index, cst.Index):
+                return False  # a slice `a:b`
+            names = {n.value for n in ctx.descendants(index.value) if type(n) is cst.Name}
+            if not names or names & changing:
+                return False
+    return True
 
 
 def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> bool:

@@ -317,3 +317,27 @@ def test_an_amp_context_object_and_its_scaler_are_kept() -> None:
     assert "accelerator.backward(scaler.scale(loss))" in code
     assert "scaler.step(optimizer)" in code and "scaler.update()" in code
     assert "model, optimizer = accelerator.prepare(model, optimizer)" in code
+
+
+def test_a_full_batch_graph_with_a_fixed_train_mask_is_left_whole() -> None:
+    # GCN/GAT: the whole graph every step, the loss on `labels[idx_train]` inside a helper: no sharding (sharding
+    # the labels alone would pair them with the wrong nodes) and no false refusal for "bounds"
+    result = convert("""
+        import torch
+        def train_step(model, optimizer, inputs, target, mask):
+            optimizer.zero_grad()
+            output = model(*inputs)
+            loss = torch.nn.functional.cross_entropy(output[mask], target[mask])
+            loss.backward()
+            optimizer.step()
+        if __name__ == "__main__":
+            features, adj = torch.randn(10, 4), torch.eye(10)
+            labels = torch.randint(0, 3, (10,))
+            idx_train = torch.arange(6)
+            model = Net()
+            optimizer = torch.optim.Adam(model.parameters())
+            for epoch in range(5):
+                train_step(model, optimizer, (features, adj), labels, idx_train)
+    """)
+    assert "shard" not in result.code and not result.report.problems
+    assert any("full batch" in f.action for f in result.report.found)
