@@ -458,6 +458,20 @@ def _loaders_by_name(ctx: Context, facts: Facts) -> None:
             continue
         if key:
             iterated.add(key)
+    # `evaluate(model, val_loader)` with `def evaluate(model, loader): for x, y in loader:` iterates it too
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for function in ctx.of_type(cst.FunctionDef):
+        functions.setdefault(function.name.value, []).append(function)
+    for call in ctx.of_type(cst.Call):
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        for function in functions.get(name or "", []):
+            params = [p.name.value for p in function.params.params]
+            for position, arg in enumerate(call.args):
+                param = arg.keyword.value if arg.keyword is not None else \
+                    params[position] if position < len(params) else None
+                key = dotted(arg.value)
+                if param in iterated and key:
+                    iterated.add(key)
     for small in ctx.of_type(cst.Assign):
         line = ctx.parent(small)
         if not isinstance(line, cst.SimpleStatementLine) or inside_class(ctx, small, facts.model_classes):

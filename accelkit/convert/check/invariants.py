@@ -42,6 +42,7 @@ class Runs:
     iteration_based: bool  # no epochs (random batches): progress is the step count, not the fraction of an epoch
     evaluation_loops: tuple[int, ...] = ()  # lines of the original's loops over a loader that do not train
     steps: int = 0  # the check's --steps: optimizer steps of the converted run before it is stopped
+    full_batch: bool = False  # the script trains on all its data every step (a graph): every rank sees all of it
 
 
 def evaluate(runs: Runs) -> list[Verdict]:
@@ -343,6 +344,13 @@ def _fingerprints(runs: Runs) -> Verdict:
     compared = [j for j in range(min(len(s) for s in steps)) if all(s[j] for s in steps)]
     same = [j for j in compared if len({s[j] for s in steps}) == 1]
     union = len({key for r in ranks for key in r.fingerprints})
+    if compared and runs.full_batch:
+        if len(same) == len(compared):  # right for full-batch training: the same gradient on every rank
+            return Verdict(name, PASS, f"full batch: every rank trained on all of the data at each of {len(compared)} "
+                                       "steps, as the original does (no sharding to check)")
+        return Verdict(name, FAIL, f"full batch: the ranks trained on different inputs at {len(compared) - len(same)} "
+                                   f"of {len(compared)} steps, while the original trains on all of the data every "
+                                   "step (the data was cut)", (f"{union} distinct training inputs",))
     if compared and len(same) * 2 > len(compared):
         return Verdict(name, FAIL, f"at {len(same)} of {len(compared)} steps every rank trained on the same inputs: "
                                    "the hand-made batches are not sharded across processes (or random batches are "

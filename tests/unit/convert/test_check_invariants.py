@@ -155,3 +155,14 @@ def test_a_converted_run_without_a_training_step_fails_when_the_original_trained
     verdict = wrapped(_runs(trained, [idle, idle]))
     assert verdict.status == FAIL and "reached no training step" in verdict.summary and "took 4" in verdict.summary
     assert wrapped(_runs(Record(), [idle, idle])).status == SKIP  # nothing trained anywhere: `ran` fails for it
+
+
+def test_full_batch_training_sees_all_the_data_on_every_rank() -> None:
+    # issue #31: a graph trained on all of its nodes every step is right when every rank trains on the same input
+    from dataclasses import replace
+
+    same = [Record(rank=r, step_inputs=["g", "g", "g", "g"], fingerprints={"g": 4}) for r in range(2)]
+    verdict = samples(replace(_runs(Record(), same), full_batch=True))
+    assert verdict.status == PASS and "full batch" in verdict.summary
+    cut = [Record(rank=0, step_inputs=["a", "b", "c", "d"]), Record(rank=1, step_inputs=["e", "f", "g", "h"])]
+    assert samples(replace(_runs(Record(), cut), full_batch=True)).status == FAIL
