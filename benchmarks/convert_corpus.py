@@ -77,6 +77,14 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
                 row.setdefault("fails", []).append(f"{match.group(2).strip()}: {match.group(3)[:300]}")
     row["verdicts"] = verdicts
     row["check"] = "timeout" if code is None else "PASS" if code == 0 else "FAIL"
+    original_failed = re.search(r"original, 1 process: exit status \d+: (.*)", text)
+    if row["check"] == "FAIL" and original_failed:  # the script itself does not run here: nothing to compare
+        row["check"] = "original fails"
+        row["reason"] = f"the original fails on 1 CPU process here: {original_failed.group(1)[:200]}"
+        return row
+    converted_failed = re.search(r"converted, \d+ processes: exit status \d+: (.*)", text)
+    if converted_failed:
+        row.setdefault("fails", []).append(f"converted run: {converted_failed.group(1)[:300]}")
     if row["check"] != "PASS" and not verdicts:
         row["check_error"] = text.strip()[-600:]
     return row
@@ -137,7 +145,7 @@ def _print_totals(rows: list[dict]) -> None:
     converted = [r for r in rows if r["outcome"] == "converted"]
     passed = [r for r in converted if r.get("check") == "PASS"]
     failed = [r for r in converted if r.get("check") in {"FAIL", "timeout"}]
-    not_run = [r for r in converted if r.get("check") in {None, "not run"}]
+    not_run = [r for r in converted if r.get("check") in {None, "not run", "original fails"}]
     refused = [r for r in rows if r["outcome"] == "refused"]
     alone = [r for r in rows if r["outcome"] == "left alone"]
     print(f"\n{count} scripts: {len(converted)} converted ({len(passed)} --check PASS, {len(failed)} FAIL/timeout, "

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
 STANDINS = HERE / "standins"  # put on PYTHONPATH: an offline torchvision with random datasets
 MIRRORS = Path(os.environ.get("ACCELKIT_CORPUS_MIRRORS", "/work/.mirror"))
-MAX_FILES = 400  # .py files copied from a script's tree at most
+MAX_FILES = 400  # files copied from a script's tree at most
 MAX_BYTES = 400_000
 
 
@@ -56,7 +56,8 @@ def materialize(entry: dict, out: Path) -> Materialized:
     for line in listing:
         meta, path = line.split("\t", 1)
         size = meta.split()[-1]
-        if path.endswith(".py") and size.isdigit() and int(size) <= MAX_BYTES and "/test" not in f"/{path}":
+        # the code and the small files beside it (configs, `results/.gitkeep` folders the scripts write into)
+        if size.isdigit() and int(size) <= MAX_BYTES and "/test" not in f"/{path}" and not path.startswith("."):
             files.append(path)
     if entry["path"] not in files:
         files.append(entry["path"])

@@ -21,6 +21,8 @@ class _Images(torch.utils.data.Dataset):
         n = SAMPLES if train else SAMPLES // 2
         size = (n, *self.shape) if self.channels == 1 else (n, *self.shape, self.channels)
         self.data = rng.integers(0, 256, size=size, dtype=np.uint8)
+        if self.channels == 1:  # torchvision keeps MNIST-like data as a uint8 tensor, CIFAR's as a numpy array
+            self.data = torch.from_numpy(self.data)
         self.targets = torch.as_tensor(rng.integers(0, self.classes_n, size=n))
         self.classes = [str(i) for i in range(self.classes_n)]
         self.transform, self.target_transform = transform, target_transform
@@ -30,7 +32,8 @@ class _Images(torch.utils.data.Dataset):
         return len(self.data)
 
     def __getitem__(self, index):
-        image = Image.fromarray(self.data[index], mode="L" if self.channels == 1 else "RGB")
+        array = self.data[index]
+        image = Image.fromarray(array.numpy() if isinstance(array, torch.Tensor) else array)
         target = int(self.targets[index])
         if self.transform is not None:
             image = self.transform(image)
