@@ -60,10 +60,39 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         if item.returned and item.kind in PREPARED and not item.factory:
             _prepare_returned(ctx, plan, item)
     items = [t for t in items if t.kind != "scheduler" or _per_batch(ctx, facts, flow, plan, t)]
+    if not flow.backward_calls and not any(t.kind == "optimizer" for t in facts.created):
+        models = [t for t in facts.created if t.kind == "model" and t.small is not None]
+        trainer = _imported_trainer(ctx)
+        if trainer is not None:
+            plan.report.problem(ctx.line(trainer), f"training happens in imported code (`{ctx.code(trainer.func)}`, "
+                                                   f"{sorted(ctx.qnames(trainer))[0]}): this file has no backward "
+                                                   "pass and no optimizer; converted alone, every process would "
+                                                   "train its own copy",
+                                "convert the file that trains (accelkit convert FILE), preparing the model, "
+                                "optimizer and loaders there; then write this one with --partial")
+        elif models:  # minGPT's projects: `Trainer(config, model, data).run()` with the Trainer in another file
+            plan.report.problem(ctx.line(models[0].small), f"model `{models[0].key}` is trained elsewhere: this "
+                                                           "file has no backward pass and no optimizer, so the "
+                                                           "training happens in imported code the conversion "
+                                                           "cannot see; converted alone, every process would "
+                                                           "train its own copy",
+                                "convert the file that trains it (accelkit convert FILE), preparing the model, "
+                                "optimizer and loaders there; then write this one with --partial")
     groups = _plan_groups(ctx, facts, flow, plan, items, aliases)
     for group in groups:
         _place(ctx, flow, plan, group)
     _inventory(ctx, facts, plan, items)
+
+
+def _imported_trainer(ctx: Context) -> cst.Call | None:
+    """A `...Trainer(...)` class of another module (not torch's, not this file's) the script builds."""
+    local = {c.name.value for c in ctx.of_type(cst.ClassDef)}
+    for call in ctx.of_type(cst.Call):
+        names = ctx.qnames(call)
+        if any(re.search(r"Trainer$", q) and not q.startswith("torch.") and q.split(".")[-1] not in local
+               and "." in q for q in names):
+            return call
+    return None
 
 
 # -- schedulers -------------------------------------------------------------------------------------------------

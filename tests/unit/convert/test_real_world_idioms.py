@@ -341,3 +341,21 @@ def test_a_full_batch_graph_with_a_fixed_train_mask_is_left_whole() -> None:
     """)
     assert "shard" not in result.code and not result.report.problems
     assert any("full batch" in f.action for f in result.report.found)
+
+
+def test_a_script_whose_training_runs_in_an_imported_trainer_is_refused() -> None:
+    # minGPT's projects: the model, data and `Trainer(config, model, data).run()` from the project's package; this
+    # file has no backward and no optimizer, so preparing only its evaluation loader would not be data-parallel
+    result = convert("""
+        import torch
+        from mingpt.model import GPT
+        from mingpt.trainer import Trainer
+        model = GPT(config)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        trainer = Trainer(config, model, dataset)
+        trainer.run()
+        for x in loader:
+            model.generate(x)
+    """)
+    assert [p.line for p in result.report.problems] == [6]
+    assert "training happens in imported code (`Trainer`, mingpt.trainer.Trainer)" in result.report.problems[0].what
