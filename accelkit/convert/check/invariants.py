@@ -299,6 +299,8 @@ def _stream_problem(passes: list[Pass | None], original: Pass | None, world: int
 
 
 def _pass_problem(key, passes: list[Pass | None], original: Pass | None, world: int):
+    if any(p is not None and p.replacement for p in passes):
+        return None  # sampled with replacement: a sample on two ranks, or none, is what the sampler does
     seen_by: dict[int, list[int]] = defaultdict(list)
     for rank, p in enumerate(passes):
         for index in (p.indices if p else ()):

@@ -89,7 +89,8 @@ class LoaderTracker:
             self._keep.append(dataset)
         number = sum(1 for p in self.record.passes if p.loader == key)
         record = Pass(loader=key, number=number, length=_length(loader), dataset_length=_length(dataset),
-                      batch_size=_batch_size(loader), owner=innermost_user_function(), stream=_is_stream(dataset))
+                      batch_size=_batch_size(loader), owner=innermost_user_function(), stream=_is_stream(dataset),
+                      replacement=_with_replacement(loader))
         self.record.passes.append(record)
         self.active[key] = record
         self.tag = f"{key}:{number}:in"
@@ -239,3 +240,17 @@ def fingerprint_rows(record: Record, args: tuple) -> list[str]:
 def step_digest(keys: list[str]) -> str:
     """One hash for the set of inputs a step trained on (the same on two ranks = the same batch)."""
     return hashlib.blake2b("".join(sorted(keys)).encode(), digest_size=8).hexdigest() if keys else ""
+
+
+def _with_replacement(loader) -> bool:
+    """The loader draws samples with replacement (`RandomSampler(replacement=True)`), also once prepared (the
+    sampler sits inside Accelerate's batch sampler shards)."""
+    seen, stack = 0, [loader]
+    while stack and seen < 8:
+        node = stack.pop()
+        seen += 1
+        if getattr(node, "replacement", False) is True:
+            return True
+        stack += [child for name in ("sampler", "batch_sampler") if (child := getattr(node, name, None)) is not None
+                  and child is not node]
+    return False

@@ -49,6 +49,7 @@ class Pass:
     # took from the loader -> times taken
     stream: bool = False
     rows: dict[str, int] = field(default_factory=dict)
+    replacement: bool = False  # drawn by a sampler with replacement: repeats and gaps are the sampler's own
 
 
 @dataclass

@@ -166,3 +166,25 @@ def test_full_batch_training_sees_all_the_data_on_every_rank() -> None:
     assert verdict.status == PASS and "full batch" in verdict.summary
     cut = [Record(rank=0, step_inputs=["a", "b", "c", "d"]), Record(rank=1, step_inputs=["e", "f", "g", "h"])]
     assert samples(replace(_runs(Record(), cut), full_batch=True)).status == FAIL
+
+
+def test_samples_drawn_with_replacement_may_repeat_across_ranks() -> None:
+    # issue #31: makemore's InfiniteDataLoader, RandomSampler(replacement=True): a sample drawn on both ranks is the
+    # sampler's doing, not a missing shard
+    from dataclasses import replace
+
+    original = Record(passes=[replace(_pass([3, 3, 7, 1, 0, 9, 9, 2, 5, 4]), replacement=True)])
+    drawn = [Record(rank=0, passes=[replace(_pass([3, 1, 9, 9]), replacement=True)]),
+             Record(rank=1, passes=[replace(_pass([3, 5, 0, 2]), replacement=True)])]
+    assert samples(_runs(original, drawn)).status == PASS
+
+
+def test_the_probe_finds_a_sampler_with_replacement_inside_a_loader() -> None:
+    import torch
+
+    from accelkit.convert.check.probe_data import _with_replacement
+
+    data = torch.utils.data.TensorDataset(torch.ones(8, 1))
+    sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=100)
+    assert _with_replacement(torch.utils.data.DataLoader(data, sampler=sampler, batch_size=2))
+    assert not _with_replacement(torch.utils.data.DataLoader(data, shuffle=True, batch_size=2))
