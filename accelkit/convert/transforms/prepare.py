@@ -200,6 +200,15 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
                                                        "and was not prepared",
                                 f"put it on its own line, or add `{item.key} = accelerator.prepare({item.key})`")
             continue
+        branch = _one_sided_branch(ctx, item, block)
+        if branch is not None and item.kind in {"model", "optimizer"}:
+            plan.report.problem(ctx.line(item.small), f"{item.kind} `{item.key}` is only created when "
+                                                       f"`{ctx.code(branch.test)}` holds: prepared after the `if`, the "
+                                                       "other path fails (NameError), and training on that path is "
+                                                       "not prepared",
+                                f"create `{item.key}` on every path (or prepare it inside the `if`, and the model "
+                                "on the other path too)")
+            continue
         group = group_of(block)
         group.members.append(Member(item.key, item.kind, item))
         if item.kind == "optimizer":
@@ -226,6 +235,22 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
                 by_key[member.key] = member
         group.members = list(by_key.values())
     return [g for g in groups.values() if any(m.item is not None for m in g.members)]
+
+
+def _one_sided_branch(ctx: Context, item: Tracked, block: cst.CSTNode) -> cst.If | None:
+    """The `if` (inside the prepare block) that creates `item` in one branch only (no `else` binding it)."""
+    for ancestor in ctx.ancestors(item.statement):
+        if ancestor is block:
+            return None
+        if isinstance(ancestor, cst.If) and ctx.main_guard(item.statement) is not ancestor:
+            inside_body = ctx.contains(ancestor.body, item.statement)
+            other = ancestor.orelse if inside_body else ancestor.body
+            binds = other is not None and any(isinstance(n, (cst.Assign, cst.AnnAssign)) and
+                                              any(k == item.key for k, _, _ in bindings(n))
+                                              for n in ctx.descendants(other))
+            if not binds:
+                return ancestor
+    return None
 
 
 def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:

@@ -359,3 +359,24 @@ def test_a_script_whose_training_runs_in_an_imported_trainer_is_refused() -> Non
     """)
     assert [p.line for p in result.report.problems] == [6]
     assert "training happens in imported code (`Trainer`, mingpt.trainer.Trainer)" in result.report.problems[0].what
+
+
+def test_an_optimizer_created_under_a_flag_only_is_refused() -> None:
+    # word_language_model: `if args.use_optimizer: optimizer = AdamW(...)`, else manual SGD: one prepare after the
+    # `if` raised NameError without the flag, and the manual-SGD path trained an unprepared model
+    result = convert("""
+        import argparse
+        import torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--use-optimizer", action="store_true")
+        args = parser.parse_args()
+        model = torch.nn.Linear(2, 1)
+        if args.use_optimizer:
+            optimizer = torch.optim.AdamW(model.parameters())
+        for x in torch.ones(4, 3, 2):
+            model(x).sum().backward()
+            if args.use_optimizer:
+                optimizer.step()
+    """)
+    assert any("`optimizer` is only created when `args.use_optimizer` holds" in p.what
+               for p in result.report.problems)
