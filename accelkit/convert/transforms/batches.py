@@ -164,6 +164,16 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                             "accelerator.process_index (the same number on every process)")
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: fixed loop bounds")
         return
+    across = _cut_along_a_later_dimension(ctx, flow, loop, roots)
+    if across is not None:
+        plan.report.problem(ctx.line(loop), f"{where} cuts its batches along a later dimension "
+                                            f"(`{ctx.code(across)}`): the rows are the batch, so sharding them would "
+                                            "change the batch size the script builds its states for (a crash or a "
+                                            "different model)",
+                            "cut the sequence into per-process parts along that dimension (e.g. "
+                            "`ids = ids[:, part]`), or wrap the windows in a DataLoader")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: windows along dim 1")
+        return
     block, anchor, position = _shard_site(ctx, facts, flow, loop, function, roots)
     if block is None:
         names = ", ".join(f"`{r}`" for r in roots)
@@ -320,6 +330,18 @@ def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bo
     """The batches are cut from the data by index (`x[i:i + bs]`), not fed whole."""
     return any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots
                for node in [loop, *_reached(flow, loop)] for n in ctx.descendants(node))
+
+
+def _cut_along_a_later_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]):
+    """`ids[:, i:i + n]`: the data's first dimension is kept whole and the windows run along the next one."""
+    for node in [loop, *_reached(flow, loop)]:
+        for n in ctx.descendants(node):
+            if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots and \
+                    len(n.slice) > 1 and isinstance(n.slice[0].slice, cst.Slice) and \
+                    n.slice[0].slice.lower is None and n.slice[0].slice.upper is None and \
+                    any(isinstance(e.slice, cst.Slice) and e.slice.lower is not None for e in n.slice[1:]):
+                return n
+    return None
 
 
 def _fixed_selections(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:

@@ -380,3 +380,21 @@ def test_an_optimizer_created_under_a_flag_only_is_refused() -> None:
     """)
     assert any("`optimizer` is only created when `args.use_optimizer` holds" in p.what
                for p in result.report.problems)
+
+
+def test_windows_cut_along_the_second_dimension_are_refused() -> None:
+    # `ids[:, i:i + seq_length]` with ids of shape (batch, length) and states built for `batch_size` rows: sharding
+    # the rows halved the batch and crashed the first step on 2 ranks
+    result = convert("""
+        import torch
+        ids = torch.randint(0, 10, (4, 100))
+        model = torch.nn.LSTM(1, 8, batch_first=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(0, ids.size(1) - 5, 5):
+            inputs = ids[:, i:i + 5].float().unsqueeze(-1)
+            out, _ = model(inputs, (torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)))
+            out.sum().backward()
+            opt.step()
+    """)
+    assert any("along a later dimension (`ids[:, i:i + 5]`)" in p.what for p in result.report.problems)
+    assert "shard" not in result.code
