@@ -248,9 +248,22 @@ def _one_sided_branch(ctx: Context, item: Tracked, block: cst.CSTNode) -> cst.If
             binds = other is not None and any(isinstance(n, (cst.Assign, cst.AnnAssign)) and
                                               any(k == item.key for k, _, _ in bindings(n))
                                               for n in ctx.descendants(other))
-            if not binds:
+            if not binds and _used_only_under(ctx, item, ancestor.test):
                 return ancestor
     return None
+
+
+def _used_only_under(ctx: Context, item: Tracked, test: cst.BaseExpression) -> bool:
+    """Every use of the object sits under an `if` with the same test: the script runs without it on the other
+    path (an optional optimizer). A name the script uses unconditionally exists on every path the original runs
+    (an `if`/`elif` chain choosing the model), so preparing it after the chain is right."""
+    wanted = ctx.code(test)
+    for ref in references(ctx, ctx.module, item.key):
+        if item.statement is not None and ctx.contains(item.statement, ref):
+            continue
+        if not any(isinstance(a, cst.If) and ctx.code(a.test) == wanted for a in ctx.ancestors(ref)):
+            return False
+    return True
 
 
 def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:
