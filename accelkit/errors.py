@@ -118,3 +118,19 @@ def _resend_soon(signum: int) -> None:
     timer = threading.Timer(IMPORT_RETRY_SECONDS, os.kill, (os.getpid(), signum))
     timer.daemon = True
     timer.start()
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """`text` on one line, at most about `limit` characters, never cut inside a sentence or a word: an upstream
+    error quoted in an `Error:` line ends where its sentence ends, or says that it goes on ("..."), rather than
+    stopping mid-word."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= limit:
+        return flat
+    head = flat[:limit]
+    for end in (". ", "; ", ": ", ", "):
+        cut = head.rfind(end)
+        if cut >= limit // 2:
+            return head[:cut + 1].rstrip(",;:") + " ..."
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > 0 else head) + " ..."

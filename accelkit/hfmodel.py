@@ -88,11 +88,34 @@ def _native_model_type(model_type: Any) -> bool:
     return model_type in CONFIG_MAPPING
 
 
+# Sizes no model has below 1 (a few configs use -1 for "off" in other fields, e.g. sliding windows: not listed).
+_SIZES = frozenset({"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
+                    "num_key_value_heads", "head_dim", "max_position_embeddings", "n_embd", "n_head", "n_layer",
+                    "n_positions", "n_inner", "d_model", "ffn_dim", "num_layers", "num_heads", "d_ff", "d_kv"})
+
+
+def refuse_impossible_sizes(raw: Any, file: Path, where: str = "") -> None:
+    """A size in config.json (hidden_size, num_attention_heads, ...) that no model can have: negative, or 0 for
+    the four that shape every model. Refused by name before transformers turns it into a tensor error."""
+    if not isinstance(raw, dict):
+        return
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            refuse_impossible_sizes(value, file, f"{where}{key}.")
+            continue
+        if key not in _SIZES or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if value < 0 or (value == 0 and key in SHAPE_FIELDS):
+            raise AccelkitError(f"{file}: {where}{key} is {value}, which no model can have",
+                                hint=f"set {key} to a positive whole number (the model's real {key})")
+
+
 def load_config(path: Path):
     """A transformers config from a folder or config.json: custom code refused, nothing prompted, errors in words."""
     file = config_file(path)
     raw = read_raw(file)
     refuse_custom_code(raw, file)
+    refuse_impossible_sizes(raw, file)
     if "model_type" not in raw:
         raise AccelkitError(f"{file} has no `model_type`, so transformers cannot tell which architecture it is",
                             hint='add the architecture\'s model_type (e.g. "model_type": "llama")')
@@ -130,6 +153,18 @@ def model_builder(config):
     cls = next((getattr(transformers, name) for name in architectures if hasattr(transformers, name)), None)
 
     def build():
+        try:
+            return build_any()
+        except AccelkitError:
+            raise
+        except (RuntimeError, ValueError, TypeError, ZeroDivisionError, AttributeError, IndexError) as exc:
+            # sizes transformers accepts in the config but cannot build a model of (e.g. hidden_size not a multiple
+            # of num_attention_heads): the config's fault, in one line
+            raise AccelkitError(f"transformers cannot build the model this config describes: {describe(exc)}",
+                                hint="fix the sizes in config.json (hidden_size a multiple of num_attention_heads, "
+                                     "every size a positive whole number)") from None
+
+    def build_any():
         if cls is not None:
             return cls(config)
         for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):

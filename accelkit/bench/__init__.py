@@ -16,6 +16,9 @@
     plot.py         scaling.png (matplotlib, optional extra `accelkit[plot]`)
     comm.py         collective benchmarks with nccl-tests conventions (pure math)
     comm_worker.py  the rank side of `accelkit bench --comm` (all-reduce, all-gather, reduce-scatter)
+    compression.py  --grad-compression: compression vs none, same seed (bytes counted and computed, loss, time)
+    compression_cli.py      the command-line side of --grad-compression (checks, then compression.py)
+    compression_probe.py    its per-rank instrument: collectives inside backward, losses, compression_stats()
 """
 
 from __future__ import annotations
@@ -31,4 +34,8 @@ MIN_TIME_ENV = "ACCELKIT_BENCH_MIN_TIME"  # the measured window's minimum length
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "run_bench": "api",
+    "run_compression_bench": "compression",
+    "compression_table": "compression",
+    "run_compression_command": "compression_cli",
+    "wants_compression_bench": "compression_cli",
 }, also=["PROBE_MODULE", "PROBE_NAME", "COMM_MODULE", "COMM_NAME", "WARMUP_ENV", "MIN_TIME_ENV"])

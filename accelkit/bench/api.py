@@ -64,9 +64,37 @@ def hardware(spec: BenchSpec, env: dict[str, str]) -> dict[str, Any]:
     return facts
 
 
+def _refuse_gpu_runs_without_gpus(spec: BenchSpec, settings: LaunchSettings,
+                                  backends: dict[str | None, str]) -> None:
+    """GPU runs on a machine without GPUs: one line whose hint is the bench command that runs here, with world
+    sizes this machine's cores can hold (not launch's hint for one run)."""
+    from accelkit.bench.launching import available_devices
+    from accelkit.bench.spec import default_world_sizes
+    from accelkit.hardware import gpu_count
+    from accelkit.shellwords import command_line
+
+    on_gpus = [b for b in backends.values() if b not in ("cpu", "single")]
+    if settings.cpu or not on_gpus or gpu_count() > 0:
+        return
+    cores = available_devices(True)
+    fits = [n for n in spec.world_sizes if n <= cores] or list(default_world_sizes(cores))
+    backend = on_gpus[0]
+    if settings.options.backend:
+        said, same = f"--backend {backend}", ["--backend", backend]
+    elif settings.config_file is not None:
+        said, same = f"the {backend} config {settings.config_file}", ["--config", str(settings.config_file)]
+    else:
+        said, same = f"backend {backend} (the default)", []
+    example = command_line("accelkit", "bench", "--cpu", "--num-processes", ",".join(map(str, fits)), *same,
+                           spec.script or "train.py")
+    raise AccelkitError(f"bench's runs use {said}, which runs on GPUs, and this machine has none",
+                        hint=f"rehearse the sweep on CPU processes ({cores} core(s) here): {example} ...")
+
+
 def check_all(spec: BenchSpec, settings: LaunchSettings, backends: dict[str | None, str]) -> None:
     """Every launch of the sweep passes launch's own checks before the first one starts (a layout the rule set
     refuses is named with the rule's reason)."""
+    _refuse_gpu_runs_without_gpus(spec, settings, backends)
     for run in spec.runs():
         backend = backends[run.backend]
         request = script_request(settings, launched_backend(backend, run.num_processes), run.num_processes,

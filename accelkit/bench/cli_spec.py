@@ -39,6 +39,11 @@ def comm_settings(sizes: str | None, iters: int | None, cpu: bool) -> CommSettin
     except ValueError as exc:
         raise AccelkitError(f"--comm-sizes {sizes}: {exc}", hint="e.g. --comm-sizes 64K:64M") from None
     iters = iters or (5 if cpu else 20)
+    from accelkit.limits import MAX_STEPS
+
+    if iters > MAX_STEPS:
+        raise AccelkitError(f"--comm-iters {iters:,} is beyond any measurement (the limit is {MAX_STEPS:,})",
+                            hint="e.g. --comm-iters 20")
     return CommSettings(sizes=tuple(values), iters=iters, warmup=max(1, iters // 4))
 
 
@@ -50,6 +55,12 @@ def world_sizes(text: str | None, settings: LaunchSettings, cpu: bool, compare: 
         sizes = tuple(n * machines for n in default_world_sizes(available_devices(cpu)))
         if compare:
             sizes = (max(sizes),)
+    from accelkit.limits import MAX_PROCESSES
+
+    huge = [n for n in sizes if n > MAX_PROCESSES]
+    if huge:
+        raise AccelkitError(f"--num-processes {huge[0]:,} is more than any cluster has (the limit is "
+                            f"{MAX_PROCESSES:,})", hint="give world sizes such as 1,2,4,8 (processes in all)")
     uneven = [n for n in sizes if n % machines]
     if uneven:
         raise AccelkitError(f"--num-processes {', '.join(map(str, uneven))} cannot be spread evenly over "

@@ -27,7 +27,8 @@ CPU_SIZES = ("4K", "16M")
 SIZE_FACTOR = 4  # consecutive sizes differ by this factor (nccl-tests -f)
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2,
-          "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
+          "G": 1024**3, "GB": 1024**3, "GIB": 1024**3, "T": 1024**4, "TB": 1024**4, "TIB": 1024**4,
+          "P": 1024**5, "PB": 1024**5, "PIB": 1024**5}
 
 
 def parse_size(text: str) -> int:
@@ -35,7 +36,12 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).upper() not in _UNITS:
         raise ValueError(f"not a size: {text!r} (examples: 4096, 64K, 16M, 1G)")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+    size = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    from accelkit.limits import MAX_MESSAGE_BYTES
+
+    if size > MAX_MESSAGE_BYTES:
+        raise ValueError(f"{text.strip()} is more than any GPU holds (the limit is 1T per message)")
+    return size
 
 
 def size_range(low: int, high: int, factor: int = SIZE_FACTOR) -> list[int]:

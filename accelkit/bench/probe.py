@@ -25,6 +25,7 @@ from typing import Any
 from accelkit.bench import MIN_TIME_ENV, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
 from accelkit.bench.window import agree_seconds, next_checkpoint
+from accelkit.errors import clip
 from accelkit.ranks.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
 
 
@@ -209,7 +210,7 @@ def install() -> None:
     previous_hook = sys.excepthook
 
     def record_error(kind, value, traceback) -> None:  # the script's uncaught exception ends the run
-        recorder.error = f"{kind.__name__}: {value}"[:500]
+        recorder.error = clip(f"{kind.__name__}: {value}", 500)
         step_clock.finish("error")
         previous_hook(kind, value, traceback)
 

@@ -239,7 +239,10 @@ def noise_lines(sweep: Sweep) -> list[str]:
                        f"{NOISY_SPREAD:.0%} is noise: other load on the machine)")
         lines.append(f"{r.label}: NOISE? {'; '.join(why)}")
     spec = sweep.spec
-    command = longer_command(spec.command_words, spec.script_words, spec.min_time)
+    steps = [r.summary.measured_s / r.summary.steps for r in sweep.records if r.summary is not None
+             and r.summary.steps > 0 and r.summary.measured_s > 0]
+    command = longer_command(spec.command_words, spec.script_words, spec.min_time,
+                             step_seconds=min(steps) if steps else None, warmup=spec.warmup)
     lines.append(f"measure longer ({longer_window(spec.min_time):g} s per run), on a machine as quiet as you can "
                  f"make it: {command}")
     return lines

@@ -3,6 +3,7 @@ its `--min-time` replaced, and `--force` so it can replace the results it would 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from accelkit.shellwords import command_line
@@ -28,10 +29,34 @@ def _without(words: Sequence[str], flag: str, takes_value: bool) -> list[str]:
     return out
 
 
-def longer_command(options: Sequence[str], script: Sequence[str], min_time: float) -> str:
-    """`options`: the words before SCRIPT (`accelkit bench --cpu ...`), `script`: SCRIPT and its arguments."""
+# The script flags that cap a run's steps, as the templates and transformers' examples spell them.
+STEP_FLAGS = ("--max-steps", "--max_steps", "--max-train-steps", "--max_train_steps", "--num-steps", "--num_steps")
+MARGIN = 1.5  # steps beyond the projection: step times vary, and a run cut short measures nothing better
+
+
+def _with_enough_steps(script: Sequence[str], needed: int) -> list[str]:
+    """`script` with its step cap (`--max-steps 1000`) raised to `needed` if it is lower; unchanged without one."""
+    words = list(script)
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name not in STEP_FLAGS:
+            continue
+        at, value = (i, value) if eq else (i + 1, words[i + 1] if i + 1 < len(words) else "")
+        if value.isdigit() and int(value) < needed:
+            words[at] = f"{name}={needed}" if eq else str(needed)
+    return words
+
+
+def longer_command(options: Sequence[str], script: Sequence[str], min_time: float, *,
+                   step_seconds: float | None = None, warmup: int = 0) -> str:
+    """`options`: the words before SCRIPT (`accelkit bench --cpu ...`), `script`: SCRIPT and its arguments.
+    `step_seconds`: the fastest run's mean step: a step cap in the script's arguments is raised so the longer window
+    fits in it (else the re-run would end before its window, as the first did)."""
     kept = _without(_without(options, "--min-time", True), "--force", False)
-    return command_line(*kept, "--min-time", f"{longer_window(min_time):g}", "--force", *script)
+    window = longer_window(min_time)
+    if step_seconds is not None and step_seconds > 0:
+        script = _with_enough_steps(script, warmup + math.ceil(window * MARGIN / step_seconds))
+    return command_line(*kept, "--min-time", f"{window:g}", "--force", *script)
 
 
 def split_command_line(argv: Sequence[str], script: str | None,

@@ -194,8 +194,15 @@ def default_world_sizes(devices: int) -> tuple[int, ...]:
 
 
 def check_counts(steps: int, warmup: int, min_time: float = 0.0) -> None:
+    from accelkit.limits import MAX_STEPS
+
     if steps < 1:
         raise AccelkitError(f"--steps must be at least 1 (got {steps})", hint="e.g. --steps 20")
+    for option, value in (("--steps", steps), ("--warmup", warmup)):
+        if value > MAX_STEPS:
+            raise AccelkitError(f"{option} {value:,} is beyond any benchmark window (the limit is {MAX_STEPS:,} "
+                                "steps)", hint=f"e.g. {option} {20 if option == '--steps' else 5}; --min-time makes "
+                                     "the window longer in seconds")
     if not min_time >= 0 or min_time == float("inf"):
         raise AccelkitError(f"--min-time must be a finite number of seconds, 0 or more (got {min_time})",
                             hint="e.g. --min-time 2 (0: measure exactly --steps steps)")

@@ -20,7 +20,7 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
 @click.command(name="bench", cls=ScriptCommand,
                context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @config_file_option
-@config_options_except("num_processes")
+@config_options_except("num_processes", "model_config")
 @click.option("--num-processes", "num_processes_list", default=None, metavar="N,N,...",
               help="World sizes to run, e.g. 1,2,4,8. Default: 1 and every power of two up to the GPUs present "
                    "(with --cpu: up to the cores), times --num-machines.")
@@ -72,6 +72,7 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
       accelkit bench --num-processes 1,2,4,8 --backend fsdp train.py
       accelkit bench --compare-backends ddp,fsdp,deepspeed --num-processes 8 train.py
       accelkit bench --layouts "dp_shard=4;dp_shard=2,tp=2" train.py
+      accelkit bench --cpu --backend ddp --grad-compression powersgd --powersgd-start-step 0 train.py
       accelkit bench --scaling strong --batch-arg --per-device-batch-size --global-batch 256 train.py
       accelkit bench --comm --num-processes 8                # interconnect only
       accelkit bench --comm --backend ddp train.py           # and predicted communication per step
@@ -84,5 +85,10 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
     from accelkit.bench import run_bench
 
     options = options_from_kwargs(kwargs)
+    from accelkit.bench import run_compression_command, wants_compression_bench
+
+    if wants_compression_bench(options):  # compression vs none, same seed (accelkit.bench.compression)
+        return finish(run_compression_command(options=options, num_processes=num_processes_list, force=force,
+                                              progress=progress, **kwargs))
     return finish(run_bench(argv=tuple(sys.argv[1:]), force=force, options=options, num_processes=num_processes_list,
                             progress=progress, **kwargs))

@@ -47,6 +47,8 @@ def _click_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]
     if kind == "path":
         return click.option(flag, f.name, type=click.Path(dir_okay=False, path_type=Path), callback=nonempty_path,
                             **common)
+    if kind == "model":  # a file or a folder
+        return click.option(flag, f.name, type=click.Path(path_type=Path), callback=nonempty_path, **common)
     return click.option(flag, f.name, **common)
 
 

@@ -42,13 +42,19 @@ from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only
 @click.option("--backend", "check_backend", type=click.Choice(["ddp", "fsdp"]), default=None,
               help="With --check: the backend the 2-process run rehearses on CPU: ddp (default) or fsdp (fully_shard, "
                    "FSDP2: the weights are compared as the full tensors gathered from the shards).")
+@click.option("--grad-compression", type=click.Choice(["none", "fp16", "bf16", "powersgd"]), default=None,
+              help="Write Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=...)]): a DDP "
+                   "gradient-compression hook (docs/guides/gradient-compression.md).")
+@click.option("--powersgd-rank", type=int, default=None, metavar="R", help="With --grad-compression powersgd.")
+@click.option("--powersgd-start-step", type=int, default=None, metavar="S", help="With --grad-compression powersgd.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output (or backup) file.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @script_args_argument()
 def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_place: bool, show_diff: bool,
             exit_code: bool, mixed_precision: str | None, partial: bool, check: bool,
             converted_file: Path | None, steps: int, stall_timeout: float, sandbox_limit: str,
-            check_backend: str | None, force: bool) -> int:
+            check_backend: str | None, force: bool, grad_compression: str | None = None,
+            powersgd_rank: int | None = None, powersgd_start_step: int | None = None) -> int:
     """Convert SCRIPT (single GPU/CPU PyTorch training) into an Accelerate script and print what changed.
 
     \b
@@ -71,10 +77,14 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
         raise click.UsageError("--converted goes with --check")
     if check_backend is not None and not check:
         raise click.UsageError("--backend goes with --check (the conversion itself runs under any backend)")
+    from accelkit.compression.spec import from_options
     from accelkit.convert import ConvertRequest, run_convert
 
+    compression = from_options(grad_compression, powersgd_rank, powersgd_start_step).env_value()
+
     request = ConvertRequest(script=script, output=output, in_place=in_place, diff=show_diff, exit_code=exit_code,
-                             mixed_precision=mixed_precision, partial=partial, force=force, check=check,
+                             mixed_precision=mixed_precision, grad_compression=compression, partial=partial,
+                             force=force, check=check,
                              script_args=tuple(script_args), converted=converted_file, steps=steps,
                              stall_timeout=stall_timeout, sandbox_limit=sandbox_limit, backend=check_backend or "ddp")
     return finish(run_convert(request, progress=progress))

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from accelkit.commands.cluster_options import RESOURCE_OPTIONS, cluster_resource_options
 from accelkit.commands.config_options import config_options, nonempty_path, options_from_kwargs
 from accelkit.commands.launcher_options import config_file_option, rendezvous_options, run_options
 from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import stall_timeout_option
+from accelkit.limits import MAX_MONITOR_INTERVAL, MAX_RESTARTS
 from accelkit.shellwords import command_line
 
 if TYPE_CHECKING:
@@ -29,9 +31,10 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @run_options
 @click.option("--dry-run", is_flag=True, default=False,
               help="Print the exact command, its environment and the config; start nothing.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=None, metavar="N",
+@click.option("--max-restarts", type=click.IntRange(min=0, max=MAX_RESTARTS), default=None, metavar="N",
               help="Restart the whole worker group up to N times after a failure (torchrun). Default 0.")
-@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--monitor-interval", type=click.FloatRange(min=0, min_open=True, max=MAX_MONITOR_INTERVAL), default=None,
+              metavar="SECONDS",
               help="How often torchrun checks its ranks. Default 0.1.")
 @rendezvous_options
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
@@ -62,6 +65,7 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
               help="With --skypilot: the GPU to ask for, e.g. H100 (`sky gpus list`); --gpus-per-node of them.")
 @click.option("--image", default=None, metavar="IMAGE",
               help="With --kubernetes: the container image (accelkit, the job's packages, the project).")
+@cluster_resource_options
 @click.argument("script", metavar="SCRIPT")
 @script_args_argument()
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
@@ -87,6 +91,10 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
     options = options_from_kwargs(kwargs)
     cluster = cluster_job_file(kwargs)
+    if options.model_config is None and cluster is None:  # a local model folder the script is given is known
+        from accelkit.configs import model_from_script_args
+
+        options.model_config = model_from_script_args(script_args, script=None if module else script)
     request = LaunchRequest(target=LaunchTarget(script=script, args=tuple(script_args), module=module),
                             options=options, config_file=config_file, cpu=cpu,
                             flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,
@@ -101,7 +109,7 @@ CLUSTER_ONLY = {"--gpus-per-node": ("gpus_per_node", CLUSTER_FILES), "--job-name
                 "--force": ("force", CLUSTER_FILES), "--partition": ("partition", ("--slurm",)),
                 "--time": ("time_limit", ("--slurm",)), "--requeue": ("requeue", ("--slurm",)),
                 "--signal-before": ("signal_before", ("--slurm",)), "--accelerator": ("accelerator", ("--skypilot",)),
-                "--image": ("image", ("--kubernetes",))}
+                "--image": ("image", ("--kubernetes",)), **RESOURCE_OPTIONS}
 
 
 def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
@@ -115,7 +123,7 @@ def cluster_job_file(kwargs: dict[str, object]) -> ClusterJobFile | None:
     if len(chosen) > 1:
         raise click.UsageError(f"{' and '.join(chosen)} cannot be combined: write one job file at a time")
     for flag, (_, allowed) in CLUSTER_ONLY.items():
-        if values[flag] is not None and not set(chosen) & set(allowed):
+        if values[flag] not in (None, ()) and not set(chosen) & set(allowed):
             raise click.UsageError(f"{flag} only applies with {'/'.join(f'{a} FILE' for a in allowed)}")
     if values["--signal-before"] is not None and not values["--requeue"]:
         raise click.UsageError("--signal-before only applies with --requeue")

@@ -61,6 +61,15 @@ OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
               help="Run SCRIPT for one optimizer step under the recommended launch (CPU rehearsal without GPUs) "
                    "and print planned vs measured per rank. Script arguments go after `--`.")
 @stall_timeout_option(effect="exit 124 (with --measure)")
+@click.option("--grad-compression", type=click.Choice(("none", "fp16", "bf16", "powersgd", "int8")), default=None,
+              help="Count the communication column with this gradient compression (ddp hooks, fsdp reduce dtype, "
+                   "ZeRO-3 int8 = ZeRO++).")
+@click.option("--powersgd-rank", type=click.IntRange(min=1), default=None, metavar="R",
+              help="With --grad-compression powersgd: its rank. Default 1.")
+@click.option("--interconnect", default=None, metavar="LINK",
+              help="The link between GPUs: nvlink, infiniband, ethernet, pcie, a bandwidth per GPU (25GB/s, 100Gb/s), "
+                   "or the results folder of `accelkit bench --comm`; the recommendation then says whether the link, "
+                   "not memory, limits the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes as integers).")
 def command(model: str | None, as_json: bool, write_config: Path | None, force: bool, measure_script: str | None,
             script_args: tuple[str, ...], precision: str, **options) -> int:

@@ -12,12 +12,15 @@ import click
 
 
 class Seconds(click.ParamType):
-    """A finite number of seconds, at least `minimum`."""
+    """A finite number of seconds, at least `minimum` and at most `maximum` (default: 30 days, accelkit/limits.py)."""
 
     name = "seconds"
 
-    def __init__(self, minimum: float = 0.0) -> None:
+    def __init__(self, minimum: float = 0.0, maximum: float | None = None) -> None:
+        from accelkit.limits import MAX_SECONDS
+
         self.minimum = minimum
+        self.maximum = MAX_SECONDS if maximum is None else maximum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -32,6 +35,9 @@ class Seconds(click.ParamType):
                       + (" (0 turns it off)" if self.minimum == 0 else ""), param, ctx)
         if number < self.minimum:
             self.fail(f"{value!r} is less than {self.minimum:g} second(s)", param, ctx)
+        if number > self.maximum:
+            self.fail(f"{value!r} seconds is more than {self.maximum / 86400:g} days, longer than any run needs; give "
+                      "a number such as 600", param, ctx)
         return number
 
 

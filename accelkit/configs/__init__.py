@@ -8,6 +8,7 @@
     rules.py     the one rule set over a ResolvedConfig (config, launch and `config --check` share its words)
     files.py     config files: load (line and column of syntax errors) and check (`accelkit config --check`)
     render.py    a config -> commented YAML (+ its DeepSpeed JSON), written without partial files
+    model_heads.py  the model's attention heads (config.json) against the tensor-parallel size
     api.py       run_config: `accelkit config` as one call (write or print the YAML, --list, --check)
     presets.py, hardware.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the DeepSpeed
                  JSON, and the keys Accelerate accepts (read from Accelerate itself)
@@ -44,6 +45,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "Finding": "findings",
     "raise_first_error": "findings",
     "installed_layout_gaps": "compat",
+    "model_from_script_args": "model_heads",
     # files: load, check, write
     "load_config": "files",
     "check_config": "files",

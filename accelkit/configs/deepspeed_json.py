@@ -29,6 +29,10 @@ def deepspeed_json_content(r: ConfigOptions) -> dict:
         zero["offload_param"] = _offload(r.offload_params, r.nvme_path)
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = bool(r.zero3_save_16bit_model)
+    if stage == 3 and r.grad_compression == "int8":  # ZeRO++ (accelkit.compression.zeropp)
+        from accelkit.compression.zeropp import zeropp_keys
+
+        zero.update(zeropp_keys(r.num_processes or 1, r.num_machines or 1))
     if r.mixed_precision is None:  # not chosen: Accelerate fills both from Accelerator(mixed_precision=...)
         fp16: object = "auto"
         bf16: object = "auto"

@@ -3,6 +3,7 @@ check one (`accelkit config --check`): Accelerate's own loader, what only a file
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,15 @@ def _loader_finding(path: Path, found: list[Finding]) -> list[Finding]:
                     "fix the value it names (or regenerate with `accelkit config`)")]
 
 
+def _written_for_cluster_job(path: Path) -> bool:
+    from accelkit.configs.render import is_cluster_template_text
+
+    try:
+        return is_cluster_template_text(path.read_text(errors="replace")[:2000])
+    except OSError:
+        return False
+
+
 def check_config(path: Path) -> list[Finding]:
     """Every finding for the config file at `path` as `accelerate launch` would use it: Accelerate's loader, what
     the file gets wrong, and the rule set (empty: no problem). AccelkitError when it cannot be read as YAML."""
@@ -78,7 +88,10 @@ def check_config(path: Path) -> list[Finding]:
     raw = load_yaml(path)
     resolved, found = read_config(raw, Source(FILE, str(path)))
     if resolved is not None:
+        if resolved.num_machines > 1 and _written_for_cluster_job(path):
+            resolved = dataclasses.replace(resolved, per_machine=False)
         found = found + rules.check_rules(resolved)
+    found += _compression_findings(path, resolved) if resolved is not None else []
     return _loader_finding(path, found) + found
 
 
@@ -92,3 +105,19 @@ def load_config(path: Path) -> dict[str, Any]:
     found = _loader_finding(path, found) + found
     raise_first_error(found, prefix=f"{path}: ", more=f": `accelkit config --check {path}`")
     return raw
+
+
+def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
+    """The gradient compression a config written by `accelkit config` carries in its comment line, checked against
+    the file's backend (accelkit.compression)."""
+    from accelkit.compression.checks import check_backend
+    from accelkit.compression.spec import read_comment
+
+    try:
+        spec = read_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
+        if spec is not None:
+            check_backend(spec, resolved)
+    except AccelkitError as exc:
+        return [Finding("grad-compression", ERROR, f"the accelkit-grad-compression line: {exc.message}",
+                        exc.hint or "")]
+    return []

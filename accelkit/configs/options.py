@@ -126,6 +126,24 @@ class ConfigOptions:
                                      key="parallelism_config.parallelism_config_sp_backend", kind="choice",
                                      choices=SP_BACKENDS)
 
+    # The model, for the checks that need it (tp must divide its attention heads); written to no config key.
+    model_config: Path | None = _option(
+        "The model's config.json (or its folder): tensor parallelism is checked against its attention heads "
+        "before any rank starts.", kind="model", metavar="PATH")
+
+    # Gradient compression (accelkit.compression): no Accelerate key; see accelkit/compression/spec.py for where
+    # it goes (the DeepSpeed JSON for int8, else $ACCELKIT_GRAD_COMPRESSION and a comment line in the YAML).
+    grad_compression: str | None = _option(
+        "Gradient compression: fp16/bf16/powersgd (ddp comm hook), fp16/bf16 (fsdp reduce dtype), int8 (deepspeed "
+        "ZeRO-3 as ZeRO++). Default: none.", kind="choice", choices=("none", "fp16", "bf16", "powersgd", "int8"))
+    powersgd_rank: int | None = _option("PowerSGD's matrix approximation rank. Default 1.", kind="int", metavar="R")
+    powersgd_start_step: int | None = _option(
+        "Step from which PowerSGD compresses (plain all-reduce before). Default 1000 (torch's).", kind="int",
+        metavar="S")
+    reduce_dtype: str | None = _option("FSDP2's reduce dtype (MixedPrecisionPolicy): bf16/fp16 halve the "
+                                       "reduce-scatter bytes. Default fp32.", kind="choice",
+                                       choices=("fp32", "bf16", "fp16"), group="fsdp")
+
     def given(self) -> dict[str, object]:
         """The fields the user actually set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
@@ -152,8 +170,9 @@ class ConfigOptions:
     def from_json_dict(cls, data: dict[str, Any]) -> ConfigOptions:
         values = dict(data)
         values["wrap_cls"] = tuple(values.get("wrap_cls") or ())
-        if values.get("deepspeed_json") is not None:
-            values["deepspeed_json"] = Path(values["deepspeed_json"])
+        for name in ("deepspeed_json", "model_config"):
+            if values.get(name) is not None:
+                values[name] = Path(values[name])
         return cls(**values)
 
 

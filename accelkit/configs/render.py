@@ -51,12 +51,37 @@ def _dump_one(key: str, value: object) -> str:
     return yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=1000)
 
 
-def render_yaml(config: ResolvedConfig | Mapping, command_line: str) -> str:
-    """YAML text starting with a comment naming the command that made it. `config`: a ResolvedConfig or a dict."""
-    config = _parts(config)[0]
-    lines = [f"# Written by: {command_line}",
-             "# Run with: accelerate launch --config_file THIS_FILE your_script.py  (or: accelkit launch --config ...)",
-             "# Check with: accelkit config --check THIS_FILE", ""]
+# The header line that marks a config written for a cluster job (launch --slurm/--skypilot/--kubernetes): its
+# machine_rank and main_process_ip are given on each node at run time, so `config --check` does not ask for them.
+CLUSTER_JOB_MARK = "# Cluster job: machine_rank and main_process_ip are filled in on each node at run time"
+
+
+def _is_cluster_template(config: ResolvedConfig | Mapping) -> bool:
+    from accelkit.configs.resolved import ResolvedConfig
+
+    return isinstance(config, ResolvedConfig) and not config.per_machine and config.num_machines > 1
+
+
+def is_cluster_template_text(text: str) -> bool:
+    """The file was written for a cluster job (it starts with the CLUSTER_JOB_MARK header)."""
+    return any(line.strip() == CLUSTER_JOB_MARK for line in text.splitlines()[:5])
+
+
+def render_yaml(config: ResolvedConfig | Mapping, command_line: str, *, cluster_job: bool | None = None) -> str:
+    """YAML text starting with a comment naming the command that made it. `config`: a ResolvedConfig or a dict;
+    `cluster_job`: written for a cluster job (default: a ResolvedConfig's own say)."""
+    cluster_job = _is_cluster_template(config) if cluster_job is None else cluster_job
+    config_object, config = config, _parts(config)[0]
+    lines = [f"# Written by: {command_line}"]
+    if cluster_job:  # the job script passes each node's rank and machine 0's address to the launcher
+        lines += [CLUSTER_JOB_MARK, "# Run with: the job file written beside it (it passes --machine_rank and "
+                  "--main_process_ip on each node)"]
+    else:
+        lines.append("# Run with: accelerate launch --config_file THIS_FILE your_script.py  (or: accelkit launch "
+                     "--config ...)")
+    lines.append("# Check with: accelkit config --check THIS_FILE")
+    lines += _compression_lines(config_object)
+    lines.append("")
     for key, value in config.items():
         if key in TOP_COMMENTS:
             lines.append(f"# {TOP_COMMENTS[key]}")
@@ -71,6 +96,18 @@ def render_yaml(config: ResolvedConfig | Mapping, command_line: str) -> str:
         else:
             lines.extend(_dump_one(key, value).splitlines())
     return "\n".join(lines) + "\n"
+
+
+def _compression_lines(config: object) -> list[str]:
+    """The gradient compression of a DDP/FSDP config, in the one place accelkit keeps it (accelkit.compression.spec:
+    Accelerate has no key for it, and ignores comments)."""
+    spec = getattr(config, "grad_compression", None)
+    if spec is None or spec.method == "int8":  # int8 (ZeRO++) is in the DeepSpeed JSON
+        return []
+    from accelkit.compression.spec import ENV_VAR, comment_line
+
+    return [f"# Gradient compression: accelkit launch reads the next line; with accelerate launch set {ENV_VAR}="
+            f"{spec.env_value()} (accelkit templates apply it)", comment_line(spec)]
 
 
 def render_json(content: dict) -> str:
@@ -95,7 +132,8 @@ def write_config(config: ResolvedConfig | Mapping, path: Path, command_line: str
     files: list[tuple[Path, str]] = []
     if with_json and content is not None and json_path is not None:
         files.append((json_path, render_json(dict(content))))
-    files.append((Path(path), render_yaml(data, command_line)))
+    files.append((Path(path), render_yaml(config if hasattr(config, "grad_compression") else data, command_line,
+                                          cluster_job=_is_cluster_template(config))))
     atomic_write_many(files)
 
 

@@ -79,9 +79,23 @@ def resolve_config(options: ConfigOptions, *, base: Mapping[str, Any] | None = N
 
     findings = rules.check_rules(resolved, options, writes_file=not launch)
     raise_first_error(findings, more=None)
+    resolved = replace(resolved, grad_compression=_grad_compression(filled, resolved))
     _through_accelerate(resolved.to_accelerate_dict())
     warnings = [*(layer.findings if layer else ()), *findings]
     return replace(resolved, findings=tuple(f for f in warnings if not f.is_error))
+
+
+def _grad_compression(r: ConfigOptions, resolved: ResolvedConfig) -> Any:
+    """The gradient compression asked for, refused in one line where the backend cannot do it (accelkit.compression);
+    None for none. int8's ZeRO++ JSON must pass DeepSpeed's own config class."""
+    from accelkit.compression.checks import check_backend, spec_of_options
+
+    spec = check_backend(spec_of_options(r), resolved, reduce_dtype_given=r.reduce_dtype is not None)
+    if spec.method == "int8" and resolved.deepspeed is not None and resolved.deepspeed.json_content is not None:
+        from accelkit.compression.zeropp import check_with_deepspeed
+
+        check_with_deepspeed(resolved.deepspeed.json_content)
+    return spec if spec.active else None
 
 
 def _base_layer(options: ConfigOptions, base: Mapping[str, Any] | None, base_label: str | None) -> ConfigLayer | None:

@@ -156,6 +156,8 @@ class ResolvedConfig:
     # False for a cluster template (SLURM): each node supplies its rank, the main address and the port.
     per_machine: bool = True
     findings: tuple[Finding, ...] = ()  # the warnings found while resolving (errors are raised)
+    # accelkit.compression.CompressionSpec (None: none); not an Accelerate key, see accelkit/compression/spec.py
+    grad_compression: Any = None
 
     # -- reading -------------------------------------------------------------------------------------------------
     @property

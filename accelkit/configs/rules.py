@@ -15,7 +15,8 @@ from typing import Any
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, WrapPolicy
 from accelkit.configs.findings import ERROR, WARNING, Finding
 from accelkit.configs.options import ConfigOptions, backend_group, config_key, flag_name
-from accelkit.configs.resolved import ResolvedConfig
+from accelkit.configs.resolved import DEFAULT, FLAG, ResolvedConfig
+from accelkit.limits import MAX_ACCUMULATION_STEPS, MAX_MACHINES, MAX_PARAMS, MAX_PROCESSES
 
 
 def _finding(code: str, severity: str, message: str, hint: str, option: str = "", **kwargs: Any) -> Finding:
@@ -41,6 +42,13 @@ def _topology(cfg: ResolvedConfig) -> Iterator[Finding]:
         yield _finding("processes-count", ERROR, f"{_named(cfg, 'num_processes')} must be at least 1 (got {procs})",
                        "use at least 1 process (--num-processes N, `num_processes: N` in a config file)",
                        "num_processes")
+    for name, ceiling, what in (("num_processes", MAX_PROCESSES, "the total number of processes (GPUs) of the job"),
+                                ("num_machines", MAX_MACHINES, "the number of machines of the job")):
+        value = getattr(cfg, name)
+        if value > ceiling:
+            yield _finding(f"{name.split('_')[1]}-ceiling", ERROR, f"{_named(cfg, name)} {value:,} is more than any "
+                           f"cluster has (the limit is {ceiling:,})", f"check {flag_name(name)}: {what}", name)
+            return
     if machines < 1:
         yield _finding("machines-count", ERROR, f"{_named(cfg, 'num_machines')} must be at least 1 (got {machines})",
                        "use 1 for one machine (--num-machines 1)", "num_machines")
@@ -64,6 +72,10 @@ def _topology(cfg: ResolvedConfig) -> Iterator[Finding]:
     if steps is not None and steps < 1:
         yield _finding("accumulation-steps", ERROR, f"{_named(cfg, 'gradient_accumulation_steps')} must be at least "
                        f"1 (got {steps})", "use 1 for no accumulation", "gradient_accumulation_steps")
+    elif steps is not None and steps > MAX_ACCUMULATION_STEPS:
+        yield _finding("accumulation-steps", ERROR, f"{_named(cfg, 'gradient_accumulation_steps')} {steps:,} is "
+                       f"beyond any real run (the limit is {MAX_ACCUMULATION_STEPS:,} steps per optimizer step)",
+                       "check the count: a few to a few hundred steps are usual", "gradient_accumulation_steps")
     if cfg.backend is Backend.SINGLE and procs > 1:
         yield _finding("single-one-process", ERROR, f"{cfg.said('backend')} runs one process, not {procs}",
                        "use --backend ddp (or fsdp/deepspeed) for several processes", "backend")
@@ -159,6 +171,10 @@ def _fsdp(cfg: ResolvedConfig) -> Iterator[Finding]:
         yield _finding("min-params-policy", ERROR, f"{_named(cfg, 'min_num_params')} only applies to --wrap-policy "
                        f"size (the policy is {policy})", "drop --min-num-params, or use --wrap-policy size",
                        "min_num_params")
+    if f.min_num_params is not None and f.min_num_params > MAX_PARAMS:
+        yield _finding("min-params-count", ERROR, f"{_named(cfg, 'min_num_params')} {f.min_num_params:,} is more "
+                       "parameters than any model has (the limit is 10 trillion)",
+                       "pass a parameter count per wrapped unit, such as 100000000", "min_num_params")
     if f.min_num_params is not None and f.min_num_params < 1:
         yield _finding("min-params-count", ERROR, f"{_named(cfg, 'min_num_params')} must be at least 1",
                        "pass a parameter count such as 100000000", "min_num_params")
@@ -169,7 +185,10 @@ def _fsdp(cfg: ResolvedConfig) -> Iterator[Finding]:
         yield _finding("fsdp2-hybrid-one-machine", ERROR, "--sharding hybrid with FSDP2 replicates across machines, "
                        "but there is only one machine", "use --sharding full on one machine, or set --num-machines; "
                        "--fsdp-version 1 keeps HYBRID_SHARD", "sharding")
-    if f.wrap_policy is WrapPolicy.TRANSFORMER and not f.wrap_cls:
+    # Only when the user typed --wrap-policy transformer: as a default, or in a file (what `accelerate config` and
+    # `accelkit init` write for Transformers models, which name their blocks in `_no_split_modules`), it is the
+    # usual setting, and a warning about it was noise on every template's first launch.
+    if f.wrap_policy is WrapPolicy.TRANSFORMER and not f.wrap_cls and cfg.source("wrap_policy").kind == FLAG:
         yield _finding("wrap-without-class", WARNING, "transformer wrap policy without a layer class: Accelerate "
                        "then wraps the model's `_no_split_modules` (Transformers models); any other model becomes ONE "
                        "FSDP unit, gathered whole in forward (no per-layer memory saving)", "name the block class: "
@@ -224,9 +243,38 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
         return
     crossing = list(_nd_machines(cfg, p))
     yield from crossing
-    if not any(f.is_error for f in crossing):
-        yield from _nd_backend(cfg, p)
-        yield from _nd_product(cfg, p)
+    if any(f.is_error for f in crossing):
+        return
+    leftover = list(_nd_leftover(cfg, p))
+    if leftover:  # the backend's data-parallel size could not be filled: that, not what it was left at, is why
+        yield from leftover
+        return
+    yield from _nd_backend(cfg, p)
+    yield from _nd_product(cfg, p)
+
+
+def _nd_leftover(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
+    """The backend's data-parallel dimension (FSDP's dp_shard, DDP's dp_replicate) was not given and takes the
+    processes the other sizes leave, but they do not divide the processes: `--tp-size 3` on 8 processes."""
+    rest = {Backend.FSDP: "dp_shard_size", Backend.DDP: "dp_replicate_size"}.get(cfg.backend)
+    procs = cfg.num_processes
+    if rest is None or cfg.source(rest).kind != DEFAULT or procs < 1:
+        return
+    given = {name: getattr(p, field) for name, field in (("dp_replicate_size", "dp_replicate"),
+             ("dp_shard_size", "dp_shard"), ("tp_size", "tp"), ("cp_size", "cp"), ("sp_size", "sp"))
+             if name != rest and getattr(p, field) > 1}
+    others = 1
+    for size in given.values():
+        others *= size
+    if others <= 1 or procs % others == 0:
+        return
+    named = " x ".join(cfg.said(name) for name in given)
+    divisors = [d for d in range(2, min(procs, 64) + 1) if procs % d == 0][:6]
+    example = f" ({', '.join(map(str, divisors))})" if divisors else ""
+    main = next(iter(given))
+    yield _finding("nd-divides", ERROR, f"{named} does not divide {cfg.said('num_processes')}: {cfg.said_backend()} "
+                   f"gives {rest.removesuffix('_size')} the processes the other sizes leave, and {procs} / {others} "
+                   "is not whole", f"use sizes that divide {procs}{example}, or give {flag_name(rest)} too", main)
 
 
 def _nd_backend(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
@@ -322,6 +370,22 @@ def _nd_machines(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
                        f"keep --sp-size at most {per_machine} where you can", "sp_size")
 
 
+def _tp_heads(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
+    """Tensor parallelism against the model's attention heads (accelkit/configs/model_heads.py)."""
+    from accelkit.configs.model_heads import read_heads, tp_heads_problem
+
+    p = cfg.parallelism
+    if p is None or p.tp <= 1:
+        return
+    heads = read_heads(model_config)
+    problem = tp_heads_problem(p.tp, heads) if heads is not None else None
+    if problem is not None:
+        hint = problem[1].replace("a tp size", "a --tp-size", 1)
+        if str(model_config).endswith(".py"):  # read from the config the script builds in code
+            hint += f" (if {model_config} trains another model, name its config with --model-config PATH)"
+        yield _finding("tp-heads", ERROR, f"{cfg.said('tp_size')} {problem[0]} ({model_config})", hint, "tp_size")
+
+
 def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
     """The layout needs what the installed packages lack (compat.py): one line with the versions that work."""
     p = cfg.parallelism
@@ -347,6 +411,8 @@ def check_rules(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writ
     if given is not None:
         found += misplaced_options(cfg, given, writes_file=writes_file)
     layout = list(_parallelism(cfg))
+    if not any(f.is_error for f in layout) and given is not None and given.model_config is not None:
+        layout += _tp_heads(cfg, given.model_config)
     if not any(f.is_error for f in layout):
         layout += _installed(cfg, ERROR if installed_matters else WARNING)
     return [*found, *_fsdp(cfg), *_deepspeed(cfg), *layout, *_multi_machine(cfg)]

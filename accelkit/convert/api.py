@@ -34,6 +34,7 @@ MAYBE_UNUSED_ALIASED = [("torch.nn.parallel", "DistributedDataParallel", "DDP"),
 @dataclass(frozen=True)
 class ConvertOptions:
     mixed_precision: str | None = None  # None: keep what the script did (AMP -> fp16/bf16, else the launch decides)
+    grad_compression: str | None = None  # fp16 | bf16 | powersgd:rank=R,start=S: a DDP comm hook (issue 35)
 
 
 @dataclass

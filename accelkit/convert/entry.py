@@ -25,6 +25,7 @@ class ConvertRequest:
     diff: bool = False
     exit_code: bool = False  # with diff: 1 when there is something to convert
     mixed_precision: str | None = None
+    grad_compression: str | None = None  # accelkit.compression.spec's text: a DDP comm hook in Accelerator(...)
     partial: bool = False  # write even when parts could not be converted
     force: bool = False
     # --check: run the original on 1 process and the conversion (or `converted`) on CHECK_PROCESSES
@@ -46,7 +47,8 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
 
     script, result = request.script, CommandResult()
     source = read_script(script)
-    conversion = convert_source(source, ConvertOptions(mixed_precision=request.mixed_precision), filename=script.name)
+    options = ConvertOptions(mixed_precision=request.mixed_precision, grad_compression=request.grad_compression)
+    conversion = convert_source(source, options, filename=script.name)
     report = conversion.report.format(script.name)
     problems = conversion.report.problems
     if request.diff:

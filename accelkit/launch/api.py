@@ -31,6 +31,16 @@ class ClusterJobFile:
     signal_before: int = 120  # --slurm --requeue
     accelerator: str | None = None  # --skypilot
     image: str | None = None  # --kubernetes
+    cpus_per_node: int | None = None  # every target: CPUs and memory per node
+    mem_per_node: str | None = None  # a size, e.g. 512GiB
+    setup: tuple[str, ...] = ()  # every target: shell lines run on every node before its launcher
+    exclusive: bool = False  # --slurm
+    account: str | None = None  # --slurm
+    qos: str | None = None  # --slurm
+    sbatch_args: tuple[str, ...] = ()  # --slurm
+    container_image: str | None = None  # --slurm (pyxis)
+    storage: tuple[str, ...] = ()  # --skypilot (buckets), --kubernetes (ReadWriteMany claims): MOUNT=SOURCE
+    shm_size: str | None = None  # --kubernetes
 
 
 def run_launch(request: LaunchRequest, *, stall_timeout: float | None = None, dry_run: bool = False,
@@ -64,23 +74,32 @@ def dry_run_text_of(request: LaunchRequest) -> str:
 def write_cluster_job(request: LaunchRequest, job_file: ClusterJobFile, stall_timeout: float | None) -> CommandResult:
     """Write the job file of one cluster target; say what it resolved and how to submit it."""
     from accelkit.launch.targets import kubernetes, skypilot, slurm
+    from accelkit.launch.targets.resources import NodeResources, parse_memory
+    from accelkit.launch.targets.storage import parse_storages
 
     nodes = 1 if request.options.num_machines is None else request.options.num_machines  # or its spelling --nodes
     path, name = job_file.path, job_file.job_name
+    resources = NodeResources(cpus=job_file.cpus_per_node,
+                              memory=parse_memory(job_file.mem_per_node, "--mem-per-node"))
     shape = {"nodes": nodes, "gpus_per_node": job_file.gpus_per_node, "job_name": name,
-             "stall_timeout": stall_timeout}
+             "stall_timeout": stall_timeout, "resources": resources, "setup": tuple(job_file.setup)}
     if job_file.flag == "--slurm":
         job = slurm.write_slurm_job(request, slurm.SlurmOptions(
             **shape, partition=job_file.partition, time=job_file.time_limit, chdir=Path.cwd(),
-            requeue=job_file.requeue, signal_before=job_file.signal_before), path, job_file.force)
+            requeue=job_file.requeue, signal_before=job_file.signal_before, exclusive=job_file.exclusive,
+            account=job_file.account, qos=job_file.qos, sbatch_args=tuple(job_file.sbatch_args),
+            container_image=job_file.container_image), path, job_file.force)
         submit = f"sbatch {shlex.quote(str(path))}"
     elif job_file.flag == "--skypilot":
         job = skypilot.write_skypilot_task(request, skypilot.SkyPilotOptions(
-            **shape, accelerator=job_file.accelerator, workdir=Path.cwd()), path, job_file.force)
+            **shape, accelerator=job_file.accelerator, workdir=Path.cwd(),
+            storage=parse_storages(tuple(job_file.storage), "SkyPilot")), path, job_file.force)
         submit = f"sky launch -c {shlex.quote(name)} {shlex.quote(str(path))}"
     else:
         job = kubernetes.write_trainjob(request, kubernetes.KubernetesOptions(
-            **shape, image=job_file.image, workdir=Path.cwd()), path, job_file.force)
+            **shape, image=job_file.image, workdir=Path.cwd(),
+            storage=parse_storages(tuple(job_file.storage), "Kubernetes"),
+            shm_size=parse_memory(job_file.shm_size, "--shm-size")), path, job_file.force)
         submit = f"kubectl apply -f {shlex.quote(str(path))}"
     result = CommandResult()
     for line in job.summary:

@@ -52,6 +52,10 @@ def resolve_request(request: LaunchRequest) -> ResolvedConfig:
 
     options, labels = request.options, dict(request.source_labels)
     base = load_config(request.config_file) if request.config_file is not None else None
+    if request.config_file is not None and base is not None:  # a written config's gradient compression comment
+        from accelkit.compression.launching import options_with_config_comment
+
+        options, labels = options_with_config_comment(options, labels, request.config_file)
     several = (options.num_processes or 0) > 1 or (options.num_machines or 0) > 1
     if request.cpu and several and options.backend is None and options.preset is None and base is None:
         options, labels["backend"] = replace(options, backend=Backend.CPU.value), "--cpu"
@@ -118,6 +122,11 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
     check_target(request.target)
     config = resolve_request(request)
     flags, port_source = launcher_flags(request, config)
+    compression = None  # refused here (bf16 or int8 on CPU ranks) before anything is written
+    if config.grad_compression is not None:
+        from accelkit.compression.launching import compression_env_and_notes
+
+        compression = compression_env_and_notes(config, request)
     # A DeepSpeed JSON asked for with --deepspeed-json must exist before the rehearsal reads it or a launcher runs.
     write_deepspeed_json(config)
 
@@ -147,6 +156,9 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         from accelkit.launch.collective_debug import gpu_debug_env
 
         env.update(gpu_debug_env())
+    if compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
+        env.update(compression[0])
+        notes = (*notes, *compression[1])
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
         from accelkit.ranks import PROBES_ENV
 

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from accelkit.errors import AccelkitError, debug_enabled, report
 from accelkit.launch import job_board, ports
@@ -91,9 +92,20 @@ def main_address(name: str, addr: str) -> str:
                         hint="export MAIN_PROCESS_IP=<machine 0's IP address> in the sbatch script")
 
 
+def step_options(env: Mapping[str, str] = os.environ) -> list[str]:
+    """srun's options for the nodes' step beyond its shape: the CPUs of the job's one task per node (SLURM 22.05's
+    srun does not take --cpus-per-task from the job, and its task would be bound to one CPU: every rank of the node
+    on it), then the sbatch script's own (ACCELKIT_SRUN_ARGS: a container, from --container-image)."""
+    cpus = env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE")  # the latter: --exclusive
+    options = [f"--cpus-per-task={cpus}"] if cpus and cpus.isdigit() else []
+    return options + shlex.split(env.get("ACCELKIT_SRUN_ARGS", ""))
+
+
 def srun_argv(nodes: int, node_args: list[str]) -> list[str]:
-    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            "bash", "-c", NODE_PROGRAM, "accelkit-node", *node_args]
+    # ACCELKIT_NODE_SETUP: the job's --setup lines, run again on every node before its launcher.
+    program = 'set -eo pipefail\neval "${ACCELKIT_NODE_SETUP:-}"\n' + NODE_PROGRAM
+    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *step_options(),
+            "bash", "-c", program, "accelkit-node", *node_args]
 
 
 def requeue(reason: str) -> int:

@@ -40,7 +40,7 @@ def time_limit_seconds(text: str) -> int | None:
     return seconds or None  # SLURM: a time limit of 0 is no limit
 
 
-def _check_directive_value(option: str, value: str, *, spaces: bool, hint: str | None = None) -> None:
+def check_directive_value(option: str, value: str, *, spaces: bool, hint: str | None = None) -> None:
     """A value that goes into an `#SBATCH` line: one line, no double quote (values with spaces are quoted)."""
     if any(char == '"' or not char.isprintable() for char in value) or (not spaces and any(c.isspace() for c in value)):
         what = "spaces, quotes or control characters" if not spaces else "quotes or control characters"
@@ -51,13 +51,17 @@ def _check_directive_value(option: str, value: str, *, spaces: bool, hint: str |
 def check_slurm_options(options: SlurmOptions) -> None:
     """Refuse what sbatch would refuse (or misread) in the script, before anything is written."""
     if options.partition is not None:
-        _check_directive_value("--partition", options.partition, spaces=False)
-    _check_directive_value("--job-name", options.job_name, spaces=True)
+        check_directive_value("--partition", options.partition, spaces=False)
+    check_directive_value("--job-name", options.job_name, spaces=True)
     if "/" in options.job_name:
         raise AccelkitError(f"--job-name {options.job_name} has a '/': it names the job's log (%x-%j.out)",
                             hint="pass a job name without '/'")
+    for option, value in (("--account", options.account), ("--qos", options.qos),
+                          ("--container-image", options.container_image)):
+        if value is not None:
+            check_directive_value(option, value, spaces=False)
     if options.chdir is not None:
-        _check_directive_value("the job's folder", str(options.chdir), spaces=True,
+        check_directive_value("the job's folder", str(options.chdir), spaces=True,
                                hint="run accelkit launch --slurm from a folder whose path has no quotes")
     limit = time_limit_seconds(options.time) if options.time is not None else None
     if not options.requeue:

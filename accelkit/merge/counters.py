@@ -79,7 +79,8 @@ def cross_check(found: FolderCounters) -> str | None:
         compared.append(f"optimizer step {_number(found.applied[0].value)} against step {_number(taken.value)} in "
                         f"{taken.file.name}")
     if len(found.taken) > 1:
-        compared.insert(0, f"step {_number(found.taken[0].value)} in {len(found.taken)} files")
+        compared.insert(0, f"step {_number(found.taken[0].value)} in {len(found.taken)} files ("
+                        + ", ".join(f"{c.what} in {c.file.name}" for c in found.taken[:4]) + ")")
     if len(found.optimizer_lrs) == 1 and len(found.scheduler_lrs) == 1:
         (_, opt_file, opt_lrs), (sched_file, sched_lrs) = found.optimizer_lrs[0], found.scheduler_lrs[0]
         if len(opt_lrs) == len(sched_lrs):

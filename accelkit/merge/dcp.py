@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, clip
 from accelkit.merge import dcp_layout
 from accelkit.merge.light_dcp import output_names
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, lazy_segment, record_segment
@@ -103,5 +103,5 @@ def _reraise_interrupt(exc: BaseException) -> None:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return (text.splitlines()[-1] if text else type(exc).__name__)[:200]
+    return clip(text.splitlines()[-1] if text else type(exc).__name__, 200)
 

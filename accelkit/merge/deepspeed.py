@@ -36,6 +36,26 @@ is_deepspeed_tag_dir, resolve_tag_dir, _ranked = layout.is_deepspeed_tag_dir, la
 _enum_value, _world_size = layout.enum_value, layout.world_size
 
 
+def _refuse_count(tag_dir: Path, paths: list[Path], world: int, what: str) -> None:
+    """As many rank files as the run had ranks: fewer is a file missing (named), more is a larger run's file."""
+    if len(paths) == world:
+        return
+    if len(paths) < world:  # the ranks are numbered without gaps (ranked()): the last ones are gone
+        ranks = list(range(len(paths), world))
+        missing = [paths[0].name.replace("zero_pp_rank_0_", f"zero_pp_rank_{rank}_", 1) for rank in ranks] \
+            if paths else []
+        listed = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise AccelkitError(f"{tag_dir}: the {what} file of rank {', '.join(map(str, ranks[:3]))}"
+                            f"{' and more' if len(ranks) > 3 else ''} is missing ({listed}): the run had {world} "
+                            f"ranks, the folder holds {len(paths)} {what} file(s)",
+                            hint="copy the complete checkpoint folder again (every rank's files), or restore the "
+                                 "missing file")
+    extra = [p.name for p in paths[world:]]
+    raise AccelkitError(f"{tag_dir} holds {len(paths)} {what} files but the run had {world} ranks: "
+                        f"{', '.join(extra[:3])} come(s) from a larger run (different world sizes are mixed)",
+                        hint="copy the complete checkpoint of one run into a clean folder")
+
+
 class DeepSpeedSource(CheckpointSource):
     def __init__(self, path: Path, tag: str | None = None) -> None:
         tag_dir, how = resolve_tag_dir(path, tag)
@@ -50,19 +70,15 @@ class DeepSpeedSource(CheckpointSource):
                                 hint="merge-ckpt reads checkpoints written by engine.save_checkpoint with ZeRO 1-3")
         self.stage = int(_enum_value(head.get("zero_stage")))
         world = _world_size(head)
-        if world != len(optim_paths):
-            raise AccelkitError(f"{tag_dir} holds {len(optim_paths)} optimizer shards but they were written by a "
-                                f"{world}-rank run: shards from different world sizes are mixed",
-                                hint="copy the complete checkpoint of one run into a clean folder")
+        _refuse_count(tag_dir, optim_paths, world, "optimizer")
         self.world_size = world
         self.format_name = f"DeepSpeed ZeRO-{self.stage}"
         if self.stage == 3:
             model_paths = _ranked(tag_dir, _ZERO3_MODEL, "zero_pp_rank_*_model_states.pt")
         else:
             model_paths = [tag_dir / ZERO12_MODEL_FILE]
-        if self.stage == 3 and len(model_paths) != world:
-            raise AccelkitError(f"{tag_dir} holds {len(model_paths)} model-state shards for a {world}-rank run",
-                                hint="copy the complete checkpoint of one run into a clean folder")
+        if self.stage == 3:
+            _refuse_count(tag_dir, model_paths, world, "model-state")
         self.model_files = model_paths
         self._models = [open_archive(p) for p in model_paths]
         for rank, archive in enumerate(self._optim[1:], start=1):

@@ -63,7 +63,9 @@ def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]
         chosen = models[index]
         how = "--model-index" if model_index is not None else "the first model"
         extra = f" ({len(models)} models saved; pick another with --model-index)" if len(models) > 1 else ""
-        why.append(f"{path.name}/ is an Accelerate save_state folder: merging {chosen.name}/ ({how}){extra}")
+        kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
+            "an Accelerate save_state folder"
+        why.append(f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}")
         return dcp.DCPSource(chosen)
     if model_index is not None:
         raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",

@@ -83,3 +83,20 @@ def tied_pairs_from_config(config_file: Path, notes: list[str] | None = None) ->
             if out is not None and inp is not None and id(out) in names and id(inp) in names:
                 pairs[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
     return dict(pairs)
+
+
+# Without config.json the model class is unknown; transformers ties the output embedding (`lm_head.weight`) to the
+# input embedding of these names, and save_pretrained stores the pair once. Equal values decide (an untied head is
+# initialised and trained apart from the embedding: never equal).
+OUTPUT_EMBEDDING = "lm_head.weight"
+INPUT_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
+                    "tok_embeddings.weight", "shared.weight")
+
+
+def tie_candidates(names: list[str]) -> dict[str, str]:
+    """alias -> kept name: the output embedding and the one input embedding it may be tied to, by name alone."""
+    outputs = [n for n in names if n == OUTPUT_EMBEDDING or n.endswith("." + OUTPUT_EMBEDDING)]
+    inputs = [n for n in names if any(n == e or n.endswith("." + e) for e in INPUT_EMBEDDINGS)]
+    if len(outputs) != 1 or len(inputs) != 1:
+        return {}
+    return {outputs[0]: inputs[0]}

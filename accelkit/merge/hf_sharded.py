@@ -12,7 +12,7 @@ import json
 import struct
 from pathlib import Path
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, clip
 from accelkit.merge.records import read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, file_segment
 from accelkit.merge.writer import SAFETENSORS_DTYPES
@@ -41,7 +41,7 @@ def _validate(file: Path) -> None:
     except OSError as exc:
         raise read_error(exc, file) from None
     except Exception as exc:
-        raise AccelkitError(f"cannot read {file}: it is truncated or corrupt ({str(exc)[:160]})",
+        raise AccelkitError(f"cannot read {file}: it is truncated or corrupt ({clip(str(exc), 200)})",
                             hint="re-download or re-copy this shard") from None
 
 

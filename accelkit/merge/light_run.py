@@ -27,6 +27,7 @@ import importlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +55,13 @@ _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _CAST = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 _RNG_FILE = "random_states_"  # Accelerate's save_state writes random_states_{rank}.pkl beside the weights
+_TRAINER_FILE = re.compile(r"^(rng_state(_\d+)?\.pth|trainer_state\.json)$")  # transformers' Trainer
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
+
+
+# Only what a Checked: line then backs: which side files were compared is said there, file by file.
+_SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer's): the files beside the weights are "
+               "checked against each other (the Checked: lines say which)")
 
 
 class _TorchPath(Exception):
@@ -147,6 +154,10 @@ def _light_merge(opts: MergeOptions) -> MergeReport:
                 raise
             raise _TorchPath(f"a check failed ({exc.message})") from None
         to_file = output.suffix == ".safetensors"
+        configless = not any(f.name == extras.CONFIG_FILE for f in side_files)
+        if not to_file and configless and extras.tie_candidates([t.name for t in found.tensors]):
+            raise _TorchPath("a folder output without config.json: whether the output embedding is tied is read "
+                             "from the values")
         return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
     finally:
         reader.close()
@@ -162,7 +173,7 @@ def _light_input(opts: MergeOptions) -> Path | None:
     names = _names(opts.input)
     is_dcp = (opts.input / light_dcp.METADATA_FILE).is_file()
     if not is_dcp and any(name.startswith("pytorch_model_fsdp_") for name in names):
-        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+        raise _TorchPath(_SAVE_STATE)
     deepspeed_root = None if is_dcp else light_deepspeed.find_checkpoint(opts.input, opts.tag)
     if not is_dcp and deepspeed_root is None:
         raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
@@ -187,7 +198,7 @@ def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
 def _dcp_plan(opts: MergeOptions) -> light_dcp.Plan:
     root = opts.input
     if any(_save_state_files(folder) for folder in (root, root.parent, root.parent.parent)):
-        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+        raise _TorchPath(_SAVE_STATE)
     try:
         found = light_dcp.plan(root)
     except (Refused, light_dcp.Unproven) as exc:
@@ -202,7 +213,7 @@ def _deepspeed_plan(opts: MergeOptions, root: Path, reader: RecordReader):
     except (Refused, light_dcp.Unproven) as exc:
         raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
     if any(_save_state_files(folder) for folder in (found.root, found.root.parent, found.root.parent.parent)):
-        raise _TorchPath("an Accelerate save_state folder (its optimizer, scheduler and RNG files are checked)")
+        raise _TorchPath(_SAVE_STATE)
     why = (f"{opts.input.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)" if root == opts.input
            else f"{opts.input.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
     found.notes.insert(0, why)
@@ -218,7 +229,9 @@ def _names(folder: Path) -> list[str]:
 
 
 def _save_state_files(folder: Path) -> bool:
-    return any(name.startswith(_RNG_FILE) and name.endswith(".pkl") for name in _names(folder))
+    """Files of a training-state save (Accelerate's save_state, transformers' Trainer): the torch path checks them."""
+    return any((name.startswith(_RNG_FILE) and name.endswith(".pkl")) or _TRAINER_FILE.match(name)
+               for name in _names(folder))
 
 
 def _may_tie(config: Path) -> bool:

@@ -156,6 +156,10 @@ def _plan(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | Non
                     dropped[alias] = target
                 else:
                     notes.append(f"config ties {alias} to {target} but their values differ: both are kept")
+    if config is None and not to_file:  # a folder, as save_pretrained writes: a head equal to the embedding is tied
+        for alias, target in extras.tie_candidates(list(source.entry_by_name)).items():
+            if alias not in dropped and stream.same_values(target, alias):
+                dropped[alias] = target
     if dropped:
         notes.append("tied weights stored once, as transformers does: "
                      + ", ".join(f"{a} -> {t}" for a, t in dropped.items()))

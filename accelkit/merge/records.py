@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, clip
 
 try:  # ISA-L's CRC-32 (the zip polynomial, carry-less multiply): several times zlib's; optional, same values
     from isal.isal_zlib import crc32 as _crc32
@@ -355,4 +355,4 @@ class RecordReader:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
+    return clip(text.splitlines()[0] if text else type(exc).__name__, 200)

@@ -27,6 +27,10 @@ def format_report(report: MergeReport, inspect_only: bool) -> str:
         lines.append("Nothing was written (--inspect).")
         return "\n".join(lines)
     lines.append(f"Output:      {report.output} ({', '.join(report.output_files)})")
+    if report.output is not None and report.output.suffix != ".safetensors" and "config.json" not in report.copied:
+        lines.append("Warning:     no config.json was found beside the checkpoint, so the folder holds weights only: "
+                     "from_pretrained cannot load it; pass --config-from FOLDER (the model's config.json) to copy "
+                     "one in")
     if report.verified:
         lines.append("Verified:    the output, re-read, equals the input as read (input checksums checked)")
     lines.append(f"Time:        {report.seconds:.1f} s, peak memory {format_bytes(report.peak_rss_bytes)}")

@@ -1,4 +1,5 @@
-"""The files Accelerate's `save_state` writes beside the model must come from the same save as the model.
+"""The files Accelerate's `save_state` (or transformers' Trainer) writes beside the model must come from the same
+save as the model.
 
 An Accelerate checkpoint folder holds, beside the weights (`pytorch_model_fsdp_0/`, DeepSpeed's `pytorch_model/`,
 or `model.safetensors`), one `random_states_<rank>.pkl` per process, the optimizer (`optimizer_0/` DCP shards for
@@ -9,6 +10,10 @@ FSDP, `optimizer.bin` otherwise), and the scheduler and other registered objects
 - the `step` every RNG file records (Accelerate's own step counter, the same on every process);
 - the optimizer's step counters (torch's Adam/AdamW `step` per parameter): in a DCP optimizer they are spread over
   the rank files, and a rank file from another step disagrees; its rank count must be the model's.
+
+A Trainer checkpoint (`checkpoint-N/`) holds `trainer_state.json` (its `global_step`), `scheduler.pt` (stepped once
+per optimizer step: its `last_epoch` is the global step) and `rng_state_<rank>.pth` per process (no step in them:
+counted and read, not step-checked); its optimizer is the same `optimizer_0/` (FSDP) or `optimizer.pt`.
 
 The optimizer's step and learning rate, the scheduler's learning rate and a loss scaler's presence are collected
 for `counters`, which compares them with the manifest and DeepSpeed's counters. All files are loaded with
@@ -30,19 +35,28 @@ from accelkit.merge.records import RecordReader, TorchArchive
 from accelkit.merge.torch_files import materialise
 
 _RNG = re.compile(r"^random_states_(\d+)\.pkl$")
+_TRAINER_RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")  # transformers' Trainer: one per process
+TRAINER_STATE = "trainer_state.json"
 _OPTIMIZER_DCP = re.compile(r"^optimizer_(\d+)$")
-_OPTIMIZER_FILE = re.compile(r"^optimizer(_\d+)?\.bin$")
-_SCHEDULER_FILE = re.compile(r"^(scheduler(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$")
+_OPTIMIZER_FILE = re.compile(r"^optimizer(_\d+)?\.(bin|pt)$")
+_SCHEDULER_FILE = re.compile(r"^(scheduler(_\d+)?\.bin|scheduler\.pt|custom_checkpoint_\d+\.pkl)$")
 _SCALER_FILE = "scaler.pt"
 _LR_ITEM = re.compile(r"^(?:optimizer\.)?param_groups\.(\d+)\.lr$")
 _ONE_SAVE = "copy the complete checkpoint folder of one save_state call (every rank's files) into a clean folder"
 
 
+def is_training_state_name(name: str) -> bool:
+    """A file only a training-state save writes beside the weights: Accelerate's RNG files, or the Trainer's RNG
+    files and trainer_state.json."""
+    return bool(_RNG.match(name) or _TRAINER_RNG.match(name)) or name == TRAINER_STATE
+
+
 def find_save_state_dir(weights_dir: Path) -> Path | None:
-    """The Accelerate checkpoint folder around the weights: it, or up to two folders above, with RNG files."""
+    """The checkpoint folder around the weights (Accelerate's save_state or transformers' Trainer): it, or up to
+    two folders above, with RNG files or trainer_state.json."""
     folder = weights_dir if weights_dir.is_dir() else weights_dir.parent
     for candidate in (folder, folder.parent, folder.parent.parent):
-        if any(_RNG.match(p.name) for p in _listing(candidate)):
+        if any(is_training_state_name(p.name) for p in _listing(candidate)):
             return candidate
     return None
 
@@ -72,6 +86,10 @@ def check(folder: Path, world_size: int | None, reader: RecordReader,
     rng = {int(m.group(1)): p for p in _listing(folder) if (m := _RNG.match(p.name))}
     if rng:
         checks.append(_check_rng(folder, rng, world_size, reader))
+    trainer_rng = {int(m.group(1) or 0): p for p in _listing(folder) if (m := _TRAINER_RNG.match(p.name))}
+    if trainer_rng:
+        checks.append(_check_trainer_rng(folder, trainer_rng, world_size))
+    trainer = _collect_trainer_state(folder / TRAINER_STATE, counters)
     optimizers = [p for p in _listing(folder)
                   if _OPTIMIZER_DCP.match(p.name) and (p / dcp_layout.METADATA_FILE).is_file()]
     for path in sorted(optimizers):
@@ -81,7 +99,7 @@ def check(folder: Path, world_size: int | None, reader: RecordReader,
     for path in sorted(p for p in _listing(folder) if _OPTIMIZER_FILE.match(p.name)):
         _collect_optimizer_file(path, reader, counters)
     for path in sorted(p for p in _listing(folder) if _SCHEDULER_FILE.match(p.name)):
-        _collect_scheduler(path, counters)
+        _collect_scheduler(path, counters, steps_once=trainer)
     if (folder / _SCALER_FILE).is_file():
         counters.scaler = folder / _SCALER_FILE
     return checks
@@ -110,9 +128,11 @@ def _collect_optimizer_file(path: Path, reader: RecordReader, counters: FolderCo
         counters.optimizer_lrs.append((path.name, path, [float(lr) for lr in lrs]))
 
 
-def _collect_scheduler(path: Path, counters: FolderCounters) -> None:
-    """A scheduler's state (prepared: scheduler.bin; registered: custom_checkpoint_<i>.pkl): its last lr. Objects
-    that are not schedulers, or cannot be read with weights_only, are not counters."""
+def _collect_scheduler(path: Path, counters: FolderCounters, *, steps_once: bool = False) -> None:
+    """A scheduler's state (prepared: scheduler.bin; registered: custom_checkpoint_<i>.pkl; the Trainer's:
+    scheduler.pt): its last lr, and with `steps_once` (the Trainer steps its scheduler once per optimizer step;
+    Accelerate's prepared one steps once per process) its step count. Objects that are not schedulers, or cannot be
+    read with weights_only, are not counters."""
     try:
         state = TorchArchive.open(path, []).obj
     except AccelkitError:
@@ -121,17 +141,58 @@ def _collect_scheduler(path: Path, counters: FolderCounters) -> None:
         lrs = state["_last_lr"]
         if lrs and all(isinstance(lr, (int, float)) for lr in lrs):
             counters.scheduler_lrs.append((path, [float(lr) for lr in lrs]))
+        epoch = state.get("last_epoch")
+        if steps_once and isinstance(epoch, int) and not isinstance(epoch, bool):
+            counters.taken.append(Counted(float(epoch), path, "scheduler step (last_epoch)"))
+
+
+def _collect_trainer_state(path: Path, counters: FolderCounters) -> bool:
+    """transformers' Trainer: trainer_state.json's global_step (optimizer steps taken) joins the step counters.
+    False when the folder has none (not a Trainer checkpoint)."""
+    import json
+
+    if not path.is_file():
+        return False
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise AccelkitError(f"cannot read {path}: {exc}", hint=_ONE_SAVE) from None
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise AccelkitError(f"{path} has no global_step: not the trainer_state.json transformers' Trainer writes",
+                            hint=_ONE_SAVE)
+    counters.taken.insert(0, Counted(float(step), path, "global_step"))
+    return True
+
+
+def _check_rng_files_complete(folder: Path, rng: dict[int, Path], world_size: int | None, pattern: str) -> None:
+    """One RNG file per process, numbered from 0 with no gap, as many as the processes that saved the model."""
+    missing = [r for r in range(max(rng) + 1) if r not in rng]
+    if missing:
+        raise AccelkitError(f"{folder} has no {pattern.format(missing[0])} but has {pattern.format(max(rng))}",
+                            hint=_ONE_SAVE)
+    if world_size is not None and len(rng) != world_size:
+        raise AccelkitError(f"{folder} holds RNG states of {len(rng)} processes ({pattern.format('*')}) but the "
+                            f"model was saved by {world_size}: files of runs with different world sizes are mixed",
+                            hint=_ONE_SAVE)
+
+
+def _check_trainer_rng(folder: Path, rng: dict[int, Path], world_size: int | None) -> str:
+    """One rng_state_<rank>.pth per process of the model, each a readable RNG state. They record no step: what
+    they hold cannot be compared with the step counters, and the line says so."""
+    _check_rng_files_complete(folder, rng, world_size, "rng_state_{}.pth")
+    for path in rng.values():
+        state = TorchArchive.open(path, _numpy_globals()).obj
+        if not isinstance(state, dict) or "cpu" not in state:
+            raise AccelkitError(f"{path} is not an RNG state the Trainer writes (no `cpu` generator state)",
+                                hint=_ONE_SAVE)
+    names = ", ".join(p.name for _, p in sorted(rng.items())[:4]) + (", ..." if len(rng) > 4 else "")
+    return (f"Trainer: one RNG file per process ({names}: {len(rng)}), each a readable RNG state; they record no "
+            "step, so their step cannot be checked")
 
 
 def _check_rng(folder: Path, rng: dict[int, Path], world_size: int | None, reader: RecordReader) -> str:
-    missing = [r for r in range(max(rng) + 1) if r not in rng]
-    if missing:
-        raise AccelkitError(f"{folder} has no random_states_{missing[0]}.pkl but has random_states_{max(rng)}.pkl",
-                            hint=_ONE_SAVE)
-    if world_size is not None and len(rng) != world_size:
-        raise AccelkitError(f"{folder} holds RNG states of {len(rng)} processes (random_states_*.pkl) but the model "
-                            f"was saved by {world_size}: files of runs with different world sizes are mixed",
-                            hint=_ONE_SAVE)
+    _check_rng_files_complete(folder, rng, world_size, "random_states_{}.pkl")
     steps = {}
     for rank, path in sorted(rng.items()):
         archive = TorchArchive.open(path, _numpy_globals())
@@ -198,5 +259,5 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
         ref = next(rel for rel, v in uniform.items() if v == common and rel != odd)
         raise AccelkitError(f"{path / odd} holds optimizer step {uniform[odd]:g}, {ref} step {uniform[ref]:g}: the "
                             "rank files come from different saves", hint=_ONE_SAVE)
-    return (f"Accelerate save_state: {path.name}/ agrees with itself (optimizer step {values[0]:g} in all "
+    return (f"{path.name}/ agrees with itself (optimizer step {values[0]:g} in all "
             f"{len(uniform)} rank files) and with the model's world size")

@@ -128,7 +128,8 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
              micro_batch: int | None, activation_checkpointing: bool, global_batch: int | None,
              base_lr: float | None, base_batch: int | None, strategy: str | None, prefer: str,
              write_config: Path | None, force: bool, measure_script: str | None, script_args: tuple[str, ...],
-             command_line: str, stall_timeout: float | None = None) -> PlanResult:
+             command_line: str, stall_timeout: float | None = None, grad_compression: str | None = None,
+             powersgd_rank: int | None = None, interconnect: str | None = None) -> PlanResult:
     # Cheap checks first: every bad value is reported before torch is imported, the model built or a file written.
     count = parse_count(params, "--params") if params is not None else None
     gpu_bytes = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
@@ -139,6 +140,11 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     check_training(Training(seq_len=1 if seq_len is None else seq_len,
                             micro_batch=1 if micro_batch is None else micro_batch, global_batch=global_batch,
                             base_lr=base_lr, base_batch=base_batch))
+    from accelkit.compression.plan_comm import apply_compression, parse_interconnect
+    from accelkit.compression.spec import from_options
+
+    compression = from_options(grad_compression, powersgd_rank, None)  # gradient compression (issue 35)
+    link = parse_interconnect(interconnect) if interconnect is not None else None
     if write_config is not None:
         from accelkit.fsio import refuse_overwrite
 
@@ -160,9 +166,12 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     from accelkit.plan.planner import make_plan
 
     plan = make_plan(spec, hardware, training, prefer=prefer, strategy=strategy)
+    compression_json = apply_compression(plan, compression, link) if compression.active or link else None
     script = measure_script or (str(spec.script) if spec.script else None)
     config_path = str(write_config) if write_config is not None else None
     result = PlanResult(lines=report.text(plan, config_path, script), json=report.to_json(plan, config_path, script))
+    if compression_json is not None:
+        result.json["grad_compression"] = compression_json
     from accelkit.plan.nd_report import nd_section
 
     section = nd_section(plan)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from accelkit.errors import AccelkitError
+from accelkit.limits import MAX_BATCH, MAX_PARAMS, MAX_SEQ_LEN
+from accelkit.limits import MAX_PROCESSES as MAX_GPUS
 
 # Beyond these, a value is a typo (a missing unit, an extra zero), not a plan: refused with the limit.
-MAX_PARAMS = 10**13  # the largest models trained so far have a few trillion parameters
-MAX_GPUS = 2**20  # the largest clusters have a few hundred thousand GPUs
 MAX_GPU_MEMORY = 4 * 2**40  # per GPU; the largest hold under 300 GB
 MAX_CPU_MEMORY = 2**50  # per machine; the largest servers hold a few tens of TB
 
@@ -86,6 +86,14 @@ def check_training(training: Training) -> None:
     for name, value in (("--seq-len", training.seq_len), ("--micro-batch", training.micro_batch)):
         if value < 1:
             raise AccelkitError(f"{name} {value} must be at least 1", hint=f"e.g. {name} 1")
+    for name, value, ceiling, what in (
+            ("--seq-len", training.seq_len, MAX_SEQ_LEN, "tokens per sample; the longest contexts are a few million"),
+            ("--micro-batch", training.micro_batch, MAX_BATCH, "samples per GPU per step"),
+            ("--global-batch", training.global_batch, MAX_BATCH, "samples per optimizer step over all GPUs"),
+            ("--base-batch", training.base_batch, MAX_BATCH, "the batch the learning rate was tuned for")):
+        if value is not None and value > ceiling:
+            raise AccelkitError(f"{name} {value:,} is beyond any real run (the plan stops at {ceiling:,})",
+                                hint=f"check {name}: {what}")
     if training.global_batch is not None and training.global_batch < 1:
         raise AccelkitError(f"--global-batch {training.global_batch} must be at least 1",
                             hint="--global-batch is the number of samples per optimizer step across all GPUs")

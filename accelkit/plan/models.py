@@ -120,6 +120,34 @@ def looks_like_repo_id(text: str) -> bool:
     return bool(_REPO_ID.fullmatch(text)) and ".." not in text and not text.endswith((".json", ".py"))
 
 
+HUB_CONNECT_SECONDS = 3.0
+
+
+def _refuse_unreachable_hub(repo_id: str, fetch: str) -> None:
+    """Offline (no name resolution, no route, refused): one line now, instead of huggingface_hub's five retries
+    (six warning lines and ~23 s of back-off) before the same verdict. One TCP connect to the Hub's endpoint."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+        return  # huggingface_hub says offline itself, at once
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                              "all_proxy")):
+        return  # through a proxy a direct connection proves nothing: huggingface_hub decides
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_SECONDS).close()
+    except OSError as exc:
+        reason = "the name does not resolve" if isinstance(exc, socket.gaierror) else \
+            "timed out" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
+        raise AccelkitError(f"cannot fetch config.json of `{repo_id}` from the Hugging Face Hub: offline ({host} "
+                            f"unreachable: {reason.lower()}) and not in the local cache", hint=fetch) from None
+
+
 def spec_from_hub(repo_id: str) -> ModelSpec:
     """Fetch only config.json (cached by huggingface_hub like any download), with one clear error per failure."""
     from huggingface_hub import errors as hub
@@ -141,7 +169,13 @@ def spec_from_hub(repo_id: str) -> ModelSpec:
          f"pass the config of the architecture it uses, {SHAPE_HINT}"),
     ]
     try:
-        path = hf_hub_download(repo_id, "config.json")
+        try:  # the cache first: no network at all when config.json was fetched before
+            path = hf_hub_download(repo_id, "config.json", local_files_only=True)
+        except (hub.LocalEntryNotFoundError, hub.OfflineModeIsEnabled, FileNotFoundError):
+            _refuse_unreachable_hub(repo_id, fetch)
+            path = hf_hub_download(repo_id, "config.json")
+    except AccelkitError:
+        raise
     except Exception as exc:  # network, HTTP and cache errors: each named below, anything else as it is
         for kinds, message, hint in failures:
             if isinstance(exc, kinds):
@@ -186,7 +220,22 @@ def _shape_words(layers: int, hidden: int, heads: int, kv_heads: int, intermedia
             f"vocab {vocab}")
 
 
+def _refuse_impossible_shape(flags: ShapeFlags) -> None:
+    """Sizes no model has (accelkit/limits.py): a typo, refused before a model of them is built."""
+    from accelkit.limits import MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
+
+    for name, value in flags.given().items():
+        ceiling = MAX_LAYERS if name == "layers" else MAX_VOCAB if name == "vocab" else MAX_WIDTH
+        flag = "--" + name.replace("_", "-")
+        if value < 1:
+            raise AccelkitError(f"{flag} {value} must be at least 1", hint=f"e.g. {flag} 32")
+        if value > ceiling:
+            raise AccelkitError(f"{flag} {value:,} is beyond any model (the plan stops at {ceiling:,})",
+                                hint=f"check {flag}: e.g. --layers 32 --hidden 4096 --heads 32 for a 7B model")
+
+
 def spec_from_shape(flags: ShapeFlags) -> ModelSpec:
+    _refuse_impossible_shape(flags)
     missing = [f"--{name}" for name in ("layers", "hidden", "heads") if getattr(flags, name) is None]
     if missing:
         raise AccelkitError(f"a model shape needs {', '.join(missing)} too",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, clip
 from accelkit.plan.activations.trace import Compute, trace
 from accelkit.plan.catalog import BY_NAME, STRATEGIES
 from accelkit.plan.estimate import Estimate, estimate
@@ -111,7 +111,7 @@ def activations_for(spec: ModelSpec, shape: ModelShape, training: Training, fami
     except AccelkitError:
         raise
     except Exception as exc:  # a model whose forward cannot run on meta tensors: fall back to the formula
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        first = clip((str(exc).strip().splitlines() or [type(exc).__name__])[0], 200)
         fallback = korthikanti(shape.dims, training.micro_batch, training.seq_len, training.activation_checkpointing)
         source = f"Korthikanti et al. formula (tracing failed: {first})" if fallback is not None else \
             f"not modelled (tracing failed: {first})"

@@ -11,8 +11,10 @@ import re
 
 from accelkit.errors import AccelkitError
 
-BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+# Up to exabytes: a size too large for the machine is read, then refused by the command's ceiling ("more than any
+# GPU holds"), never called "not a size".
+BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50, "EIB": 2**60}
 COUNT_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 _NUMBER = r"(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"
 _SIZE_RE = re.compile(rf"{_NUMBER}\s*([A-Za-z]*)")
@@ -24,10 +26,11 @@ def parse_bytes(text: str, option: str) -> int:
     match = _SIZE_RE.fullmatch(text.strip())
     unit = match.group(2).upper() if match else ""
     if not match or unit not in BYTE_UNITS:
-        if match and unit in {"K", "M", "G", "T"}:
+        if match and unit in {"K", "M", "G", "T", "P", "E"}:
             hint = f"write {match.group(1)}{unit}B (powers of 1000) or {match.group(1)}{unit}iB (powers of 1024)"
         else:
-            hint = "give a number with a unit: B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (of 1024)"
+            hint = ("give a number with a unit: B, KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
+                    "(of 1024)")
         raise AccelkitError(f"{option} {text!r} is not a size", hint=hint)
     value = float(match.group(1)) * BYTE_UNITS[unit]
     if not math.isfinite(value) or value < 1:

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from accelkit.errors import AccelkitError, debug_enabled, report
+from accelkit.errors import AccelkitError, clip, debug_enabled, report
 from accelkit.ranks.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_error, write_failure
 from accelkit.rehearsal import REHEARSAL_ENV, install
 
@@ -39,7 +39,7 @@ def _record_failure(error: str, exit_code: int) -> None:
     watch_dir = os.environ.get(WATCH_DIR_ENV)
     if not watch_dir:
         return
-    failure = RankFailure(rank=int(os.environ.get("RANK", "0")), pid=os.getpid(), error=error[:500],
+    failure = RankFailure(rank=int(os.environ.get("RANK", "0")), pid=os.getpid(), error=clip(error, 500),
                           exit_code=exit_code, time=time.time())
     with contextlib.suppress(OSError):
         write_failure(RankFiles.of(Path(watch_dir), os.getpid()), failure)

@@ -15,6 +15,8 @@ _SCALAR_FSDP = re.compile(r"(fully_shard|FSDP) doesn't support scalar parameters
 _SCALAR_DEEPSPEED = "self.dim() cannot be 0 to view"
 _NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available")
 _PLUGIN_VERSION = re.compile(r"reshard_after_forward set to (.+?)\. This is not supported with FSDP(\d)")
+_HEAD_VIEW = re.compile(r"shape '\[(\d+), (\d+), -1, (\d+)\]' is invalid for input of size (\d+)")
+_INVALID_STORAGE = "invalid python storage"
 _MISMATCH = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(.*?OpType=(\w+).*?\), but Rank (\d+) "
                        r"is running collective: CollectiveFingerPrint\(.*?OpType=(\w+)", re.DOTALL)
 
@@ -121,7 +123,80 @@ def _explain_plugin_version(exc: BaseException) -> AccelkitError | None:
                 else "(sharding_strategy instead of a bool reshard_after_forward)"))
 
 
-_RULES = (_explain_scalar_fsdp, _explain_scalar_deepspeed, _explain_no_cuda, _explain_plugin_version,
+def _frames(exc: BaseException) -> list:
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _tp_size() -> int:
+    import os
+
+    try:  # what `accelerate launch` passes every rank for the parallelism_config's tp_size
+        return int(os.environ.get("PARALLELISM_CONFIG_TP_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def _attention_heads(exc: BaseException) -> tuple[int, int] | None:
+    """(attention heads, kv heads) of the model config of the innermost attention module in the traceback."""
+    for frame in reversed(_frames(exc)):
+        config = getattr(frame.f_locals.get("self"), "config", None)
+        heads = getattr(config, "num_attention_heads", None)
+        if isinstance(heads, int):
+            kv_heads = getattr(config, "num_key_value_heads", None)
+            return heads, kv_heads if isinstance(kv_heads, int) else heads
+    return None
+
+
+def _explain_tp_heads(exc: BaseException) -> AccelkitError | None:
+    """A tensor-parallel shard holding part of a head: transformers' attention reshapes each rank's q/k/v slice
+    into (batch, seq, heads, head_dim) and the slice is not whole heads."""
+    match = _HEAD_VIEW.search(str(exc))
+    tp = _tp_size()
+    if match is None or tp <= 1:
+        return None
+    heads = _attention_heads(exc)
+    if heads is not None and not (heads[0] % tp or heads[1] % tp):
+        return None  # the heads split: this reshape failed for another reason
+    if heads is not None:
+        names = f"{heads[0]} attention heads and {heads[1]} kv heads"
+        fits = [d for d in range(2, heads[0] + 1) if heads[0] % d == 0 and heads[1] % d == 0]
+        fix = f"use a --tp-size that divides both ({', '.join(map(str, fits))})" if fits else \
+            "use --tp-size 1 (no size splits both)"
+        return AccelkitError(f"tensor parallelism tp_size {tp} does not split the model's {names}: each "
+                             f"TP rank must hold whole heads (transformers: {match.group(0).split(' for input')[0]})",
+                             hint=f"{fix}, or a model whose head counts tp divides")
+    return AccelkitError(f"tensor parallelism tp_size {tp} splits the model's attention heads unevenly: a "
+                         f"rank's slice is not whole heads of {match.group(3)} (shape {match.group(0)})",
+                         hint="use a --tp-size that divides both num_attention_heads and num_key_value_heads of "
+                              "the model's config.json")
+
+
+def _explain_tp_save_state(exc: BaseException) -> AccelkitError | None:
+    """Accelerate's save_state on a tensor-parallel model without FSDP: its safetensors path reads each weight's
+    storage pointer, which a DTensor shard does not have (Accelerate's own TP example does not save state)."""
+    if _INVALID_STORAGE not in str(exc):
+        return None
+    names = [frame.f_code.co_name for frame in _frames(exc)]
+    if "id_tensor_storage" not in names or not {"save_state", "save_model", "save"} & set(names):
+        return None
+    tp = _tp_size()
+    where = _user_line(exc)
+    place = f"{where[0]}:{where[1]} (`{where[2]}`)" if where else "the script"
+    layout = f"tp {tp} " if tp > 1 else ""
+    return AccelkitError(
+        f"{place}: Accelerate's save_state cannot write tensor-parallel weights without FSDP ({layout}with no "
+        "dp_shard): safetensors refuses their DTensor storage (\"invalid python storage\")",
+        hint="checkpoint a TP-only model with torch.distributed.checkpoint (dcp.save of get_state_dict(model, "
+             "optimizer), as `accelkit init --template causal-lm` does; merge-ckpt reads it), or shard it too: "
+             "--backend fsdp --dp-shard-size 2 or more")
+
+
+_RULES = (_explain_tp_heads, _explain_tp_save_state, _explain_scalar_fsdp,
+          _explain_scalar_deepspeed, _explain_no_cuda, _explain_plugin_version,
           _explain_collective_mismatch)
 
 

@@ -319,6 +319,41 @@ class Preemption:
 # <<< shared block "preemption"
 
 
+# >>> shared block "grad-compression": the same in every template (source: templates/minimal/train.py; tested)
+def grad_compression_kwargs() -> dict:
+    """Accelerator(...) arguments for the gradient compression `accelkit launch --grad-compression` exports in
+    ACCELKIT_GRAD_COMPRESSION (fp16 | bf16 | powersgd:rank=R,start=S; docs/guides/gradient-compression.md): a DDP
+    communication hook, or under FSDP2 the reduce dtype. Nothing when unset (int8, ZeRO++, is in the DeepSpeed JSON)."""
+    import os
+
+    method, _, settings = os.environ.get("ACCELKIT_GRAD_COMPRESSION", "none").partition(":")
+    if method in ("", "none", "int8"):
+        return {}
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+        compute = dtypes.get(os.environ.get("ACCELERATE_MIXED_PRECISION", "no"))
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=dtypes[method])
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(mixed_precision_policy=policy)}
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+    if method != "powersgd":
+        hook = {"fp16": DDPCommunicationHookType.FP16, "bf16": DDPCommunicationHookType.BF16}[method]
+        return {"kwargs_handlers": [DistributedDataParallelKwargs(comm_hook=hook)]}
+    values = dict(item.split("=", 1) for item in settings.split(",") if "=" in item)
+    start = int(values.get("start", 1000))
+    state = {"matrix_approximation_rank": int(values.get("rank", 1)), "start_powerSGD_iter": start}
+    if start <= 1:  # torch allows error feedback and warm start only from iteration 2 on
+        state.update(use_error_feedback=False, warm_start=False)
+    handler = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD, comm_state_option=state)
+    return {"kwargs_handlers": [handler]}
+
+
+# <<< shared block "grad-compression"
+
+
 def embeddings_in_their_own_fsdp_unit(model) -> None:
     """FSDP2 in Accelerate shards the input embedding as a unit of its own. When a module around it is also listed
     in `_no_split_modules` (BertEmbeddings, ViTEmbeddings, ...), both claim it and `fully_shard` fails, so that
@@ -365,6 +400,8 @@ def main(argv: list[str] | None = None) -> None:
         project_dir=str(output_dir),
         # A seedable sampler makes the shuffle order a function of (seed, epoch): resumable and equal on all ranks.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # --grad-compression of `accelkit launch`: a DDP comm hook or FSDP2's reduce dtype (see the block above)
+        **grad_compression_kwargs(),
     )
     set_seed(args.seed)
     if args.with_tracking and not tracking:

@@ -22,8 +22,12 @@ def _message(error_line: str) -> str:
 
 
 @pytest.mark.parametrize(("option", "value", "words"), [
-    ("--max-restarts", "-1", r"'--max-restarts': -1 is not in the range x>=0"),
-    ("--monitor-interval", "-3", r"'--monitor-interval': -3.0 is not in the range x>0"),
+    ("--max-restarts", "-1", r"'--max-restarts': -1 is not in the range 0<=x<=10000"),
+    ("--monitor-interval", "-3", r"'--monitor-interval': -3.0 is not in the range 0<x<=3600"),
+    # issue 32 item 3: ceilings a real run could meet
+    ("--max-restarts", str(10**20), r"'--max-restarts': 100000000000000000000 is not in the range 0<=x<=10000"),
+    ("--monitor-interval", "1e300", r"'--monitor-interval': 1e\+300 is not in the range 0<x<=3600"),
+    ("--stall-timeout", "1e300", r"'--stall-timeout': '1e300' seconds is more than 30 days"),
     ("--stall-timeout", "nan", r"'--stall-timeout': 'nan' is not a finite number of seconds"),  # issue 19 item 10
     ("--rdzv-conf", "garbage", r"'--rdzv-conf': 'garbage' is not KEY=VALUE"),
     ("--rdzv-backend", "bogus", r"'--rdzv-backend': 'bogus' is not one of 'static', 'c10d'"),

@@ -48,6 +48,8 @@ TWINS = {
     "bench": lambda tmp: ["bench", "--cpu", "--num-processes", "1,two", "-o", str(tmp / "out"), "train.py"],
     "convert": lambda tmp: ["convert", "train.py", "--exit-code"],
     "write": _file_in_the_way,
+    "grad compression": lambda tmp: ["launch", "--cpu", "--backend", "ddp", "--num-processes", "2",
+                                     "--grad-compression", "bf16", "train.py"],
 }
 
 

@@ -131,7 +131,18 @@ def test_dcp_metadata_that_would_run_code(ckpts: Path, tmp_path: Path) -> None:
 def test_deepspeed_missing_rank(ckpts: Path, tmp_path: Path) -> None:
     src = copy_in(ckpts, "ds/zero2", tmp_path)
     (src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    refused(tmp_path, src, match="different world sizes")
+    line = refused(tmp_path, src, match=r"the optimizer file of rank 1 is missing "
+                                        r"\(zero_pp_rank_1_mp_rank_00_optim_states\.pt\): the run had 2 ranks")
+    assert "different world sizes" not in line  # issue 32 item 4: a deleted file is not a mix of runs
+
+
+@pytest.mark.parametrize("kind", ["optim", "model"])
+def test_deepspeed_zero3_last_rank_file_deleted_is_named(ckpts: Path, tmp_path: Path, kind: str) -> None:
+    """Issue 32 item 4 (neighbours): the last rank's optimizer or model-state file of a ZeRO-3 save deleted."""
+    src = copy_in(ckpts, "ds/zero3", tmp_path)
+    (src / "global_step2" / f"zero_pp_rank_1_mp_rank_00_{kind}_states.pt").unlink()
+    what = "optimizer" if kind == "optim" else "model-state"
+    refused(tmp_path, src, match=rf"the {what} file of rank 1 is missing \(zero_pp_rank_1_mp_rank_00_{kind}_states")
 
 
 def test_deepspeed_truncated_partition(ckpts: Path, tmp_path: Path) -> None:
@@ -534,3 +545,70 @@ def test_sigkill_leftovers_are_removed_by_the_next_run(big_checkpoint: Path, tmp
 
 def _pid(result) -> str:
     return result.leftovers[0].rsplit("-", 1)[1]
+
+
+# -- a real Trainer FSDP checkpoint (issue 32 item 1): every claim the report makes is a Checked: line ---------------
+def _trainer_checkpoint(ckpts: Path, tmp_path: Path, step: int = 4) -> Path:
+    assert (ckpts / "trainer.rc").read_text() == "0", (ckpts / "trainer.log").read_text()[-4000:]
+    return copy_in(ckpts, f"trainer/checkpoint-{step}", tmp_path)
+
+
+def test_trainer_checkpoint_merges_with_every_counter_checked(ckpts: Path, tmp_path: Path) -> None:
+    """transformers' Trainer (FSDP, sharded state dict): trainer_state.json's global_step, the scheduler's and the
+    optimizer's step counters are compared; the RNG files are counted per process and said not to carry a step; the
+    tied lm_head is written once; a folder without config.json is flagged as not loadable."""
+    src = _trainer_checkpoint(ckpts, tmp_path)
+    out = tmp_path / "merged"
+    result = merge(tmp_path, src, out=out, expect="ok")
+    assert result.returncode == 0, result.stderr
+    result.assert_clean(owned=[out])
+    report = result.stdout
+    assert "checkpoint-4/ is a Trainer checkpoint folder" in report
+    assert "global_step in trainer_state.json, scheduler step (last_epoch) in scheduler.pt" in report
+    assert "optimizer step 4 against step 4 in trainer_state.json" in report
+    assert "one RNG file per process (rng_state_0.pth, rng_state_1.pth: 2)" in report
+    assert "they record no step" in report
+    assert "tied weights stored once, as transformers does: lm_head.weight -> model.embed_tokens.weight" in report
+    assert "Warning:     no config.json" in report and "from_pretrained cannot load it" in report
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as merged:
+        names = set(merged.keys())  # noqa: SIM118 (a safetensors handle is not a dict)
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+
+
+@pytest.mark.parametrize("side_file", ["optimizer_0", "scheduler.pt", "trainer_state.json"])
+def test_trainer_side_file_from_another_step_is_refused_naming_both(ckpts: Path, tmp_path: Path,
+                                                                    side_file: str) -> None:
+    """Each side file of checkpoint-4 swapped for checkpoint-2's: refused, naming the swapped file and the one it
+    disagrees with (before: exit 0 and no finding for optimizer_0/)."""
+    src = _trainer_checkpoint(ckpts, tmp_path)
+    older = ckpts / "trainer" / "checkpoint-2" / side_file
+    target = src / side_file
+    if target.is_dir():
+        shutil.rmtree(target)
+        shutil.copytree(older, target)
+    else:
+        shutil.copy2(older, target)
+    line = refused(tmp_path, src, match=r"the files come from different saves")
+    assert side_file in line
+    others = {"optimizer_0": "trainer_state.json", "scheduler.pt": "trainer_state.json",
+              "trainer_state.json": "scheduler.pt"}
+    assert others[side_file] in line
+
+
+def test_trainer_rng_file_missing_is_refused(ckpts: Path, tmp_path: Path) -> None:
+    src = _trainer_checkpoint(ckpts, tmp_path)
+    (src / "rng_state_1.pth").unlink()
+    refused(tmp_path, src, match=r"RNG states of 1 processes \(rng_state_\*\.pth\) but the model was saved by 2")
+
+
+def test_trainer_rng_file_from_another_step_is_not_claimed_checked(ckpts: Path, tmp_path: Path) -> None:
+    """An RNG file records no step: a swapped one cannot be caught, and the report says its step was not checked
+    rather than claiming it (the optimizer, scheduler and trainer_state.json are what is compared)."""
+    src = _trainer_checkpoint(ckpts, tmp_path)
+    shutil.copy2(ckpts / "trainer" / "checkpoint-2" / "rng_state_1.pth", src / "rng_state_1.pth")
+    out = tmp_path / "merged.safetensors"
+    result = merge(tmp_path, src, out=out, expect="ok")
+    assert result.returncode == 0, result.stderr
+    assert "they record no step, so their step cannot be checked" in result.stdout

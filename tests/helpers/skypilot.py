@@ -27,7 +27,10 @@ for path in sys.argv[1:]:
     accelerators = [r.accelerators for r in task.resources]
     out.append({"name": task.name, "num_nodes": task.num_nodes, "accelerators": accelerators,
                 "cpus": [r.cpus for r in task.resources], "setup": task.setup, "run": task.run,
-                "envs": task.envs, "workdir": task.workdir, "file_mounts": task.file_mounts})
+                "envs": task.envs, "workdir": task.workdir, "file_mounts": task.file_mounts,
+                "memory": [r.memory for r in task.resources],
+                "storage_mounts": {path: {"source": storage.source, "mode": storage.mode.value}
+                                   for path, storage in (task.storage_mounts or {}).items()}})
 print("SKY-RESULT " + json.dumps(out))
 """
 

@@ -30,7 +30,12 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 NODES = ("n1", "n2")
-CPUS_PER_NODE = 4  # declared, not measured (SlurmdParameters=config_overrides): room for 2 ranks + launcher
+# Each node declares this machine's own CPUs and memory (the nodes share them, as multiple-slurmd nodes do), and
+# task/affinity binds every step to the CPUs it was granted: a job that asks for too few CPUs gets too few, as on a
+# real cluster (with task/none every rank would see the whole machine and the mistake would pass unseen).
+CPUS_PER_NODE = len(os.sched_getaffinity(0))
+MEMORY_MIB_PER_NODE = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.9) // 2**20  # slurmd's own
+DEF_MEM_PER_CPU_MIB = 1024  # what a job that names no memory gets per CPU, as many clusters set it
 INSTALL_HINT = ("Slurm is not installed: the Slurm tests need Debian's slurm-wlm and munge "
                 "(`apt-get install -y slurm-wlm munge`, as .ci/run does)")
 
@@ -109,7 +114,8 @@ class SlurmCluster:
             (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
         nodes = "\n".join(
             f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} "
-            f"RealMemory=2000{gres} State=UNKNOWN" for node, port in zip(NODES, node_ports, strict=True))
+            f"RealMemory={MEMORY_MIB_PER_NODE}{gres} State=UNKNOWN"
+            for node, port in zip(NODES, node_ports, strict=True))
         r = self.root
         self.conf.write_text(f"""\
 ClusterName=accelkit-test
@@ -128,11 +134,13 @@ SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd.%n.log
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
+TaskPluginParam=Cores
 MpiDefault=none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU={DEF_MEM_PER_CPU_MIB}
 {"GresTypes=gpu" if self.gpus_per_node else ""}
 ReturnToService=2
 JobCompType=jobcomp/none

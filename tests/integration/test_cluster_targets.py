@@ -73,7 +73,9 @@ def sky_nodes(task: dict) -> list[dict[str, str]]:
 def test_skypilots_parser_accepts_the_tasks_and_rejects_broken_ones(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(PROBE.read_text())
     gpu = write(tmp_path, "--backend", "fsdp", "--skypilot", "gpu.yaml", "--nodes", "2", "--gpus-per-node", "8",
-                "--accelerator", "a100-80gb", "train.py")
+                "--accelerator", "a100-80gb", "--cpus-per-node", "96", "--mem-per-node", "1TiB", "--storage",
+                "/checkpoints=s3://my-bucket", "--setup", "source ~/venv/bin/activate", "train.py", "--output-dir",
+                "/checkpoints/run1")
     cpu = write(tmp_path, "--cpu", "--skypilot", "cpu.yaml", "--nodes", "3", "--gpus-per-node", "2", "train.py")
     task = yaml.safe_load(gpu.read_text())
     broken = {"zero_nodes.yaml": {**task, "num_nodes": 0},
@@ -83,10 +85,15 @@ def test_skypilots_parser_accepts_the_tasks_and_rejects_broken_ones(tmp_path: Pa
         (tmp_path / name).write_text(yaml.safe_dump(data))
     parsed = parse_tasks([gpu, cpu, *(tmp_path / name for name in broken)])
     assert parsed[0]["num_nodes"] == 2 and parsed[0]["accelerators"] == [{"A100-80GB": 8}], parsed[0]
-    assert parsed[0]["workdir"] == str(tmp_path) and parsed[0]["setup"].startswith("pip install")
+    assert parsed[0]["workdir"] == str(tmp_path) and "pip install" in parsed[0]["setup"]
     # accelkit runs from a checkout here: its source tree goes to every node, and setup installs it from there
     assert parsed[0]["file_mounts"] == {"~/.accelkit/src": str(REPO_ROOT)}, parsed[0]
     assert parsed[0]["setup"].rstrip().endswith("pip install ~/.accelkit/src")
+    # what a node has, asked for; the bucket every node mounts for the sharded checkpoints; the set-up on every node
+    assert (parsed[0]["cpus"], parsed[0]["memory"]) == (["96+"], ["1024+"]), parsed[0]
+    assert parsed[0]["storage_mounts"] == {"/checkpoints": {"source": "s3://my-bucket", "mode": "MOUNT"}}, parsed[0]
+    assert parsed[0]["setup"].startswith("source ~/venv/bin/activate\npip install"), parsed[0]
+    assert "\nsource ~/venv/bin/activate\n" in parsed[0]["run"], parsed[0]
     assert "SKYPILOT_NODE_RANK" in parsed[0]["run"] and "ACCELKIT_LAUNCH_REQUEST" in parsed[0]["envs"]
     assert parsed[1]["num_nodes"] == 3 and parsed[1]["accelerators"] == [None] and parsed[1]["cpus"] == ["2+"]
     errors = {name: result.get("error", "") for name, result in zip(broken, parsed[2:], strict=True)}

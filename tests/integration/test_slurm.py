@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import DATA, REPO_ROOT, run_accelkit
-from helpers.slurm import INSTALL_HINT, SlurmCluster, missing_binaries
+from helpers.slurm import CPUS_PER_NODE, INSTALL_HINT, MEMORY_MIB_PER_NODE, SlurmCluster, missing_binaries
 
 from accelkit.scaffold import init_project
 
@@ -118,6 +118,9 @@ def test_gpu_shaped_job_gives_every_rank_its_place_and_its_nodes_gpus(cluster: S
     assert f"#SBATCH --gpus-per-node={GPUS_PER_NODE}" in job.read_text()
     accepted = cluster.run("sbatch", "--test-only", str(job), cwd=folder)
     assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted.stderr
+    # Asking no CPUs, the job takes whole nodes: every CPU of both nodes, not one CPU per node for 8 GPU ranks.
+    assert "#SBATCH --exclusive" in job.read_text()
+    assert f"using {2 * CPUS_PER_NODE} processors on nodes n[1-2]" in accepted.stderr, accepted.stderr
     # The fake Gres is real to the scheduler: a node shape no node has is refused.
     bigger = cluster.run("sbatch", "--test-only", f"--gpus-per-node={GPUS_PER_NODE + 1}", str(job), cwd=folder)
     assert bigger.returncode != 0, bigger.stderr
@@ -149,16 +152,16 @@ SHARDED = {"fsdp": (["--backend", "fsdp"], "FSDP", "dtensor"),
 
 def test_fsdp_and_zero3_rehearsals_on_two_nodes_by_two_processes_at_once(cluster: SlurmCluster,
                                                                           tmp_path: Path) -> None:
-    """Two jobs sharing the two nodes at the same time (each takes one CPU a node): an FSDP and a DeepSpeed ZeRO-3
-    rehearsal of 2 nodes x 2 processes, each on its own port; then the shards their four ranks saved from two nodes
-    merge into one model."""
+    """Two jobs sharing the two nodes at the same time (each asks one CPU a node, which the nodes' CPU binding
+    gives them): an FSDP and a DeepSpeed ZeRO-3 rehearsal of 2 nodes x 2 processes, each on its own port; then the
+    shards their four ranks saved from two nodes merge into one model."""
     jobs = {}
     for name, (backend, _, _) in SHARDED.items():
         folder = tmp_path / name
         folder.mkdir()
         shutil.copy(PROBE, folder / "probe.py")
-        jobs[name] = write_job(folder, "--cpu", *backend, "--nodes", "2", "--gpus-per-node", "2", "probe.py",
-                               "--output", "state")
+        jobs[name] = write_job(folder, "--cpu", *backend, "--nodes", "2", "--gpus-per-node", "2",
+                               "--cpus-per-node", "1", "probe.py", "--output", "state")
     ids = {name: cluster.submit(job) for name, job in jobs.items()}
     codes = {name: cluster.wait_job(job_id) for name, job_id in ids.items()}
     logs = {name: (jobs[name].parent / f"accelkit-{job_id}.out").read_text(errors="replace")
@@ -188,6 +191,40 @@ def test_fsdp_and_zero3_rehearsals_on_two_nodes_by_two_processes_at_once(cluster
         assert "world size 4" in out, out
         assert (jobs[name].parent / "merged" / "model.safetensors").is_file()
     cluster.wait_idle()
+
+
+AFFINITY_SCRIPT = """\
+import os
+print(f"AFFINITY rank={os.environ['RANK']} cpus={len(os.sched_getaffinity(0))}", flush=True)
+"""
+
+
+def test_the_cpus_a_job_asks_for_are_granted_and_every_rank_sees_them(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The test cluster binds every step to the CPUs it was granted (task/affinity) and declares this machine's real
+    CPUs and memory per node. `sbatch --test-only` grants the job what it asks (not one CPU per node), a node shape
+    no node has is refused, and each rank of a real job sees all the CPUs of its node's task: SLURM 22.05's srun
+    does not pass --cpus-per-task on to the step by itself, and the ranks would otherwise share one CPU."""
+    binding = cluster.run("srun", "--nodes=1", "--cpus-per-task=1", sys.executable, "-c",
+                          "import os; print(len(os.sched_getaffinity(0)))")
+    assert binding.returncode == 0 and binding.stdout.strip() == "1", binding.stdout + binding.stderr
+
+    (tmp_path / "affinity.py").write_text(AFFINITY_SCRIPT)
+    job = write_job(tmp_path, "--cpu", "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-node", str(CPUS_PER_NODE),
+                    "--mem-per-node", "1GiB", "affinity.py")
+    lines = job.read_text().splitlines()
+    assert f"#SBATCH --cpus-per-task={CPUS_PER_NODE}" in lines and "#SBATCH --mem=1024M" in lines
+    accepted = cluster.run("sbatch", "--test-only", str(job), cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"using {2 * CPUS_PER_NODE} processors on nodes n[1-2]" in accepted.stderr, accepted.stderr
+    for too_much in (f"--cpus-per-task={CPUS_PER_NODE + 1}", f"--mem={MEMORY_MIB_PER_NODE + 1}M"):
+        refused = cluster.run("sbatch", "--test-only", too_much, str(job), cwd=tmp_path)
+        assert refused.returncode != 0, (too_much, refused.stderr)
+
+    code, job_id, log = submit(cluster, job)
+    assert code == 0, log
+    seen = dict(re.findall(r"AFFINITY rank=(\d+) cpus=(\d+)", log))
+    assert seen == {"0": str(CPUS_PER_NODE), "1": str(CPUS_PER_NODE)}, log
+    assert job_processes(cluster, job_id) == []
 
 
 def test_first_failing_rank_exit_code_is_the_jobs(cluster: SlurmCluster, tmp_path: Path) -> None:

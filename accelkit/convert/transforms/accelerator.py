@@ -45,8 +45,9 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         suite, anchor_index, first_use, needs_global = _at_module_level(ctx, plan, parse)
     body = list(suite.body)  # type: ignore[attr-defined]
     mixed, anchor_index, note = _mixed_precision(ctx, facts, options, suite, body, anchor_index, first_use, function)
+    handlers = _grad_compression_handler(plan, getattr(options, "grad_compression", None))
     args = ", ".join([*([f"mixed_precision={mixed}"] if mixed else []),
-                      *(f"{k}={v}" for k, v in plan.accelerator_args.items())])
+                      *(f"{k}={v}" for k, v in plan.accelerator_args.items()), *handlers])
     creation = cst.parse_statement(f"accelerator = Accelerator({args})\n")
     _insert_import(ctx, plan, suite, anchor_index)
     where: int
@@ -80,6 +81,22 @@ def _keep_module_level_prints(ctx: Context, plan: Plan) -> None:
         plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not call]
         plan.report.changes[:] = [c for c in plan.report.changes if not (c.what.startswith("`print(...)`") and
                                                                          c.line == ctx.line(call))]
+
+
+def _grad_compression_handler(plan: Plan, spec_text: str | None) -> list[str]:
+    """`kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=...)]` for `convert --grad-compression` (what
+    accelkit's templates build from $ACCELKIT_GRAD_COMPRESSION; DDP only, Accelerate ignores it under FSDP)."""
+    if not spec_text or spec_text == "none":
+        return []
+    from accelkit.compression.spec import parse_env_value
+
+    spec = parse_env_value(spec_text, "--grad-compression")
+    hook = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}[spec.method]
+    state = f", comm_state_option={spec.powersgd_state_options()!r}" if spec.method == "powersgd" else ""
+    for name in ("DDPCommunicationHookType", "DistributedDataParallelKwargs"):
+        if name not in plan.imports:
+            plan.imports.append(name)
+    return [f"kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.{hook}{state})]"]
 
 
 def _returns_value(ctx: Context, function: cst.FunctionDef) -> bool:

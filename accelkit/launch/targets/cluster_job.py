@@ -15,6 +15,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
+from accelkit.launch.targets.resources import NodeResources, check_resources, check_shape_ceilings
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class JobOptions:
     gpus_per_node: int  # 0: not given (--num-processes then gives the total)
     job_name: str = "accelkit"
     stall_timeout: float | None = None  # the watchdog's, on every node (None: launch's default)
+    resources: NodeResources = NodeResources()  # CPUs and memory per node (None: each target's default)
+    setup: tuple[str, ...] = ()  # shell lines run on every node before its launcher (modules, a venv)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class ClusterJob:
     config_path: Path  # the resolved config, written beside the job file for people to read
     summary: tuple[str, ...]  # what the launch resolved, as `accelkit launch` prints it
     backend: str = "ddp"  # the resolved backend (the rehearsed one for --cpu)
+    sharded_checkpoints: bool = False  # every rank writes its own part of a checkpoint (FSDP sharded, DeepSpeed)
 
     @property
     def cpu(self) -> bool:
@@ -98,6 +102,7 @@ def cluster_request(request: LaunchRequest, target: ClusterTarget, nodes: int, g
         per_node = options.num_processes // nodes
     if not per_node:
         raise AccelkitError(f"{target.flag} needs the number of GPUs per node", hint="pass --gpus-per-node G, e.g. 8")
+    check_shape_ceilings(nodes, per_node, request.cpu)
     labels = {"num_machines": "--num-machines"}
     if options.num_processes is None:
         labels["num_processes"] = "--num-machines x --gpus-per-node"
@@ -128,19 +133,55 @@ def plan_cluster_job(request: LaunchRequest, target: ClusterTarget, *, nodes: in
     return ClusterJob(request=for_all, nodes=nodes, processes_per_node=per_node,
                       gpus_per_node=0 if request.cpu else per_node, port=request.options.main_process_port,
                       config_path=config_path, summary=tuple(prepared.summary),
-                      backend=str(plan.rehearsal or plan.config.backend))
+                      backend=str(plan.rehearsal or plan.config.backend),
+                      sharded_checkpoints=writes_sharded_checkpoints(plan.config))
+
+
+def writes_sharded_checkpoints(config: object) -> bool:
+    """Whether every rank writes its own part of a checkpoint: DeepSpeed always (ZeRO's per-rank optimizer and
+    parameter files), FSDP unless its state dict is gathered whole (fsdp_state_dict_type FULL_STATE_DICT)."""
+    from accelkit.configs import Backend
+
+    backend = getattr(config, "backend", None)
+    if backend is Backend.DEEPSPEED:
+        return True
+    fsdp = getattr(config, "fsdp", None)
+    return backend is Backend.FSDP and (fsdp is None or getattr(fsdp.state_dict, "value", None) != "full")
+
+
+def check_setup_lines(lines: tuple[str, ...]) -> None:
+    """`--setup` lines go into the job file as shell lines: one line each, not empty."""
+    for line in lines:
+        if not line.strip() or any(not char.isprintable() for char in line):
+            raise AccelkitError(f"--setup {line!r} is not one line of shell",
+                                hint="give each set-up line its own --setup, e.g. --setup 'module load cuda/12.4' "
+                                     "--setup 'source ~/venv/bin/activate'")
 
 
 def write_cluster_job(request: LaunchRequest, target: ClusterTarget, options: JobOptions, path: Path, force: bool,
                       render: Callable[[ClusterJob], str], *, workdir: Path | None = None,
-                      mode: int = 0o644) -> ClusterJob:
+                      mode: int = 0o644, check: Callable[[ClusterJob], None] | None = None) -> ClusterJob:
     """Refuse what cannot be written (the job file and its config beside it, both before either is written), plan
-    the job once, then write `render(job)` to `path`; return the job (its summary for the user)."""
+    the job once, refuse what the planned job cannot run (`check`, with the config put back as it was), then write
+    `render(job)` to `path`; return the job (its summary for the user)."""
+    check_setup_lines(options.setup)
     config_path = config_path_for(path)
     check_outputs([path, config_path], force)
+    previous = config_path.read_bytes() if config_path.is_file() else None
     job = plan_cluster_job(request, target, nodes=options.nodes, gpus_per_node=options.gpus_per_node or None,
                            config_path=config_path, workdir=workdir)
-    write_job_file(path, render(job), mode=mode)
+    try:
+        check_resources(options.resources, job.processes_per_node, job.cpu)
+        if check is not None:
+            check(job)
+        text = render(job)
+    except BaseException:
+        if previous is None:
+            config_path.unlink(missing_ok=True)
+        else:
+            config_path.write_bytes(previous)
+        raise
+    write_job_file(path, text, mode=mode)
     return job
 
 

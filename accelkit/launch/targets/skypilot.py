@@ -21,6 +21,7 @@ from accelkit.launch.request import LaunchRequest
 from accelkit.launch.targets.accelerators import canonical_accelerator
 from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job, yaml_document
 from accelkit.launch.targets.node_command import NodeCommand
+from accelkit.launch.targets.storage import SharedMount, check_checkpoints_shared
 
 SKYPILOT = ClusterTarget(flag="--skypilot", scheduler="SkyPilot", job_file="the task", rank_source="SKYPILOT_NODE_RANK")
 DEFAULT_PORT = 29500  # SkyPilot's nodes are the job's own machines: a fixed port does not collide there
@@ -36,6 +37,7 @@ class SkyPilotOptions(JobOptions):
 
     accelerator: str | None = None  # e.g. H100 (None for --cpu)
     workdir: Path = Path(".")  # copied to every node; the run starts there
+    storage: tuple[SharedMount, ...] = ()  # buckets mounted on every node (sharded checkpoints go there)
 
 
 def _installed(package: str) -> str | None:
@@ -78,6 +80,7 @@ def run_command(job: ClusterJob, options: SkyPilotOptions) -> str:
                        stall_timeout=options.stall_timeout, node_name='"$(hostname)"')
     return "\n".join([
         "set -euo pipefail",
+        *options.setup,
         "# Machine 0 is the head node: the first line of SKYPILOT_NODE_IPS (export MAIN_PROCESS_IP to override).",
         'MAIN_PROCESS_IP="${MAIN_PROCESS_IP:-$(echo "$SKYPILOT_NODE_IPS" | head -n1)}"',
         node.render(),
@@ -90,23 +93,33 @@ def render_task(job: ClusterJob, options: SkyPilotOptions, key: str | None = Non
     resources: dict = {}
     if job.gpus_per_node:
         resources["accelerators"] = f"{options.accelerator}:{job.gpus_per_node}"
-    else:  # a CPU job: enough cores for its processes
-        resources["cpus"] = f"{job.processes_per_node}+"
+    cpus = options.resources.cpus or (None if job.gpus_per_node else job.processes_per_node)  # --cpu: a core each
+    if cpus is not None:
+        resources["cpus"] = f"{cpus}+"
+    if options.resources.memory is not None:  # SkyPilot's memory is in GB (GiB, as the clouds' catalogs list it)
+        resources["memory"] = f"{-(-options.resources.memory // 2**30)}+"
     source = accelkit_source()
+    file_mounts: dict = {}
+    if source is not None:
+        file_mounts[ACCELKIT_MOUNT] = str(source)
+    for storage in options.storage:  # the same bucket on every node, read and written in place
+        file_mounts[str(storage.mount)] = {"source": storage.source, "mode": "MOUNT"}
     task = {
         "name": options.job_name,
         "workdir": str(options.workdir),
         "num_nodes": job.nodes,
         "resources": resources,
-        **({"file_mounts": {ACCELKIT_MOUNT: str(source)}} if source is not None else {}),
+        **({"file_mounts": file_mounts} if file_mounts else {}),
         # What every node runs (accelkit launch's request) and the key of the job board machine 0 hosts.
         "envs": {REQUEST_ENV: job.request.to_json(), "ACCELKIT_JOB_KEY": key or secrets.token_hex(16)},
-        "setup": setup_command(job, ACCELKIT_MOUNT if source is not None else None) + "\n",
+        "setup": "\n".join([*options.setup, setup_command(job, ACCELKIT_MOUNT if source is not None else None)]) + "\n",
         "run": run_command(job, options),
     }
     header = [f"# Written by: {job.request.command_line}",
               "# Launch with: sky launch -c accelkit <this file>   (the exit status is the first failing rank's)",
               "# setup installs this machine's versions of the packages; every node must run the same ones."]
+    header += [f"# Shared storage ({storage.source}) at {storage.mount} on every node: write checkpoints there."
+               for storage in options.storage]
     return yaml_document(header, task)
 
 
@@ -128,8 +141,14 @@ def write_skypilot_task(request: LaunchRequest, options: SkyPilotOptions, path: 
                             hint="pass --accelerator NAME, e.g. H100 (`sky gpus list` shows what your clouds offer)")
     else:
         options = _with_accelerator(options, canonical_accelerator(options.accelerator))
+
+    def check(job: ClusterJob) -> None:
+        check_checkpoints_shared(sharded=job.sharded_checkpoints, nodes=job.nodes, backend=job.backend,
+                                 mounts=options.storage, request=job.request, workdir=options.workdir,
+                                 flag=SKYPILOT.flag)
+
     return write_cluster_job(request, SKYPILOT, options, path, force, lambda job: render_task(job, options),
-                             workdir=options.workdir)
+                             workdir=options.workdir, check=check)
 
 
 def _with_accelerator(options: SkyPilotOptions, name: str) -> SkyPilotOptions:

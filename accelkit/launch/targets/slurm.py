@@ -15,8 +15,9 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.slurm_values import check_slurm_options, sbatch_directive
+from accelkit.launch.slurm_values import check_directive_value, check_slurm_options, sbatch_directive
 from accelkit.launch.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job
+from accelkit.launch.targets.resources import mebibytes
 
 SLURM = ClusterTarget(flag="--slurm", scheduler="SLURM", job_file="the sbatch script", rank_source="SLURM_NODEID")
 REQUEST_DELIMITER = "ACCELKIT_REQUEST"
@@ -31,6 +32,62 @@ class SlurmOptions(JobOptions):
     chdir: Path | None = None  # directory the job runs in (where relative script paths resolve)
     requeue: bool = False  # on SIGUSR1 the ranks save and stop, and the job requeues itself
     signal_before: int = 120  # with requeue: seconds before the time limit that SLURM sends SIGUSR1
+    exclusive: bool = False  # whole nodes: all their CPUs (and, with no memory given, all their memory)
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: tuple[str, ...] = ()  # more `#SBATCH` lines, e.g. --constraint=a100
+    container_image: str | None = None  # pyxis/enroot: every node's launcher and ranks run in this image
+
+
+def resource_lines(job: ClusterJob, options: SlurmOptions) -> list[str]:
+    """The `#SBATCH` lines for the CPUs and memory of each node. The job runs one task per node (accelkit's node
+    launcher), which starts all of the node's ranks: its --cpus-per-task is the CPUs of the whole node's ranks, and
+    the batch step hands the same count to its srun step (SLURM 22.05's srun does not inherit it)."""
+    cpus, memory = options.resources.cpus, options.resources.memory
+    lines = ["# CPUs and memory per node, for the one launcher task that starts the node's ranks (and their loaders)."]
+    exclusive = options.exclusive or (cpus is None and memory is None and job.gpus_per_node > 0)
+    if cpus is not None:
+        lines.append(f"#SBATCH --cpus-per-task={cpus}")
+    elif not exclusive:  # a CPU job asking nothing: a core per process
+        lines.append(f"#SBATCH --cpus-per-task={job.processes_per_node}")
+    if exclusive:
+        # Whole nodes: every CPU (and, with no --mem-per-node, all memory: SLURM 22.05's --exclusive alone gives
+        # only the default memory per CPU).
+        lines.append("#SBATCH --exclusive")
+    if memory is not None:
+        lines.append(f"#SBATCH --mem={mebibytes(memory)}M")
+    elif exclusive:
+        lines.append("#SBATCH --mem=0")
+    return lines
+
+
+# What accelkit writes itself: an --sbatch-arg that sets one of these would contradict the job (the option to use).
+OWN_SBATCH_OPTIONS = {
+    "nodes": "--num-machines", "N": "--num-machines", "ntasks": "--num-machines", "n": "--num-machines",
+    "ntasks-per-node": "--num-machines", "gpus-per-node": "--gpus-per-node", "gpus": "--gpus-per-node",
+    "G": "--gpus-per-node", "gres": "--gpus-per-node", "cpus-per-task": "--cpus-per-node",
+    "c": "--cpus-per-node", "cpus-per-gpu": "--cpus-per-node", "mem": "--mem-per-node",
+    "mem-per-cpu": "--mem-per-node", "mem-per-gpu": "--mem-per-node", "exclusive": "--exclusive",
+    "job-name": "--job-name", "J": "--job-name", "partition": "--partition", "p": "--partition",
+    "time": "--time", "t": "--time", "account": "--account", "A": "--account", "qos": "--qos", "q": "--qos",
+    "requeue": "--requeue", "signal": "--requeue --signal-before", "output": "(the log is %x-%j.out)",
+    "o": "(the log is %x-%j.out)", "chdir": "(the folder accelkit launch ran in)", "D": "(the folder accelkit "
+    "launch ran in)", "open-mode": "--requeue",
+}
+
+
+def sbatch_arg_line(arg: str) -> str:
+    """One `--sbatch-arg` as its `#SBATCH` line: a long option (`--constraint=a100`, `--mail-type=END`)."""
+    name, sep, value = arg.partition("=")
+    if not name.startswith("--") or len(name) < 3 or any(char.isspace() for char in name):
+        raise AccelkitError(f"--sbatch-arg {arg!r} is not a long sbatch option",
+                            hint="write it as sbatch's long option with '=', e.g. --sbatch-arg=--constraint=a100")
+    check_directive_value("--sbatch-arg", arg, spaces=True)
+    own = OWN_SBATCH_OPTIONS.get(name[2:])
+    if own is not None:
+        use = f"use {own}" if own.startswith("--") else f"accelkit sets it {own}"
+        raise AccelkitError(f"--sbatch-arg {arg} sets what accelkit writes itself", hint=f"drop it; {use}")
+    return sbatch_directive(name[2:], value) if sep else f"#SBATCH {name}"
 
 
 def render_sbatch(job: ClusterJob, options: SlurmOptions) -> str:
@@ -48,6 +105,12 @@ def render_sbatch(job: ClusterJob, options: SlurmOptions) -> str:
         header.append(sbatch_directive("partition", options.partition))
     if options.time:
         header.append(sbatch_directive("time", options.time))
+    if options.account:
+        header.append(sbatch_directive("account", options.account))
+    if options.qos:
+        header.append(sbatch_directive("qos", options.qos))
+    header += resource_lines(job, options)
+    header += [sbatch_arg_line(arg) for arg in options.sbatch_args]
     if options.chdir is not None:
         header.append(sbatch_directive("chdir", options.chdir))  # quoted when it has spaces (sbatch reads the quotes)
     if options.requeue:
@@ -73,6 +136,7 @@ def render_sbatch(job: ClusterJob, options: SlurmOptions) -> str:
         "# Submit with: sbatch <this file>. Activate the job's Python environment (with accelkit installed) below.",
         "set -euo pipefail",
         "",
+        *environment_lines(options),
         "# What every node runs (accelkit launch's request); each node adds its rank, machine 0's address and port.",
         f"export ACCELKIT_LAUNCH_REQUEST=\"$(cat <<'{REQUEST_DELIMITER}'",
         text,
@@ -85,6 +149,27 @@ def render_sbatch(job: ClusterJob, options: SlurmOptions) -> str:
         "",
     ]
     return "\n".join(header + body)
+
+
+def environment_lines(options: SlurmOptions) -> list[str]:
+    """The job's set-up (--setup: run here, before the launch, and on every node before its launcher) and its
+    container (--container-image: srun runs every node's launcher in it, through pyxis)."""
+    lines: list[str] = []
+    if options.setup:
+        lines += ["# The job's environment (--setup), run here; srun carries it to every node, where it runs again.",
+                  *options.setup,
+                  f"export ACCELKIT_NODE_SETUP={shlex.quote(chr(10).join(options.setup))}" if not
+                  options.container_image else "# (not run again inside the container: the image holds the rest)",
+                  ""]
+    if options.container_image:
+        folder = str(options.chdir or ".")
+        srun = [f"--container-image={options.container_image}", f"--container-mounts={folder}:{folder}",
+                f"--container-workdir={folder}"]
+        lines += ["# Every node's launcher and ranks run in this image (pyxis/enroot), with the job's folder mounted;",
+                  "# this batch step runs on the node itself and needs accelkit there too.",
+                  f"export ACCELKIT_SRUN_ARGS={shlex.quote(shlex.join(srun))}",
+                  "export ACCELKIT_PYTHON=python3", ""]
+    return lines
 
 
 def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> None:

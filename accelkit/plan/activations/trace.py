@@ -48,6 +48,11 @@ def enable_checkpointing(model) -> bool:
     """Checkpoint every layer the way the run would: transformers' own switch (non-reentrant), else torch's
     checkpoint_wrapper around each layer (what Accelerate's FSDP activation checkpointing does)."""
     if getattr(model, "supports_gradient_checkpointing", False):
+        # Training keeps no KV cache: off before the forward, or transformers prints its "use_cache=True is
+        # incompatible with gradient checkpointing" line into the plan's output.
+        config = getattr(model, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False
         # transformers 5 renamed gradient_checkpointing_enable to activation_checkpointing_enable
         enable = getattr(model, "activation_checkpointing_enable", None)
         if enable is not None:

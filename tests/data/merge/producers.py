@@ -48,8 +48,13 @@ def produce_all(root: Path) -> Path:
     accelerate_job = start([sys.executable, "-m", "accelkit", "launch", "--backend", "fsdp", "--cpu",
                             "--num-processes", "2", str(DATA / "accelerate_save_state.py"), str(root / "accelerate")],
                            root / "accelerate.log")
+    # transformers' own Trainer with FSDP under the same rehearsal: checkpoint-2/ and checkpoint-4/ (issue 32).
+    trainer_job = start([sys.executable, "-m", "accelkit", "launch", "--backend", "fsdp", "--cpu",
+                         "--num-processes", "2", str(DATA / "make_trainer.py"), str(root / "trainer")],
+                        root / "trainer.log")
     wait_all(jobs)
     (root / "accelerate.rc").write_text(str(accelerate_job[0].wait(timeout=600)))
+    (root / "trainer.rc").write_text(str(trainer_job[0].wait(timeout=600)))
     (root / "ALL_DONE").write_text("ok\n")
     return root
 

@@ -126,3 +126,15 @@ def test_the_command_line_splits_at_the_script(argv, script, args, options, scri
     from accelkit.bench.rerun import split_command_line
 
     assert split_command_line(argv, script, args) == (("accelkit", *options), script_words)
+
+
+def test_the_measure_longer_command_raises_the_scripts_step_cap() -> None:
+    """Issue 32 item 5: a re-run with a 10 s window on a script capped at --max-steps 1000 of 2 ms would end before
+    its window, as the first run did: the cap is raised to what the window needs (with a margin)."""
+    from accelkit.bench.rerun import longer_command
+
+    options = ("accelkit", "bench", "--cpu", "--num-processes", "1,2")
+    assert longer_command(options, ("train.py", "--max-steps", "1000"), 2.0, step_seconds=0.002, warmup=5).endswith(
+        "--min-time 10 --force train.py --max-steps 7505")
+    assert longer_command(options, ("train.py", "--max_steps=100000"), 2.0, step_seconds=0.002).endswith(
+        "train.py --max_steps=100000")  # already enough

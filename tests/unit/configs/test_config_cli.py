@@ -87,11 +87,19 @@ def test_usage_errors_exit_2():
 
 
 def test_transformer_wrap_without_class_warns_but_writes():
-    result = run("--backend", "fsdp")
+    result = run("--backend", "fsdp", "--wrap-policy", "transformer")
     assert result.exit_code == 0
     assert "Warning: transformer wrap policy without a layer class" in result.stderr
     assert "--wrap-cls" in result.stderr
     assert yaml.safe_load(result.stdout)["distributed_type"] == "FSDP"
+
+
+def test_default_wrap_policy_says_nothing():
+    """Issue 32 item 5: the transformer policy as a default (or in a file, as `accelerate config` and `accelkit init`
+    write it for Transformers models) is the usual setting: no warning on `--backend fsdp` alone."""
+    result = run("--backend", "fsdp")
+    assert result.exit_code == 0
+    assert "Warning" not in result.stderr
 
 
 def test_list_shows_every_preset_with_its_description():
@@ -130,8 +138,6 @@ FSDP = {**GOOD, "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "
     ({**GOOD, "num_processes": 3, "num_machines": 2, "main_process_ip": "h"}, "Error", "not divisible", "TOTAL"),
     ({**GOOD, "num_processes": 1}, "Warning", "DDP with one process", "number of GPUs"),
     ({**FSDP, "num_processes": 1}, "Warning", "FSDP with one process", "number of GPUs"),
-    ({**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}}, "Warning",
-     "transformer wrap policy without a layer class", "--wrap-cls"),
     ({**GOOD, "use_cpu": True, "distributed_type": "NO", "num_processes": 1, "mixed_precision": "fp16"}, "Error",
      "fp16 mixed precision does not run on CPU", "bf16"),
     ({**GOOD, "num_proceses": 4}, "Error", "unknown key `num_proceses`", "rename it to `num_processes`"),

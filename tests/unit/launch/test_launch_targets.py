@@ -37,7 +37,7 @@ def test_skypilot_task_for_two_h100_nodes(tmp_path, monkeypatch):
 
     result = _write(tmp_path, monkeypatch, "--backend", "deepspeed", "--zero-stage", "3", "--skypilot", "task.yaml",
                     "--nodes", "2", "--gpus-per-node", "8", "--accelerator", "h100", "--stall-timeout", "600",
-                    "train.py", "--lr", "1e-4")
+                    "--storage", "/checkpoints=s3://my-bucket", "train.py", "--lr", "1e-4")
     assert "sky launch -c accelkit task.yaml" in result.stdout
     task = yaml.safe_load((tmp_path / "task.yaml").read_text())
     assert (task["num_nodes"], task["resources"], task["workdir"]) == (2, {"accelerators": "H100:8"}, str(tmp_path))
@@ -68,7 +68,8 @@ def test_trainjob_is_read_by_the_trainers_api_models(tmp_path, monkeypatch):
     from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
     result = _write(tmp_path, monkeypatch, "--backend", "fsdp", "--kubernetes", "trainjob.yaml", "--nodes", "4",
-                    "--gpus-per-node", "8", "--image", "ghcr.io/me/train:1", "--job-name", "llama-ft", "train.py")
+                    "--gpus-per-node", "8", "--image", "ghcr.io/me/train:1", "--job-name", "llama-ft",
+                    "--storage", "/checkpoints=ckpt-rwx", "train.py")
     assert "kubectl apply -f trainjob.yaml" in result.stdout
     data = yaml.safe_load((tmp_path / "trainjob.yaml").read_text())
     job = TrainerV1alpha1TrainJob.from_dict(data)
@@ -142,7 +143,7 @@ def test_a_node_of_a_cluster_job_launches_as_machine_rank_does(tmp_path, monkeyp
     from accelkit.launch.build_plan import prepare_launch
 
     _write(tmp_path, monkeypatch, "--backend", "fsdp", "--kubernetes", "tj.yaml", "--nodes", "2", "--gpus-per-node",
-           "8", "--image", "img", "train.py", "--lr", "1e-4")
+           "8", "--image", "img", "--storage", "/checkpoints=ckpt-rwx", "train.py", "--lr", "1e-4")
     trainer = yaml.safe_load((tmp_path / "tj.yaml").read_text())["spec"]["trainer"]
     cluster = LaunchRequest.from_json(trainer["env"][0]["value"])
     node = prepare_launch(node_request(cluster, 1, "10.0.0.1", 29400), config_path=tmp_path / "node.yaml",

@@ -107,3 +107,46 @@ def test_collective_mismatch_found_by_torch_debug_detail():
 def test_unknown_errors_pass_through():
     assert explain(ValueError("user bug")) is None
     assert explain(KeyError("x")) is None
+
+
+# -- tensor parallelism (issue 32 item 2); the real multi-rank errors: tests/faults/test_trust_faults.py -----------
+def _attention_view(config, shape: tuple[int, ...], size: int) -> RuntimeError:
+    """The reshape transformers' attention does on a rank's q/k/v slice, raised from a module holding `config`."""
+
+    class Attention:
+        def __init__(self) -> None:
+            self.config = config
+
+        def forward(self) -> None:
+            torch.zeros(size).view(*shape)
+
+    try:
+        Attention().forward()
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("the view should fail")
+
+
+def test_tp_splitting_heads_names_the_heads_and_the_sizes_that_fit(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "4")
+    exc = _attention_view(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), (8, 64, -1, 16), 4096 + 8)
+    error = explain(exc)
+    assert error is not None
+    assert "tp_size 4 does not split the model's 4 attention heads and 2 kv heads" in error.message
+    assert "divides both (2)" in error.hint
+
+
+def test_a_reshape_error_without_tensor_parallelism_is_not_explained(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("PARALLELISM_CONFIG_TP_SIZE", raising=False)
+    exc = _attention_view(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), (8, 64, -1, 16), 4096 + 8)
+    assert explain(exc) is None
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "2")  # heads that split: the error is something else
+    assert explain(exc) is None
+
+
+def test_invalid_storage_outside_a_save_is_not_explained() -> None:
+    assert explain(RuntimeError("Attempted to access the data pointer on an invalid python storage.")) is None

@@ -1,0 +1,96 @@
+"""The model's attention heads, where the model is known before any rank starts (`--model-config`, or a local model
+folder the script is given), against the tensor-parallel size: transformers' TP plan splits every attention layer
+by heads, so tp must divide both the attention heads and the kv heads, or every rank dies in its first forward.
+Read from config.json as plain JSON: no model code runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+
+# The script flags that name the model to load, as the templates and transformers' examples spell them.
+MODEL_FLAGS = ("--model", "--model_name_or_path", "--model-name-or-path", "--model_path", "--model-path")
+
+
+def config_file(path: Path) -> Path:
+    return path / "config.json" if path.is_dir() else path
+
+
+def heads_in_script(path: Path) -> tuple[int, int] | None:
+    """The heads of the one model config a training script builds in code with literal sizes (the templates'
+    `LlamaConfig(..., num_attention_heads=4, num_key_value_heads=2)`), read from its syntax tree: nothing runs.
+    None when there is no such call, or several that disagree."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None) or ""
+        values = {k.arg: k.value.value for k in node.keywords
+                  if isinstance(k.value, ast.Constant) and isinstance(k.value.value, int)}
+        if name.endswith("Config") and isinstance(values.get("num_attention_heads"), int):
+            heads = values["num_attention_heads"]
+            found.add((heads, values.get("num_key_value_heads", heads)))
+    return found.pop() if len(found) == 1 else None
+
+
+def read_heads(path: Path, option: str = "--model-config") -> tuple[int, int] | None:
+    """(attention heads, kv heads) from the config.json at `path` (a file or a model folder), or from the model
+    config a training script (`.py`) builds; None when there is no head count (not an attention model).
+    AccelkitError when a config file cannot be read."""
+    if Path(path).suffix == ".py":
+        return heads_in_script(Path(path))
+    file = config_file(Path(path))
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise AccelkitError(f"{option} {path}: cannot read {file.name} ({reason})",
+                            hint="give a model folder with a config.json, or the config.json itself") from None
+    for section in (data, data.get("text_config") if isinstance(data, dict) else None):
+        if not isinstance(section, dict):
+            continue
+        heads = section.get("num_attention_heads")
+        if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
+            kv = section.get("num_key_value_heads")
+            return heads, kv if isinstance(kv, int) and not isinstance(kv, bool) and kv > 0 else heads
+    return None
+
+
+def model_from_script_args(args: Sequence[str], cwd: Path | None = None, script: str | None = None) -> Path | None:
+    """Where the model's heads can be read before any rank starts: a local model folder with a config.json that
+    the script is given (`--model ./my-model`); else, when the script is given no model at all, the script itself
+    (the model config it builds in code, as the templates do); else None."""
+    args = list(args)
+    named = any(arg.partition("=")[0] in MODEL_FLAGS for arg in args)
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name not in MODEL_FLAGS:
+            continue
+        value = value or (args[i + 1] if i + 1 < len(args) else "")
+        if value and ((cwd or Path.cwd()) / value / "config.json").is_file():
+            return Path(value)
+    if not named and script is not None and script.endswith(".py") and ((cwd or Path.cwd()) / script).is_file():
+        return Path(script)
+    return None
+
+
+def tp_heads_problem(tp: int, heads: tuple[int, int]) -> tuple[str, str] | None:
+    """(message, hint) when tensor parallelism `tp` does not split the heads, else None."""
+    attention, kv = heads
+    if tp <= 1 or (attention % tp == 0 and kv % tp == 0):
+        return None
+    fits = [d for d in range(2, attention + 1) if attention % d == 0 and kv % d == 0]
+    names = f"{attention} attention heads" + (f" and {kv} kv heads" if kv != attention else "")
+    fix = f"use a tp size that divides both ({', '.join(map(str, fits[:8]))})" if fits else \
+        "drop tensor parallelism (no tp size splits them)"
+    return (f"does not split the model's {names}: each tensor-parallel rank must hold whole heads",
+            f"{fix}, or choose a model whose head counts it divides")
