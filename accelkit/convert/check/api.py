@@ -115,7 +115,7 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         raise AccelkitError(f"--check rehearses {' or '.join(CHECK_BACKENDS)}, not {options.backend!r}",
                             hint="check under ddp or fsdp; run other backends with `accelkit launch --cpu --backend`")
     source = script.read_text(encoding="utf-8")
-    result = convert_source(source, filename=script.name)
+    result = convert_source(source, filename=script.name, directory=script.resolve().parent)
     if result.report.status == "already-accelerate":
         raise AccelkitError(f"{script.name} already uses Accelerate: --check compares a single-device script with "
                             "its conversion", hint="run `accelkit convert --check` on the single-device original")

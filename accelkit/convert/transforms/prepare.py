@@ -21,6 +21,7 @@ from accelkit.convert.analysis import Facts, Tracked, bindings, models_of
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import Plan
 from accelkit.convert.flow import Flow, references
+from accelkit.convert.neighbours import converted_neighbour
 
 PREPARED = {"model", "optimizer", "loader", "scheduler"}
 KIND_ORDER = ["model", "optimizer", "loader", "scheduler"]
@@ -63,7 +64,9 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     if not flow.backward_calls and not any(t.kind == "optimizer" for t in facts.created):
         models = [t for t in facts.created if t.kind == "model" and t.small is not None]
         trainer = _imported_trainer(ctx)
-        if trainer is not None:
+        if trainer is not None and converted_neighbour(ctx.qnames(trainer), ctx.directory) is not None:
+            pass  # its module beside the script is converted already: the model is prepared there
+        elif trainer is not None:
             plan.report.problem(ctx.line(trainer), f"training happens in imported code (`{ctx.code(trainer.func)}`, "
                                                    f"{sorted(ctx.qnames(trainer))[0]}): this file has no backward "
                                                    "pass and no optimizer; converted alone, every process would "
@@ -225,7 +228,7 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
             if member.kind == "model" and elsewhere and id(group.block) not in optimized_in.get(root, []):
                 continue  # trained where its optimizer is: prepared there, with it
             if member.kind == "model" and root not in optimized_in and not _run_here(ctx, aliases, root):
-                _handed_over(ctx, plan, member)
+                _handed_over(ctx, plan, member, aliases, root)
                 continue
             kept.append(member)
         # the latest binding of each name in the block is the one prepared
@@ -272,8 +275,17 @@ def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:
     return any(dotted(call.func) in names for call in ctx.of_type(cst.Call))
 
 
-def _handed_over(ctx: Context, plan: Plan, member: Member) -> None:
+def _handed_over(ctx: Context, plan: Plan, member: Member, aliases: dict[str, str], root: str) -> None:
     line = ctx.line(member.item.small) if member.item is not None and member.item.small is not None else 0
+    names = {key for key, value in aliases.items() if value == root} | {root}
+    receivers = [call for call in ctx.of_type(cst.Call)
+                 if any(dotted(arg.value) in names for arg in call.args)]
+    converted = converted_neighbour({q for call in receivers for q in ctx.qnames(call)}, ctx.directory)
+    if converted is not None:  # the user converted the training module first, as the to-do below says
+        plan.report.found_item("model", member.key, line, f"not prepared here: it is handed to imported code in "
+                                                          f"{converted.name}, which is converted already and "
+                                                          "prepares it (with its optimizer)")
+        return
     plan.report.found_item("model", member.key, line, "not prepared here: this script never runs it, it only hands "
                                                       "it to imported code (that code must prepare it, with its "
                                                       "optimizer)")

@@ -398,3 +398,56 @@ def test_windows_cut_along_the_second_dimension_are_refused() -> None:
     """)
     assert any("along a later dimension (`ids[:, i:i + 5]`)" in p.what for p in result.report.problems)
     assert "shard" not in result.code
+
+
+TRAINS_ELSEWHERE = """
+    import torch
+    from mylib.trainer import Trainer
+    model = torch.nn.Linear(2, 2)
+    trained = Trainer(model, torch.ones(8, 2)).fit(2)
+    print("DONE")
+"""
+UNCONVERTED_TRAINER = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, data):
+        self.model, self.data = model, data
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def fit(self, epochs):
+        for _ in range(epochs):
+            loss = self.model(self.data).sum()
+            loss.backward()
+            self.optimizer.step()
+        return self.model
+"""
+
+
+def _project(tmp_path, trainer_code: str):
+    (tmp_path / "mylib").mkdir()
+    (tmp_path / "mylib" / "__init__.py").write_text("")
+    (tmp_path / "mylib" / "trainer.py").write_text(trainer_code)
+    return convert_source(textwrap.dedent(TRAINS_ELSEWHERE).lstrip(), filename="train.py", directory=tmp_path)
+
+
+def test_a_script_whose_imported_trainer_is_converted_already_is_converted(tmp_path) -> None:
+    # the to-do of the refusal done: the project's trainer module converted first (in place), then this script
+    trainer = convert_source(UNCONVERTED_TRAINER, filename="trainer.py")
+    assert "accelerator.prepare(" in trainer.code
+    result = _project(tmp_path, trainer.code)
+    assert not result.report.problems, [p.what for p in result.report.problems]
+    assert "accelerator.print(\"DONE\")" in result.code and "prepare(" not in result.code
+    assert any("handed to imported code in trainer.py, which is converted already" in f.action
+               for f in result.report.found)
+
+
+def test_a_script_whose_imported_trainer_is_not_converted_is_still_refused(tmp_path) -> None:
+    # the same project before its trainer module is converted, and the same script with no folder to look in
+    for result in (_project(tmp_path, UNCONVERTED_TRAINER),
+                   convert_source(textwrap.dedent(TRAINS_ELSEWHERE).lstrip(), filename="train.py")):
+        assert [p.line for p in result.report.problems] == [3, 4], [p.what for p in result.report.problems]
+        assert "model `model` is only handed to imported code" in result.report.problems[0].what
+        assert "training happens in imported code (`Trainer`, mylib.trainer.Trainer)" in \
+            result.report.problems[1].what
