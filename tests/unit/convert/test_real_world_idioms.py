@@ -451,3 +451,51 @@ def test_a_script_whose_imported_trainer_is_not_converted_is_still_refused(tmp_p
         assert "model `model` is only handed to imported code" in result.report.problems[0].what
         assert "training happens in imported code (`Trainer`, mylib.trainer.Trainer)" in \
             result.report.problems[1].what
+
+
+SUMMED_EVAL = """
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(TensorDataset(torch.rand(16, 4)), batch_size=4)
+    test_loader = DataLoader(TensorDataset(torch.rand(10, 4), torch.zeros(10)), batch_size=4)
+    def loss_function(recon, x):
+        return F.mse_loss(recon, x, reduction=REDUCTION)
+    for (x,) in train_loader:
+        loss = loss_function(model(x), x)
+        loss.backward()
+        optimizer.step()
+    test_loss = 0
+    with torch.no_grad():
+        for i, (data, _) in enumerate(test_loader):
+            test_loss += loss_function(model(data), data).item()
+    print(test_loss / len(test_loader.dataset))
+"""
+
+
+def test_a_summed_evaluation_loss_cuts_the_padded_samples_of_the_last_batch() -> None:
+    # pytorch/examples' VAE: `test_loss += loss_function(...).item()` (a sum inside the script's own function), no
+    # labels to gather: the reduce after the loop counted the samples Accelerate repeats to even out the last round
+    result = convert(SUMMED_EVAL.replace("REDUCTION", "'sum'"))
+    lines = [line.strip() for line in result.code.splitlines()]
+    start = lines.index("for i, (data, _) in enumerate(test_loader):")
+    assert lines[start + 2:start + 6] == [
+        "if accelerator.gradient_state.end_of_dataloader and accelerator.gradient_state.remainder > 0:",
+        "keep = min(max(accelerator.gradient_state.remainder - accelerator.process_index * len(data), 0), "
+        "len(data))",
+        "data, _ = data[:keep], _[:keep]",
+        "test_loss += loss_function(model(data), data).item()"], result.code
+    assert 'test_loss = accelerator.reduce(torch.as_tensor(test_loss, device=accelerator.device), "sum").item()' \
+        in result.code
+    assert any("each sample counted once" in f.action for f in result.report.found)
+    assert not result.report.problems
+
+
+def test_a_sum_of_batch_means_is_not_cut() -> None:
+    # `reduction='mean'` in the loss function: each term is a batch mean, an empty batch would be nan; the sum
+    # stays as it was (reduced after the loop), the report says the padding is counted
+    result = convert(SUMMED_EVAL.replace("REDUCTION", "'mean'"))
+    assert "remainder" not in result.code
+    assert any("padded by Accelerate for an uneven split is counted too" in f.action for f in result.report.found)
