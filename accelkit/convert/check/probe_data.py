@@ -36,6 +36,7 @@ class LoaderTracker:
         self.tag = ""  # "<loader>:<pass>:in" or "...:end": the last loader event, for printed lines
         self.indices_kept = 0
         self.rows_kept = 0
+        self.rng_at_start: dict[int, str] = {}  # id(pass) -> torch's generator once the pass began
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def hook_torch(self) -> None:
@@ -75,6 +76,8 @@ class LoaderTracker:
                 inner = original(loader)
             finally:
                 tracker.depth -= 1
+            # after the loader's own seed draw (every `iter(loader)` takes one): what changes it now is the script
+            tracker.rng_at_start[id(record)] = _rng_digest()
             return _PassIterator(tracker, record, inner)
 
         __iter__._accelkit_check = True
@@ -122,6 +125,7 @@ class LoaderTracker:
 
     def _end(self, record: Pass) -> None:
         record.complete = True
+        record.draws = self.rng_at_start.pop(id(record), None) not in (None, _rng_digest())
         if self.active.get(record.loader) is record:
             del self.active[record.loader]
         self.tag = f"{record.loader}:{record.number}:end"
@@ -254,3 +258,10 @@ def _with_replacement(loader) -> bool:
         stack += [child for name in ("sampler", "batch_sampler") if (child := getattr(node, name, None)) is not None
                   and child is not node]
     return False
+
+
+def _rng_digest() -> str:
+    """A digest of torch's default CPU generator: it changes when anything draws from it."""
+    import torch
+
+    return hashlib.sha1(torch.random.get_rng_state().numpy().tobytes()).hexdigest()
