@@ -24,6 +24,10 @@ DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                  "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 DISTRIBUTED = {
     "torch.multiprocessing.spawn": "it spawns its own worker processes (torch.multiprocessing.spawn)",
+    "torch.multiprocessing.start_processes": "it starts its own worker processes (torch.multiprocessing)",
+    "torch.multiprocessing.Process": "it trains in worker processes it starts itself (torch.multiprocessing.Process, "
+                                     "Hogwild-style shared memory)",
+    "multiprocessing.Process": "it trains in worker processes it starts itself (multiprocessing.Process)",
     "deepspeed.initialize": "it calls deepspeed.initialize",
     "torch.distributed.fsdp.FullyShardedDataParallel": "it wraps a model in FSDP",
 }
@@ -87,6 +91,7 @@ def analyze(ctx: Context) -> Facts:
     _models_from_optimizers(ctx, facts)
     _propagate_aliases(ctx, facts)
     _factories(ctx, facts)
+    _loaders_by_name(ctx, facts)
     _loaders_into_parameters(ctx, facts)
     _find_devices_and_loops(ctx, facts)
     _find_amp(ctx, facts)
@@ -335,19 +340,24 @@ def _optimizers_by_use(ctx: Context, facts: Facts) -> None:
     for call in ctx.of_type(cst.Call):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
             function = ctx.function(call)
-            if function is not None:
-                has_backward.add(id(function))
+            # a module-level training loop (nanoGPT's train.py) counts as the module's own "function"
+            has_backward.add(id(function) if function is not None else id(ctx.module))
     for call in ctx.of_type(cst.Call):
         func = call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
             continue
         key = dotted(func.value)
+        if key is not None and (facts.kinds.get(key) == "scaler" or re.search(r"scaler", key, re.I)) and call.args:
+            key = dotted(call.args[0].value)  # `scaler.step(optimizer)`: the AMP way to step an optimizer
         function = ctx.function(call)
-        if key is None or key in facts.kinds or function is None or id(function) not in has_backward:
+        scope = function if function is not None else ctx.module
+        if key is None or key in facts.kinds or id(scope) not in has_backward:
+            continue
+        if function is None and key.startswith("self."):
             continue
         if re.search(r"sched|lr|scaler", key.rsplit(".", 1)[-1], re.I):
             continue
-        creation = _assignment_of(ctx, key, function)
+        creation = _assignment_of(ctx, key, function) if function is not None else _module_assignment_of(ctx, key)
         if creation is None:
             continue
         value = next(v for k, v, _ in bindings(creation) if k == key)
@@ -355,6 +365,16 @@ def _optimizers_by_use(ctx: Context, facts: Facts) -> None:
             continue  # `self.optimizer = optimizer`: the object is tracked under its first name
         facts.kinds[key] = "optimizer"
         facts.created.append(Tracked(key, "optimizer", value, ctx.parent(creation), creation))  # type: ignore
+
+
+def _module_assignment_of(ctx: Context, key: str):
+    """The last module-level assignment of `key` (outside every function and class)."""
+    found = None
+    for node in ctx.of_type(cst.Assign, cst.AnnAssign):
+        if ctx.function(node) is None and not any(isinstance(a, cst.ClassDef) for a in ctx.ancestors(node)) \
+                and any(k == key for k, _, _ in bindings(node)):
+            found = node
+    return found
 
 
 def _assignment_of(ctx: Context, key: str, near: cst.FunctionDef):
@@ -416,6 +436,54 @@ def _factories(ctx: Context, facts: Facts) -> None:
 
 
 PREPARABLE = {"model", "optimizer", "loader", "scheduler"}
+LOADER_NAME = re.compile(r"loader|_dl$|^dl$|^dl_", re.I)
+NOT_LOADER_CALLS = {"iter", "enumerate", "zip", "len", "list", "tuple", "next", "tqdm", "cycle", "range"}
+
+
+def _loaders_by_name(ctx: Context, facts: Facts) -> None:
+    """`train_loader, val_loader = get_loaders(cfg)` from a helper of another module (or any call the analysis
+    cannot see into), then iterated: a DataLoader by its name and use. Left untracked, it would be neither prepared
+    nor reported, and every process would train on all of the data."""
+    iterated: set[str] = set()
+    for node in ctx.of_type(cst.For, cst.Call):
+        if isinstance(node, cst.For):
+            source = node.iter
+            while isinstance(source, cst.Call) and ctx.code(source.func).split(".")[-1] in NOT_LOADER_CALLS \
+                    and source.args:
+                source = source.args[0].value
+            key = dotted(source)
+        elif isinstance(node.func, cst.Name) and node.func.value == "iter" and node.args:
+            key = dotted(node.args[0].value)
+        else:
+            continue
+        if key:
+            iterated.add(key)
+    # `evaluate(model, val_loader)` with `def evaluate(model, loader): for x, y in loader:` iterates it too
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for function in ctx.of_type(cst.FunctionDef):
+        functions.setdefault(function.name.value, []).append(function)
+    for call in ctx.of_type(cst.Call):
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        for function in functions.get(name or "", []):
+            params = [p.name.value for p in function.params.params]
+            for position, arg in enumerate(call.args):
+                param = arg.keyword.value if arg.keyword is not None else \
+                    params[position] if position < len(params) else None
+                key = dotted(arg.value)
+                if param in iterated and key:
+                    iterated.add(key)
+    for small in ctx.of_type(cst.Assign):
+        line = ctx.parent(small)
+        if not isinstance(line, cst.SimpleStatementLine) or inside_class(ctx, small, facts.model_classes):
+            continue
+        for key, value, _ in bindings(small):
+            call = strip_chain(value) if value is not None else None
+            if key in facts.kinds or key not in iterated or not LOADER_NAME.search(key.rsplit(".", 1)[-1]) or \
+                    not isinstance(call, cst.Call) or ctx.code(call.func).split(".")[-1] in NOT_LOADER_CALLS or \
+                    (isinstance(call.func, cst.Name) and call.func.value in facts.factories):
+                continue
+            facts.kinds[key] = "loader"
+            facts.created.append(Tracked(key, "loader", call, line, small, origin="call"))
 
 
 def models_of(ctx: Context, facts: Facts, optimizer: Tracked) -> list[str]:

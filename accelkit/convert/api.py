@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -44,7 +45,10 @@ class ConversionResult:
     changed: bool
 
 
-def convert_source(source: str, options: ConvertOptions | None = None, filename: str = "script.py") -> ConversionResult:
+def convert_source(source: str, options: ConvertOptions | None = None, filename: str = "script.py",
+                   directory: Path | None = None) -> ConversionResult:
+    """Convert `source` (the text of `filename`); `directory`: the script's folder, where the conversion reads the
+    script's own modules it imports (a training module already converted prepares the model itself)."""
     options = options or ConvertOptions()
     if options.mixed_precision not in (None, *MIXED_PRECISION_CHOICES):
         raise AccelkitError(f"unknown mixed precision {options.mixed_precision!r}",
@@ -59,7 +63,7 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     except cst.ParserSyntaxError as exc:
         raise AccelkitError(f"{filename}:{exc.raw_line}:{exc.raw_column + 1}: syntax error, cannot convert: "
                             f"{exc.message}", hint="fix the script so that `python -m py_compile` accepts it") from None
-    ctx = Context(module)
+    ctx = Context(module, directory)
     facts = analyze(ctx)
     if facts.refusals:
         line, reason = facts.refusals[0]

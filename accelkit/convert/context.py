@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState  # noqa: PLC2701 - the hook libcst's own PositionProvider uses
@@ -19,8 +20,9 @@ from libcst._nodes.internal import CodegenState  # noqa: PLC2701 - the hook libc
 class Context:
     """Parsed script plus the metadata the transforms need, keyed by node identity."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, directory: Path | None = None) -> None:
         self.module = module
+        self.directory = directory  # the script's folder, where its own imported modules are found (None: unknown)
         self._code: dict[int, str] = {}
         # One code generation pass indexes the tree: it walks every node in source order without rebuilding any (a
         # visitor's traversal rebuilds every node, about a third of a conversion's time) and counts lines on the way.

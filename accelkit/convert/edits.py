@@ -31,6 +31,7 @@ class Plan:
         self.prepare_sites: dict[str, list[tuple[cst.CSTNode | None, int]]] = defaultdict(list)  # (function, line)
         self.imports: list[str] = []  # names imported from accelerate besides Accelerator
         self.seeded: set[int] = set()  # statements already preceded by per-process seeds
+        self.prints: list[cst.CSTNode] = []  # `print(...)` calls rewritten to `accelerator.print(...)`
         self.report = Report()
 
     def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:

@@ -48,7 +48,7 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
     script, result = request.script, CommandResult()
     source = read_script(script)
     options = ConvertOptions(mixed_precision=request.mixed_precision, grad_compression=request.grad_compression)
-    conversion = convert_source(source, options, filename=script.name)
+    conversion = convert_source(source, options, filename=script.name, directory=script.resolve().parent)
     report = conversion.report.format(script.name)
     problems = conversion.report.problems
     if request.diff:

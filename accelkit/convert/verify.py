@@ -33,7 +33,74 @@ def verify(code: str) -> list[Finding]:
     if "accelerator." not in code:
         return []
     tree = ast.parse(code)
-    return [*_collectives_under_rank_conditions(tree), *_prepare_after_training(tree, code)]
+    return [*_collectives_under_rank_conditions(tree), *_prepare_after_training(tree, code),
+            *_trains_unprepared(tree, code), *_prepares_self(tree), *_accelerator_before_it_exists(tree)]
+
+
+def _trains_unprepared(tree: ast.Module, code: str) -> list[Finding]:
+    """A conversion that trains but prepares nothing: every process trains its own copy on its own batches, and
+    the weights drift apart from the first step (not data-parallel, while looking converted)."""
+    if "accelerator.prepare" in code:
+        return []
+    first = next((n for n in ast.walk(tree) if _accelerator_method(n) == "backward"), None)
+    if first is None:
+        return []
+    return [Finding(first.lineno, "the script trains here, but no model is passed to `accelerator.prepare(...)`: "  # type: ignore[attr-defined]
+                                  "every process would train its own copy (not data-parallel)",
+                    "prepare the model and its optimizer before the training loop: "
+                    "`model, optimizer = accelerator.prepare(model, optimizer)`")]
+
+
+def _prepares_self(tree: ast.Module) -> list[Finding]:
+    """`self, self.opt = accelerator.prepare(self, self.opt)` inside a module's own method: rebinding `self` is
+    local to the method, so the wrapper is thrown away and each process trains the unwrapped module."""
+    found = []
+    for node in ast.walk(tree):
+        if _accelerator_method(node) in {"prepare", "prepare_model"} and any(
+                isinstance(a, ast.Name) and a.id == "self" for a in node.args):  # type: ignore[attr-defined]
+            found.append(Finding(node.lineno, "`accelerator.prepare(self, ...)` inside the model's own class: the "  # type: ignore[attr-defined]
+                                              "wrapped `self` is discarded when the method returns, so training "
+                                              "runs on the unwrapped model (weights diverge across processes)",
+                                 "build the model outside its class and prepare it there, with its optimizer"))
+    return found
+
+
+def _accelerator_before_it_exists(tree: ast.Module) -> list[Finding]:
+    """Module-level code (what runs at import, in order) that uses `accelerator` before any module-level statement
+    binds it: a NameError on every process (e.g. the Accelerator is made inside `main()`)."""
+    bound = False
+    for statement in _executed_in_order(tree.body):
+        if isinstance(statement, ast.Global):
+            continue
+        uses = [n for n in ast.walk(statement) if isinstance(n, ast.Name) and n.id == "accelerator"
+                and isinstance(n.ctx, ast.Load)]
+        if uses and not bound:
+            return [Finding(uses[0].lineno, "`accelerator` is used at module level before it exists (it is created "
+                                            "later, or inside a function): a NameError on every process",
+                            "create the Accelerator before this line, or leave this statement as it was")]
+        if any(isinstance(n, ast.Name) and n.id == "accelerator" and isinstance(n.ctx, ast.Store)
+               for n in ast.walk(statement)):
+            bound = True
+    return []
+
+
+def _executed_in_order(body: list[ast.stmt]):
+    """Module-level statements as they run, looking into `if`/`with`/`try`/loops, not into function and class
+    bodies."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            continue
+        nested = [getattr(statement, f, None) for f in ("body", "orelse", "finalbody", "handlers")]
+        if isinstance(statement, (ast.If, ast.With, ast.Try, ast.For, ast.While)):
+            header = [getattr(statement, "test", None), getattr(statement, "iter", None),
+                      *[i.context_expr for i in getattr(statement, "items", [])]]
+            yield from (ast.Expr(value=h, lineno=statement.lineno, col_offset=0) for h in header if h is not None)
+            for block in nested:
+                if isinstance(block, list):
+                    for item in block:
+                        yield from _executed_in_order(item.body if isinstance(item, ast.ExceptHandler) else [item])
+            continue
+        yield statement
 
 
 def _accelerator_method(node: ast.AST) -> str | None:
@@ -71,7 +138,7 @@ def _collectives_under_rank_conditions(tree: ast.Module) -> list[Finding]:
 
 def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
     found: list[Finding] = []
-    if "accelerator.prepare(" not in code or "accelerator.backward(" not in code:
+    if "accelerator.prepare(" not in code:
         return found
     for node in ast.walk(tree):
         for name in ("body", "orelse", "finalbody"):
@@ -89,6 +156,19 @@ def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
 
 def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> Finding | None:
     for statement in earlier:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # defined before the prepare, run where it is called
+        for node in ast.walk(statement):  # a loop over a loader that is only prepared further down
+            source = node.iter if isinstance(node, (ast.For, ast.comprehension)) else None
+            while isinstance(source, ast.Call) and source.args and isinstance(source.func, ast.Name) and \
+                    source.func.id in {"enumerate", "iter", "tqdm", "zip"}:
+                source = source.args[0]
+            if isinstance(source, ast.Name) and source.id in prepared:
+                where = getattr(node, "lineno", statement.lineno)
+                return Finding(line, f"`accelerator.prepare(...)` comes after line {where}, which already iterates "
+                                     f"{source.id}: that loop runs on the unprepared loader "
+                                     "(every process sees all of its data)",
+                               "prepare every loader before the first loop over it")
         nodes = list(ast.walk(statement))
         if not any(_accelerator_method(n) == "backward" for n in nodes):
             continue

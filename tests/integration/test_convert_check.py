@@ -69,8 +69,16 @@ def naive_epoch_scheduler_prepared() -> str:
 def naive_prepare_before_init() -> str:
     code = _replace(_converted("dcgan"), "netG = Generator(opt.nz)\n",
                     "netG = Generator(opt.nz)\nnetG = accelerator.prepare(netG)\n")
-    return re.sub(r"netD, netG, (optimizerD, optimizerG, dataloader) = accelerator\.prepare\(\s*netD, netG, ",
-                  r"netD, \1 = accelerator.prepare(netD, ", code)
+    # issue #16's naive conversion adds no seed: the common seed our conversion gives this unseeded script (for its
+    # fixed_noise draw) would make every process draw the same initial weights, and hide the init after the wrap
+    code = re.sub(r"\n# one random task on every process:.*\ntorch\.manual_seed\(0\)\n", "\n", code)
+    assert "torch.manual_seed(0)" not in code
+    # netG leaves the later prepare, wherever it stands there: a second prepare would wrap it again, and DDP's
+    # broadcast at that wrap would hide the different initial weights
+    later = re.search(r"^(\w+(?:, \w+)+) = accelerator\.prepare\(\s*(\w+(?:, \w+)+)\s*\)$", code, re.M)
+    assert later is not None and later.group(1) == later.group(2) and "netG" in later.group(1).split(", "), later
+    rest = ", ".join(name for name in later.group(1).split(", ") if name != "netG")
+    return code.replace(later.group(0), f"{rest} = accelerator.prepare({rest})")
 
 
 def naive_model_not_prepared() -> str:

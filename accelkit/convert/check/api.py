@@ -115,7 +115,7 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         raise AccelkitError(f"--check rehearses {' or '.join(CHECK_BACKENDS)}, not {options.backend!r}",
                             hint="check under ddp or fsdp; run other backends with `accelkit launch --cpu --backend`")
     source = script.read_text(encoding="utf-8")
-    result = convert_source(source, filename=script.name)
+    result = convert_source(source, filename=script.name, directory=script.resolve().parent)
     if result.report.status == "already-accelerate":
         raise AccelkitError(f"{script.name} already uses Accelerate: --check compares a single-device script with "
                             "its conversion", hint="run `accelkit convert --check` on the single-device original")
@@ -138,8 +138,9 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         original = run(original_spec(scratch, box, script, args, options.processes * options.steps,
                                      options.processes, replay, options.stall_seconds, options.timeout),
                        box.script.parent)
+    full_batch = any(f.kind == "batches" and f.action.startswith("full batch") for f in result.report.found)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
-                iteration_based, tuple(result.report.evaluation_loops), options.steps)
+                iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch)
     verdicts = [_ran(original, converted, options.processes, options.backend), *evaluate(runs),
                 _no_hang(original, converted, script.name, lines)]
     problems = [p.format() for p in result.report.problems] if converted_code is None else []

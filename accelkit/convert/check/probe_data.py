@@ -36,6 +36,7 @@ class LoaderTracker:
         self.tag = ""  # "<loader>:<pass>:in" or "...:end": the last loader event, for printed lines
         self.indices_kept = 0
         self.rows_kept = 0
+        self.rng_at_start: dict[int, str] = {}  # id(pass) -> torch's generator once the pass began
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def hook_torch(self) -> None:
@@ -75,6 +76,8 @@ class LoaderTracker:
                 inner = original(loader)
             finally:
                 tracker.depth -= 1
+            # after the loader's own seed draw (every `iter(loader)` takes one): what changes it now is the script
+            tracker.rng_at_start[id(record)] = _rng_digest()
             return _PassIterator(tracker, record, inner)
 
         __iter__._accelkit_check = True
@@ -89,7 +92,8 @@ class LoaderTracker:
             self._keep.append(dataset)
         number = sum(1 for p in self.record.passes if p.loader == key)
         record = Pass(loader=key, number=number, length=_length(loader), dataset_length=_length(dataset),
-                      batch_size=_batch_size(loader), owner=innermost_user_function(), stream=_is_stream(dataset))
+                      batch_size=_batch_size(loader), owner=innermost_user_function(), stream=_is_stream(dataset),
+                      replacement=_with_replacement(loader))
         self.record.passes.append(record)
         self.active[key] = record
         self.tag = f"{key}:{number}:in"
@@ -121,6 +125,7 @@ class LoaderTracker:
 
     def _end(self, record: Pass) -> None:
         record.complete = True
+        record.draws = self.rng_at_start.pop(id(record), None) not in (None, _rng_digest())
         if self.active.get(record.loader) is record:
             del self.active[record.loader]
         self.tag = f"{record.loader}:{record.number}:end"
@@ -239,3 +244,24 @@ def fingerprint_rows(record: Record, args: tuple) -> list[str]:
 def step_digest(keys: list[str]) -> str:
     """One hash for the set of inputs a step trained on (the same on two ranks = the same batch)."""
     return hashlib.blake2b("".join(sorted(keys)).encode(), digest_size=8).hexdigest() if keys else ""
+
+
+def _with_replacement(loader) -> bool:
+    """The loader draws samples with replacement (`RandomSampler(replacement=True)`), also once prepared (the
+    sampler sits inside Accelerate's batch sampler shards)."""
+    seen, stack = 0, [loader]
+    while stack and seen < 8:
+        node = stack.pop()
+        seen += 1
+        if getattr(node, "replacement", False) is True:
+            return True
+        stack += [child for name in ("sampler", "batch_sampler") if (child := getattr(node, name, None)) is not None
+                  and child is not node]
+    return False
+
+
+def _rng_digest() -> str:
+    """A digest of torch's default CPU generator: it changes when anything draws from it."""
+    import torch
+
+    return hashlib.sha1(torch.random.get_rng_state().numpy().tobytes()).hexdigest()

@@ -49,6 +49,8 @@ class Pass:
     # took from the loader -> times taken
     stream: bool = False
     rows: dict[str, int] = field(default_factory=dict)
+    replacement: bool = False  # drawn by a sampler with replacement: repeats and gaps are the sampler's own
+    draws: bool = False  # torch's generator advanced while the script iterated (random noise in an evaluation)
 
 
 @dataclass

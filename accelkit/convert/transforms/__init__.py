@@ -13,8 +13,9 @@ from accelkit.convert.transforms import (
     metrics,
     prepare,
     saving,
+    seeding,
     training,
 )
 
 TRANSFORMS = [distributed.apply, devices.apply, training.apply, metrics.apply, prepare.apply, saving.apply,
-              batches.apply, decisions.apply, accelerator.apply]
+              seeding.apply, batches.apply, decisions.apply, accelerator.apply]

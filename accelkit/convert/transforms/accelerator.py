@@ -39,6 +39,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         parse = _first_call_of(ctx, function.name.value)
         function = ctx.function(parse) if parse is not None else None
     if function is not None and isinstance(function.body, cst.IndentedBlock):
+        _keep_module_level_prints(ctx, plan)
         suite, anchor_index, first_use, needs_global = _in_function(ctx, plan, function, parse)
     else:
         suite, anchor_index, first_use, needs_global = _at_module_level(ctx, plan, parse)
@@ -67,6 +68,19 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
                        "the launcher (accelkit launch / accelerate launch) tells it how many processes there are")
     if note:
         plan.report.leave(where, *note)
+
+
+def _keep_module_level_prints(ctx: Context, plan: Plan) -> None:
+    """The Accelerator is made inside a function: a `print` that runs at import time (module level, outside the
+    `__main__` block) stays a plain print, since `accelerator` does not exist yet there (a NameError on import)."""
+    for call in plan.prints:
+        top = ctx.top_statement_in(call, ctx.module)
+        if top is None or not _executes(top) or ctx.main_guard(call) is not None:
+            continue
+        plan.edits.pop(call, None)
+        plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not call]
+        plan.report.changes[:] = [c for c in plan.report.changes if not (c.what.startswith("`print(...)`") and
+                                                                         c.line == ctx.line(call))]
 
 
 def _grad_compression_handler(plan: Plan, spec_text: str | None) -> list[str]:

@@ -97,6 +97,10 @@ def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
         return True
     if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
         return True
+    for node in ctx.descendants(loop):  # `batch = batch_loader.next()`: a wrapper of a DataLoader (makemore)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in {"next", "__next__"} and LOADER_NAME.search(dotted(node.func.value) or ""):
+            return True
     for node in ctx.descendants(loop):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in {"next", "iter"} \
                 and node.args:
@@ -145,6 +149,13 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                             "to accelerator.prepare(...), or shard it by accelerator.process_index")
         plan.report.found_item("batches", "", ctx.line(loop), "NOT sharded: source not found")
         return
+    if _fixed_selections(ctx, flow, loop, roots):
+        names = ", ".join(f"`{r}`" for r in roots)
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop),
+                               "full batch: every step uses the same fixed selection (a mask or index set: "
+                               f"{names}), so it is left whole; every process computes the same gradient (correct, "
+                               "no speed-up from more processes)")
+        return
     if _sliced(ctx, flow, loop, roots) and not _bounded_by_the_data(ctx, loop, roots):
         names = ", ".join(f"`{r}`" for r in roots)
         plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
@@ -152,6 +163,16 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.
                             "loop over `range(0, len(data), batch_size)`, or shard the batch indices by "
                             "accelerator.process_index (the same number on every process)")
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: fixed loop bounds")
+        return
+    across = _cut_along_a_later_dimension(ctx, flow, loop, roots)
+    if across is not None:
+        plan.report.problem(ctx.line(loop), f"{where} cuts its batches along a later dimension "
+                                            f"(`{ctx.code(across)}`): the rows are the batch, so sharding them would "
+                                            "change the batch size the script builds its states for (a crash or a "
+                                            "different model)",
+                            "cut the sequence into per-process parts along that dimension (e.g. "
+                            "`ids = ids[:, part]`), or wrap the windows in a DataLoader")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: windows along dim 1")
         return
     block, anchor, position = _shard_site(ctx, facts, flow, loop, function, roots)
     if block is None:
@@ -214,8 +235,10 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
 
     for node in [loop, *_reached(flow, loop)]:
         params = set()
-        if isinstance(node, cst.FunctionDef):
+        if isinstance(node, cst.FunctionDef):  # a helper's parameters and its own locals are no data sources
             params = {p.name.value for p in node.params.params}
+            params |= {k for n in ctx.descendants(node) if isinstance(n, (cst.Assign, cst.AnnAssign))
+                       for k, _, _ in bindings(n)}
         for n in ctx.descendants(node):
             if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value not in params:
                 if any(isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.Integer,
@@ -307,6 +330,47 @@ def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bo
     """The batches are cut from the data by index (`x[i:i + bs]`), not fed whole."""
     return any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots
                for node in [loop, *_reached(flow, loop)] for n in ctx.descendants(node))
+
+
+def _cut_along_a_later_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]):
+    """`ids[:, i:i + n]`: the data's first dimension is kept whole and the windows run along the next one."""
+    for node in [loop, *_reached(flow, loop)]:
+        for n in ctx.descendants(node):
+            if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots and \
+                    len(n.slice) > 1 and isinstance(n.slice[0].slice, cst.Slice) and \
+                    n.slice[0].slice.lower is None and n.slice[0].slice.upper is None and \
+                    any(isinstance(e.slice, cst.Slice) and e.slice.lower is not None for e in n.slice[1:]):
+                return n
+    return None
+
+
+def _fixed_selections(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:
+    """Every cut of the data is the same on every step: `labels[idx_train]`, `x[mask]` with an index that nothing
+    in the loop changes (full-batch training on a graph, a fixed train split), never `x[i:i + bs]`."""
+    changing = {k for n in ctx.descendants(loop) if isinstance(n, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+                for k, _, _ in bindings(n)}
+    if isinstance(loop, cst.For):
+        changing |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
+    cuts = [n for n in ctx.descendants(loop)
+            if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots]
+    for function in _reached(flow, loop):  # the data handed to a helper is cut there under its parameter name
+        params = {p.name.value for p in function.params.params} - {"self"}
+        changing |= {k for n in ctx.descendants(function.body) if isinstance(n, (cst.Assign, cst.AnnAssign,
+                                                                                   cst.AugAssign))
+                     for k, _, _ in bindings(n)}
+        cuts += [n for n in ctx.descendants(function.body)
+                 if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in params]
+    if not cuts:
+        return False
+    for cut in cuts:
+        for element in cut.slice:
+            index = element.slice
+            if not isinstance(index, cst.Index):
+                return False  # a slice `a:b`
+            names = {n.value for n in ctx.descendants(index.value) if type(n) is cst.Name}
+            if not names or names & changing:
+                return False
+    return True
 
 
 def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> bool:

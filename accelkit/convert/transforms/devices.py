@@ -32,6 +32,19 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _numpy_from_cpu(ctx, plan)
     _device_string_comparisons(ctx, facts, plan)
     _tensors_made_in_forward(ctx, facts, plan)
+    _gpu_asserts(ctx, plan)
+
+
+def _gpu_asserts(ctx: Context, plan: Plan) -> None:
+    """`assert torch.cuda.is_available()`: the launch now chooses the device (a CPU rehearsal, `--cpu`, another
+    accelerator); kept, it stops the converted script before training wherever there is no CUDA."""
+    for small in ctx.of_type(cst.Assert):
+        if isinstance(small.test, cst.Call) and ctx.qnames(small.test) & {"torch.cuda.is_available"} and \
+                isinstance(ctx.parent(small), cst.SimpleStatementLine):
+            plan.remove(small)
+            plan.report.change(ctx.line(small), f"removed `{ctx.code(small)}`",
+                               "the launch chooses the device (accelerator.device); the assert would stop the "
+                               "script on a CPU launch (`accelkit launch --cpu`, `--check`)")
 
 
 def _string_value(node: cst.CSTNode) -> str | None:
@@ -59,6 +72,13 @@ def is_device_expr(ctx: Context, expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.Attribute):  # torch.accelerator.current_accelerator().type
         return is_device_expr(ctx, expr.value)
     return False
+
+
+def _is_string(expr: cst.BaseExpression) -> bool:
+    """A string literal, an f-string, or a choice between them (`"cuda" if ok else "cpu"`)."""
+    if isinstance(expr, cst.IfExp):
+        return _is_string(expr.body) and _is_string(expr.orelse)
+    return isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
 
 
 def _is_gpu_id(expr: cst.BaseExpression) -> bool:
@@ -96,6 +116,19 @@ def _device_definitions(ctx: Context, facts: Facts, plan: Plan) -> None:
                                                                           attr=cst.Name("type"))))
             plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = accelerator.device.type`",
                                WHY_DEVICE)
+            continue
+        if _is_string(value):
+            # a string stays a string: config overrides (nanoGPT's configurator asserts the type), `"cuda" in
+            # device`, `device == "cuda"` and `torch.device(device)` keep working. "cuda" (no index) names this
+            # process's GPU, since the Accelerator sets the current device; "cuda:{rank}" becomes "cuda:N".
+            indexed = ":" in ctx.code(value)
+            new_value = cst.Call(func=cst.Name("str"), args=[cst.Arg(accel("device"))]) if indexed else \
+                cst.Attribute(value=accel("device"), attr=cst.Name("type"))
+            plan.edit(small, lambda u, new_value=new_value: u.with_changes(value=new_value))
+            new_text = "str(accelerator.device)" if indexed else "accelerator.device.type"
+            plan.report.change(ctx.line(small), f"`{key} = {ctx.code(value)}` -> `{key} = {new_text}`",
+                               WHY_DEVICE + "; the name stays a string, as the script (and its config overrides) "
+                                            "expect")
             continue
         plan.edit(small, lambda u: u.with_changes(value=accel("device")))
         facts.accelerator_devices.add(key)

@@ -121,9 +121,11 @@ def _environment(ctx: Context, plan: Plan) -> None:
 def _samplers(ctx: Context, plan: Plan) -> None:
     """DistributedSampler -> the DataLoader's own shuffle; prepare() shards it (and reshuffles every epoch)."""
     named: dict[str, str] = {}  # sampler variable -> shuffle expression
+    inline = False  # `DataLoader(ds, sampler=DistributedSampler(ds))`: reached later as `loader.sampler`
     for call in ctx.of_type(cst.Call):
         if not ctx.qnames(call) & SAMPLERS:
             continue
+        inline = True
         shuffle = next((ctx.code(a.value) for a in call.args if a.keyword is not None
                         and a.keyword.value == "shuffle"), "True")
         holder = ctx.parent(call)
@@ -141,14 +143,17 @@ def _samplers(ctx: Context, plan: Plan) -> None:
         else:
             plan.report.problem(ctx.line(call), f"`{ctx.code(call)}` is used in a way the conversion does not follow",
                                 "remove the DistributedSampler: accelerator.prepare() shards the DataLoader")
-    if not named:
+    if not named and not inline:
         return
     for call in ctx.of_type(cst.Call):
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "sampler" and dotted(arg.value) in named:
                 _sampler_argument(ctx, plan, call, named[dotted(arg.value)])  # type: ignore[index]
         func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "set_epoch" and dotted(func.value) in named:
+        # `sampler.set_epoch(e)`, and `loader.sampler.set_epoch(e)`: the loader's sampler is no longer distributed
+        # (a prepared loader's plain sampler has no set_epoch: an AttributeError on the first epoch)
+        if isinstance(func, cst.Attribute) and func.attr.value == "set_epoch" and (
+                dotted(func.value) in named or (dotted(func.value) or "").endswith(".sampler")):
             small = _call_statement(ctx, call)
             if small is not None:
                 plan.remove(small)

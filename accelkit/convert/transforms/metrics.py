@@ -34,7 +34,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
             plan.report.evaluation_loops.append(ctx.line(loop))
         if not training and not _sums_batch_means(ctx, loop) and _gather(ctx, plan, loop, batch_names, models):
             continue
-        _reduce_accumulators(ctx, facts, plan, loop, training)
+        _reduce_accumulators(ctx, facts, plan, loop, training, batch_names)
 
 
 def _sums_batch_means(ctx: Context, loop: cst.For) -> bool:
@@ -54,8 +54,20 @@ def _sums_batch_means(ctx: Context, loop: cst.For) -> bool:
             name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
                 else ""
             if LOSS.search(name) and not any(a.keyword is not None and a.keyword.value == "reduction"
-                                             for a in call.args):  # type: ignore[attr-defined]
+                                             for a in call.args) and not _sums_inside(ctx, name):  # type: ignore
                 return True
+    return False
+
+
+def _sums_inside(ctx: Context, name: str) -> bool:
+    """`loss_function(...)`, a function of this script whose losses are asked for as sums (`reduction='sum'`)."""
+    for function in ctx.of_type(cst.FunctionDef):
+        if function.name.value != name:
+            continue
+        calls = [c for c in ctx.descendants(function.body) if type(c) is cst.Call]
+        reductions = [ctx.code(a.value).strip("'\"") for c in calls for a in c.args  # type: ignore[attr-defined]
+                      if a.keyword is not None and a.keyword.value == "reduction"]
+        return bool(reductions) and all(r == "sum" for r in reductions)
     return False
 
 
@@ -69,6 +81,8 @@ def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], mode
     labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
     if not labels:
         return False
+    if _aliases_read_after(ctx, loop, line, batch_names, later):
+        return False  # `target = y` before the forward, read after it: it would keep the local batch
     # inputs read after the forward (`loss * x.size(0)`) are gathered too: next to gathered outputs, a local
     # batch would weigh a global batch's loss by this process's share only
     labels += [n for n in sorted(batch_names) if n in inputs and n in later and n not in labels]
@@ -79,6 +93,26 @@ def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], mode
     plan.report.found_item("metric", ", ".join(_accumulators(ctx, loop)) or output, ctx.line(loop),
                            "computed from predictions and labels gathered from every process (gather_for_metrics)")
     return True
+
+
+def _aliases_read_after(ctx: Context, loop: cst.For, forward: cst.CSTNode, batch_names: set[str],
+                        later: set[str]) -> bool:
+    """A name bound from the batch before the forward (`target = y`, `n = y.size(0)`) and read after it: gathering
+    the batch names would rebind them to the whole batch, not the alias (a batch-size mismatch, or a local count
+    next to global predictions)."""
+    for node in ctx.descendants(loop.body):
+        if node is forward:
+            break
+        if not isinstance(node, (cst.Assign, cst.AnnAssign)):
+            continue
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        value = node.value
+        if value is None or not (names_of(ctx.descendants(value), ctx) & batch_names):
+            continue
+        bound = {n.value for t in targets for n in [t, *ctx.descendants(t)] if type(n) is cst.Name}
+        if (bound - batch_names) & later:
+            return True
+    return False
 
 
 def _model_call(block: cst.BaseSuite, models: set[str]):
@@ -110,7 +144,8 @@ def _accumulators(ctx: Context, loop: cst.CSTNode) -> list[str]:
     return out
 
 
-def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, training: bool) -> None:
+def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, training: bool,
+                         batch_names: set[str]) -> None:
     if ctx.suite_of(loop) is None:
         return
     function = ctx.function(loop)
@@ -142,7 +177,10 @@ def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, 
                                        "all processes (accelerator.reduce)",
                        "each process only saw its shard of the loader; the value read after the loop must cover "
                        "every process's share")
+    trimmed = not training and not _sums_batch_means(ctx, loop) and _cut_padding(ctx, plan, loop, batch_names)
     plan.report.found_item("metric", ", ".join(names), ctx.line(loop),
+                           "summed across processes after the loop, each sample counted once (the samples "
+                           "Accelerate repeats to even out the last batches are cut off first)" if trimmed else
                            "summed across processes after the loop (a last batch padded by Accelerate for an "
                            "uneven split is counted too)")
     _scale_per_process_lengths(ctx, facts, plan, after)
@@ -181,3 +219,36 @@ def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: Plan, after: li
         plan.report.change(ctx.line(node), f"`{ctx.code(node)}` -> `({ctx.code(node)} * accelerator.num_processes)`",
                            "the sum covers every process's batches now; so must the count")
 
+
+
+def _cut_padding(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str]) -> bool:
+    """An evaluation loop that sums per-sample values (`test_loss += F.mse_loss(..., reduction='sum').item()`, a
+    loss the model returns, a correct count) over a prepared loader: when the dataset does not split into whole
+    batches on every process, Accelerate completes the last batches with samples from the start, and the sum would
+    count them twice. `gradient_state.remainder` is the number of real samples in that last round, laid out by
+    rank (what `gather_for_metrics` keeps): each process cuts its last batch to its real share before anything is
+    computed from it. The forward still runs on every process (an empty batch where the share is 0), so a sharded
+    model (FSDP) meets every collective. Only batches unpacked into names in the loop header are cut."""
+    target = loop.target
+    if isinstance(target, cst.Tuple) and isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "enumerate" \
+            and len(target.elements) == 2:
+        target = target.elements[1].value
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(loop.body, cst.IndentedBlock):
+        return False
+    names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
+    if len(names) != len(target.elements) or not set(names) <= batch_names:
+        return False  # nested structures (`(x, (y, z))`) or starred names: left as they are
+    state = "accelerator.gradient_state"
+    cut = cst.parse_statement(
+        f"if {state}.end_of_dataloader and {state}.remainder > 0:\n"
+        f"    keep = min(max({state}.remainder - accelerator.process_index * len({names[0]}), 0), len({names[0]}))\n"
+        f"    {', '.join(names)} = {', '.join(f'{n}[:keep]' for n in names)}\n")
+    cut = cut.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        "# the last batches of an uneven split are completed with repeated samples: count each sample once"))])
+    plan.body_start[loop.body].append(cut)
+    plan.accelerator_uses.append(loop)
+    plan.report.change(ctx.line(loop), f"cut the repeated samples off the last batch of the evaluation loop "
+                                       f"(`{', '.join(names)}` to this process's real share)",
+                       "the loop sums per-sample values; Accelerate pads the last batches to an even split with "
+                       "samples from the start of the dataset, which the sum would count twice")
+    return True

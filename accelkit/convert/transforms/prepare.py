@@ -21,6 +21,7 @@ from accelkit.convert.analysis import Facts, Tracked, bindings, models_of
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import Plan
 from accelkit.convert.flow import Flow, references
+from accelkit.convert.neighbours import converted_neighbour
 
 PREPARED = {"model", "optimizer", "loader", "scheduler"}
 KIND_ORDER = ["model", "optimizer", "loader", "scheduler"]
@@ -32,6 +33,7 @@ NOT_RUNNING = re.compile(r"^(apply|load_state_dict|state_dict|requires_grad_|tra
                          r"buffers|named_buffers|register_\w+|add_\w+|zero_grad|configure_optimizers|"
                          r"\w*init\w*|\w*reset\w*|\w*load\w*|\w*freeze\w*|tie_\w+|resize_\w+|gradient_checkpointing\w*|"
                          r"num_parameters|get_\w+|param_groups|dataset|batch_size|sampler)$")
+ITERATING = {"enumerate", "zip", "iter", "list", "tuple", "sorted", "map", "filter", "next"}
 HARMLESS_CALLS = {"len", "print", "isinstance", "type", "id", "repr", "str", "sum", "getattr", "hasattr", "setattr",
                   "list", "tuple", "sorted", "filter", "map", "zip", "enumerate", "max", "min"}
 
@@ -59,10 +61,41 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         if item.returned and item.kind in PREPARED and not item.factory:
             _prepare_returned(ctx, plan, item)
     items = [t for t in items if t.kind != "scheduler" or _per_batch(ctx, facts, flow, plan, t)]
+    if not flow.backward_calls and not any(t.kind == "optimizer" for t in facts.created):
+        models = [t for t in facts.created if t.kind == "model" and t.small is not None]
+        trainer = _imported_trainer(ctx)
+        if trainer is not None and converted_neighbour(ctx.qnames(trainer), ctx.directory) is not None:
+            pass  # its module beside the script is converted already: the model is prepared there
+        elif trainer is not None:
+            plan.report.problem(ctx.line(trainer), f"training happens in imported code (`{ctx.code(trainer.func)}`, "
+                                                   f"{sorted(ctx.qnames(trainer))[0]}): this file has no backward "
+                                                   "pass and no optimizer; converted alone, every process would "
+                                                   "train its own copy",
+                                "convert the file that trains (accelkit convert FILE), preparing the model, "
+                                "optimizer and loaders there; then write this one with --partial")
+        elif models:  # minGPT's projects: `Trainer(config, model, data).run()` with the Trainer in another file
+            plan.report.problem(ctx.line(models[0].small), f"model `{models[0].key}` is trained elsewhere: this "
+                                                           "file has no backward pass and no optimizer, so the "
+                                                           "training happens in imported code the conversion "
+                                                           "cannot see; converted alone, every process would "
+                                                           "train its own copy",
+                                "convert the file that trains it (accelkit convert FILE), preparing the model, "
+                                "optimizer and loaders there; then write this one with --partial")
     groups = _plan_groups(ctx, facts, flow, plan, items, aliases)
     for group in groups:
         _place(ctx, flow, plan, group)
     _inventory(ctx, facts, plan, items)
+
+
+def _imported_trainer(ctx: Context) -> cst.Call | None:
+    """A `...Trainer(...)` class of another module (not torch's, not this file's) the script builds."""
+    local = {c.name.value for c in ctx.of_type(cst.ClassDef)}
+    for call in ctx.of_type(cst.Call):
+        names = ctx.qnames(call)
+        if any(re.search(r"Trainer$", q) and not q.startswith("torch.") and q.split(".")[-1] not in local
+               and "." in q for q in names):
+            return call
+    return None
 
 
 # -- schedulers -------------------------------------------------------------------------------------------------
@@ -170,6 +203,15 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
                                                        "and was not prepared",
                                 f"put it on its own line, or add `{item.key} = accelerator.prepare({item.key})`")
             continue
+        branch = _one_sided_branch(ctx, item, block)
+        if branch is not None and item.kind in {"model", "optimizer"}:
+            plan.report.problem(ctx.line(item.small), f"{item.kind} `{item.key}` is only created when "
+                                                       f"`{ctx.code(branch.test)}` holds: prepared after the `if`, the "
+                                                       "other path fails (NameError), and training on that path is "
+                                                       "not prepared",
+                                f"create `{item.key}` on every path (or prepare it inside the `if`, and the model "
+                                "on the other path too)")
+            continue
         group = group_of(block)
         group.members.append(Member(item.key, item.kind, item))
         if item.kind == "optimizer":
@@ -186,7 +228,7 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
             if member.kind == "model" and elsewhere and id(group.block) not in optimized_in.get(root, []):
                 continue  # trained where its optimizer is: prepared there, with it
             if member.kind == "model" and root not in optimized_in and not _run_here(ctx, aliases, root):
-                _handed_over(ctx, plan, member)
+                _handed_over(ctx, plan, member, aliases, root)
                 continue
             kept.append(member)
         # the latest binding of each name in the block is the one prepared
@@ -198,20 +240,61 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list
     return [g for g in groups.values() if any(m.item is not None for m in g.members)]
 
 
+def _one_sided_branch(ctx: Context, item: Tracked, block: cst.CSTNode) -> cst.If | None:
+    """The `if` (inside the prepare block) that creates `item` in one branch only (no `else` binding it)."""
+    for ancestor in ctx.ancestors(item.statement):
+        if ancestor is block:
+            return None
+        if isinstance(ancestor, cst.If) and ctx.main_guard(item.statement) is not ancestor:
+            inside_body = ctx.contains(ancestor.body, item.statement)
+            other = ancestor.orelse if inside_body else ancestor.body
+            binds = other is not None and any(isinstance(n, (cst.Assign, cst.AnnAssign)) and
+                                              any(k == item.key for k, _, _ in bindings(n))
+                                              for n in ctx.descendants(other))
+            if not binds and _used_only_under(ctx, item, ancestor.test):
+                return ancestor
+    return None
+
+
+def _used_only_under(ctx: Context, item: Tracked, test: cst.BaseExpression) -> bool:
+    """Every use of the object sits under an `if` with the same test: the script runs without it on the other
+    path (an optional optimizer). A name the script uses unconditionally exists on every path the original runs
+    (an `if`/`elif` chain choosing the model), so preparing it after the chain is right."""
+    wanted = ctx.code(test)
+    for ref in references(ctx, ctx.module, item.key):
+        if item.statement is not None and ctx.contains(item.statement, ref):
+            continue
+        if not any(isinstance(a, cst.If) and ctx.code(a.test) == wanted for a in ctx.ancestors(ref)):
+            return False
+    return True
+
+
 def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:
     """Is the model called by this script (under any of its names), rather than only handed to imported code?"""
     names = {key for key, value in aliases.items() if value == root} | {root}
     return any(dotted(call.func) in names for call in ctx.of_type(cst.Call))
 
 
-def _handed_over(ctx: Context, plan: Plan, member: Member) -> None:
+def _handed_over(ctx: Context, plan: Plan, member: Member, aliases: dict[str, str], root: str) -> None:
     line = ctx.line(member.item.small) if member.item is not None and member.item.small is not None else 0
+    names = {key for key, value in aliases.items() if value == root} | {root}
+    receivers = [call for call in ctx.of_type(cst.Call)
+                 if any(dotted(arg.value) in names for arg in call.args)]
+    converted = converted_neighbour({q for call in receivers for q in ctx.qnames(call)}, ctx.directory)
+    if converted is not None:  # the user converted the training module first, as the to-do below says
+        plan.report.found_item("model", member.key, line, f"not prepared here: it is handed to imported code in "
+                                                          f"{converted.name}, which is converted already and "
+                                                          "prepares it (with its optimizer)")
+        return
     plan.report.found_item("model", member.key, line, "not prepared here: this script never runs it, it only hands "
                                                       "it to imported code (that code must prepare it, with its "
                                                       "optimizer)")
-    plan.report.leave(line, f"model `{member.key}` is only handed to imported code, which trains it",
-                      "convert that code too (accelkit convert FILE), or prepare the model where its optimizer is "
-                      "made")
+    # the training happens in another file: this one alone cannot be made data-parallel, and a "converted"
+    # script that trains every process's own copy would be worse than none
+    plan.report.problem(line, f"model `{member.key}` is only handed to imported code, which trains it: converted "
+                              "alone, this script would train every process's own copy",
+                        "convert the file that trains it (accelkit convert FILE) and prepare the model and its "
+                        "optimizer there; then write this one with --partial")
 
 
 def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
@@ -295,6 +378,8 @@ def _passive(ctx: Context, flow: Flow, ref: cst.CSTNode, member: Member) -> bool
         call = ctx.parent(parent)
         if isinstance(call, cst.Call):
             name = call.func.value if isinstance(call.func, cst.Name) else None
+            if member.kind == "loader" and name in ITERATING:
+                return False  # `for i, batch in enumerate(loader)` runs the loader
             if name in HARMLESS_CALLS or any(q.startswith(("builtins.print", "torch.nn.init"))
                                              for q in ctx.qnames(call)):
                 return True

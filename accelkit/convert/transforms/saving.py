@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, inside_class
-from accelkit.convert.context import Context, accel, accel_call, dotted
+from accelkit.convert.analysis import Facts, bindings, inside_class
+from accelkit.convert.context import Context, accel, accel_call, dotted, walk
 from accelkit.convert.edits import Plan
 
 # nn.Module API that works the same on the wrapper DDP/FSDP returns (everything else needs the unwrapped model)
@@ -53,8 +53,18 @@ def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
         # `with open(path, "wb") as f: torch.save(model, f)`: the `with` becomes main-process only (see
         # _file_writes), so the barriers go around it, never inside it
         statement = _writing_with(ctx, call) or statement
-        if statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None \
-                and not _runs_under_main_process_first(ctx, call, downloaded):
+        barriers = statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None \
+            and not _runs_under_main_process_first(ctx, call, downloaded)
+        branch = _per_process_branch(ctx, facts, statement) if barriers else None
+        if branch is not None:
+            # `if val_loss < best: save(...)`: each process decides with its own value; a barrier there would
+            # leave the processes that skip the branch waiting (a hang). accelerator.save writes on the main
+            # process only, and needs no barrier to be right.
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)` (no barrier: it runs "
+                                               f"under `if {ctx.code(branch.test)}:`)",
+                               "only the main process writes the file; the processes may decide the `if` "
+                               "differently (their own losses), so a barrier there could hang")
+        elif barriers:
             # (a barrier inside `if rank == 0:` would wait forever for the processes that skip it)
             plan.insert_before(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
             plan.insert_after(statement, cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))]))
@@ -75,6 +85,75 @@ def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
         plan.report.found_item("file write", ctx.code(call.args[1].value) if len(call.args) > 1 else "",
                                ctx.line(call), f"{what}: written by the main process only (accelerator.save), "
                                                "after every process finished its step")
+
+
+CONFIG_ROOTS = {"args", "opt", "opts", "cfg", "config", "conf", "hparams", "hp", "params", "flags", "FLAGS",
+                "options", "self"}
+UNIFORM_CALLS = {"len", "isinstance", "hasattr", "getattr", "int", "float", "bool", "str", "range"}
+
+
+def _per_process_branch(ctx: Context, facts: Facts, statement: cst.CSTNode) -> cst.If | None:
+    """The innermost `if` around `statement` whose test each process might decide differently (its own loss or
+    metric); `None` when every `if` up to the function is decided alike everywhere (flags, loop counters,
+    constants). The `__main__` guard is no branch."""
+    for ancestor in ctx.ancestors(statement):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+            return None
+        if isinstance(ancestor, cst.If) and ctx.main_guard(statement) is not ancestor and \
+                not _uniform(ctx, ancestor.test, statement):
+            return ancestor
+    return None
+
+
+def _uniform(ctx: Context, test: cst.BaseExpression, where: cst.CSTNode) -> bool:
+    """A test every process decides alike: made of configuration (`args.save_model`, `cfg.x`), counters of
+    enclosing `for ... in range(...)` loops or counted `+= 1`, module constants bound to literals, and literals."""
+    counters: set[str] = set()
+    for loop in ctx.ancestors(where):
+        if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call):
+            target = loop.target
+            if ctx.code(loop.iter.func) == "enumerate" and isinstance(target, cst.Tuple) and target.elements:
+                target = target.elements[0].value  # the index, not the batch
+            elif ctx.code(loop.iter.func) != "range":
+                continue
+            counters |= {n.value for n in walk(target) if isinstance(n, cst.Name)}
+    for node in walk(test):
+        if isinstance(node, cst.Call):
+            if ctx.code(node.func) not in UNIFORM_CALLS:
+                return False
+        elif isinstance(node, cst.Attribute):
+            root = node
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if not (isinstance(root, cst.Name) and root.value in CONFIG_ROOTS):
+                return False
+        elif isinstance(node, cst.Name):
+            parent = ctx.parent(node)
+            if isinstance(parent, cst.Attribute) or node.value in {"True", "False", "None"} or \
+                    node.value in UNIFORM_CALLS or node.value in counters or node.value in CONFIG_ROOTS:
+                continue
+            if not _counter_or_constant(ctx, node.value):
+                return False
+    return True
+
+
+def _counter_or_constant(ctx: Context, name: str) -> bool:
+    """Every binding of `name` is a literal or a `+= literal` step (an iteration counter)."""
+    seen = False
+    for node in ctx.of_type(cst.Assign, cst.AugAssign, cst.AnnAssign):
+        if isinstance(node, cst.AugAssign):
+            if dotted(node.target) == name:
+                seen = True
+                if not isinstance(node.value, (cst.Integer, cst.Float)):
+                    return False
+            continue
+        for key, value, _ in bindings(node):
+            if key == name:
+                seen = True
+                if not isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.Name)) or \
+                        (isinstance(value, cst.Name) and value.value not in {"True", "False", "None"}):
+                    return False
+    return seen
 
 
 def _state_dicts(ctx: Context, facts: Facts, plan: Plan) -> None:
@@ -248,14 +327,43 @@ def _stream_writes(ctx: Context, plan: Plan) -> None:
                            "a progress line written by N processes is drawn N times over itself")
 
 
+FETCHES = {"shutil.unpack_archive", "urllib.request.urlretrieve", "torchvision.datasets.utils.download_url",
+           "torchvision.datasets.utils.download_and_extract_archive", "torchvision.datasets.utils.extract_archive",
+           "torch.hub.download_url_to_file"}
+
+
+def _fetches(ctx: Context, call: cst.Call) -> bool:
+    """A call that downloads or unpacks into a shared folder: `download=True`, `tar.extractall(d)`, ..."""
+    if any(a.keyword is not None and a.keyword.value == "download" and ctx.code(a.value) != "False"
+           for a in call.args):
+        return True
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "extractall":
+        return True
+    return bool(ctx.qnames(call) & FETCHES)
+
+
+def _whole_fetch(ctx: Context, statement: cst.CSTNode) -> cst.CSTNode:
+    """The statement to run under main_process_first: the fetch with the `with tarfile.open(...)` around it and
+    the `if not os.path.exists(d):` that decides it (each process may decide it differently: the main process
+    may have unpacked already; a barrier inside such an `if` hangs)."""
+    for ancestor in ctx.ancestors(statement):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module, cst.For, cst.While)):
+            break
+        decides = isinstance(ancestor, cst.If) and ctx.main_guard(statement) is not ancestor and \
+            not _uniform(ctx, ancestor.test, statement)
+        if (isinstance(ancestor, cst.With) or decides) and ctx.suite_of(ancestor) is not None:
+            statement = ancestor
+    return statement
+
+
 def _download_statements(ctx: Context) -> list[cst.BaseStatement]:
-    """Statements that call something with `download=True` (torchvision datasets and their look-alikes)."""
+    """Statements that download or unpack (torchvision's `download=True` and look-alikes, archives)."""
     found: list[cst.BaseStatement] = []
     for call in ctx.of_type(cst.Call):
-        if not any(a.keyword is not None and a.keyword.value == "download" and ctx.code(a.value) != "False"
-                   for a in call.args):
+        if not _fetches(ctx, call):
             continue
         statement = ctx.statement(call)
+        statement = _whole_fetch(ctx, statement) if statement is not None else None
         if statement is None or statement in found or ctx.suite_of(statement) is None or \
                 any(isinstance(a, cst.With) and "main_process_first" in ctx.code(a.items[0].item)
                     for a in ctx.ancestors(call)):
@@ -281,12 +389,13 @@ def _downloads(ctx: Context, plan: Plan) -> None:
     """`MNIST(root, download=True)` on N processes downloads N times into one folder at once (and may read a half
     written file): the main process downloads first, the others then find the files."""
     for statement in _download_statements(ctx):
-        call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and any(
-            a.keyword is not None and a.keyword.value == "download" for a in c.args))  # type: ignore[attr-defined]
+        call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and _fetches(ctx, c))
         plan.edit(statement, lambda u: cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
                                                 body=cst.IndentedBlock(body=[u.with_changes(leading_lines=[])]),
                                                 leading_lines=u.leading_lines))
-        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(..., download=...)` runs under "
+        what = "(..., download=...)" if any(a.keyword is not None and a.keyword.value == "download"
+                                            for a in call.args) else "(...)"
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}{what}` runs under "
                                            "`with accelerator.main_process_first():`",
                            "N processes downloading into one folder at once race; the main process downloads "
                            "first, the others then read its files")
@@ -298,6 +407,7 @@ def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
     for call in ctx.of_type(cst.Call):
         if isinstance(call.func, cst.Name) and call.func.value == "print" and "builtins.print" in ctx.qnames(call):
             plan.edit(call, lambda u: u.with_changes(func=accel("print")))
+            plan.prints.append(call)
             lines.append(ctx.line(call))
             for arg in call.args:
                 if dotted(arg.value) in models:  # print(model): the model, not the DDP wrapper around it

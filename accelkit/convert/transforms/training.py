@@ -20,11 +20,32 @@ WHY_SCALER = "Accelerate owns loss scaling under fp16 mixed precision (accelerat
 
 def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     scalers = facts.of_kind("scaler")
+    if scalers and _own_autocast_context(ctx):
+        # nanoGPT: `ctx = nullcontext() if cpu else torch.amp.autocast(device_type, dtype=ptdtype)` with
+        # `GradScaler(enabled=(dtype == 'float16'))`: the script picks bf16 or fp16 at run time (what the GPU
+        # supports, config overrides). Its own autocast and GradScaler stay, and work per process under DDP (the
+        # gradients are all-reduced before the scaler looks at them, so every process skips the same steps); a
+        # hard-coded Accelerator(mixed_precision=...) would pick for it, and fail on a CPU.
+        facts.amp_dtype, facts.amp_enabled = None, None
+        plan.report.leave(0, "the script's own AMP (its autocast context object and GradScaler) is kept: it "
+                             "chooses the precision at run time",
+                          "nothing; or move to Accelerate's mixed precision (accelerator.autocast(), "
+                          "Accelerator(mixed_precision=...)) by hand")
+        _backward(ctx, plan, set())
+        _clipping(ctx, plan)
+        _closure_steps(ctx, facts, plan)
+        return
     _backward(ctx, plan, scalers)
     _clipping(ctx, plan)
     _scaler(ctx, facts, plan, scalers)
     _autocast(ctx, plan)
     _closure_steps(ctx, facts, plan)
+
+
+def _own_autocast_context(ctx: Context) -> bool:
+    """An autocast made as an object outside a `with` (kept in a variable the script enters later)."""
+    return any(ctx.qnames(call) & AUTOCASTS and not isinstance(ctx.parent(call), cst.WithItem)
+               for call in ctx.of_type(cst.Call))
 
 
 def _closure_steps(ctx: Context, facts: Facts, plan: Plan) -> None:

@@ -155,3 +155,77 @@ def test_a_converted_run_without_a_training_step_fails_when_the_original_trained
     verdict = wrapped(_runs(trained, [idle, idle]))
     assert verdict.status == FAIL and "reached no training step" in verdict.summary and "took 4" in verdict.summary
     assert wrapped(_runs(Record(), [idle, idle])).status == SKIP  # nothing trained anywhere: `ran` fails for it
+
+
+def test_full_batch_training_sees_all_the_data_on_every_rank() -> None:
+    # issue #31: a graph trained on all of its nodes every step is right when every rank trains on the same input
+    from dataclasses import replace
+
+    same = [Record(rank=r, step_inputs=["g", "g", "g", "g"], fingerprints={"g": 4}) for r in range(2)]
+    verdict = samples(replace(_runs(Record(), same), full_batch=True))
+    assert verdict.status == PASS and "full batch" in verdict.summary
+    cut = [Record(rank=0, step_inputs=["a", "b", "c", "d"]), Record(rank=1, step_inputs=["e", "f", "g", "h"])]
+    assert samples(replace(_runs(Record(), cut), full_batch=True)).status == FAIL
+
+
+def test_samples_drawn_with_replacement_may_repeat_across_ranks() -> None:
+    # issue #31: makemore's InfiniteDataLoader, RandomSampler(replacement=True): a sample drawn on both ranks is the
+    # sampler's doing, not a missing shard
+    from dataclasses import replace
+
+    original = Record(passes=[replace(_pass([3, 3, 7, 1, 0, 9, 9, 2, 5, 4]), replacement=True)])
+    drawn = [Record(rank=0, passes=[replace(_pass([3, 1, 9, 9]), replacement=True)]),
+             Record(rank=1, passes=[replace(_pass([3, 5, 0, 2]), replacement=True)])]
+    assert samples(_runs(original, drawn)).status == PASS
+
+
+def test_the_probe_finds_a_sampler_with_replacement_inside_a_loader() -> None:
+    import torch
+
+    from accelkit.convert.check.probe_data import _with_replacement
+
+    data = torch.utils.data.TensorDataset(torch.ones(8, 1))
+    sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=100)
+    assert _with_replacement(torch.utils.data.DataLoader(data, sampler=sampler, batch_size=2))
+    assert not _with_replacement(torch.utils.data.DataLoader(data, shuffle=True, batch_size=2))
+
+
+def test_metrics_of_an_evaluation_that_draws_random_numbers_are_equal_up_to_the_draw() -> None:
+    # pytorch/examples' VAE samples in its forward: the 2-process test loss differs from the one-process one by the
+    # draw (547.1439 vs 547.2408); counting the padded last round twice (729.9626) is still a FAIL
+    original = _evaluated(["====> Test set loss: 547.2408"])
+    original.passes[0].draws = True
+    verdict = metrics(_runs(original, [_evaluated(["====> Test set loss: 547.1439"])]))
+    assert verdict.status == PASS and "1 evaluation pass(es) draw random numbers: equal within 2%" in verdict.summary
+    verdict = metrics(_runs(original, [_evaluated(["====> Test set loss: 729.9626"])]))
+    assert verdict.status == FAIL and "729.9626 on `Test set loss` where one process prints 547.2408" in \
+        verdict.summary
+    original.passes[0].draws = False  # a deterministic evaluation keeps the tight comparison
+    assert metrics(_runs(original, [_evaluated(["====> Test set loss: 547.1439"])])).status == FAIL
+
+
+PROBED_PASSES = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from accelkit.convert.check.probe_data import LoaderTracker
+from accelkit.convert.check.record import Record
+
+record = Record()
+tracker = LoaderTracker(record, lambda: None, lambda p: None, lambda p: None)
+tracker.hook_torch()
+loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=4)
+for (x,) in loader:  # deterministic: only the loader's own seed is drawn, before the pass
+    y = x * 2
+for (x,) in loader:  # a forward that samples (a VAE's reparameterization)
+    y = x + torch.randn_like(x)
+print([p.draws for p in record.passes])
+"""
+
+
+def test_the_probe_tells_an_evaluation_that_draws_random_numbers() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", PROBED_PASSES], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[False, True]", proc.stdout + proc.stderr

@@ -69,7 +69,7 @@ def test_barrier_stays_outside_the_main_process_branch_of_a_file_handle_save() -
 def test_device_string_comparisons_compare_the_device_type() -> None:
     code = convert("""
         import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = torch.nn.Linear(2, 2).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.ones(2, device=device)).sum().backward()
@@ -80,6 +80,24 @@ def test_device_string_comparisons_compare_the_device_type() -> None:
     """).code
     assert "use_amp = device.type == \"cuda\"\n" in code
     assert "if \"cuda:0\" != str(device):" in code
+
+
+def test_a_string_device_stays_a_string() -> None:
+    # nanoGPT: `device = 'cuda'` is a config value its configurator overrides with `--device=cpu` after asserting the
+    # type; `"cuda" in device` and `device == "cuda"` are string tests that must keep working
+    code = convert("""
+        import torch
+        device = 'cuda'
+        exec(open('configurator.py').read())
+        model = torch.nn.Linear(2, 2).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, device=device)).sum().backward()
+        opt.step()
+        use_amp = device == "cuda"
+        device_kind = "gpu" if "cuda" in device else "cpu"
+    """).code
+    assert "device = accelerator.device.type\n" in code  # "cuda" is the process's own GPU (current device)
+    assert 'use_amp = device == "cuda"\n' in code and '"cuda" in device' in code
 
 
 def test_tensors_made_in_forward_follow_the_input_device() -> None:
@@ -183,6 +201,7 @@ def test_gathered_metrics_gather_the_inputs_they_weigh_by() -> None:
 # -- what convert refuses statically ------------------------------------------------------------------------------
 def test_verify_flags_a_barrier_under_a_rank_condition_and_prepare_after_training() -> None:
     findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
         if accelerator.is_main_process:
             accelerator.wait_for_everyone()
         for step in range(2):
@@ -195,8 +214,8 @@ def test_verify_flags_a_barrier_under_a_rank_condition_and_prepare_after_trainin
                 accelerator.save(model, "m.pt")
     """))
     assert [(f.line, f.what.split(" ")[0]) for f in findings] == [
-        (3, "`accelerator.wait_for_everyone()`"), (9, "`accelerator.reduce()`"), (6, "`accelerator.prepare(...)`")]
-    assert "after line 4, which already trains model" in findings[2].what
+        (4, "`accelerator.wait_for_everyone()`"), (10, "`accelerator.reduce()`"), (7, "`accelerator.prepare(...)`")]
+    assert "after line 5, which already trains model" in findings[2].what
 
 
 def test_a_conversion_that_would_hang_is_not_written_silently() -> None:

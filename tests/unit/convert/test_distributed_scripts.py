@@ -152,7 +152,8 @@ def test_nanogpt_ddp_or_single_becomes_one_path() -> None:
             destroy_process_group()
     """).code
     assert "ddp = accelerator.process_index != -1\n" in code  # always true: one path for 1 or N processes
-    assert "    device = accelerator.device\n" in code and 'device_type = accelerator.device.type\n' in code
+    assert "device = accelerator.device.type\n" in code and "    device = str(accelerator.device)\n" in code
+    assert 'device_type = accelerator.device.type\n' in code
     assert "    master_process = accelerator.process_index == 0\n" in code
     assert "model = torch.compile(model)\n" in code and "DDP(" not in code
     assert "raw_model = accelerator.unwrap_model(model) if ddp else model\n" in code

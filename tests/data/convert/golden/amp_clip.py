@@ -10,7 +10,7 @@ accelerator = Accelerator(mixed_precision="fp16" if use_amp else "no")
 
 def main():
     torch.manual_seed(0)
-    device = accelerator.device
+    device = accelerator.device.type
     g = torch.Generator().manual_seed(2)
     ds = TensorDataset(torch.randn(40, 10, generator=g), torch.randint(0, 2, (40,), generator=g))
     loader = DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(4))

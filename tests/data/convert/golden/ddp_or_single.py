@@ -14,7 +14,7 @@ block_size = 8
 gradient_accumulation_steps = 2
 max_iters = 12
 learning_rate = 1e-2
-device = accelerator.device
+device = accelerator.device.type
 backend = "nccl"
 
 ddp = accelerator.process_index != -1
@@ -22,7 +22,7 @@ if ddp:
     ddp_rank = accelerator.process_index
     ddp_local_rank = accelerator.local_process_index
     ddp_world_size = accelerator.num_processes
-    device = accelerator.device
+    device = str(accelerator.device)
     master_process = ddp_rank == 0
     seed_offset = ddp_rank
     assert gradient_accumulation_steps % ddp_world_size == 0

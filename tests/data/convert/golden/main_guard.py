@@ -10,7 +10,7 @@ from accelerate import Accelerator
 
 accelerator = Accelerator()
 
-device = accelerator.device
+device = accelerator.device.type
 
 
 class SeqRegressor(nn.Module):
@@ -46,7 +46,7 @@ if __name__ == "__main__":
         accelerator.backward(loss)
         optimizer.step()
         accelerator.print(f"LOSS epoch={epoch} loss={loss.item():.6f}")
-    if device.type == "cuda":
+    if device == "cuda":
         accelerator.print("trained on the GPU")
     else:
         accelerator.print("DEVICE cpu")

@@ -5,7 +5,7 @@ from accelerate import Accelerator
 
 accelerator = Accelerator()
 
-device = accelerator.device
+device = accelerator.device.type
 
 
 def make_data(n=64):

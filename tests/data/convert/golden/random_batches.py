@@ -14,7 +14,7 @@ batch_size = 6
 max_iters = 40
 learning_rate = 0.3
 target_loss = 2.2
-device = accelerator.device
+device = accelerator.device.type
 
 torch.manual_seed(1337)
 data = torch.randint(0, 9, (400,))

@@ -59,7 +59,7 @@ class Trainer:
         self.model = model
         self.train_dataset = train_dataset
         if config.device == "auto":
-            self.device = accelerator.device
+            self.device = accelerator.device.type
         else:
             self.device = accelerator.device
         accelerator.print("running on device", self.device)

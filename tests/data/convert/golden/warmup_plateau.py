@@ -37,7 +37,7 @@ def main():
     args = parser.parse_args()
     accelerator = Accelerator()
     torch.manual_seed(0)
-    device = accelerator.device
+    device = accelerator.device.type
 
     train_loader = DataLoader(make_split(64, 1), batch_size=8, shuffle=True)
     val_loader = DataLoader(make_split(32, 2), batch_size=8)

@@ -1,0 +1,51 @@
+"""The script's own modules beside it: is the imported code that trains a model already converted?
+
+A script that hands its model to `Trainer(...)` from a file of the same project trains nothing itself; converted
+alone it would train every process's own copy. Once that file is converted (it imports Accelerate and calls
+`prepare`), the model is prepared there, on every process, and the script needs nothing more. Only files under the
+script's folder count (`trainlib` -> `trainlib.py` or `trainlib/__init__.py`, `pkg.mod` -> `pkg/mod.py`); an
+installed package is never read. Parsed with `ast`, never imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+
+def module_file(qualified: str, directory: Path | None) -> Path | None:
+    """The file under `directory` that defines `qualified` (a module, or a name in one: `trainlib.Trainer`)."""
+    if directory is None:
+        return None
+    parts = qualified.split(".")
+    for end in range(len(parts), 0, -1):
+        base = directory.joinpath(*parts[:end])
+        for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def prepares_itself(path: Path) -> bool:
+    """The file imports Accelerate and calls `<something>.prepare(...)`: it was converted (or written for it)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return False
+    imports = prepares = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            imports = imports or any(m.split(".")[0] == "accelerate" for m in modules)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "prepare":
+            prepares = True
+    return imports and prepares
+
+
+def converted_neighbour(qualified_names: set[str], directory: Path | None) -> Path | None:
+    """The already-converted local file one of `qualified_names` (a call's) comes from, or None."""
+    for name in sorted(qualified_names):
+        found = module_file(name, directory)
+        if found is not None and prepares_itself(found):
+            return found
+    return None

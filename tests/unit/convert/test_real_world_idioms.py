@@ -1,0 +1,501 @@
+"""Issue #31: idioms of public training scripts the converter got wrong (a conversion that was not data-parallel,
+crashed or hung on 2 ranks, or a false refusal), each on a small script of our own in that shape."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accelkit.convert import convert_source
+from accelkit.convert.verify import verify
+
+
+def convert(source: str):
+    return convert_source(textwrap.dedent(source).lstrip(), filename="train.py")
+
+
+def test_a_module_level_loop_with_a_model_built_in_branches_is_prepared() -> None:
+    # nanoGPT's train.py: no functions, the model made in `if init_from == ...` branches and imported from a local
+    # module, the optimizer from `model.configure_optimizers(...)`, `DDP(model)` under `if ddp:`
+    result = convert("""
+        import os
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from mymodel import Net
+        init_from = "scratch"
+        ddp = int(os.environ.get("RANK", -1)) != -1
+        if init_from == "scratch":
+            model = Net()
+        elif init_from == "resume":
+            model = Net()
+            model.load_state_dict(torch.load("ckpt.pt"))
+        optimizer = model.configure_optimizers(0.1)
+        if ddp:
+            model = DDP(model)
+        raw_model = model.module if ddp else model
+        it = 0
+        while True:
+            loss = model(torch.randn(4, 2)).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            it += 1
+            if it > 10:
+                break
+    """)
+    assert "model, optimizer = accelerator.prepare(model, optimizer)\n" in result.code
+    assert "raw_model = accelerator.unwrap_model(model) if ddp else model\n" in result.code
+    assert result.code.index("accelerator.prepare(") < result.code.index("while True:")
+    assert not result.report.problems
+
+
+def test_a_print_at_import_time_stays_a_print_when_the_accelerator_is_made_in_main() -> None:
+    # `accelerator.print` at module level, with `accelerator` created inside main(): a NameError at import
+    result = convert("""
+        import argparse
+        import torch
+        print("starting")
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+            for x in loader:
+                model(x).sum().backward()
+                opt.step()
+            print("done")
+        if __name__ == "__main__":
+            main()
+    """)
+    assert result.code.startswith("import argparse\nimport torch\nfrom accelerate import Accelerator\nprint(")
+    assert '    accelerator.print("done")' in result.code
+    assert not result.report.problems
+
+
+def test_a_loader_sampler_set_epoch_goes_with_an_inline_distributed_sampler() -> None:
+    # a torchrun script: `sampler=DistributedSampler(ds)` inline, then `loader.sampler.set_epoch(epoch)`; the prepared
+    # loader's sampler has no set_epoch (AttributeError on the first epoch)
+    code = convert("""
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+        dist.init_process_group("gloo")
+        ds = torch.utils.data.TensorDataset(torch.ones(8, 2))
+        loader = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, shuffle=True))
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            for (x,) in loader:
+                model(x).sum().backward()
+                opt.step()
+    """).code
+    assert "set_epoch" not in code and "DistributedSampler" not in code
+    assert "shuffle=True" in code
+
+
+def test_verify_refuses_a_conversion_that_trains_but_prepares_nothing() -> None:
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        model = build()
+        for x in data:
+            accelerator.backward(model(x).sum())
+    """))
+    assert [f.line for f in findings] == [5]
+    assert "no model is passed to `accelerator.prepare(...)`" in findings[0].what
+    assert "not data-parallel" in findings[0].what
+
+
+def test_verify_refuses_prepare_of_self_inside_the_model_class() -> None:
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.opt = torch.optim.SGD(self.parameters(), lr=0.1)
+                self, self.opt = accelerator.prepare(self, self.opt)
+    """))
+    assert [f.line for f in findings] == [7]
+    assert "`accelerator.prepare(self, ...)` inside the model's own class" in findings[0].what
+
+
+def test_verify_refuses_accelerator_used_at_import_before_it_exists() -> None:
+    findings = verify(textwrap.dedent("""
+        import torch
+        accelerator.print("hello")
+        def main():
+            accelerator = Accelerator()
+            accelerator.print("inside")
+        if __name__ == "__main__":
+            main()
+    """))
+    assert [f.line for f in findings] == [3]
+    assert "NameError" in findings[0].what
+    # created first, used after: nothing to say
+    assert not verify("accelerator = Accelerator()\nif True:\n    accelerator.print(1)\n")
+
+
+def test_a_best_checkpoint_save_decided_by_each_process_gets_no_barrier() -> None:
+    # `if val_loss < best: torch.save(...)`: each process compares its own loss; barriers in that branch would
+    # leave the processes that skip it waiting. A save under a flag (`if args.save:`) keeps its barriers.
+    code = convert("""
+        import argparse
+        import torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--save", action="store_true")
+        args = parser.parse_args()
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        best = float("inf")
+        for epoch in range(3):
+            for x in loader:
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+            val_loss = loss.item()
+            if val_loss < best:
+                best = val_loss
+                torch.save(model.state_dict(), "best.pt")
+            if args.save and epoch % 2 == 0:
+                torch.save(model.state_dict(), "last.pt")
+    """).code
+    best = code[code.index("if val_loss < best:"):code.index("if args.save")]
+    flag = code[code.index("if args.save"):]
+    assert "wait_for_everyone" not in best and "accelerator.save(" in best
+    assert flag.count("accelerator.wait_for_everyone()") == 2
+
+
+def test_a_loader_returned_by_another_module_is_prepared() -> None:
+    # `train_loader, val_loader = get_loaders(...)` from the project's own data module: the converter cannot see
+    # into it, but the names and the loops say what they are; left alone, every process trained on all the data
+    result = convert("""
+        import torch
+        from data import get_loaders
+        def main():
+            train_loader, val_loader = get_loaders(batch_size=8)
+            model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x, y in train_loader:
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                for x, y in val_loader:
+                    out = model(x)
+        if __name__ == "__main__":
+            main()
+    """)
+    assert "model, opt, train_loader, val_loader = accelerator.prepare(" in result.code.replace("\n        ", "")
+    assert not result.report.problems
+
+
+def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
+    # `target = y` before the forward and compared after it: gathering (out, y) would compare the whole batch's
+    # predictions with this process's labels (a batch-size mismatch); the counts are summed across processes instead
+    code = convert("""
+        import torch
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ds = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)),
+                                            torch.zeros(16, dtype=torch.long))
+        loader = torch.utils.data.DataLoader(ds, batch_size=4)
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        correct = 0
+        with torch.no_grad():
+            for x, y in loader:
+                target = y
+                out = model(x)
+                correct += (out.argmax(1) == target).sum().item()
+        print(correct / len(loader.dataset))
+    """).code
+    assert "gather_for_metrics" not in code
+    assert 'correct = accelerator.reduce(torch.as_tensor(correct, device=accelerator.device), "sum").item()' in code
+
+
+def test_verify_refuses_a_loader_prepared_after_a_loop_over_it() -> None:
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        model, opt = accelerator.prepare(model, opt)
+        for x, y in enumerate(test_loader):
+            model(x)
+        test_loader = accelerator.prepare(test_loader)
+    """))
+    assert [f.line for f in findings] == [6]
+    assert "comes after line 4, which already iterates test_loader" in findings[0].what
+
+
+def test_an_archive_is_unpacked_by_the_main_process_first_with_its_existence_test() -> None:
+    # every process unpacking one archive into one folder at once; the `if not os.path.exists(...)` goes inside
+    # main_process_first too (the others find the folder made, and no process skips the barrier alone)
+    code = convert("""
+        import os
+        import tarfile
+        import torch
+        if not os.path.exists("data/train"):
+            with tarfile.open("data.tgz") as tar:
+                tar.extractall("data")
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+    """).code
+    assert 'with accelerator.main_process_first():\n    if not os.path.exists("data/train"):\n' in code
+
+
+def test_a_train_function_defined_before_the_prepare_is_no_false_refusal() -> None:
+    # `def train(): ...` written (not run) before the prepare point and called after it
+    findings = verify(textwrap.dedent("""
+        accelerator = Accelerator()
+        if __name__ == "__main__":
+            def train():
+                for x in loader:
+                    accelerator.backward(model(x).sum())
+            model, opt, loader = accelerator.prepare(model, opt, loader)
+            train()
+    """))
+    assert findings == []
+
+
+def test_an_assert_that_cuda_is_available_goes() -> None:
+    result = convert("""
+        import torch
+        assert torch.cuda.is_available(), "this script needs a GPU"
+        model = torch.nn.Linear(2, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        for x in loader:
+            model(x.cuda()).sum().backward()
+            opt.step()
+    """)
+    assert "assert" not in result.code and "is_available" not in result.code
+
+
+def test_hogwild_worker_processes_are_refused() -> None:
+    import pytest
+
+    from accelkit.errors import AccelkitError
+
+    with pytest.raises(AccelkitError, match=r"worker processes it starts itself .* \(line 5\)"):
+        convert("""
+            import torch
+            import torch.multiprocessing as mp
+            model = torch.nn.Linear(2, 1)
+            model.share_memory()
+            p = mp.Process(target=train, args=(model,))
+            p.start()
+        """)
+
+
+def test_an_amp_context_object_and_its_scaler_are_kept() -> None:
+    # nanoGPT: `ctx = nullcontext() if cpu else torch.amp.autocast(...)`, `GradScaler(enabled=(dtype == "float16"))`
+    # with dtype chosen at run time (bf16 where supported): no hard-coded Accelerator(mixed_precision="fp16")
+    result = convert("""
+        from contextlib import nullcontext
+        import torch
+        dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float16"
+        ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        ctx = nullcontext() if not torch.cuda.is_available() else torch.amp.autocast("cuda", dtype=ptdtype)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.AdamW(model.parameters())
+        scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
+        for it in range(3):
+            with ctx:
+                loss = model(torch.ones(4, 2)).sum()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+    """)
+    code = result.code
+    assert "accelerator = Accelerator()\n" in code and "mixed_precision" not in code
+    assert "accelerator.backward(scaler.scale(loss))" in code
+    assert "scaler.step(optimizer)" in code and "scaler.update()" in code
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in code
+
+
+def test_a_full_batch_graph_with_a_fixed_train_mask_is_left_whole() -> None:
+    # GCN/GAT: the whole graph every step, the loss on `labels[idx_train]` inside a helper: no sharding (sharding
+    # the labels alone would pair them with the wrong nodes) and no false refusal for "bounds"
+    result = convert("""
+        import torch
+        def train_step(model, optimizer, inputs, target, mask):
+            optimizer.zero_grad()
+            output = model(*inputs)
+            loss = torch.nn.functional.cross_entropy(output[mask], target[mask])
+            loss.backward()
+            optimizer.step()
+        if __name__ == "__main__":
+            features, adj = torch.randn(10, 4), torch.eye(10)
+            labels = torch.randint(0, 3, (10,))
+            idx_train = torch.arange(6)
+            model = Net()
+            optimizer = torch.optim.Adam(model.parameters())
+            for epoch in range(5):
+                train_step(model, optimizer, (features, adj), labels, idx_train)
+    """)
+    assert "shard" not in result.code and not result.report.problems
+    assert any("full batch" in f.action for f in result.report.found)
+
+
+def test_a_script_whose_training_runs_in_an_imported_trainer_is_refused() -> None:
+    # minGPT's projects: the model, data and `Trainer(config, model, data).run()` from the project's package; this
+    # file has no backward and no optimizer, so preparing only its evaluation loader would not be data-parallel
+    result = convert("""
+        import torch
+        from mingpt.model import GPT
+        from mingpt.trainer import Trainer
+        model = GPT(config)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+        trainer = Trainer(config, model, dataset)
+        trainer.run()
+        for x in loader:
+            model.generate(x)
+    """)
+    assert [p.line for p in result.report.problems] == [6]
+    assert "training happens in imported code (`Trainer`, mingpt.trainer.Trainer)" in result.report.problems[0].what
+
+
+def test_an_optimizer_created_under_a_flag_only_is_refused() -> None:
+    # word_language_model: `if args.use_optimizer: optimizer = AdamW(...)`, else manual SGD: one prepare after the
+    # `if` raised NameError without the flag, and the manual-SGD path trained an unprepared model
+    result = convert("""
+        import argparse
+        import torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--use-optimizer", action="store_true")
+        args = parser.parse_args()
+        model = torch.nn.Linear(2, 1)
+        if args.use_optimizer:
+            optimizer = torch.optim.AdamW(model.parameters())
+        for x in torch.ones(4, 3, 2):
+            model(x).sum().backward()
+            if args.use_optimizer:
+                optimizer.step()
+    """)
+    assert any("`optimizer` is only created when `args.use_optimizer` holds" in p.what
+               for p in result.report.problems)
+
+
+def test_windows_cut_along_the_second_dimension_are_refused() -> None:
+    # `ids[:, i:i + seq_length]` with ids of shape (batch, length) and states built for `batch_size` rows: sharding
+    # the rows halved the batch and crashed the first step on 2 ranks
+    result = convert("""
+        import torch
+        ids = torch.randint(0, 10, (4, 100))
+        model = torch.nn.LSTM(1, 8, batch_first=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(0, ids.size(1) - 5, 5):
+            inputs = ids[:, i:i + 5].float().unsqueeze(-1)
+            out, _ = model(inputs, (torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)))
+            out.sum().backward()
+            opt.step()
+    """)
+    assert any("along a later dimension (`ids[:, i:i + 5]`)" in p.what for p in result.report.problems)
+    assert "shard" not in result.code
+
+
+TRAINS_ELSEWHERE = """
+    import torch
+    from mylib.trainer import Trainer
+    model = torch.nn.Linear(2, 2)
+    trained = Trainer(model, torch.ones(8, 2)).fit(2)
+    print("DONE")
+"""
+UNCONVERTED_TRAINER = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, data):
+        self.model, self.data = model, data
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def fit(self, epochs):
+        for _ in range(epochs):
+            loss = self.model(self.data).sum()
+            loss.backward()
+            self.optimizer.step()
+        return self.model
+"""
+
+
+def _project(tmp_path, trainer_code: str):
+    (tmp_path / "mylib").mkdir()
+    (tmp_path / "mylib" / "__init__.py").write_text("")
+    (tmp_path / "mylib" / "trainer.py").write_text(trainer_code)
+    return convert_source(textwrap.dedent(TRAINS_ELSEWHERE).lstrip(), filename="train.py", directory=tmp_path)
+
+
+def test_a_script_whose_imported_trainer_is_converted_already_is_converted(tmp_path) -> None:
+    # the to-do of the refusal done: the project's trainer module converted first (in place), then this script
+    trainer = convert_source(UNCONVERTED_TRAINER, filename="trainer.py")
+    assert "accelerator.prepare(" in trainer.code
+    result = _project(tmp_path, trainer.code)
+    assert not result.report.problems, [p.what for p in result.report.problems]
+    assert "accelerator.print(\"DONE\")" in result.code and "prepare(" not in result.code
+    assert any("handed to imported code in trainer.py, which is converted already" in f.action
+               for f in result.report.found)
+
+
+def test_a_script_whose_imported_trainer_is_not_converted_is_still_refused(tmp_path) -> None:
+    # the same project before its trainer module is converted, and the same script with no folder to look in
+    for result in (_project(tmp_path, UNCONVERTED_TRAINER),
+                   convert_source(textwrap.dedent(TRAINS_ELSEWHERE).lstrip(), filename="train.py")):
+        assert [p.line for p in result.report.problems] == [3, 4], [p.what for p in result.report.problems]
+        assert "model `model` is only handed to imported code" in result.report.problems[0].what
+        assert "training happens in imported code (`Trainer`, mylib.trainer.Trainer)" in \
+            result.report.problems[1].what
+
+
+SUMMED_EVAL = """
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(TensorDataset(torch.rand(16, 4)), batch_size=4)
+    test_loader = DataLoader(TensorDataset(torch.rand(10, 4), torch.zeros(10)), batch_size=4)
+    def loss_function(recon, x):
+        return F.mse_loss(recon, x, reduction=REDUCTION)
+    for (x,) in train_loader:
+        loss = loss_function(model(x), x)
+        loss.backward()
+        optimizer.step()
+    test_loss = 0
+    with torch.no_grad():
+        for i, (data, _) in enumerate(test_loader):
+            test_loss += loss_function(model(data), data).item()
+    print(test_loss / len(test_loader.dataset))
+"""
+
+
+def test_a_summed_evaluation_loss_cuts_the_padded_samples_of_the_last_batch() -> None:
+    # pytorch/examples' VAE: `test_loss += loss_function(...).item()` (a sum inside the script's own function), no
+    # labels to gather: the reduce after the loop counted the samples Accelerate repeats to even out the last round
+    result = convert(SUMMED_EVAL.replace("REDUCTION", "'sum'"))
+    lines = [line.strip() for line in result.code.splitlines()]
+    start = lines.index("for i, (data, _) in enumerate(test_loader):")
+    assert lines[start + 2:start + 6] == [
+        "if accelerator.gradient_state.end_of_dataloader and accelerator.gradient_state.remainder > 0:",
+        "keep = min(max(accelerator.gradient_state.remainder - accelerator.process_index * len(data), 0), "
+        "len(data))",
+        "data, _ = data[:keep], _[:keep]",
+        "test_loss += loss_function(model(data), data).item()"], result.code
+    assert 'test_loss = accelerator.reduce(torch.as_tensor(test_loss, device=accelerator.device), "sum").item()' \
+        in result.code
+    assert any("each sample counted once" in f.action for f in result.report.found)
+    assert not result.report.problems
+
+
+def test_a_sum_of_batch_means_is_not_cut() -> None:
+    # `reduction='mean'` in the loss function: each term is a batch mean, an empty batch would be nan; the sum
+    # stays as it was (reduced after the loop), the report says the padding is counted
+    result = convert(SUMMED_EVAL.replace("REDUCTION", "'mean'"))
+    assert "remainder" not in result.code
+    assert any("padded by Accelerate for an uneven split is counted too" in f.action for f in result.report.found)
