@@ -49,16 +49,7 @@ def read_heads(path: Path, option: str = "--model-config") -> tuple[int, int] | 
     AccelkitError when a config file cannot be read."""
     if Path(path).suffix == ".py":
         return heads_in_script(Path(path))
-    file = config_file(Path(path))
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise AccelkitError(f"{option} {path}: cannot read {file.name} ({reason})",
-                            hint="give a model folder with a config.json, or the config.json itself") from None
-    for section in (data, data.get("text_config") if isinstance(data, dict) else None):
-        if not isinstance(section, dict):
-            continue
+    for section in _config_sections(Path(path), option):
         heads = section.get("num_attention_heads")
         if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
             kv = section.get("num_key_value_heads")
@@ -122,16 +113,22 @@ def read_layers(path: Path, option: str = "--model-config") -> int | None:
     pipeline's stage split; None when not stated. AccelkitError when a config file cannot be read."""
     if Path(path).suffix == ".py":
         return _layers_in_script(Path(path))
-    file = config_file(Path(path))
+    for section in _config_sections(Path(path), option):
+        layers = section.get("num_hidden_layers", section.get("n_layer"))
+        if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+            return layers
+    return None
+
+
+def _config_sections(path: Path, option: str) -> list[dict]:
+    """The config.json at `path` (a file or a model folder) and its `text_config` (multimodal models keep the
+    language model's sizes there), the dicts among them. AccelkitError when the file cannot be read."""
+    file = config_file(path)
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise AccelkitError(f"{option} {path}: cannot read {file.name} ({reason})",
                             hint="give a model folder with a config.json, or the config.json itself") from None
-    for section in (data, data.get("text_config") if isinstance(data, dict) else None):
-        if isinstance(section, dict):
-            layers = section.get("num_hidden_layers", section.get("n_layer"))
-            if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
-                return layers
-    return None
+    sections = (data, data.get("text_config") if isinstance(data, dict) else None)
+    return [section for section in sections if isinstance(section, dict)]

@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -355,3 +356,28 @@ if __name__ == "__main__":
         print(f"export SLURM_CONF={cluster.conf}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
+
+
+def module_cluster(root: Path, **settings) -> Iterator[SlurmCluster]:
+    """The body of a test module's `cluster` fixture: a started cluster (a test failure naming the packages to
+    install when Slurm is missing), stopped when the module's tests are done."""
+    import pytest
+
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
+    slurm = SlurmCluster(root, **settings)
+    slurm.start()
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def write_job(project: Path, *args: str) -> Path:
+    """`accelkit launch --slurm job.sbatch ARGS` in `project`: the job file it wrote."""
+    from helpers import run_accelkit
+
+    proc = run_accelkit("launch", "--slurm", "job.sbatch", *args, cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    return project / "job.sbatch"

@@ -28,7 +28,14 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import DATA, REPO_ROOT, run_accelkit
-from helpers.slurm import CPUS_PER_NODE, INSTALL_HINT, MEMORY_MIB_PER_NODE, NODES, SlurmCluster, missing_binaries
+from helpers.slurm import (
+    CPUS_PER_NODE,
+    MEMORY_MIB_PER_NODE,
+    NODES,
+    SlurmCluster,
+    module_cluster,
+    write_job,
+)
 
 from accelkit.scaffold import init_project
 
@@ -57,21 +64,7 @@ torch.distributed.all_reduce(tensor)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    missing = missing_binaries()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-cluster"), gpus_per_node=GPUS_PER_NODE, network=True)
-    slurm.start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
-def write_job(project: Path, *args: str) -> Path:
-    proc = run_accelkit("launch", "--slurm", "job.sbatch", *args, cwd=project)
-    assert proc.returncode == 0, proc.stderr
-    return project / "job.sbatch"
+    yield from module_cluster(tmp_path_factory.mktemp("slurm-cluster"), gpus_per_node=GPUS_PER_NODE, network=True)
 
 
 def submit(cluster: SlurmCluster, job: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:

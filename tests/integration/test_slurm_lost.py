@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import DATA, run_accelkit
-from helpers.slurm import INSTALL_HINT, NODES, SlurmCluster, _binary, missing_binaries
+from helpers import DATA
+from helpers.slurm import NODES, SlurmCluster, _binary, module_cluster, write_job
 
 from accelkit.scaffold import init_project
 
@@ -32,21 +32,7 @@ FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    missing = missing_binaries()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-lost"), network=True)
-    slurm.start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
-def write_job(project: Path, *args: str) -> Path:
-    proc = run_accelkit("launch", "--slurm", "job.sbatch", *args, cwd=project)
-    assert proc.returncode == 0, proc.stderr
-    return project / "job.sbatch"
+    yield from module_cluster(tmp_path_factory.mktemp("slurm-lost"), network=True)
 
 
 def reference_run(project: Path, steps: int) -> subprocess.Popen:

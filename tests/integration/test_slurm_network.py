@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import DATA, run_accelkit
-from helpers.slurm import INSTALL_HINT, NODES, SlurmCluster, missing_binaries
+from helpers import DATA
+from helpers.slurm import NODES, SlurmCluster, module_cluster, write_job
 
 from accelkit.launch.ports import free_port
 
@@ -26,21 +26,7 @@ PROBE = DATA / "launch" / "probe.py"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    missing = missing_binaries()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm-net"), network=True)
-    slurm.start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
-def write_job(project: Path, *args: str) -> Path:
-    proc = run_accelkit("launch", "--slurm", "job.sbatch", *args, cwd=project)
-    assert proc.returncode == 0, proc.stderr
-    return project / "job.sbatch"
+    yield from module_cluster(tmp_path_factory.mktemp("slurm-net"), network=True)
 
 
 def assert_refused_cleanly(cluster: SlurmCluster, job: Path, error: str, env: dict[str, str] | None = None,
