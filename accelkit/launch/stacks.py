@@ -1,7 +1,8 @@
 """Read the Python stacks faulthandler dumped for each rank and say where the job hangs.
 
 For every rank: the main thread's frames, the collective it waits in (the innermost frame in torch.distributed or
-deepspeed.comm, e.g. `all_reduce`, `barrier`; a DDP gradient all-reduce runs inside `backward`) and the line of the
+deepspeed.comm, e.g. `all_reduce`, `barrier`; a DDP gradient all-reduce runs inside `backward`; a pipeline stage waits
+in torch.distributed.pipelining's point-to-point send/recv to its neighbour) and the line of the
 user's code that called it. Across ranks: whether they wait in different collectives (the usual cause: a rank took
 another branch) or whether some rank is not in a collective at all (the others wait for it).
 """
@@ -46,6 +47,8 @@ class RankStack:
             return None
         if frame.function == "_engine_run_backward":
             return "backward (DDP's gradient all-reduce)"
+        if "/torch/distributed/pipelining/" in frame.file.replace("\\", "/"):
+            return f"the pipeline's send/recv to a neighbouring stage ({frame.function})"
         return frame.function
 
     @property

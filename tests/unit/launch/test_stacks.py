@@ -92,6 +92,18 @@ def test_ddp_backward_counts_as_waiting_in_its_all_reduce():
     assert backward.where() == "/work/train.py:30 in main"
 
 
+def test_a_pipeline_stage_waiting_in_its_point_to_point_receive_waits_for_its_neighbour():
+    schedules = "/venv/lib/python3.11/site-packages/torch/distributed/pipelining/schedules.py"
+    receiving = stack(0, ("/work/train.py", 46, "main"), (schedules, 928, "_step_microbatches"),
+                      (schedules, 683, "_wait_batch_p2p"))
+    assert receiving.wait == "the pipeline's send/recv to a neighbouring stage (_wait_batch_p2p)"
+    text, advice = diagnosis([receiving, stack(1, ("/work/train.py", 30, "forward"))])
+    assert text == ("rank 1 is not in any collective (it is at /work/train.py:30 in forward) while rank 0 waits in "
+                    "the pipeline's send/recv to a neighbouring stage (_wait_batch_p2p) at /work/train.py:46 in main: "
+                    "the others wait for rank 1")
+    assert advice == "look at the line rank 1 is stuck at (its stack is above)"
+
+
 def test_no_rank_in_a_collective():
     text, _ = diagnosis([stack(0, ("/work/a.py", 1, "f")), stack(1, ("/work/a.py", 2, "g"))])
     assert text == "no rank is in a collective (rank 0 at /work/a.py:1 in f; rank 1 at /work/a.py:2 in g)"
