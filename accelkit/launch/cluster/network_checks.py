@@ -26,6 +26,8 @@ from accelkit.errors import AccelkitError
 from accelkit.launch.cluster.network import is_loopback, resolve
 
 CHECK_PREFIX = "network/"
+CLEANED_PREFIX = "network-cleaned/"
+CLEANUP_WAIT = 10.0  # seconds a node waits for the others to remove their markers before it refuses the job
 CONNECT_TIMEOUT = 10.0  # seconds a node tries machine 0's port (a dropped SYN shows as this wait)
 MARKER_PREFIX = ".accelkit-shared-"
 
@@ -170,6 +172,8 @@ class NetworkChecks:
         board.put(f"{CHECK_PREFIX}{self.machine}", {"node": self.node, "unreachable": unreachable,
                                                     "unseen": unseen})
         findings = wait_for_all(board, CHECK_PREFIX, self.machines, timeout)
+        if any(found["unreachable"] or found["unseen"] for found in findings.values()):
+            self._clean_up_together(board)
         for machine, found in sorted(findings.items()):
             if found["unreachable"]:
                 raise AccelkitError(
@@ -187,3 +191,14 @@ class NetworkChecks:
                     "there, and this job's checkpoints are sharded across nodes",
                     hint="run the job from a directory on a filesystem every node mounts (a shared home or "
                          "parallel filesystem), so each checkpoint is whole in one place; nothing was started")
+
+    def _clean_up_together(self, board) -> None:
+        """Before any node refuses the job: every node removes its marker and frees machine 0's port, and waits
+        (briefly) until all have. The first node to exit with the refusal makes srun end the others, which must
+        not find them halfway through their cleanup."""
+        from accelkit.launch.cluster.job_board import wait_for_all
+
+        self.__exit__()
+        board.put(f"{CLEANED_PREFIX}{self.machine}", True)
+        with contextlib.suppress(AccelkitError):  # a node that is gone already cleans up nothing more
+            wait_for_all(board, CLEANED_PREFIX, self.machines, CLEANUP_WAIT)
