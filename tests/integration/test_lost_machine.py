@@ -144,8 +144,8 @@ def test_a_lost_machine_is_named_by_machine_zero_within_the_lost_timeout(tmp_pat
     silent = int(found.group(1))
     assert (3 <= silent <= LOST_TIMEOUT + 2) if fault == "crash" else (LOST_TIMEOUT <= silent <= LOST_TIMEOUT + 2), \
         text
-    # Open (seen once, in a CI run under load, crash case): the lost machine's step read as 0 while the ranks were
-    # at ~40; until that is explained only the upper bound is held here.
+    # The tiny model takes 40+ steps a second, so the last beat (one a second) may come before its first optimizer
+    # step: 0 is a true "last at step" (measured: 0, 3, 4 and 11 when machine 0 logged 40-60).
     assert 0 <= int(found.group(2)) <= logged[-1] + 20, text
     assert text.rstrip().splitlines()[-1].startswith("accelkit: the job failed: machine 1 (node node1"), text
     assert "failed first" not in text, text  # machine 0's ranks only lost their peer
