@@ -14,12 +14,11 @@ from accelkit.errors import AccelkitError
 
 def options_with_config_comment(options: Any, labels: dict[str, str], config_file: Path) -> tuple[Any, dict]:
     """`options` plus the compression a config written by `accelkit config` carries (given options win)."""
+    from accelkit.configs import comment_spec
+
     if options.grad_compression is not None or options.reduce_dtype is not None:
         return options, labels
-    try:
-        spec = read_comment(Path(config_file).read_text(errors="replace"), str(config_file))
-    except OSError:
-        return options, labels
+    spec = comment_spec(config_file, read_comment)
     if spec is None:
         return options, labels
     given = {"grad_compression": spec.method}

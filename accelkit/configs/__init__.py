@@ -6,7 +6,8 @@
     resolve.py   options on top of a preset or file, defaults filled -> ResolvedConfig (+ Accelerate's own check)
     resolved.py  ResolvedConfig: typed, frozen, the source of every value; to_accelerate_dict()
     rules.py     the one rule set over a ResolvedConfig (config, launch and `config --check` share its words)
-    files.py     config files: load (line and column of syntax errors) and check (`accelkit config --check`)
+    files.py     config files: load (line and column of syntax errors), check (`accelkit config --check`), and
+                 read the comment lines accelkit writes into them
     render.py    a config -> commented YAML (+ its DeepSpeed JSON), written without partial files
     model_heads.py  the model's attention heads and layers (config.json) against the tp size and the pp stages
     pipeline.py  where a pipeline layout lives (no Accelerate key): $ACCELKIT_PIPELINE and the YAML's comment line
@@ -55,6 +56,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     # files: load, check, write
     "load_config": "files",
     "check_config": "files",
+    "comment_spec": "files",
     "render_yaml": "render",
     "write_config": "render",
     "write_deepspeed_json": "render",

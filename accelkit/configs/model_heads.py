@@ -20,26 +20,32 @@ def config_file(path: Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
-def heads_in_script(path: Path) -> tuple[int, int] | None:
-    """The heads of the one model config a training script builds in code with literal sizes (the templates'
-    `LlamaConfig(..., num_attention_heads=4, num_key_value_heads=2)`), read from its syntax tree: nothing runs.
-    None when there is no such call, or several that disagree."""
+def _config_calls_in_script(path: Path) -> list[dict[str, int]]:
+    """The integer keyword arguments of every `...Config(...)` call a training script makes with literal values
+    (the templates' `LlamaConfig(num_hidden_layers=2, num_attention_heads=4, ...)`), read from its syntax tree:
+    nothing runs. Empty when the script cannot be read or parsed."""
     import ast
 
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-        return None
-    found = set()
+        return []
+    calls = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = getattr(node.func, "id", None) or getattr(node.func, "attr", None) or ""
-        values = {k.arg: k.value.value for k in node.keywords
-                  if isinstance(k.value, ast.Constant) and isinstance(k.value.value, int)}
-        if name.endswith("Config") and isinstance(values.get("num_attention_heads"), int):
-            heads = values["num_attention_heads"]
-            found.add((heads, values.get("num_key_value_heads", heads)))
+        if name.endswith("Config"):
+            calls.append({k.arg: k.value.value for k in node.keywords
+                          if isinstance(k.value, ast.Constant) and isinstance(k.value.value, int)})
+    return calls
+
+
+def heads_in_script(path: Path) -> tuple[int, int] | None:
+    """The heads of the one model config a training script builds in code with literal sizes; None when there is
+    no such call, or several that disagree."""
+    found = {(values["num_attention_heads"], values.get("num_key_value_heads", values["num_attention_heads"]))
+             for values in _config_calls_in_script(path) if "num_attention_heads" in values}
     return found.pop() if len(found) == 1 else None
 
 
@@ -90,21 +96,8 @@ def tp_heads_problem(tp: int, heads: tuple[int, int]) -> tuple[str, str] | None:
 
 def _layers_in_script(path: Path) -> int | None:
     """The decoder layers of the one model config a training script builds in code with literal sizes
-    (`LlamaConfig(..., num_hidden_layers=2)`), read from its syntax tree; None when absent or ambiguous."""
-    import ast
-
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-        return None
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-                                           or "").endswith("Config"):
-            for keyword in node.keywords:
-                if keyword.arg == "num_hidden_layers" and isinstance(keyword.value, ast.Constant) and \
-                        isinstance(keyword.value.value, int):
-                    found.add(keyword.value.value)
+    (`LlamaConfig(..., num_hidden_layers=2)`); None when absent or ambiguous."""
+    found = {values["num_hidden_layers"] for values in _config_calls_in_script(path) if "num_hidden_layers" in values}
     return found.pop() if len(found) == 1 else None
 
 

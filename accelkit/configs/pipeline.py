@@ -105,14 +105,12 @@ def header_lines(config: Any) -> list[str]:
 def options_with_config_comment(options: Any, labels: dict[str, str], config_file: Any) -> tuple[Any, dict]:
     """`options` plus the pipeline a config written by `accelkit config` carries (options given win)."""
     from dataclasses import replace
-    from pathlib import Path
+
+    from accelkit.configs.files import comment_spec
 
     if options.pp_size is not None:
         return options, labels
-    try:
-        spec = read_comment(Path(config_file).read_text(errors="replace"), str(config_file))
-    except OSError:
-        return options, labels
+    spec = comment_spec(config_file, read_comment)
     if spec is None:
         return options, labels
     given = {name: value for name, value in (("pp_size", spec.pp), ("pp_schedule", spec.schedule),
