@@ -61,7 +61,7 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @click.option("--time", "time_limit", default=None, metavar="T", help="With --slurm: time limit, e.g. 04:00:00.")
 @click.option("--requeue", is_flag=True, default=None,
               help="With --slurm: on SIGUSR1 (before the time limit or a preemption) the ranks save a checkpoint "
-                   "and stop, and the job requeues itself; the script resumes from its latest checkpoint.")
+                   "and stop, and the job requeues itself; a script that loads its latest checkpoint resumes from it.")
 @click.option("--signal-before", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="With --slurm --requeue: send SIGUSR1 this long before the time limit. Default 120.")
 @click.option("--accelerator", default=None, metavar="NAME",

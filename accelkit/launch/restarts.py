@@ -127,8 +127,8 @@ class RestartReporter(logging.Handler):
                     self.board.put_first(f"{RESTART_PREFIX}{attempt}", record)
             else:
                 cause = self._cause_from_board(attempt) or cause
-        self._say(f"{cause}; restarting every rank: attempt {attempt} of {total + 1} (--max-restarts {total}); "
-                  "the script resumes from its latest checkpoint")
+        # Whether the script resumes is the script's own doing: the supervisor says so when it sees the load.
+        self._say(f"{cause}; restarting every rank: attempt {attempt} of {total + 1} (--max-restarts {total})")
         self._append({"attempt": attempt, "cause": cause, "time": time.time()})
 
     def _cause_from_board(self, attempt: int) -> str | None:
@@ -200,7 +200,10 @@ class ResumeAnnouncer:
         causes = {int(entry["attempt"]) - 1: entry["cause"] for entry in attempts}
         for attempt in range(1, len(attempts) + 2):
             resumed = self.resumed.get((requeue, attempt))
-            start = f"resumed from {_resumed_text(resumed)}" if resumed else "started"
+            if resumed:
+                start = f"resumed from {_resumed_text(resumed)}"
+            else:  # a later attempt (or a requeued run) that loaded nothing trained from where it started
+                start = "started" if attempt == 1 and not requeue else "started without loading a checkpoint"
             end = f"ended: {causes[attempt]}" if attempt in causes else ended
             lines.append(f"  attempt {attempt}: {start}; {end}")
         return lines

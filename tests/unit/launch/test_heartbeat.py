@@ -116,7 +116,7 @@ def test_each_restart_is_one_line_naming_the_rank_its_signal_and_the_attempt(tmp
                           "FAILED", 2, 2))
     line = capsys.readouterr().err.strip()
     assert line == ("accelkit: rank 3 (pid 4242) was killed by SIGKILL on node n2 (machine 1); restarting every "
-                    "rank: attempt 2 of 3 (--max-restarts 2); the script resumes from its latest checkpoint")
+                    "rank: attempt 2 of 3 (--max-restarts 2)")
     # the restarted ranks meet under this count (accelkit.ranks.restart_store)
     import os
 
@@ -163,3 +163,15 @@ def test_a_first_attempt_that_resumed_says_nothing(tmp_path: Path) -> None:
                                                                 "attempt": 1, "requeue": 0}))
     announcer = ResumeAnnouncer(tmp_path)
     assert announcer.poll() == [] and announcer.summary_lines(0) == []
+
+
+def test_a_restarted_attempt_that_loaded_no_checkpoint_is_not_said_to_resume(tmp_path: Path) -> None:
+    """A script that does not load its checkpoint on restart (no --resume-from-checkpoint) starts over: the
+    summary says so instead of claiming a resume."""
+    (tmp_path / "attempts.jsonl").write_text(json.dumps({"attempt": 2, "cause": "rank 1 (pid 9) was killed by "
+                                                                                 "SIGKILL", "time": 0.0}) + "\n")
+    (tmp_path / "ranks").mkdir()
+    announcer = ResumeAnnouncer(tmp_path)
+    assert announcer.summary_lines(0) == ["this run took 2 attempt(s):",
+                                          "  attempt 1: started; ended: rank 1 (pid 9) was killed by SIGKILL",
+                                          "  attempt 2: started without loading a checkpoint; finished"]
