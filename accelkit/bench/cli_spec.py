@@ -36,6 +36,8 @@ def comm_settings(sizes: str | None, iters: int | None, cpu: bool) -> CommSettin
                  else CPU_SIZES if cpu else GPU_SIZES)
     try:
         values = size_range(parse_size(low), parse_size(high))
+    except AccelkitError as exc:
+        raise AccelkitError(f"--comm-sizes {sizes}: {exc.message}", hint="e.g. --comm-sizes 64K:64M") from None
     except ValueError as exc:
         raise AccelkitError(f"--comm-sizes {sizes}: {exc}", hint="e.g. --comm-sizes 64K:64M") from None
     iters = iters or (5 if cpu else 20)

@@ -15,7 +15,6 @@ publish, and the communication time a step should take from them. Pure arithmeti
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,19 +25,15 @@ GPU_SIZES = ("1K", "256M")
 CPU_SIZES = ("4K", "16M")
 SIZE_FACTOR = 4  # consecutive sizes differ by this factor (nccl-tests -f)
 
-_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2,
-          "G": 1024**3, "GB": 1024**3, "GIB": 1024**3, "T": 1024**4, "TB": 1024**4, "TIB": 1024**4,
-          "P": 1024**5, "PB": 1024**5, "PIB": 1024**5}
 
 
 def parse_size(text: str) -> int:
-    """`64K`, `16M`, `1G`, `4096` -> bytes (binary units, like nccl-tests' -b/-e)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 64K, 16M, 1G)")
-    size = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    """`64K`, `16M`, `1G`, `4096` -> bytes: a bare letter is binary, like nccl-tests' -b/-e; `1GB` is 10^9 and
+    `1GiB` 2^30, as in every other command (accelkit.sizes)."""
     from accelkit.limits import MAX_MESSAGE_BYTES
+    from accelkit.sizes import parse_bytes
 
+    size = parse_bytes(text, "--comm-sizes", bare_number=True, binary_letters=True)
     if size > MAX_MESSAGE_BYTES:
         raise ValueError(f"{text.strip()} is more than any GPU holds (the limit is 1T per message)")
     return size

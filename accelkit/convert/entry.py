@@ -88,7 +88,7 @@ def check_conversion(request: ConvertRequest, progress: Callable[[str], None]) -
     """--check: the original on 1 process, the conversion on CHECK_PROCESSES, invariant by invariant."""
     from accelkit.convert.check.api import CheckOptions, check_script
     from accelkit.convert.write import read_script
-    from accelkit.plan import parse_bytes
+    from accelkit.sizes import parse_bytes
 
     limit = parse_bytes(request.sandbox_limit, "--sandbox-limit")
     script, args, steps, backend, converted = (request.script, list(request.script_args), request.steps,

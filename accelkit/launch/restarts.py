@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from accelkit.launch.failures import signal_name
-from accelkit.ranks import GROUP_ATTEMPT_ENV
+from accelkit.ranks import RENDEZVOUS_ROUND_ENV
 
 ATTEMPTS_FILE = "attempts.jsonl"
 RESTART_PREFIX = "restart/"  # job board: restart/<attempt> -> the failure that caused it, from the node that saw it
@@ -34,6 +34,9 @@ PEER_LOSS_MARKERS = ("Connection closed by peer", "Connection reset by peer", "B
 _PEER_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")  # gloo's "[10.77.0.12]:45491" (not its "[pair.cc:553]")
 _AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
 _PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+_RENDEZVOUS_LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+_JOINED_ROUND = re.compile(r"has joined round (\d+) of the rendezvous")
+MEMBERSHIP_CAUSE = "another machine's ranks restarted"
 
 
 def is_peer_loss(error: str | None) -> bool:
@@ -71,7 +74,12 @@ def rank_failure_text(watch_dir: Path | None, pid: int, local_rank: int, exitcod
 
 
 class RestartReporter(logging.Handler):
-    """Listens to torchrun's agent in this process; see the module's docstring."""
+    """Listens to torchrun's agent in this process; see the module's docstring.
+
+    Attempts are numbered by the rendezvous round (attempt = round + 1): every machine's agent joins the same round
+    of one c10d rendezvous, whether its own rank failed (a restart torchrun counts) or another machine's did (a
+    membership change, which torchrun does not count), so the number is the same on every machine. The restarted
+    ranks meet under it (accelkit.ranks.restart_store), and the lines and the summary say it."""
 
     def __init__(self, watch_dir: Path | None, max_restarts: int, *, machine: int = 0, machines: int = 1,
                  node: str | None = None, board=None, stream=None) -> None:
@@ -82,12 +90,12 @@ class RestartReporter(logging.Handler):
         self.board = board
         self.stream = stream
         self.failure: tuple[str, bool] | None = None  # the last failed worker torchrun logged
-        self.groups = 0  # group restarts this agent made (see _next_group)
+        self.round = 0  # the rendezvous round this agent's ranks run in (the first is round 0)
 
     def install(self) -> None:
         import importlib
 
-        for name in (_AGENT_LOGGER, _PROCESSES_LOGGER):
+        for name in (_AGENT_LOGGER, _PROCESSES_LOGGER, _RENDEZVOUS_LOGGER):
             importlib.import_module(name)  # torch sets its loggers' levels when it imports them: import first
             logger = logging.getLogger(name)
             logger.addHandler(self)
@@ -98,24 +106,25 @@ class RestartReporter(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):  # reporting must never break the agent
             message, args = str(record.msg), record.args or ()
-            if message.startswith("failed (exitcode") and len(args) >= 3:
+            if record.name == _RENDEZVOUS_LOGGER:
+                self._rendezvous_record(record)
+            elif message.startswith("failed (exitcode") and len(args) >= 3:
                 self.failure = rank_failure_text(self.watch_dir, int(args[2]), int(args[1]), int(args[0]))
             elif "attempts left" in message and len(args) >= 4:
-                self._next_group()
                 self._restarting(remaining=int(args[2]), total=int(args[3]))
             elif "new nodes from group_rank" in message:
-                self._next_group()
-                self._say("another machine's ranks restarted; restarting this machine's ranks with them")
+                self._restarting_with_the_others()
 
-    def _next_group(self) -> None:
-        """Every agent restarts its ranks once per group restart, whether its own rank failed (a counted restart)
-        or another machine's did (a membership change, which torchrun does not count): this count is the same on
-        every machine, and the ranks meet under it (accelkit.ranks.restart_store)."""
-        self.groups += 1
-        os.environ[GROUP_ATTEMPT_ENV] = str(self.groups)
+    def _rendezvous_record(self, record: logging.LogRecord) -> None:
+        joined = _JOINED_ROUND.search(record.getMessage())
+        if joined is not None:  # logged before the agent starts the round's ranks: they inherit the round
+            self.round = int(joined.group(1))
+            os.environ[RENDEZVOUS_ROUND_ENV] = str(self.round)
+        elif record.levelno >= logging.WARNING:  # torchrun's own warnings still reach its handlers
+            logging.getLogger(_RENDEZVOUS_LOGGER.rsplit(".", 1)[0]).handle(record)
 
     def _restarting(self, remaining: int, total: int) -> None:
-        attempt = total - remaining + 2  # the attempt about to start (the first run is attempt 1)
+        attempt = self.round + 2  # the attempt about to start: the next round's
         what, peer_loss = self.failure or ("a rank failed", False)
         self.failure = None
         where = f" on node {self.node} (machine {self.machine})" if self.machines > 1 else ""
@@ -129,6 +138,13 @@ class RestartReporter(logging.Handler):
                 cause = self._cause_from_board(attempt) or cause
         # Whether the script resumes is the script's own doing: the supervisor says so when it sees the load.
         self._say(f"{cause}; restarting every rank: attempt {attempt} of {total + 1} (--max-restarts {total})")
+        self._append({"attempt": attempt, "cause": cause, "time": time.time()})
+
+    def _restarting_with_the_others(self) -> None:
+        """Another machine's agent restarted its ranks and waits in the next round: this one follows."""
+        attempt = self.round + 2
+        cause = (self._cause_from_board(attempt) if self.board is not None else None) or MEMBERSHIP_CAUSE
+        self._say(f"{cause}; restarting this machine's ranks with the others: attempt {attempt}")
         self._append({"attempt": attempt, "cause": cause, "time": time.time()})
 
     def _cause_from_board(self, attempt: int) -> str | None:
@@ -196,14 +212,17 @@ class ResumeAnnouncer:
             return []
         ended = "finished" if status == 0 else f"ended with status {status}"
         head = f"this run (requeue {requeue} of the SLURM job)" if requeue else "this run"
-        lines = [f"{head} took {len(attempts) + 1} attempt(s):"]
-        causes = {int(entry["attempt"]) - 1: entry["cause"] for entry in attempts}
-        for attempt in range(1, len(attempts) + 2):
+        started = sorted({1} | {int(entry["attempt"]) for entry in attempts} |
+                         {key[1] for key in self.resumed if key[0] == requeue})
+        lines = [f"{head} took {len(started)} attempt(s):"]
+        ends = {int(entry["attempt"]): entry["cause"] for entry in attempts}  # the cause that started the next
+        for index, attempt in enumerate(started):
             resumed = self.resumed.get((requeue, attempt))
             if resumed:
                 start = f"resumed from {_resumed_text(resumed)}"
             else:  # a later attempt (or a requeued run) that loaded nothing trained from where it started
                 start = "started" if attempt == 1 and not requeue else "started without loading a checkpoint"
-            end = f"ended: {causes[attempt]}" if attempt in causes else ended
+            following = started[index + 1] if index + 1 < len(started) else None
+            end = f"ended: {ends[following]}" if following in ends else ended
             lines.append(f"  attempt {attempt}: {start}; {end}")
         return lines

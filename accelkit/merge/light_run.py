@@ -42,11 +42,11 @@ from accelkit.merge.output import (
     check_free_space,
     check_paths,
     copy_side_files,
-    format_bytes,
     progress_bar,
 )
 from accelkit.merge.records import RecordReader
 from accelkit.merge.writer import safetensors_header, verify_output
+from accelkit.sizes import format_bytes
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
 SAFETENSORS_METADATA = {"format": "pt"}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelkit.merge.output import format_bytes
+from accelkit.sizes import format_bytes
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import refuse_overwrite, write_error
+from accelkit.sizes import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from accelkit.merge.source import TensorEntry
@@ -89,14 +89,6 @@ def merged_files(folder: Path) -> list[str]:
     return []
 
 
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n} B"
-
-
 def check_free_space(measured_at: Path, needed: int, output: Path) -> None:
     """Refuse before writing when the file system holding `measured_at` (the staged output) lacks `needed` bytes;
     the message names the folder the user chose."""
@@ -139,19 +131,11 @@ def copy_side_files(temp: Path, side_files: list[Path], output: Path) -> None:
 # overflow the limit, a tensor larger than the limit alone in its own shard.
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50, "EIB": 2**60}
 
 
 def parse_size(text: str) -> int:
-    """'5GB' -> 5_000_000_000, '500MiB' -> 524288000 (the units transformers' max_shard_size accepts)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise AccelkitError(f"cannot read shard size {text!r}", hint="use a number with a unit, e.g. 5GB or 500MB")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if size <= 0:
-        raise AccelkitError("--max-shard-size must be positive", hint="e.g. --max-shard-size 5GB")
-    return size
+    """'5GB' -> 5_000_000_000, '500MiB' -> 524288000, '4096' -> 4096 (what transformers' max_shard_size accepts)."""
+    return parse_bytes(text, "--max-shard-size", bare_number=True)
 
 
 def plan_shards(entries: list[TensorEntry], max_bytes: int) -> list[list[TensorEntry]]:

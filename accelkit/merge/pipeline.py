@@ -30,7 +30,6 @@ from accelkit.merge.output import (
     check_free_space,
     check_paths,
     copy_side_files,
-    format_bytes,
     parse_size,
     plan_shards,
     progress_bar,
@@ -39,6 +38,7 @@ from accelkit.merge.output import (
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
 from accelkit.merge.writer import build_header
+from accelkit.sizes import format_bytes
 
 _CASTS: dict[str, torch.dtype | None] = {choice: getattr(torch, name) if name else None
                                         for choice, name in CAST.items()}

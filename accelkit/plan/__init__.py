@@ -1,7 +1,7 @@
 """`accelkit plan`: memory per GPU for every data-parallel strategy, the recommendation, and the proof.
 
     api.py                   the command line's values in, the plan out (checks first, then the work)
-    inputs.py, sizes.py      hardware and training settings; strict sizes and counts
+    inputs.py                hardware and training settings (sizes and counts: accelkit.sizes)
     models.py, projects.py   MODEL -> a spec that builds the model on the meta device (config, Hub, project, shape)
     shape.py                 parameter tensors, optimizer groups, FSDP2 units, largest module
     states.py                parameters / gradients / optimizer states per rank, as each backend lays them out
@@ -22,6 +22,4 @@ from accelkit.exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "run_plan": "api",
     "PlanResult": "api",
-    "parse_bytes": "sizes",
-    "format_bytes": "sizes",
 })

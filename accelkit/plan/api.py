@@ -19,7 +19,7 @@ from accelkit.errors import AccelkitError
 from accelkit.plan.inputs import Hardware, Training, check_hardware, check_sizes, check_training
 from accelkit.plan.models import ShapeFlags, resolve_model
 from accelkit.plan.recommend import Recommendation
-from accelkit.plan.sizes import format_bytes, parse_bytes, parse_count
+from accelkit.sizes import format_bytes, parse_bytes, parse_count
 
 DEFAULT_SEQ_LEN = 2048
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from accelkit.plan.activations.profile import Profile, from_formula
 from accelkit.plan.estimate import CUDA_RESERVE, usable_gpu
 from accelkit.plan.pipeline import Pipeline
-from accelkit.plan.sizes import format_bytes
+from accelkit.sizes import format_bytes
 
 MOMENTS = {"adamw": 2, "sgd-momentum": 1, "sgd": 0, "adafactor": 1}
 SHARDED_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "local_colwise", "local_rowwise",

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelkit.plan import nd
-from accelkit.plan.sizes import format_bytes
+from accelkit.sizes import format_bytes
 
 NEEDED_DIMS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
 

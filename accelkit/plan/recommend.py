@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accelkit.plan.estimate import Estimate
-from accelkit.plan.sizes import format_bytes
+from accelkit.sizes import format_bytes
 
 
 @dataclass(frozen=True)

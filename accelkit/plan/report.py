@@ -8,7 +8,7 @@ from typing import Any
 from accelkit.plan import spine
 from accelkit.plan.estimate import CPU_RESERVE, CUDA_RESERVE, FRAGMENTATION, Estimate
 from accelkit.plan.planner import FAMILY_LABEL, Plan
-from accelkit.plan.sizes import format_bytes, format_count
+from accelkit.sizes import format_bytes, format_count
 
 COLUMNS = ("strategy", "params", "grads", "optim", "activ", "buffers", "total/GPU", "CPU/node", "fits (headroom)",
            "comm/step")

@@ -7,7 +7,7 @@ unmodified script.
                  on request, so the supervisor can tell a stalled rank and say where it is;
 - rank_files.py  the files a rank and its supervisor share in the launch's watch folder (registration, step
                  counter, failure record, one-line explanations);
-- resume_record.py, restart_store.py   which checkpoint a rank resumed from; a restarted group's own store keys;
+- resume_record.py, restart_store.py   which checkpoint a rank resumed from; a restarted group's store keys, by round;
 - explain.py     known failures of a rank, turned into one line naming the cause and the fix;
 - user_code.py   telling the user's frames from library frames in a stack;
 - probes/        what the per-feature probes (bench, plan --measure, convert --check) share.
@@ -21,8 +21,8 @@ from accelkit.exports import lazy_exports
 
 # The supervisor's side (accelkit.launch) reads what ranks leave in the watch folder through these names.
 __all__, __getattr__ = lazy_exports(__name__, {
-    "GROUP_ATTEMPT_ENV": "restart_store",
     "PROBES_ENV": "bootstrap",
+    "RENDEZVOUS_ROUND_ENV": "restart_store",
     "STACK_SIGNAL": "rank_files",
     "WATCH_DIR_ENV": "rank_files",
     "RankFiles": "rank_files",

@@ -1,16 +1,17 @@
-"""A restarted group's ranks meet under store keys of their own attempt.
+"""A restarted group's ranks meet under store keys of their own rendezvous round.
 
 torchrun's agent hands every attempt of a restarted group (`--max-restarts`) the same store (its own, at
 MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True), and torch 2.13 no longer prefixes the ranks' keys with
 the attempt: a restarted rank can read a dead rank's address from the attempt before and fail ("Gloo
 connectFullMesh failed ... Connection refused"), or not, depending on which rank starts first. In a restarted
-attempt only (a group restart: $ACCELKIT_GROUP_ATTEMPT > 0), an `init_process_group` that would rendezvous through the
-environment gets that store with the attempt as a key prefix, as older torch versions did. A first attempt, and a
+attempt only (rendezvous round $ACCELKIT_RENDEZVOUS_ROUND > 0), an `init_process_group` that would rendezvous through
+the environment gets that store with the round as a key prefix, as older torch versions did. A first attempt, and a
 launch without torchrun's agent store, are left exactly as they are.
 
-The attempt is the agent's count of group restarts (accelkit.launch.restarts sets $ACCELKIT_GROUP_ATTEMPT), not
-TORCHELASTIC_RESTART_COUNT: across machines, the agent whose rank failed counts a restart while the others restart
-for a membership change, which torchrun does not count, and the ranks would look for each other under two keys.
+The round is the c10d rendezvous's own (accelkit.launch.restarts reads it from the agent's log as the agent joins
+it, before it starts the ranks), not a count kept by each agent: every machine joins the same round, whether its own
+rank failed (a restart torchrun counts, TORCHELASTIC_RESTART_COUNT) or another machine's did (a membership change,
+which torchrun does not count), so the ranks of every machine look for each other under the same keys.
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from __future__ import annotations
 import functools
 import os
 
-GROUP_ATTEMPT_ENV = "ACCELKIT_GROUP_ATTEMPT"
+RENDEZVOUS_ROUND_ENV = "ACCELKIT_RENDEZVOUS_ROUND"
 
 
-def _restart_count() -> int:
-    value = os.environ.get(GROUP_ATTEMPT_ENV, "0")
+def rendezvous_round() -> int:
+    """The rendezvous round this rank's group runs in: 0 for the first attempt, one more for each restart."""
+    value = os.environ.get(RENDEZVOUS_ROUND_ENV, "0")
     return int(value) if value.isdigit() else 0
 
 
 def install() -> None:
-    if _restart_count() == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if rendezvous_round() == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     from accelkit.ranks.probes import after_import
 
@@ -52,7 +54,7 @@ def _patch() -> None:
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                                   is_master=False, timeout=timeout)
             kwargs.pop("init_method", None)
-            kwargs.update(store=dist.PrefixStore(f"accelkit/attempt_{_restart_count()}", store),
+            kwargs.update(store=dist.PrefixStore(f"accelkit/round_{rendezvous_round()}", store),
                           rank=int(os.environ["RANK"]), world_size=world_size)
         return original(*args, **kwargs)
 

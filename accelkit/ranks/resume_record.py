@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 
 from accelkit.ranks.rank_files import RankFiles
+from accelkit.ranks.restart_store import rendezvous_round
 
 _STEP = re.compile(r"checkpoint[-_](\d+)$")
-RESTART_COUNT_ENV = "ACCELKIT_GROUP_ATTEMPT"  # how many times this group was restarted (accelkit.launch.restarts)
 REQUEUE_COUNT_ENV = "SLURM_RESTART_COUNT"  # SLURM: how many times this job was requeued
 
 
@@ -31,7 +31,7 @@ def _count(name: str) -> int:
 
 
 def write_resumed(files: RankFiles, path: str) -> None:
-    record = {"path": path, "step": checkpoint_step(path), "attempt": _count(RESTART_COUNT_ENV) + 1,
+    record = {"path": path, "step": checkpoint_step(path), "attempt": rendezvous_round() + 1,
               "requeue": _count(REQUEUE_COUNT_ENV)}
     temp = files.folder / f"{files.pid}.resumed.tmp"
     temp.write_text(json.dumps(record))

@@ -236,7 +236,7 @@ def _copy_data(src, dst) -> None:
 
 
 def _human(n: float) -> str:
-    from accelkit.plan import format_bytes
+    from accelkit.sizes import format_bytes
 
     return format_bytes(n)
 

@@ -106,28 +106,39 @@ def _record(message: str, *args) -> logging.LogRecord:
     return logging.LogRecord("torch", logging.INFO, __file__, 1, message, args, None)
 
 
+def _joined(round_number: int) -> logging.LogRecord:
+    """What torch's c10d rendezvous logs as an agent joins a round, before it starts that round's ranks."""
+    message = (f"The node 'n1_1_0' has joined round {round_number} of the rendezvous '1234' as rank 0 in a world of "
+               "size 2.")
+    return logging.LogRecord("torch.distributed.elastic.rendezvous.dynamic_rendezvous", logging.INFO, __file__, 1,
+                             message, (), None)
+
+
 def test_each_restart_is_one_line_naming_the_rank_its_signal_and_the_attempt(tmp_path: Path, capsys, monkeypatch
                                                                             ) -> None:
-    monkeypatch.delenv("ACCELKIT_GROUP_ATTEMPT", raising=False)
+    monkeypatch.delenv("ACCELKIT_RENDEZVOUS_ROUND", raising=False)
     _rank(tmp_path, 4242, rank=3)
     reporter = RestartReporter(tmp_path, 2, machine=1, machines=2, node="n2")
+    reporter.emit(_joined(0))
     reporter.emit(_record("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", -9, 1, 4242, "python"))
     reporter.emit(_record("[%s] Worker group %s. %s/%s attempts left; will restart worker group", "default",
                           "FAILED", 2, 2))
     line = capsys.readouterr().err.strip()
     assert line == ("accelkit: rank 3 (pid 4242) was killed by SIGKILL on node n2 (machine 1); restarting every "
                     "rank: attempt 2 of 3 (--max-restarts 2)")
-    # the restarted ranks meet under this count (accelkit.ranks.restart_store)
+    # the restarted ranks meet under the round they were started in (accelkit.ranks.restart_store)
     import os
 
-    assert os.environ["ACCELKIT_GROUP_ATTEMPT"] == "1"
+    assert os.environ["ACCELKIT_RENDEZVOUS_ROUND"] == "0"
+    reporter.emit(_joined(1))
+    assert os.environ["ACCELKIT_RENDEZVOUS_ROUND"] == "1"
     entries = [json.loads(text) for text in (tmp_path / "attempts.jsonl").read_text().splitlines()]
     assert [entry["attempt"] for entry in entries] == [2]
 
 
 def test_a_rank_that_only_lost_its_peer_names_the_cause_another_machine_published(tmp_path: Path, capsys,
                                                                                   monkeypatch) -> None:
-    monkeypatch.delenv("ACCELKIT_GROUP_ATTEMPT", raising=False)
+    monkeypatch.delenv("ACCELKIT_RENDEZVOUS_ROUND", raising=False)
     files = _rank(tmp_path, 77, rank=0)
     write_failure(files, RankFailure(rank=0, pid=77, error="RuntimeError: Connection closed by peer [10.0.0.12]:9",
                                      exit_code=1, time=1.0))
@@ -175,3 +186,31 @@ def test_a_restarted_attempt_that_loaded_no_checkpoint_is_not_said_to_resume(tmp
     assert announcer.summary_lines(0) == ["this run took 2 attempt(s):",
                                           "  attempt 1: started; ended: rank 1 (pid 9) was killed by SIGKILL",
                                           "  attempt 2: started without loading a checkpoint; finished"]
+
+
+def test_a_machine_restarted_for_another_machines_failure_numbers_the_attempt_as_the_others_do(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """The agent whose own ranks were healthy restarts them when another machine's agent waits in the next round
+    (torchrun does not count it): its line, its attempts file and its summary use the same attempt number as the
+    machine that failed, from the rendezvous round, never a count of its own."""
+    monkeypatch.delenv("ACCELKIT_RENDEZVOUS_ROUND", raising=False)
+    board = job_board.Board()
+    board.put_first("restart/3", {"cause": "rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1)"})
+    reporter = RestartReporter(tmp_path, 4, machine=0, machines=2, node="n1", board=board)
+    reporter.emit(_joined(1))  # this run already restarted once
+    reporter.emit(_record("[%s] Detected %s new nodes from group_rank=%s; will restart worker group", "default", 1,
+                          0))
+    assert capsys.readouterr().err.strip() == (
+        "accelkit: rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1); restarting this machine's ranks "
+        "with the others: attempt 3")
+    reporter.emit(_joined(2))
+    import os
+
+    assert os.environ["ACCELKIT_RENDEZVOUS_ROUND"] == "2"
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "10.resumed").write_text(json.dumps({"path": "out/checkpoint-20", "step": 20,
+                                                                "attempt": 3, "requeue": 0}))
+    summary = ResumeAnnouncer(tmp_path).summary_lines(0)
+    assert summary == ["this run took 2 attempt(s):",
+                       "  attempt 1: started; ended: rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1)",
+                       "  attempt 3: resumed from out/checkpoint-20 (step 20); finished"]

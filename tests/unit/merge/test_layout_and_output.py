@@ -99,10 +99,14 @@ def test_force_only_replaces_what_a_merge_wrote(tmp_path: Path) -> None:
         check_paths(tmp_path / "input.safetensors", out, force=False)
 
 
-def test_sizes_are_readable() -> None:
-    from accelkit.merge.output import format_bytes
+def test_shard_sizes_mean_what_they_mean_in_every_command() -> None:
+    """--max-shard-size: GB is 10^9 and GiB 2^30 (accelkit.sizes, as in plan and bench); a bare number is bytes,
+    as transformers' max_shard_size takes it."""
+    from accelkit.merge.output import parse_size
 
-    assert [format_bytes(n) for n in (12, 69_490, 1_015_400_000)] == ["12 B", "69.49 KB", "1.02 GB"]
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("500MiB") == 500 * 2**20 and parse_size("4096") == 4096
+    with pytest.raises(AccelkitError, match="--max-shard-size '5G' is not a size"):
+        parse_size("5G")
 
 
 def _rng_file(path: Path, step: int) -> None:

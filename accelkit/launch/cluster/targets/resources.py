@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accelkit.errors import AccelkitError
-from accelkit.plan import format_bytes, parse_bytes
+from accelkit.sizes import format_bytes, parse_bytes
 
 # The largest clusters one scheduler runs are tens of thousands of machines (GKE documents 65,000-node clusters;
 # the largest SLURM systems have ~10,000-20,000 nodes).

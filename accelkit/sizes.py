@@ -1,7 +1,11 @@
-"""Strict parsing and printing of byte sizes (`80GB`, `24GiB`) and counts (`7B`, `1.3e9`).
+"""Byte sizes and counts, one meaning in every command: parsing (`80GB`, `24GiB`, `7B`, `1.3e9`) and printing.
 
 Units are never guessed: `GB` is 10^9 bytes and `GiB` is 2^30 (a "24 GB" GPU has 24 GiB of memory, so
-`--gpu-memory 24GiB` is its exact size); a bare `80G` or `80` is refused instead of being read one way or the other.
+`--gpu-memory 24GiB` is its exact size), in plan, merge, bench, convert and the cluster options alike; a bare `80G`
+is refused instead of being read one way or the other. Two options keep their field's own convention on top of
+that: a bare number of bytes where the peer tool takes one (`merge --max-shard-size 4096`, as transformers'
+`max_shard_size`), and the one-letter binary suffixes of nccl-tests' `-b/-e` (`bench --comm-sizes 64K:16M`: K is
+2^10). Sizes are printed in powers of 1024 (`22.35 GiB`), as GPU memory is sold and reported.
 """
 
 from __future__ import annotations
@@ -16,24 +20,31 @@ from accelkit.errors import AccelkitError
 # GPU holds"), never called "not a size".
 BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50, "EIB": 2**60}
+_LETTERS = ("K", "M", "G", "T", "P", "E")  # a unit letter alone: refused, or binary where asked
 COUNT_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 _NUMBER = r"(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"
 _SIZE_RE = re.compile(rf"{_NUMBER}\s*([A-Za-z]*)")
 _COUNT_RE = re.compile(rf"{_NUMBER}\s*([KkMmBbTt]?)")
 
 
-def parse_bytes(text: str, option: str) -> int:
-    """`80GB` -> 80_000_000_000, `24GiB` -> 25_769_803_776. `option` names the flag in errors."""
+def parse_bytes(text: str, option: str, *, bare_number: bool = False, binary_letters: bool = False) -> int:
+    """`80GB` -> 80_000_000_000, `24GiB` -> 25_769_803_776. `option` names the flag in errors. With `bare_number`
+    a number without a unit is bytes; with `binary_letters` `64K`/`16M`/`1G` are powers of 1024 (nccl-tests)."""
     match = _SIZE_RE.fullmatch(text.strip())
     unit = match.group(2).upper() if match else ""
-    if not match or unit not in BYTE_UNITS:
-        if match and unit in {"K", "M", "G", "T", "P", "E"}:
+    scale = BYTE_UNITS.get(unit)
+    if match and binary_letters and unit in _LETTERS:
+        scale = 2 ** (10 * (_LETTERS.index(unit) + 1))
+    elif match and bare_number and unit == "":
+        scale = 1
+    if scale is None:
+        if match and unit in _LETTERS:
             hint = f"write {match.group(1)}{unit}B (powers of 1000) or {match.group(1)}{unit}iB (powers of 1024)"
         else:
             hint = ("give a number with a unit: B, KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
                     "(of 1024)")
         raise AccelkitError(f"{option} {text!r} is not a size", hint=hint)
-    value = float(match.group(1)) * BYTE_UNITS[unit]
+    value = float(match.group(1)) * scale
     if not math.isfinite(value) or value < 1:
         raise AccelkitError(f"{option} {text!r} must be at least one byte", hint=f"e.g. {option} 80GB")
     return int(value)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accelkit.errors import AccelkitError
-from accelkit.plan.sizes import format_bytes, format_count, parse_bytes, parse_count
+from accelkit.sizes import format_bytes, format_count, parse_bytes, parse_count
 
 
 @pytest.mark.parametrize("text, expected", [
