@@ -110,7 +110,7 @@ def refuse_impossible_sizes(raw: Any, file: Path, where: str = "") -> None:
                                 hint=f"set {key} to a positive whole number (the model's real {key})")
 
 
-def load_config(path: Path):
+def load_model_config(path: Path):
     """A transformers config from a folder or config.json: custom code refused, nothing prompted, errors in words."""
     file = config_file(path)
     raw = read_raw(file)
@@ -124,7 +124,7 @@ def load_config(path: Path):
     try:
         return AutoConfig.from_pretrained(str(file), trust_remote_code=False)
     except Exception as exc:  # transformers' and huggingface_hub's validation errors, in words without class names
-        raise AccelkitError(f"cannot read the model config {file}: {describe(exc)}",
+        raise AccelkitError(f"cannot read the model config {file}: {describe_error(exc)}",
                             hint="fix that field of config.json") from None
 
 
@@ -160,7 +160,7 @@ def model_builder(config):
         except (RuntimeError, ValueError, TypeError, ZeroDivisionError, AttributeError, IndexError) as exc:
             # sizes transformers accepts in the config but cannot build a model of (e.g. hidden_size not a multiple
             # of num_attention_heads): the config's fault, in one line
-            raise AccelkitError(f"transformers cannot build the model this config describes: {describe(exc)}",
+            raise AccelkitError(f"transformers cannot build the model this config describes: {describe_error(exc)}",
                                 hint="fix the sizes in config.json (hidden_size a multiple of num_attention_heads, "
                                      "every size a positive whole number)") from None
 
@@ -181,7 +181,7 @@ def model_builder(config):
 _CLASS_PREFIX = re.compile(r"^\s*(?:[A-Za-z_][\w.]*(?:Error|Exception|Warning)):\s*")
 
 
-def describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """An exception in words: the line that says what is wrong, without exception class names (huggingface_hub's
     strict dataclasses put a header first and `TypeError: ...` below it)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

@@ -91,7 +91,7 @@ def _refuse_gpu_runs_without_gpus(spec: BenchSpec, settings: LaunchSettings,
                         hint=f"rehearse the sweep on CPU processes ({cores} core(s) here): {example} ...")
 
 
-def check_all(spec: BenchSpec, settings: LaunchSettings, backends: dict[str | None, str]) -> None:
+def check_every_launch(spec: BenchSpec, settings: LaunchSettings, backends: dict[str | None, str]) -> None:
     """Every launch of the sweep passes launch's own checks before the first one starts (a layout the rule set
     refuses is named with the rule's reason)."""
     _refuse_gpu_runs_without_gpus(spec, settings, backends)
@@ -166,7 +166,7 @@ def run_sweep(spec: BenchSpec, settings: LaunchSettings, force: bool,
         check_script_exists(spec.script, spec.module)
     asked = dict.fromkeys([*spec.backends, *(run.backend for run in spec.runs())])
     backends = {name: backend_of(settings, name) for name in asked}
-    check_all(spec, settings, backends)
+    check_every_launch(spec, settings, backends)
 
     if force:
         for name in RESULT_NAMES:  # only what an earlier bench wrote; other files in DIR stay

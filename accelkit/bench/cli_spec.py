@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from accelkit.bench.comm import CPU_SIZES, GPU_SIZES, parse_size, size_range
+from accelkit.bench.comm import CPU_SIZES, GPU_SIZES, parse_message_size, size_range
 from accelkit.bench.launching import (
     LaunchSettings,
     asked_backend,
@@ -35,7 +35,7 @@ def comm_settings(sizes: str | None, iters: int | None, cpu: bool) -> CommSettin
     low, high = (sizes.split(":", 1) if sizes and ":" in sizes else (sizes, sizes) if sizes
                  else CPU_SIZES if cpu else GPU_SIZES)
     try:
-        values = size_range(parse_size(low), parse_size(high))
+        values = size_range(parse_message_size(low), parse_message_size(high))
     except AccelkitError as exc:
         raise AccelkitError(f"--comm-sizes {sizes}: {exc.message}", hint="e.g. --comm-sizes 64K:64M") from None
     except ValueError as exc:

@@ -27,7 +27,7 @@ SIZE_FACTOR = 4  # consecutive sizes differ by this factor (nccl-tests -f)
 
 
 
-def parse_size(text: str) -> int:
+def parse_message_size(text: str) -> int:
     """`64K`, `16M`, `1G`, `4096` -> bytes: a bare letter is binary, like nccl-tests' -b/-e; `1GB` is 10^9 and
     `1GiB` 2^30, as in every other command (accelkit.sizes)."""
     from accelkit.limits import MAX_MESSAGE_BYTES

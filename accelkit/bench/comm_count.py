@@ -42,7 +42,7 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-def family(op_name: str) -> str:
+def collective_family(op_name: str) -> str:
     bare = op_name.lstrip("_")
     return next((name for prefix, name in _FAMILY.items() if bare.startswith(prefix)), bare.rstrip("_"))
 
@@ -127,7 +127,7 @@ class CommCounter:
     def add(self, op_name: str, args: tuple, kwargs: dict) -> None:
         if op_name not in _FULL_BUFFER:  # barriers, waits, autograd wrappers: no data moved
             return
-        key = group_key(family(op_name), _group(args, kwargs))
+        key = group_key(collective_family(op_name), _group(args, kwargs))
         entry = self.totals.setdefault(key, {"calls": 0, "bytes": 0})
         entry["calls"] += 1
         entry["bytes"] += collective_bytes(op_name, args, kwargs)

@@ -216,7 +216,7 @@ def run_compression_bench(*, script: str, script_args: tuple[str, ...], specs: S
     """Run `script` once uncompressed and once per spec, per backend (or the given `runs`: per layout, checked by
     compression_runs.plan_runs), `steps` optimizer steps each; write compression.json/.csv/.png into `output`; the
     rows. A run whose compression does not apply is a row saying why, not a launch."""
-    from accelkit.bench.launching import launch_settings, request_for, run_launch
+    from accelkit.bench.launching import launch_settings, request_for, run_bench_launch
     from accelkit.ranks.probes import read_results
 
     if settings is None:  # no other config options: each run is `accelkit launch [--cpu] --backend B ...`
@@ -241,7 +241,7 @@ def run_compression_bench(*, script: str, script_args: tuple[str, ...], specs: S
         for old in folder.glob("compression.rank*.json"):
             old.unlink()
         progress(f"{where} {run.spec.label()}: {num_processes} processes, {steps} steps")
-        outcome = run_launch(request, probe_dir=folder, max_steps=steps, env={}, log_path=folder / "output.log",
+        outcome = run_bench_launch(request, probe_dir=folder, max_steps=steps, env={}, log_path=folder / "output.log",
                              timeout=timeout)
         row = summarize(run.spec, run.backend, num_processes, read_results(folder, "compression"), num_processes,
                         run.layout)

@@ -44,10 +44,10 @@ def launch_settings(options: Any, config_file: Path | None, cpu: bool, *, rdzv_b
 
 def _resolved(settings: LaunchSettings, backend: str | None = None):
     """The job's ResolvedConfig for these settings (the --backend of one run when given)."""
-    from accelkit.configs import load_config, resolve_config
+    from accelkit.configs import load_accelerate_config, resolve_config
 
     options = settings.options if backend is None else replace(settings.options, backend=backend)
-    base = load_config(settings.config_file) if settings.config_file is not None else None
+    base = load_accelerate_config(settings.config_file) if settings.config_file is not None else None
     return resolve_config(replace(options, gradient_accumulation_steps=None), base=base,
                           base_label=str(settings.config_file) if base is not None else None, launch=True)
 
@@ -128,7 +128,7 @@ def check_request(request) -> None:
         shutil.rmtree(prepared.temp_dir, ignore_errors=True)
 
 
-def run_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str, str], log_path: Path | None,
+def run_bench_launch(request, *, probe_dir: Path, max_steps: int | None, env: dict[str, str], log_path: Path | None,
                timeout: float | None, stall_timeout: float | None = None) -> RunOutcome:
     """One supervised launch (accelkit.launch.run_supervised: no rank outlives it) with the probe's settings in the
     ranks' environment; the output goes to `log_path` unless it is None."""

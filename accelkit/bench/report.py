@@ -271,7 +271,7 @@ def comm_table(records: list[CommRecord]) -> list[str]:
     return lines
 
 
-def diagnosis(sweep: Sweep) -> list[str]:
+def scaling_diagnosis(sweep: Sweep) -> list[str]:
     """What the figures say, only where the measurement supports it."""
     lines = []
     for r in sweep.records:
@@ -310,6 +310,6 @@ def summary_text(sweep: Sweep, spec: BenchSpec) -> list[str]:
     if sweep.records:
         lines += run_table(sweep)
         lines += comm_lines(sweep)
-        lines += diagnosis(sweep)
+        lines += scaling_diagnosis(sweep)
         lines += noise_lines(sweep)
     return lines

@@ -25,7 +25,7 @@ from accelkit.bench.launching import (
     LaunchSettings,
     comm_request,
     launched_backend,
-    run_launch,
+    run_bench_launch,
     script_request,
 )
 from accelkit.bench.spec import BenchSpec, RunSpec
@@ -103,7 +103,7 @@ class CommRecord:
         return f"comm-np{self.num_processes}"
 
 
-def describe_failure(outcome: RunOutcome, ranks: list[dict[str, Any]], expected_ranks: int) -> str:
+def run_failure_line(outcome: RunOutcome, ranks: list[dict[str, Any]], expected_ranks: int) -> str:
     """One line saying why a run failed, from the launch's outcome and what the ranks recorded."""
     if outcome.timed_out:
         return "timed out (--timeout); every rank was stopped"
@@ -184,7 +184,7 @@ class Sweep:
             self.progress(f"comm: {n} processes: all-reduce, all-gather, reduce-scatter over {len(comm.sizes)} "
                           "sizes ...")
             request = comm_request(self.settings, launched_backend(backend, n), n, args)
-            outcome = run_launch(request, probe_dir=folder, max_steps=None, env=self.env,
+            outcome = run_bench_launch(request, probe_dir=folder, max_steps=None, env=self.env,
                                  log_path=None if self.spec.show_output else folder / "output.log",
                                  timeout=self.spec.timeout, stall_timeout=self.spec.stall_timeout)
             ranks = read_results(folder, COMM_NAME)
@@ -194,7 +194,7 @@ class Sweep:
                 record.status, self.interrupted_by = "interrupted", outcome.signal
             elif outcome.exit_code != 0 or len(ranks) != local:
                 record.status = run_status(outcome)
-                record.error = describe_failure(outcome, ranks, local)
+                record.error = run_failure_line(outcome, ranks, local)
             else:
                 record.rows = rows_from_ranks(ranks)
             self.comm.append(record)
@@ -242,7 +242,7 @@ class Sweep:
                       f"{window} ...")
         request = script_request(self.settings, launched, run.num_processes, self.spec.script or "",
                                  run.script_args, self.spec.module, run.layout)
-        outcome = run_launch(request, probe_dir=folder, max_steps=self.spec.warmup + self.spec.steps,
+        outcome = run_bench_launch(request, probe_dir=folder, max_steps=self.spec.warmup + self.spec.steps,
                              env={**self.env, WARMUP_ENV: str(self.spec.warmup),
                                   MIN_TIME_ENV: str(self.spec.min_time)},
                              log_path=None if self.spec.show_output else folder / "output.log",
@@ -255,7 +255,7 @@ class Sweep:
             return record
         if outcome.exit_code != 0:
             record.status = run_status(outcome)
-            record.error = describe_failure(outcome, record.ranks, run.num_processes // self.spec.machines)
+            record.error = run_failure_line(outcome, record.ranks, run.num_processes // self.spec.machines)
             return record
         if record.ranks and not any(rank.get("steps") for rank in record.ranks):
             record.status, record.error = "failed", NO_OPTIMIZER_STEP

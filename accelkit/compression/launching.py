@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.compression.checks import GLOO_BF16, start_step_warning, steps_of_script
-from accelkit.compression.spec import ENV_VAR, read_comment
+from accelkit.compression.spec import ENV_VAR, read_compression_comment
 from accelkit.errors import AccelkitError
 
 
-def options_with_config_comment(options: Any, labels: dict[str, str], config_file: Path) -> tuple[Any, dict]:
+def compression_with_config_comment(options: Any, labels: dict[str, str], config_file: Path) -> tuple[Any, dict]:
     """`options` plus the compression a config written by `accelkit config` carries (given options win)."""
     from accelkit.configs import comment_spec
 
     if options.grad_compression is not None or options.reduce_dtype is not None:
         return options, labels
-    spec = comment_spec(config_file, read_comment)
+    spec = comment_spec(config_file, read_compression_comment)
     if spec is None:
         return options, labels
     given = {"grad_compression": spec.method}

@@ -99,11 +99,11 @@ def from_options(method: str | None, rank: int | None, start: int | None) -> Com
                            DEFAULT_POWERSGD_START if start is None else start)
 
 
-def comment_line(spec: CompressionSpec) -> str:
+def compression_comment_line(spec: CompressionSpec) -> str:
     return f"# {COMMENT_KEY}: {spec.env_value()}"
 
 
-def read_comment(text: str, where: str) -> CompressionSpec | None:
+def read_compression_comment(text: str, where: str) -> CompressionSpec | None:
     """The spec a written config carries in its comment line, or None."""
     match = re.search(rf"^#\s*{COMMENT_KEY}:\s*(\S+)\s*$", text, flags=re.MULTILINE)
     return parse_env_value(match.group(1), f"{where} ({COMMENT_KEY})") if match else None

@@ -54,7 +54,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "pipeline_with_config_comment": "pipeline",
     "PIPELINE_ENV": "pipeline",
     # files: load, check, write
-    "load_config": "files",
+    "load_accelerate_config": "files",
     "check_config": "files",
     "comment_spec": "files",
     "render_yaml": "render",

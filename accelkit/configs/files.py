@@ -107,7 +107,7 @@ def check_config(path: Path) -> list[Finding]:
     return _loader_finding(path, found) + found
 
 
-def load_config(path: Path) -> dict[str, Any]:
+def load_accelerate_config(path: Path) -> dict[str, Any]:
     """The config dict in `path`, once Accelerate's loader and the file checks accept it (AccelkitError if not).
     The rule set runs later, on the config a command builds from it (options given on the command line may
     change the verdict); `check_config` shows every finding."""
@@ -122,11 +122,11 @@ def load_config(path: Path) -> dict[str, Any]:
 def _with_pipeline(path: Path, resolved: Any) -> tuple[Any, list[Finding]]:
     """The config with the pipeline its `# accelkit-pipeline:` line carries (accelkit.configs.pipeline), so the
     rule set checks it as `accelkit launch --config` will run it."""
-    from accelkit.configs.pipeline import COMMENT_KEY, read_comment
+    from accelkit.configs.pipeline import COMMENT_KEY, read_pipeline_comment
     from accelkit.configs.resolved import ParallelismSettings
 
     try:
-        spec = read_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
+        spec = read_pipeline_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
     except AccelkitError as exc:
         return resolved, [Finding("pipeline-line", ERROR, f"the {COMMENT_KEY} line: {exc.message}", exc.hint or "")]
     if spec is None:
@@ -147,10 +147,10 @@ def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
     """The gradient compression a config written by `accelkit config` carries in its comment line, checked against
     the file's backend (accelkit.compression)."""
     from accelkit.compression.checks import check_backend
-    from accelkit.compression.spec import read_comment
+    from accelkit.compression.spec import read_compression_comment
 
     try:
-        spec = read_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
+        spec = read_compression_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))
         if spec is not None:
             check_backend(spec, resolved)
     except AccelkitError as exc:

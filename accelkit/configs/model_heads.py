@@ -11,13 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.hfmodel import config_file
 
 # The script flags that name the model to load, as the templates and transformers' examples spell them.
 MODEL_FLAGS = ("--model", "--model_name_or_path", "--model-name-or-path", "--model_path", "--model-path")
-
-
-def config_file(path: Path) -> Path:
-    return path / "config.json" if path.is_dir() else path
 
 
 def _config_calls_in_script(path: Path) -> list[dict[str, int]]:

@@ -63,7 +63,7 @@ def of_parallelism(p: Any) -> PipelineSpec | None:
                         dp_shard=p.dp_shard, tp=p.tp)
 
 
-def parse(text: str, where: str = ENV_VAR) -> PipelineSpec:
+def parse_pipeline(text: str, where: str = ENV_VAR) -> PipelineSpec:
     """`pp=2,schedule=1f1b,microbatches=4,dp_shard=1,tp=1` -> PipelineSpec; AccelkitError naming `where`."""
     values: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -83,14 +83,14 @@ def parse(text: str, where: str = ENV_VAR) -> PipelineSpec:
     return PipelineSpec(**values)
 
 
-def comment_line(spec: PipelineSpec) -> str:
+def pipeline_comment_line(spec: PipelineSpec) -> str:
     return f"# {COMMENT_KEY}: {spec.env_value()}"
 
 
-def read_comment(text: str, where: str) -> PipelineSpec | None:
+def read_pipeline_comment(text: str, where: str) -> PipelineSpec | None:
     """The pipeline a written config carries in its comment line, or None."""
     match = re.search(rf"^#\s*{COMMENT_KEY}:\s*(\S+)\s*$", text, flags=re.MULTILINE)
-    return parse(match.group(1), f"{where} ({COMMENT_KEY})") if match else None
+    return parse_pipeline(match.group(1), f"{where} ({COMMENT_KEY})") if match else None
 
 
 def header_lines(config: Any) -> list[str]:
@@ -99,10 +99,11 @@ def header_lines(config: Any) -> list[str]:
     if spec is None:
         return []
     return [f"# Pipeline parallelism: accelkit launch reads the next line; with accelerate launch set {ENV_VAR}="
-            f"{spec.env_value()} (accelkit templates build the pp x dp_shard x tp mesh from it)", comment_line(spec)]
+            f"{spec.env_value()} (accelkit templates build the pp x dp_shard x tp mesh from it)",
+            pipeline_comment_line(spec)]
 
 
-def options_with_config_comment(options: Any, labels: dict[str, str], config_file: Any) -> tuple[Any, dict]:
+def pipeline_with_config_comment(options: Any, labels: dict[str, str], config_file: Any) -> tuple[Any, dict]:
     """`options` plus the pipeline a config written by `accelkit config` carries (options given win)."""
     from dataclasses import replace
 
@@ -110,7 +111,7 @@ def options_with_config_comment(options: Any, labels: dict[str, str], config_fil
 
     if options.pp_size is not None:
         return options, labels
-    spec = comment_spec(config_file, read_comment)
+    spec = comment_spec(config_file, read_pipeline_comment)
     if spec is None:
         return options, labels
     given = {name: value for name, value in (("pp_size", spec.pp), ("pp_schedule", spec.schedule),
@@ -123,4 +124,3 @@ def options_with_config_comment(options: Any, labels: dict[str, str], config_fil
 # The names the package exports (accelkit.configs): other packages read these, not this module.
 PIPELINE_ENV = ENV_VAR
 pipeline_of = of_parallelism
-pipeline_with_config_comment = options_with_config_comment

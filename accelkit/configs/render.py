@@ -105,10 +105,10 @@ def _compression_lines(config: object) -> list[str]:
     spec = getattr(config, "grad_compression", None)
     if spec is None or spec.method == "int8":  # int8 (ZeRO++) is in the DeepSpeed JSON
         return []
-    from accelkit.compression.spec import ENV_VAR, comment_line
+    from accelkit.compression.spec import ENV_VAR, compression_comment_line
 
     return [f"# Gradient compression: accelkit launch reads the next line; with accelerate launch set {ENV_VAR}="
-            f"{spec.env_value()} (accelkit templates apply it)", comment_line(spec)]
+            f"{spec.env_value()} (accelkit templates apply it)", compression_comment_line(spec)]
 
 
 def _pipeline_lines(config: object) -> list[str]:

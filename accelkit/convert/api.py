@@ -12,12 +12,12 @@ from libcst.metadata import MetadataWrapper
 
 from accelkit.convert.analysis import analyze
 from accelkit.convert.context import Context
-from accelkit.convert.edits import Plan, PlanApplier
+from accelkit.convert.edits import EditPlan, PlanApplier
 from accelkit.convert.library import LazyAccelerator
 from accelkit.convert.report import Report
 from accelkit.convert.trainers import find_trainer
 from accelkit.convert.transforms import TRANSFORMS
-from accelkit.convert.verify import verify
+from accelkit.convert.verify import find_concerns
 from accelkit.errors import AccelkitError
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
@@ -76,7 +76,7 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     trainer = find_trainer(ctx)
     if trainer is not None:  # the trainer owns the distributed part: changing the script would only break it
         return ConversionResult(source, Report(status="trainer", advice=trainer.advice(filename)), False)
-    plan = Plan()
+    plan = EditPlan()
     for transform in TRANSFORMS:
         transform(ctx, facts, plan, options)
     if not plan.has_changes:
@@ -92,7 +92,7 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     except SyntaxError as exc:  # a bug in a transform: never hand the user a broken file
         raise AccelkitError(f"internal error: the converted {filename} does not compile ({exc.msg}, line "
                             f"{exc.lineno})", hint="please report this with the script; nothing was written") from None
-    for finding in verify(code):  # what --check would catch by running it, caught before anything is written
+    for finding in find_concerns(code):  # what --check would catch by running it, caught before anything is written
         plan.report.problem(0, f"line {finding.line} of the converted script: {finding.what}", finding.todo)
     return ConversionResult(code, plan.report.sorted(), code != source)
 

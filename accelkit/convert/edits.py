@@ -17,7 +17,7 @@ from accelkit.convert.report import Report
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
 
 
-class Plan:
+class EditPlan:
     def __init__(self) -> None:
         self.edits: dict[cst.CSTNode, list[Edit]] = defaultdict(list)
         self.removed: set[cst.CSTNode] = set()  # small statements (or whole statements) to drop
@@ -71,7 +71,7 @@ class Plan:
 
 
 class PlanApplier(cst.CSTTransformer):
-    def __init__(self, plan: Plan, dirty: set[int] | None = None) -> None:
+    def __init__(self, plan: EditPlan, dirty: set[int] | None = None) -> None:
         super().__init__()
         self.plan = plan
         self.dirty = dirty  # ids of the planned nodes and their ancestors: other subtrees are left as they are

@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 
-def module_file(qualified: str, directory: Path | None) -> Path | None:
+def defining_file(qualified: str, directory: Path | None) -> Path | None:
     """The file under `directory` that defines `qualified` (a module, or a name in one: `trainlib.Trainer`)."""
     if directory is None:
         return None
@@ -45,7 +45,7 @@ def prepares_itself(path: Path) -> bool:
 def converted_neighbour(qualified_names: set[str], directory: Path | None) -> Path | None:
     """The already-converted local file one of `qualified_names` (a call's) comes from, or None."""
     for name in sorted(qualified_names):
-        found = module_file(name, directory)
+        found = defining_file(name, directory)
         if found is not None and prepares_itself(found):
             return found
     return None

@@ -23,13 +23,13 @@ RANK_TEST = re.compile(r"\b(is_main_process|is_local_main_process|process_index|
 
 
 @dataclass(frozen=True)
-class Finding:
+class Concern:
     line: int  # line of the converted script
     what: str
     todo: str
 
 
-def verify(code: str) -> list[Finding]:
+def find_concerns(code: str) -> list[Concern]:
     if "accelerator." not in code:
         return []
     tree = ast.parse(code)
@@ -37,7 +37,7 @@ def verify(code: str) -> list[Finding]:
             *_trains_unprepared(tree, code), *_prepares_self(tree), *_accelerator_before_it_exists(tree)]
 
 
-def _trains_unprepared(tree: ast.Module, code: str) -> list[Finding]:
+def _trains_unprepared(tree: ast.Module, code: str) -> list[Concern]:
     """A conversion that trains but prepares nothing: every process trains its own copy on its own batches, and
     the weights drift apart from the first step (not data-parallel, while looking converted)."""
     if "accelerator.prepare" in code:
@@ -45,27 +45,27 @@ def _trains_unprepared(tree: ast.Module, code: str) -> list[Finding]:
     first = next((n for n in ast.walk(tree) if _accelerator_method(n) == "backward"), None)
     if first is None:
         return []
-    return [Finding(first.lineno, "the script trains here, but no model is passed to `accelerator.prepare(...)`: "  # type: ignore[attr-defined]
+    return [Concern(first.lineno, "the script trains here, but no model is passed to `accelerator.prepare(...)`: "  # type: ignore[attr-defined]
                                   "every process would train its own copy (not data-parallel)",
                     "prepare the model and its optimizer before the training loop: "
                     "`model, optimizer = accelerator.prepare(model, optimizer)`")]
 
 
-def _prepares_self(tree: ast.Module) -> list[Finding]:
+def _prepares_self(tree: ast.Module) -> list[Concern]:
     """`self, self.opt = accelerator.prepare(self, self.opt)` inside a module's own method: rebinding `self` is
     local to the method, so the wrapper is thrown away and each process trains the unwrapped module."""
     found = []
     for node in ast.walk(tree):
         if _accelerator_method(node) in {"prepare", "prepare_model"} and any(
                 isinstance(a, ast.Name) and a.id == "self" for a in node.args):  # type: ignore[attr-defined]
-            found.append(Finding(node.lineno, "`accelerator.prepare(self, ...)` inside the model's own class: the "  # type: ignore[attr-defined]
+            found.append(Concern(node.lineno, "`accelerator.prepare(self, ...)` inside the model's own class: the "  # type: ignore[attr-defined]
                                               "wrapped `self` is discarded when the method returns, so training "
                                               "runs on the unwrapped model (weights diverge across processes)",
                                  "build the model outside its class and prepare it there, with its optimizer"))
     return found
 
 
-def _accelerator_before_it_exists(tree: ast.Module) -> list[Finding]:
+def _accelerator_before_it_exists(tree: ast.Module) -> list[Concern]:
     """Module-level code (what runs at import, in order) that uses `accelerator` before any module-level statement
     binds it: a NameError on every process (e.g. the Accelerator is made inside `main()`)."""
     bound = False
@@ -75,7 +75,7 @@ def _accelerator_before_it_exists(tree: ast.Module) -> list[Finding]:
         uses = [n for n in ast.walk(statement) if isinstance(n, ast.Name) and n.id == "accelerator"
                 and isinstance(n.ctx, ast.Load)]
         if uses and not bound:
-            return [Finding(uses[0].lineno, "`accelerator` is used at module level before it exists (it is created "
+            return [Concern(uses[0].lineno, "`accelerator` is used at module level before it exists (it is created "
                                             "later, or inside a function): a NameError on every process",
                             "create the Accelerator before this line, or leave this statement as it was")]
         if any(isinstance(n, ast.Name) and n.id == "accelerator" and isinstance(n.ctx, ast.Store)
@@ -115,8 +115,8 @@ def _rank_condition(test: ast.expr) -> bool:
                isinstance(n, ast.Attribute) and RANK_TEST.fullmatch(n.attr) for n in ast.walk(test))
 
 
-def _collectives_under_rank_conditions(tree: ast.Module) -> list[Finding]:
-    found: dict[int, Finding] = {}
+def _collectives_under_rank_conditions(tree: ast.Module) -> list[Concern]:
+    found: dict[int, Concern] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.If) and _rank_condition(node.test)):
             continue
@@ -128,7 +128,7 @@ def _collectives_under_rank_conditions(tree: ast.Module) -> list[Finding]:
                 continue  # defined under the condition, run where it is called
             method = _accelerator_method(child)
             if method in COLLECTIVES and child.lineno not in found:  # type: ignore[attr-defined]
-                found[child.lineno] = Finding(  # type: ignore[attr-defined]
+                found[child.lineno] = Concern(  # type: ignore[attr-defined]
                     child.lineno, f"`accelerator.{method}()` runs only under `if {condition}:`, so the processes "  # type: ignore[attr-defined]
                                   "that skip it leave the others waiting (a hang)",
                     f"move `accelerator.{method}()` out of the `if`, where every process runs it")
@@ -136,8 +136,8 @@ def _collectives_under_rank_conditions(tree: ast.Module) -> list[Finding]:
     return [found[line] for line in sorted(found)]
 
 
-def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
-    found: list[Finding] = []
+def _prepare_after_training(tree: ast.Module, code: str) -> list[Concern]:
+    found: list[Concern] = []
     if "accelerator.prepare(" not in code:
         return found
     for node in ast.walk(tree):
@@ -154,7 +154,7 @@ def _prepare_after_training(tree: ast.Module, code: str) -> list[Finding]:
     return found
 
 
-def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> Finding | None:
+def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> Concern | None:
     for statement in earlier:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue  # defined before the prepare, run where it is called
@@ -165,7 +165,7 @@ def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> F
                 source = source.args[0]
             if isinstance(source, ast.Name) and source.id in prepared:
                 where = getattr(node, "lineno", statement.lineno)
-                return Finding(line, f"`accelerator.prepare(...)` comes after line {where}, which already iterates "
+                return Concern(line, f"`accelerator.prepare(...)` comes after line {where}, which already iterates "
                                      f"{source.id}: that loop runs on the unprepared loader "
                                      "(every process sees all of its data)",
                                "prepare every loader before the first loop over it")
@@ -174,7 +174,7 @@ def _trained_before(earlier: list[ast.stmt], prepared: set[str], line: int) -> F
             continue
         used = {n.id for n in nodes if isinstance(n, ast.Name)} & prepared
         if used:
-            return Finding(line, f"`accelerator.prepare(...)` comes after line {statement.lineno}, which already "
+            return Concern(line, f"`accelerator.prepare(...)` comes after line {statement.lineno}, which already "
                                  f"trains {', '.join(sorted(used))}: that training runs without the distributed "
                                  "wrapper", "prepare the model, optimizer and loaders before the training loop")
     return None

@@ -128,14 +128,14 @@ def _is_rendezvous_timeout(exc: BaseException) -> bool:
 
 def _explained_failure(exc, watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the lowest failed rank left (see accelkit.ranks.bootstrap), if any."""
-    from accelkit.ranks import RankFiles, read_error
+    from accelkit.ranks import RankFiles, read_rank_error
 
     if watch_dir is None:
         return None
     # Ranks that exited on their own first: the others may have been stopped (SIGTERM) right after writing theirs.
     failures = sorted(exc.failures.items(), key=lambda item: (item[1].exitcode <= 0, item[0]))
     for _, failure in failures:
-        found = read_error(RankFiles.of(watch_dir, failure.pid))
+        found = read_rank_error(RankFiles.of(watch_dir, failure.pid))
         if found is not None:
             return AccelkitError(found[0], hint=found[1])
     return None
@@ -191,10 +191,10 @@ def _peer_loss(pid: int, watch_dir: Path | None) -> str | None:
 
 def _single_process_error(watch_dir: Path | None) -> AccelkitError | None:
     """The explanation the one rank of a single-process launch left, if any."""
-    from accelkit.ranks import RankFiles, read_error
+    from accelkit.ranks import RankFiles, read_rank_error
 
     for path in sorted((watch_dir / "ranks").glob("*.error")) if watch_dir is not None else []:
-        found = read_error(RankFiles.of(watch_dir, int(path.stem)))
+        found = read_rank_error(RankFiles.of(watch_dir, int(path.stem)))
         if found is not None:
             return AccelkitError(found[0], hint=found[1])
     return None

@@ -15,7 +15,7 @@ from accelkit.errors import AccelkitError
 from accelkit.launch import ports
 from accelkit.launch.launch_plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
 from accelkit.launch.request import LaunchRequest
-from accelkit.launch.summary import describe
+from accelkit.launch.summary import summary_lines
 
 ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"  # what Accelerator() reads when its config has no key
 
@@ -49,14 +49,14 @@ def resolve_request(request: LaunchRequest, *, check_with_accelerate: bool = Tru
     """The job's config: the options on top of --config FILE (if any). `--cpu` with several processes and no
     backend means N data-parallel CPU processes (what `accelerate launch --cpu --num_processes N` users expect).
     `check_with_accelerate=False`: without Accelerate's own check (see configs.resolve_config)."""
-    from accelkit.configs import load_config, resolve_config
+    from accelkit.configs import load_accelerate_config, resolve_config
 
     options, labels = request.options, dict(request.source_labels)
-    base = load_config(request.config_file) if request.config_file is not None else None
+    base = load_accelerate_config(request.config_file) if request.config_file is not None else None
     if request.config_file is not None and base is not None:  # a written config's gradient compression comment
-        from accelkit.compression.launching import options_with_config_comment
+        from accelkit.compression.launching import compression_with_config_comment
 
-        options, labels = options_with_config_comment(options, labels, request.config_file)
+        options, labels = compression_with_config_comment(options, labels, request.config_file)
         from accelkit.configs import pipeline_with_config_comment
 
         options, labels = pipeline_with_config_comment(options, labels, request.config_file)
@@ -189,5 +189,5 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         raise
     plan = plan_launch(launch_config, config_path, request.target, flags, python=sys.executable, env=env,
                        rehearsal=rehearsal, bootstrap=bootstrap, notes=notes)
-    return PreparedLaunch(plan=plan, summary=describe(request, config, plan, port_source=port_source),
+    return PreparedLaunch(plan=plan, summary=summary_lines(request, config, plan, port_source=port_source),
                           temp_dir=temp_dir)

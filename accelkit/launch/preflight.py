@@ -9,7 +9,7 @@ from accelkit.errors import AccelkitError
 from accelkit.launch.launch_plan import LaunchTarget
 
 
-def module_file(name: str, cwd: Path) -> Path | None:
+def module_script(name: str, cwd: Path) -> Path | None:
     """The file `python -m NAME` would run, when it lies under `cwd` (found without importing anything)."""
     base = cwd.joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__main__.py"):
@@ -21,7 +21,7 @@ def module_file(name: str, cwd: Path) -> Path | None:
 def check_syntax(target: LaunchTarget, cwd: Path | None = None) -> None:
     """Compile the script once (not run it): a syntax error is reported the way Python would, in one line."""
     cwd = cwd or Path.cwd()
-    path = module_file(target.script, cwd) if target.module else cwd / target.script
+    path = module_script(target.script, cwd) if target.module else cwd / target.script
     if path is None or not path.is_file():
         return  # check_target reports missing scripts; installed modules are not ours to check
     try:

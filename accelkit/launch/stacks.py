@@ -88,7 +88,7 @@ def main_thread_stack(rank: int, pid: int, main_thread: int, text: str) -> RankS
     return RankStack(rank=rank, pid=pid, frames=shown)
 
 
-def diagnosis(stacks: list[RankStack]) -> tuple[str, str]:
+def stall_diagnosis(stacks: list[RankStack]) -> tuple[str, str]:
     """(where the ranks wait and what that usually means, what to do about it)."""
     if not stacks:
         return "no rank's stack could be read", "rerun with a longer --stall-timeout to get the stacks"

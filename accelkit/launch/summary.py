@@ -24,7 +24,7 @@ _BY_BACKEND = {
 _FLAGS = ("max_restarts", "rdzv_backend", "rdzv_conf", "same_network")
 
 
-def describe(request: Any, config: ResolvedConfig, plan: LaunchPlan, *, port_source: str) -> list[str]:
+def summary_lines(request: Any, config: ResolvedConfig, plan: LaunchPlan, *, port_source: str) -> list[str]:
     """Summary lines (stderr) for a launch: target, each value with its origin, what rehearsal does, warnings."""
     items = [f"backend={config.backend} ({config.source('backend')})"]
     rows = list(_COMMON)

@@ -224,7 +224,7 @@ class Supervisor:
         return any(stack.wait is not None for stack in stacks if stack.rank in idle)
 
     def _stop_stalled_job(self, infos, stall, stacks, timeout: float) -> None:
-        from accelkit.launch.stacks import diagnosis
+        from accelkit.launch.stacks import stall_diagnosis
 
         assert self.watch is not None and self.proc is not None
         self.stalled = True
@@ -233,7 +233,7 @@ class Supervisor:
         self._say(f"the job stalled: for {stall.seconds:.0f} s no rank wrote, read or stepped an optimizer, and "
                   f"rank(s) {', '.join(map(str, stall.idle_ranks))} used no CPU. Stacks of the {len(infos)} rank(s):")
         self._print_stacks(infos, stacks)
-        where, advice = diagnosis(stacks)
+        where, advice = stall_diagnosis(stacks)
         self.stacks = tuple(stacks)
         self.stall = StallReport(seconds=stall.seconds, timeout=timeout, stacks=tuple(stacks), where=where,
                                  advice=advice)

@@ -43,7 +43,7 @@ class DCPSource(CheckpointSource):
             self.entries.append(TensorEntry(out_name, tuple(item.size), item.properties.dtype))
         if skipped:
             self.notes.append(f"skipped {len(skipped)} non-tensor entries (e.g. {skipped[0]})")
-        self.layout = dcp_layout.check(path, md, set(self._out_to_fqn.values()))
+        self.layout = dcp_layout.check_dcp_layout(path, md, set(self._out_to_fqn.values()))
         self.files = [*self.layout.files, path / METADATA_FILE]
         self.world_size = self.layout.world_size
         self.checks.extend(self.layout.checks)

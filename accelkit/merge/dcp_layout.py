@@ -32,7 +32,7 @@ from accelkit.merge.light_dcp import (
     check_storage_files,
 )
 from accelkit.merge.light_pickle import MetadataUnpickler
-from accelkit.merge.records import Record, TorchArchive, read_error
+from accelkit.merge.records import TorchArchive, ZipRecord, input_read_error
 
 
 def _torch_dtype(name: str) -> torch.dtype | None:
@@ -50,7 +50,7 @@ def read_metadata(path: Path, real: bool = False):
         with open(file, "rb") as handle:
             metadata = MetadataUnpickler(handle, dtype=_torch_dtype, real=real).load()
     except OSError as exc:
-        raise read_error(exc, file) from None
+        raise input_read_error(exc, file) from None
     except pickle.UnpicklingError as exc:
         if "is not part of DCP metadata" in str(exc):
             raise AccelkitError(f"{file} refers to {str(exc).split(' is not')[0]}, which is not DCP metadata",
@@ -72,7 +72,7 @@ class Chunk:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     dtype: torch.dtype
-    record: Record | None = None  # None for items written through storage transforms
+    record: ZipRecord | None = None  # None for items written through storage transforms
     data_offset: int = 0  # byte offset of the chunk's first element in the record
     strides: tuple[int, ...] = ()
     storage_span_bytes: int = 0  # bytes from the first element to one past the last, as stored
@@ -85,16 +85,16 @@ class Chunk:
 
 
 @dataclass
-class Layout:
+class DcpLayout:
     files: list[Path] = field(default_factory=list)
     world_size: int | None = None
     chunks: dict[str, list[Chunk]] = field(default_factory=dict)
     checks: list[str] = field(default_factory=list)
 
 
-def check(path: Path, metadata, fqns: set[str]) -> Layout:
+def check_dcp_layout(path: Path, metadata, fqns: set[str]) -> DcpLayout:
     """Check `.metadata` against the folder's files and open the item of every chunk of the tensors `fqns`."""
-    layout = Layout()
+    layout = DcpLayout()
     by_file, layout.world_size = check_storage_files(path, metadata)
     layout.files = [path / rel for rel in sorted(by_file)]
     # Non-tensor items (an optimizer's step, param_groups) have no offset: only tensor chunks are looked up by it.

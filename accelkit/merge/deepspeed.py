@@ -1,6 +1,6 @@
 """Reader for DeepSpeed ZeRO-1/2/3 checkpoints (`engine.save_checkpoint`).
 
-Layout: `<dir>/latest` names a tag; `<dir>/<tag>/` holds the model states (`mp_rank_00_model_states.pt` for
+DcpLayout: `<dir>/latest` names a tag; `<dir>/<tag>/` holds the model states (`mp_rank_00_model_states.pt` for
 ZeRO-1/2, `zero_pp_rank_{r}_mp_rank_00_model_states.pt` per rank for ZeRO-3: parameter names and shapes, buffers,
 frozen parameters, shared (tied) parameters) and one `*_optim_states.pt` per rank holding that rank's slice of the
 flat fp32 master weights:
@@ -92,7 +92,7 @@ class DeepSpeedSource(CheckpointSource):
                                     hint="copy the complete checkpoint of one run into a clean folder")
         self.files = [*model_paths, *optim_paths]
         self._plan()
-        deepspeed_checks.check_all(self._rank_files(), self.checks, self.step_counters)
+        deepspeed_checks.check_zero_files(self._rank_files(), self.checks, self.step_counters)
 
     # -- file access -------------------------------------------------------------------------------------------
     def optim_state(self, rank: int) -> dict[str, Any]:
@@ -123,7 +123,7 @@ class DeepSpeedSource(CheckpointSource):
     def model_archive(self, rank: int = 0):
         return self._models[rank]
 
-    def _rank_files(self) -> deepspeed_checks.RankFiles:
+    def _rank_files(self) -> deepspeed_checks.ZeroRankFiles:
         """This checkpoint as the consistency checks read it (torch tensors, read through their CRC-32)."""
         world = self.world_size or 1
 
@@ -143,7 +143,7 @@ class DeepSpeedSource(CheckpointSource):
             return (isinstance(weights, torch.Tensor) and weights.is_floating_point() and weights.numel() == numel
                     and weights.is_contiguous())
 
-        return deepspeed_checks.RankFiles(
+        return deepspeed_checks.ZeroRankFiles(
             tag=self.tag, stage=self.stage, world=world, model_files=list(self.model_files),
             model_states=[self.model_state(r) for r in range(len(self.model_files))],
             optim_files=[a.path for a in self._optim], optim_states=[self.optim_state(r) for r in range(world)],
@@ -180,7 +180,7 @@ class DeepSpeedSource(CheckpointSource):
         self.entries = [TensorEntry(k, plan.shapes[k], plan.dtypes[k]) for k in plan.order]
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
-        self.partitions = layout.zero12_partitions(rank_sizes)
+        self.partitions = layout.zero12_fragment_ranges(rank_sizes)
         with self._mismatch_refused():
             where, planned = layout.plan_zero12(ms["param_shapes"], rank_sizes,
                                                 self.optim_state(0).get("param_alignment_paddings"))

@@ -1,6 +1,6 @@
 """Do all the files of a DeepSpeed ZeRO checkpoint come from one save? Every signal DeepSpeed writes is checked,
 once, for both readers (deepspeed with torch, light_deepspeed without): each reader hands its files over as
-`RankFiles`, with two small callables that read a tensor of its own kind. No torch here.
+`ZeroRankFiles`, with two small callables that read a tensor of its own kind. No torch here.
 
 - `global_steps` in the model states (one file for ZeRO-1/2, one per rank for ZeRO-3) must agree with each other and
   with the tag folder when it has DeepSpeed's default name `global_step<N>`.
@@ -29,7 +29,7 @@ from accelkit.merge.counters import Counted, FolderCounters
 
 
 @dataclass
-class RankFiles:
+class ZeroRankFiles:
     """What the checks read from a ZeRO checkpoint, whichever reader opened it."""
 
     tag: str  # the tag folder's name
@@ -49,7 +49,7 @@ class RankFiles:
     samplable: Callable[[Any, int], bool]  # (module weights, numel) -> whether `sample` can compare them
 
 
-def check_all(files: RankFiles, checks: list[str], counters: FolderCounters) -> None:
+def check_zero_files(files: ZeroRankFiles, checks: list[str], counters: FolderCounters) -> None:
     """Every check, in order; a disagreement raises the refusal naming the odd file."""
     _check_global_steps(files, checks, counters)
     _check_optimizer_steps(files, checks, counters)
@@ -58,7 +58,7 @@ def check_all(files: RankFiles, checks: list[str], counters: FolderCounters) -> 
         _check_module_matches_partitions(files, checks)
 
 
-def _check_global_steps(files: RankFiles, checks: list[str], counters: FolderCounters) -> None:
+def _check_global_steps(files: ZeroRankFiles, checks: list[str], counters: FolderCounters) -> None:
     names = files.model_files
     steps = [state.get("global_steps") for state in files.model_states]
     odd = layout.odd_one(steps)
@@ -79,7 +79,7 @@ def _check_global_steps(files: RankFiles, checks: list[str], counters: FolderCou
         checks.append(f"DeepSpeed: every model-states file was saved at step {steps[0]}{tag}")
 
 
-def _optimizer_steps(files: RankFiles, rank: int) -> tuple | None:
+def _optimizer_steps(files: ZeroRankFiles, rank: int) -> tuple | None:
     base = files.optim_states[rank].get("optimizer_state_dict" if files.stage == 3 else "base_optimizer_state")
     if not isinstance(base, dict) or not isinstance(base.get("state"), dict):
         return None
@@ -90,7 +90,7 @@ def _optimizer_steps(files: RankFiles, rank: int) -> tuple | None:
     return tuple(steps)
 
 
-def _check_optimizer_steps(files: RankFiles, checks: list[str], counters: FolderCounters) -> None:
+def _check_optimizer_steps(files: ZeroRankFiles, checks: list[str], counters: FolderCounters) -> None:
     steps = [_optimizer_steps(files, r) for r in range(files.world)]
     if any(s is None for s in steps) or not any(steps):
         return
@@ -107,7 +107,7 @@ def _check_optimizer_steps(files: RankFiles, checks: list[str], counters: Folder
                   f"({layout.steps_text(steps[0])})")
 
 
-def _check_slice_mappings(files: RankFiles, checks: list[str]) -> None:
+def _check_slice_mappings(files: ZeroRankFiles, checks: list[str]) -> None:
     checked = 0
     for rank in range(files.world):
         mappings = files.optim_states[rank].get("param_slice_mappings")
@@ -131,7 +131,7 @@ def _describe(fragment: tuple[int, int] | None) -> str:
     return "nothing" if fragment is None else f"{fragment[0]} values from element {fragment[1]}"
 
 
-def _check_module_matches_partitions(files: RankFiles, checks: list[str]) -> None:
+def _check_module_matches_partitions(files: ZeroRankFiles, checks: list[str]) -> None:
     """ZeRO-1/2: sampled elements of each parameter equal in the module weights and the rank's fp32 partition."""
     module = files.model_states[0].get("module") or {}
     model = files.model_files[0]

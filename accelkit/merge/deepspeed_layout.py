@@ -100,7 +100,7 @@ def fragment(value: Any) -> tuple[int, int] | None:
     return None
 
 
-def zero12_partitions(rank_sizes: list[list[int]]) -> list[list[tuple[int, int]]]:
+def zero12_fragment_ranges(rank_sizes: list[list[int]]) -> list[list[tuple[int, int]]]:
     """[group][rank] -> (start, size) of each rank's partition in each group's flat vector."""
     out = []
     for g in range(len(rank_sizes[0])):
@@ -152,11 +152,11 @@ class LayoutMismatch(Exception):
 def plan_zero12(param_shapes: list[dict[str, Any]], rank_sizes: list[list[int]],
                 paddings: list[list[int]] | None) -> tuple[dict[str, tuple], dict[str, tuple[int, ...]]]:
     """ZeRO-1/2: where each trained parameter lies in its group's flat vector, ("flat12", group, offset, numel) by
-    name, and its shape; the partitions are `zero12_partitions(rank_sizes)`."""
+    name, and its shape; the partitions are `zero12_fragment_ranges(rank_sizes)`."""
     if len(param_shapes) != len(rank_sizes[0]):
         raise LayoutMismatch(f"model states list {len(param_shapes)} parameter groups, optimizer shards "
                              f"{len(rank_sizes[0])}")
-    partitions = zero12_partitions(rank_sizes)
+    partitions = zero12_fragment_ranges(rank_sizes)
     where: dict[str, tuple] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for g, group in enumerate(param_shapes):

@@ -73,7 +73,7 @@ def tied_pairs_from_config(config_file: Path, notes: list[str] | None = None) ->
     import torch
 
     try:
-        config = hfmodel.load_config(config_file)
+        config = hfmodel.load_model_config(config_file)
         with torch.device("meta"):
             model = hfmodel.model_builder(config)()
     except Exception:

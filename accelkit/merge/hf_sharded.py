@@ -16,7 +16,7 @@ import torch
 
 from accelkit.errors import AccelkitError, clip
 from accelkit.merge.dtypes import BY_CODE
-from accelkit.merge.records import read_error
+from accelkit.merge.records import input_read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, file_segment
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
@@ -40,7 +40,7 @@ def _validate(file: Path) -> None:
     except FileNotFoundError:
         raise AccelkitError(f"shard {file} is missing", hint="copy every shard the index names") from None
     except OSError as exc:
-        raise read_error(exc, file) from None
+        raise input_read_error(exc, file) from None
     except Exception as exc:
         raise AccelkitError(f"cannot read {file}: it is truncated or corrupt ({clip(str(exc), 200)})",
                             hint="re-download or re-copy this shard") from None
@@ -55,7 +55,7 @@ def read_header(file: Path) -> tuple[dict, int]:
                 raise ValueError("header size out of range")
             header = json.loads(handle.read(size))
     except OSError as exc:
-        raise read_error(exc, file) from None
+        raise input_read_error(exc, file) from None
     except (struct.error, ValueError, MemoryError) as exc:
         raise AccelkitError(f"cannot read {file}: its header is corrupt ({type(exc).__name__})",
                             hint="re-download or re-copy this shard") from None
@@ -70,7 +70,7 @@ class SafetensorsSource(CheckpointSource):
             try:
                 weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
             except OSError as exc:
-                raise read_error(exc, index) from None
+                raise input_read_error(exc, index) from None
             except (ValueError, KeyError, TypeError) as exc:
                 raise AccelkitError(f"cannot read {index}: not a safetensors index ({exc})",
                                     hint="the index must be JSON with a weight_map") from None

@@ -24,7 +24,7 @@ from pathlib import Path
 from accelkit.errors import AccelkitError
 from accelkit.merge.dtypes import LIGHT, TABLE
 from accelkit.merge.light_pickle import DType, Refused, TensorRef, load_archive_pickle, load_metadata
-from accelkit.merge.records import Record, Window, crc32, local_data_offset, pread_into, read_error
+from accelkit.merge.records import Window, ZipRecord, crc32, input_read_error, local_data_offset, pread_into
 
 METADATA_FILE = ".metadata"
 DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -41,7 +41,7 @@ class Unproven(Exception):
 class Piece:
     """`nbytes` bytes at `start` of a data record: one chunk of a tensor, in order."""
 
-    record: Record
+    record: ZipRecord
     start: int
     nbytes: int
 
@@ -59,7 +59,7 @@ class Tensor:
 
 
 @dataclass
-class Plan:
+class DcpContents:
     root: Path
     tensors: list[Tensor] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)  # every file of the checkpoint the merge reads
@@ -70,7 +70,7 @@ class Plan:
     aliases: dict[str, str] = field(default_factory=dict)  # tied names stored once (DeepSpeed's shared_params)
 
 
-def plan(path: Path) -> Plan:
+def plan(path: Path) -> DcpContents:
     """Where every byte of every tensor of the DCP folder `path` is (see the module docstring)."""
     try:
         return _plan(path)
@@ -80,14 +80,14 @@ def plan(path: Path) -> Plan:
         raise Unproven(f"{type(exc).__name__}: {exc}") from None
 
 
-def _plan(path: Path) -> Plan:
+def _plan(path: Path) -> DcpContents:
     metadata = load_metadata((path / METADATA_FILE).read_bytes())
     items = metadata.state_dict_metadata
     if not isinstance(items, dict):
         raise Unproven("state_dict_metadata is not a dict")
     tensor_fqns = [fqn for fqn, item in items.items() if type(item).__name__ == "TensorStorageMetadata"]
     skipped = [fqn for fqn in items if fqn not in set(tensor_fqns)]
-    out = Plan(root=path)
+    out = DcpContents(root=path)
     names = output_names(metadata, tensor_fqns, out.notes)
     if skipped:
         out.notes.append(f"skipped {len(skipped)} non-tensor entries (e.g. {skipped[0]})")
@@ -151,7 +151,7 @@ def check_tiling(file: Path, items: list[tuple[int, int, object]]) -> None:
         raise AccelkitError(f"shard {file} named in {METADATA_FILE} is missing",
                             hint="copy every rank's .distcp file into the checkpoint directory") from None
     except OSError as exc:
-        raise read_error(exc, file) from None
+        raise input_read_error(exc, file) from None
     end = max(offset + length for offset, length, _ in items)
     if size < end:
         raise AccelkitError(f"shard {file} is truncated ({size} bytes, {METADATA_FILE} needs at least {end})",
@@ -222,22 +222,22 @@ def _open_chunk(path: Path, fds: dict[str, int], storage: dict, fqn: str, chunk,
     return (offsets[0] if offsets else 0), (sizes[0] if sizes else 1), Piece(record, start, nbytes), offsets, sizes
 
 
-def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[bytes, dict[str, Record]]:
+def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[bytes, dict[str, ZipRecord]]:
     """A `torch.save` zip archive at [start, start + length) of a file: its pickle, CRC-32 checked, and its data
     records by storage key. Compressed, big-endian or odd archives are Unproven (the torch path reads them)."""
-    records: dict[str, Record] = {}
+    records: dict[str, ZipRecord] = {}
     with zipfile.ZipFile(io.BufferedReader(Window(fd, start, length, file))) as archive:
         for info in archive.infolist():
             if info.compress_type != zipfile.ZIP_STORED:
                 raise Unproven(f"{file.name} has a compressed record")
             offset = local_data_offset(fd, start + info.header_offset, file)
-            records[info.filename] = Record(file, info.filename, offset, info.file_size, info.CRC)
+            records[info.filename] = ZipRecord(file, info.filename, offset, info.file_size, info.CRC)
     pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
     if len(pickles) != 1:
         raise Unproven(f"{file.name} has no single data.pkl")
     prefix = pickles[0][: -len("data.pkl")]
     pickled = b""
-    data: dict[str, Record] = {}
+    data: dict[str, ZipRecord] = {}
     for name, record in records.items():  # the pickle and version records: checked before anything trusts them
         if name.startswith(prefix + "data/"):
             data[name[len(prefix) + len("data/"):]] = record
@@ -253,7 +253,7 @@ def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[by
     return pickled, data
 
 
-def _read_item(fd: int, file: Path, start: int, length: int) -> tuple[TensorRef, Record]:
+def _read_item(fd: int, file: Path, start: int, length: int) -> tuple[TensorRef, ZipRecord]:
     """The one tensor of a `torch.save` item at [start, start + length) of a .distcp file, and its data record."""
     pickled, data = read_torch_archive(fd, file, start, length)
     tensor = load_archive_pickle(pickled)

@@ -8,7 +8,7 @@ runs), checks each file's pickle and small records against their CRC-32, and mak
 and deepspeed_checks make, the same way: one world size and ZeRO stage in every rank file, partition sizes against
 `param_shapes`, `global_steps` across files and against a `global_step<N>` tag, the optimizers' own step counters
 (read through their CRC-32), every rank's `param_slice_mappings`, and, for ZeRO-1/2, sampled elements of every
-partition against the module weights. It returns where every byte of the output is (a light_dcp.Plan).
+partition against the module weights. It returns where every byte of the output is (a light_dcp.DcpContents).
 
 Anything it cannot read or prove, and every failed check, raises `Unproven`: the torch path then merges the folder
 or refuses it with its own message, so a refusal reads the same on either path.
@@ -28,9 +28,9 @@ from accelkit.merge import deepspeed_checks
 from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.counters import FolderCounters
 from accelkit.merge.dtypes import LIGHT, SCANNED, TABLE
-from accelkit.merge.light_dcp import Piece, Plan, Tensor, Unproven, read_torch_archive
+from accelkit.merge.light_dcp import DcpContents, Piece, Tensor, Unproven, read_torch_archive
 from accelkit.merge.light_pickle import Refused, TensorRef, load_deepspeed_pickle
-from accelkit.merge.records import Record, RecordReader, Window
+from accelkit.merge.records import RecordReader, Window, ZipRecord
 
 
 @dataclass
@@ -39,9 +39,9 @@ class _Archive:
 
     path: Path
     obj: Any
-    records: dict[str, Record]  # storage key -> its data record
+    records: dict[str, ZipRecord]  # storage key -> its data record
 
-    def locate(self, tensor: TensorRef) -> tuple[Record, int]:
+    def locate(self, tensor: TensorRef) -> tuple[ZipRecord, int]:
         """The record holding a tensor's storage, and the byte offset of its first element (as TorchArchive)."""
         record = self.records.get(tensor.storage.key)
         itemsize = TABLE[tensor.storage.dtype].itemsize
@@ -78,7 +78,7 @@ def find_checkpoint(path: Path, tag: str | None) -> Path | None:
     return None
 
 
-def plan(path: Path, tag: str | None, reader: RecordReader) -> tuple[Plan, FolderCounters]:
+def plan(path: Path, tag: str | None, reader: RecordReader) -> tuple[DcpContents, FolderCounters]:
     """Where every byte of the merged fp32 weights is, and the step counters read (see the module docstring)."""
     try:
         return _Planner(path, tag, reader).run()
@@ -92,11 +92,11 @@ class _Planner:
     def __init__(self, path: Path, tag: str | None, reader: RecordReader) -> None:
         self.reader = reader
         self.tag_dir, how = layout.resolve_tag_dir(path, tag)
-        self.out = Plan(root=self.tag_dir, notes=[f"DeepSpeed checkpoint folder {self.tag_dir} ({how})"])
+        self.out = DcpContents(root=self.tag_dir, notes=[f"DeepSpeed checkpoint folder {self.tag_dir} ({how})"])
         self.counters = FolderCounters()
         self.aliases: dict[str, str] = {}
 
-    def run(self) -> tuple[Plan, FolderCounters]:
+    def run(self) -> tuple[DcpContents, FolderCounters]:
         self.out.format_name = "DeepSpeed ZeRO"
         optim_paths = layout.ranked(self.tag_dir, layout.OPTIM, "*_optim_states.pt")
         self.optim = [read_archive(p) for p in optim_paths]
@@ -122,7 +122,7 @@ class _Planner:
         self.out.files = [*model_paths, *optim_paths]
         self.out.world_size = world
         self._plan()
-        deepspeed_checks.check_all(self._rank_files(), self.out.checks, self.counters)
+        deepspeed_checks.check_zero_files(self._rank_files(), self.out.checks, self.counters)
         return self.out, self.counters
 
     # -- the pickles, as DeepSpeedSource reads them ------------------------------------------------------------
@@ -198,7 +198,7 @@ class _Planner:
         return value
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
-        self.partitions = layout.zero12_partitions(rank_sizes)
+        self.partitions = layout.zero12_fragment_ranges(rank_sizes)
         try:
             where, planned = layout.plan_zero12(ms["param_shapes"], rank_sizes,
                                                 self.states[0].get("param_alignment_paddings"))
@@ -265,7 +265,7 @@ class _Planner:
         return out
 
     # -- the checks (deepspeed_checks), read without torch ------------------------------------------------------
-    def _rank_files(self) -> deepspeed_checks.RankFiles:
+    def _rank_files(self) -> deepspeed_checks.ZeroRankFiles:
         def scalar(rank: int, value: Any) -> Any:
             return self._item(self.optim[rank], value) if isinstance(value, TensorRef) else value
 
@@ -280,7 +280,7 @@ class _Planner:
             return (isinstance(weights, TensorRef) and weights.storage.dtype in SCANNED and weights.numel == numel
                     and weights.is_contiguous)
 
-        return deepspeed_checks.RankFiles(
+        return deepspeed_checks.ZeroRankFiles(
             tag=self.tag_dir.name, stage=self.stage, world=self.world, model_files=self.out.files[:len(self.models)],
             model_states=self.model_states, optim_files=[a.path for a in self.optim], optim_states=self.states,
             where=self.where, partitions=self.partitions, flats=self.flats, scalar=scalar, sample=sample,

@@ -194,7 +194,7 @@ def _light_input(opts: MergeOptions) -> Path | None:
 
 
 def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
-                reader: RecordReader) -> tuple[light_dcp.Plan, counters.FolderCounters]:
+                reader: RecordReader) -> tuple[light_dcp.DcpContents, counters.FolderCounters]:
     """Every tensor as byte ranges of the input, with the format's own checks made, and the folder's step counters."""
     if deepspeed_root is not None:
         return _deepspeed_plan(opts, deepspeed_root, reader)
@@ -206,7 +206,7 @@ def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
     return found, counters.FolderCounters()
 
 
-def _dcp_plan(opts: MergeOptions) -> light_dcp.Plan:
+def _dcp_plan(opts: MergeOptions) -> light_dcp.DcpContents:
     root = opts.input
     if extras.find_save_state_dir(root) is not None:
         raise _TorchPath(_SAVE_STATE)
@@ -250,7 +250,7 @@ def _may_tie(config: Path) -> bool:
     return "model_type" in raw and raw.get("tie_word_embeddings") is not False
 
 
-def _manifest_checks(found: light_dcp.Plan, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
+def _manifest_checks(found: light_dcp.DcpContents, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
     """The manifest's checks and the step counters' cross-check, as the torch path makes them (a DCP folder has no
     step counters of its own; a DeepSpeed checkpoint's come from light_deepspeed)."""
     checks = []
@@ -258,14 +258,14 @@ def _manifest_checks(found: light_dcp.Plan, side_files: list[Path], steps: count
     if signed is not None:
         if signed.step is not None:
             steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
-        checks += manifest.verify(signed, [*found.files, *side_files], found.world_size)
+        checks += manifest.verify_manifest(signed, [*found.files, *side_files], found.world_size)
     agreed = counters.cross_check(steps)
     if agreed:
         checks.append(agreed)
     return checks
 
 
-def _planned_report(found: light_dcp.Plan, checks: list[str]) -> MergeReport:
+def _planned_report(found: light_dcp.DcpContents, checks: list[str]) -> MergeReport:
     """What the input holds and what was checked, before anything is written."""
     files = [f for f in found.files if f.is_file()]
     dtypes: dict[str, int] = {}
@@ -278,7 +278,7 @@ def _planned_report(found: light_dcp.Plan, checks: list[str]) -> MergeReport:
         input_bytes=sum(f.stat().st_size for f in files), checks=checks, dropped_aliases=dict(found.aliases))
 
 
-def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file: bool, side_folder: Path | None,
+def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], to_file: bool, side_folder: Path | None,
            side_files: list[Path], scan: NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
     output = opts.output
     assert output is not None
@@ -330,7 +330,7 @@ def _write(opts: MergeOptions, found: light_dcp.Plan, checks: list[str], to_file
     return report
 
 
-def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: RecordReader,
+def _verify(found: light_dcp.DcpContents, target: Path, data_start: int, reader: RecordReader,
             on_bytes: Callable[[int], None]) -> None:
     """Re-read the output and compare every byte with the input read again (what --verify promises)."""
     window = memoryview(bytearray(READ_BYTES))
@@ -346,7 +346,7 @@ def _verify(found: light_dcp.Plan, target: Path, data_start: int, reader: Record
     verify_output(target, data_start, expected(), on_bytes, memoryview(bytearray(READ_BYTES)))
 
 
-def _copy_tensors(found: light_dcp.Plan, target: Path, header: bytes, reader: RecordReader, scan: NonFiniteScan,
+def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, reader: RecordReader, scan: NonFiniteScan,
                   label: Path, on_bytes: Callable[[int], None]) -> None:
     """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
     page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the

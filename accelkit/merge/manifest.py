@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-from accelkit.merge.records import read_error
+from accelkit.merge.records import input_read_error
 
 MANIFEST_FILE = "accelkit-manifest.json"
 FORMAT = "accelkit-checkpoint-manifest"
@@ -62,7 +62,7 @@ def load(path: Path) -> Manifest:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise read_error(exc, path) from None
+        raise input_read_error(exc, path) from None
     except ValueError:
         raise bad from None
     try:
@@ -85,7 +85,7 @@ def sha256_of(path: Path) -> str:
             while n := handle.readinto(buffer):
                 digest.update(view[:n])
     except OSError as exc:
-        raise read_error(exc, path) from None
+        raise input_read_error(exc, path) from None
     return digest.hexdigest()
 
 
@@ -94,7 +94,7 @@ def unverified_line(manifest: Manifest) -> str:
     return f"manifest {manifest.path} (run {manifest.run_id[:12]}, step {manifest.step}): verified when merging"
 
 
-def verify(manifest: Manifest, read_files: list[Path], world_size: int | None) -> list[str]:
+def verify_manifest(manifest: Manifest, read_files: list[Path], world_size: int | None) -> list[str]:
     """Check the checkpoint against its manifest (see the module docstring); return what was checked."""
     hint = ("the checkpoint is not what was saved: re-copy it from the machine that wrote it, or merge an earlier "
             "checkpoint")
@@ -115,7 +115,7 @@ def verify(manifest: Manifest, read_files: list[Path], world_size: int | None) -
         except FileNotFoundError:
             raise AccelkitError(f"{file}, listed in {manifest.path.name}, is missing", hint=hint) from None
         except OSError as exc:
-            raise read_error(exc, file) from None
+            raise input_read_error(exc, file) from None
         if actual != size:
             raise AccelkitError(f"{file} has {actual} bytes, {manifest.path.name} says {size}: it changed after the "
                                 "save or comes from another run or step", hint=hint)

@@ -133,7 +133,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def parse_size(text: str) -> int:
+def parse_shard_size(text: str) -> int:
     """'5GB' -> 5_000_000_000, '500MiB' -> 524288000, '4096' -> 4096 (what transformers' max_shard_size accepts)."""
     return parse_bytes(text, "--max-shard-size", bare_number=True)
 

@@ -30,7 +30,7 @@ from accelkit.merge.output import (
     check_free_space,
     check_paths,
     copy_side_files,
-    parse_size,
+    parse_shard_size,
     plan_shards,
     progress_bar,
     shard_file_names,
@@ -66,12 +66,12 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
         if found is not None:
             if hash_manifest:
                 _, side_files = extras.find_side_files(opts.input, opts.config_from)
-                checks += manifest.verify(found, [*source.files, *side_files], source.world_size)
+                checks += manifest.verify_manifest(found, [*source.files, *side_files], source.world_size)
             else:
                 checks.append(manifest.unverified_line(found))
         folder = extras.find_save_state_dir(source.root)
         if folder is not None:
-            checks += savestate.check(folder, source.world_size, source.reader, steps)
+            checks += savestate.check_save_state(folder, source.world_size, source.reader, steps)
         agreed = counters.cross_check(steps)
         if agreed:
             checks.append(agreed)
@@ -115,7 +115,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     if to_file and opts.max_shard_size:
         raise AccelkitError("--max-shard-size needs a folder output",
                             hint=f"use -o {opts.output.with_suffix('')}/ to get shards and an index")
-    max_bytes = parse_size(opts.max_shard_size) if opts.max_shard_size else None
+    max_bytes = parse_shard_size(opts.max_shard_size) if opts.max_shard_size else None
     check_paths(opts.input, opts.output, opts.force)
     with lean_process():
         source, checks = _open_and_check(opts, hash_manifest=True)

@@ -48,7 +48,7 @@ SCAN_NONFINITE = True  # the same, for the non-finite scan of both merge paths (
 
 
 @dataclass(frozen=True, eq=False)
-class Record:
+class ZipRecord:
     """One stored zip record: `size` bytes at absolute `offset` in `path`, whose CRC-32 must be `crc`."""
 
     path: Path
@@ -61,7 +61,7 @@ class Record:
 class ChecksumError(AccelkitError):
     """A record's bytes do not match the CRC-32 stored beside them: the file changed after it was written."""
 
-    def __init__(self, record: Record) -> None:
+    def __init__(self, record: ZipRecord) -> None:
         super().__init__(
             f"{record.path} is corrupt: the CRC-32 of its record {record.name} does not match its bytes "
             "(the file changed after it was written: bit rot or a bad copy)",
@@ -69,7 +69,7 @@ class ChecksumError(AccelkitError):
         self.record = record
 
 
-def read_error(exc: OSError, path: Path) -> AccelkitError:
+def input_read_error(exc: OSError, path: Path) -> AccelkitError:
     """One message for a failed read of an INPUT file (never confused with a failed write of the output)."""
     if exc.errno in (errno.EACCES, errno.EPERM):
         return AccelkitError(f"cannot read {path}: permission denied",
@@ -94,7 +94,7 @@ def pread_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:
         try:
             n = os.preadv(fd, [dest[done:]], offset + done)
         except OSError as exc:
-            raise read_error(exc, path) from None
+            raise input_read_error(exc, path) from None
         if n == 0:
             raise AccelkitError(f"{path} is truncated: it ends at byte {offset + done}, {len(dest) - done} bytes "
                                 "before the data it should hold", hint="re-copy this file from the machine that "
@@ -112,7 +112,7 @@ def map_file(fd: int, offset: int, length: int, path: Path) -> memoryview:
     try:
         size = os.fstat(fd).st_size
     except OSError as exc:
-        raise read_error(exc, path) from None
+        raise input_read_error(exc, path) from None
     if offset + length > size:
         raise AccelkitError(f"{path} is truncated: it ends at byte {size}, {offset + length - size} bytes before the "
                             "data it should hold", hint="re-copy this file from the machine that wrote the checkpoint")
@@ -121,7 +121,7 @@ def map_file(fd: int, offset: int, length: int, path: Path) -> memoryview:
         mapping = mmap.mmap(fd, length + offset - aligned, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
                             offset=aligned)
     except OSError as exc:
-        raise read_error(exc, path) from None
+        raise input_read_error(exc, path) from None
     return memoryview(mapping)[offset - aligned:]
 
 
@@ -171,7 +171,7 @@ def local_data_offset(fd: int, header_offset: int, path: Path) -> int:
 class TorchArchive:
     """The structure and record table of one torch.save archive: a whole file, or `length` bytes at `start`."""
 
-    def __init__(self, path: Path, obj: Any, records: dict[int, Record], legacy: bool = False) -> None:
+    def __init__(self, path: Path, obj: Any, records: dict[int, ZipRecord], legacy: bool = False) -> None:
         self.path = path
         self.obj = obj  # the loaded structure; tensors are on the meta device (no bytes read)
         self.legacy = legacy  # a pre-zip torch file: no records, no checksums, tensors already in memory
@@ -184,7 +184,7 @@ class TorchArchive:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            raise read_error(exc, path) from None
+            raise input_read_error(exc, path) from None
         try:
             if length is None:
                 length = os.fstat(fd).st_size
@@ -212,14 +212,14 @@ class TorchArchive:
                 with torch.serialization.safe_globals(safe_globals):
                     return cls(path, torch.load(path, map_location="cpu", weights_only=True), {}, legacy=True)
             raise zipfile.BadZipFile("not a zip archive")
-        records: dict[int, Record] = {}
-        small: list[Record] = []
+        records: dict[int, ZipRecord] = {}
+        small: list[ZipRecord] = []
         with zipfile.ZipFile(io.BufferedReader(Window(fd, start, length, path))) as archive:
             for info in archive.infolist():
                 if info.compress_type != zipfile.ZIP_STORED:
                     raise zipfile.BadZipFile(f"record {info.filename} is compressed")
                 offset = local_data_offset(fd, start + info.header_offset, path)
-                record = Record(path, info.filename, offset, info.file_size, info.CRC)
+                record = ZipRecord(path, info.filename, offset, info.file_size, info.CRC)
                 records[offset - start] = record
                 if not _DATA_RECORD.search(info.filename):
                     small.append(record)
@@ -234,10 +234,10 @@ class TorchArchive:
         return cls(path, obj, records)
 
     @property
-    def records(self) -> list[Record]:
+    def records(self) -> list[ZipRecord]:
         return list(self._by_offset.values())
 
-    def locate(self, tensor: torch.Tensor) -> tuple[Record, int]:
+    def locate(self, tensor: torch.Tensor) -> tuple[ZipRecord, int]:
         """The record holding a meta tensor's storage, and the byte offset of the tensor's first element in it."""
         storage = tensor.untyped_storage()
         offset = getattr(storage, "_checkpoint_offset", None)
@@ -254,7 +254,7 @@ class RecordReader:
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
         # record -> (bytes checked so far from its start, running CRC); absent: untouched; None: verified
-        self._progress: dict[Record, tuple[int, int] | None] = {}
+        self._progress: dict[ZipRecord, tuple[int, int] | None] = {}
         self.checksum_bytes = 0  # bytes that went through CRC-32 (for the report)
         self.checksum_seconds = 0.0
 
@@ -264,22 +264,22 @@ class RecordReader:
             try:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY)
             except OSError as exc:
-                raise read_error(exc, path) from None
+                raise input_read_error(exc, path) from None
         return fd
 
     @staticmethod
-    def _check_range(record: Record, start: int, length: int) -> None:
+    def _check_range(record: ZipRecord, start: int, length: int) -> None:
         if start < 0 or start + length > record.size:
             raise AccelkitError(f"{record.path} is corrupt: a tensor reaches past the end of its record "
                                 f"{record.name}", hint="re-copy this file from the machine that wrote the checkpoint")
 
-    def read(self, record: Record, start: int, dest: memoryview) -> None:
+    def read(self, record: ZipRecord, start: int, dest: memoryview) -> None:
         """Fill `dest` with bytes [start, start + len(dest)) of `record`."""
         self._check_range(record, start, len(dest))
         pread_into(self._fd(record.path), dest, record.offset + start, record.path)
         self._track(record, start, dest)
 
-    def map(self, record: Record, start: int, length: int) -> memoryview:
+    def map(self, record: ZipRecord, start: int, length: int) -> memoryview:
         """Bytes [start, start + length) of `record`, mapped from the page cache instead of copied (see `map_file`),
         their CRC-32 tracked as `read` does."""
         self._check_range(record, start, length)
@@ -291,7 +291,7 @@ class RecordReader:
         """Bytes of a file that carries no checksum (safetensors), mapped."""
         return map_file(self._fd(path), offset, length, path)
 
-    def _track(self, record: Record, start: int, data: memoryview) -> None:
+    def _track(self, record: ZipRecord, start: int, data: memoryview) -> None:
         """Advance the record's running CRC-32 over bytes just read at `start`; check it once complete."""
         progress = self._progress.get(record, (0, 0))
         if progress is None or not CHECK_CRC:
@@ -308,7 +308,7 @@ class RecordReader:
             done += len(data)
         self._settle(record, done, crc)
 
-    def peek(self, record: Record, start: int, dest: memoryview) -> None:
+    def peek(self, record: ZipRecord, start: int, dest: memoryview) -> None:
         """Read bytes of a record without counting them towards its checksum (samples; the full read checks)."""
         self._check_range(record, start, len(dest))
         pread_into(self._fd(record.path), dest, record.offset + start, record.path)
@@ -317,7 +317,7 @@ class RecordReader:
         """Bytes of a file that carries no checksum (safetensors)."""
         pread_into(self._fd(path), dest, offset, path)
 
-    def _crc_range(self, fd: int, record: Record, begin: int, end: int, crc: int) -> int:
+    def _crc_range(self, fd: int, record: ZipRecord, begin: int, end: int, crc: int) -> int:
         scratch = bytearray(min(_CHUNK, end - begin))
         view = memoryview(scratch)
         while begin < end:
@@ -330,7 +330,7 @@ class RecordReader:
             begin += len(part)
         return crc
 
-    def _settle(self, record: Record, done: int, crc: int) -> None:
+    def _settle(self, record: ZipRecord, done: int, crc: int) -> None:
         if done < record.size:
             self._progress[record] = (done, crc)
             return

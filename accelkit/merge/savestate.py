@@ -53,7 +53,7 @@ def _numpy_globals() -> list:
     return found
 
 
-def check(folder: Path, world_size: int | None, reader: RecordReader,
+def check_save_state(folder: Path, world_size: int | None, reader: RecordReader,
           counters: FolderCounters | None = None) -> list[str]:
     """Check the save_state files in `folder` against each other and the model's world size, and collect their
     step counters into `counters`; return what held."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from accelkit.merge.counters import FolderCounters
-from accelkit.merge.records import Record, RecordReader
+from accelkit.merge.records import RecordReader, ZipRecord
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Segment:
     view: Callable[[int, int], memoryview] | None = None
 
 
-def record_segment(reader: RecordReader, record: Record, offset: int, nbytes: int) -> Segment:
+def record_segment(reader: RecordReader, record: ZipRecord, offset: int, nbytes: int) -> Segment:
     """Bytes [offset, offset + nbytes) of a zip record, read (and checksummed) when needed."""
     return Segment(nbytes, lambda start, dest: reader.read(record, offset + start, dest),
                    (record.path, record.offset + offset),

@@ -28,7 +28,7 @@ from accelkit.errors import AccelkitError
 from accelkit.merge import records
 from accelkit.merge.dtypes import name_of
 from accelkit.merge.nonfinite import NonFiniteScan, refusal
-from accelkit.merge.records import read_error
+from accelkit.merge.records import input_read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
 from accelkit.merge.writer import SafetensorsWriter, verify_output
 
@@ -116,7 +116,7 @@ class _Appender:
             try:
                 self._fds[path] = os.open(path, os.O_RDONLY)
             except OSError as exc:
-                raise read_error(exc, path) from None
+                raise input_read_error(exc, path) from None
         done = 0
         while done < length:
             try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from accelkit.errors import AccelkitError
 from accelkit.fsio import write_error
 from accelkit.merge.dtypes import TABLE, name_of
-from accelkit.merge.records import pread_into, read_error
+from accelkit.merge.records import input_read_error, pread_into
 
 if TYPE_CHECKING:
     from accelkit.merge.source import TensorEntry
@@ -115,7 +115,7 @@ def verify_output(path: Path, data_start: int, expected: Iterable[tuple[str, mem
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
-        raise read_error(exc, path) from None
+        raise input_read_error(exc, path) from None
     try:
         offset = data_start
         for name, want in expected:

@@ -139,7 +139,7 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     if layout is not None:
         from accelkit.plan import layout_option
 
-        given_layout = layout_option.parse(layout, pp_schedule, microbatches)
+        given_layout = layout_option.parse_layout_option(layout, pp_schedule, microbatches)
         gpus = layout_option.check_world(given_layout, gpus, nodes)
         if strategy is not None:
             raise AccelkitError("--strategy and --layout both name what to plan", hint="give one of them")
@@ -243,7 +243,7 @@ def _write(plan, path: Path, command_line: str, result: PlanResult, compression,
         return
     if chosen is None:
         raise AccelkitError("nothing fits, so there is no config to write", hint=plan.recommendation.reason)
-    options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
+    options = spine.config_options_for(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
     options = options_with_compression(options, chosen.strategy, compression, path)  # issue 35
     also = spine.write_config_file(options, path, command_line, force)
     result.messages.append(f"Wrote {path}" + (f" and {also}" if also else "") +
@@ -270,7 +270,7 @@ def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, 
         raise AccelkitError("a CPU rehearsal runs on one machine, and hybrid sharding needs 2 or more",
                             hint="measure --strategy fsdp-full instead; it holds the same per-GPU shard sizes "
                                  "within a node")
-    options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
+    options = spine.config_options_for(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
     planner = _activations_planner(spec, plan, "cpu" if cpu else "cuda")
     comparisons = measuring.measure(options, script, args, cpu=cpu, precision=plan.training.precision,
                                     optimizer=plan.training.optimizer, activations_planner=planner,

@@ -99,7 +99,7 @@ def zero_parts(strategy: Strategy, shape: ModelShape, dt: Dtypes, world: int) ->
     if stage == 3:
         largest, unit = max(states.zero3_subgroups(shape, world)), "sub-group (sub_group_size=1e9)"
     else:
-        largest, unit = max(states.zero12_partitions(shape, world)), "optimizer group"
+        largest, unit = max(states.zero12_partition_sizes(shape, world)), "optimizer group"
     parts.append(Part("fp32 gradient partition during the step", largest * 4,
                       f"ZeRO converts one {unit}'s 16-bit gradient partition to fp32 at a time for the step"))
     if stage == 3:

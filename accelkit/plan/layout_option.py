@@ -14,7 +14,7 @@ EXAMPLE = 'e.g. --layout "dp_shard=8,tp=8,pp=8"'
 _PP = re.compile(r"\s*pp(?:[_-]size)?\s*=\s*(\S*)\s*", re.IGNORECASE)
 
 
-def parse(text: str, schedule: str | None, microbatches: int | None) -> nd.Layout:
+def parse_layout_option(text: str, schedule: str | None, microbatches: int | None) -> nd.Layout:
     from accelkit.bench import parse_layout
 
     items = [item for item in text.split(",")]

@@ -84,7 +84,7 @@ def spec_from_config_file(path: Path, label: str) -> ModelSpec:
     """A transformers config read by accelkit's one loader (custom code refused), checked for missing sizes."""
     from accelkit import hfmodel
 
-    config = hfmodel.load_config(path)
+    config = hfmodel.load_model_config(path)
     raw = hfmodel.read_raw(path)
     defaulted = hfmodel.defaulted_shape_fields(raw, config)
     if len(defaulted) == len(hfmodel.SHAPE_FIELDS):

@@ -60,7 +60,7 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
     activation checkpointing (the cheaper remedy comes first: the caller tried checkpointing before sharding)."""
     from accelkit.errors import AccelkitError
     from accelkit.plan.inputs import MIXED_PRECISION
-    from accelkit.plan.pipeline import check
+    from accelkit.plan.pipeline import check_pipeline
 
     shape, hardware, training = plan.shape, plan.hardware, plan.training
     if not applies(plan):
@@ -72,7 +72,7 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
     model = nd.Model.of(shape)
     checkpointing = training.activation_checkpointing if layout is not None else True
     if layout is not None:
-        check(layout.pipeline, model.layers)
+        check_pipeline(layout.pipeline, model.layers)
         why = nd.unavailable(layout, model, hardware.gpus, hardware.nodes)
         if why is not None:
             raise AccelkitError(f"--layout {layout.name} cannot run here: {why}",

@@ -107,7 +107,7 @@ def default_microbatches(ranks: int, schedule: str) -> int:
     return ranks * (SCHEDULES[schedule] if ranks > 1 else 1)
 
 
-def check(pipeline: Pipeline, layers: int | None) -> None:
+def check_pipeline(pipeline: Pipeline, layers: int | None) -> None:
     """The rules torch.distributed.pipelining and a stage split enforce, before anything is planned."""
     p, m = pipeline.ranks, pipeline.microbatches
     if p == 1:

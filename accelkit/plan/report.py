@@ -26,7 +26,7 @@ def commands(plan: Plan, config_path: str | None = None, script: str | None = No
     if chosen is None:
         return None
     path = config_path or f"plan-{chosen.strategy.name}.yaml"
-    options = spine.config_options(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
+    options = spine.config_options_for(chosen.strategy, plan.hardware, plan.training, chosen.accumulation)
     if plan.compression is not None:  # the config command carries --grad-compression where the strategy takes it
         from contextlib import suppress
         from pathlib import Path

@@ -12,7 +12,7 @@ from accelkit.plan.inputs import MIXED_PRECISION, Hardware, Training
 from accelkit.shellwords import command_line
 
 
-def config_options(strategy: Strategy, hardware: Hardware, training: Training, accumulation: int):
+def config_options_for(strategy: Strategy, hardware: Hardware, training: Training, accumulation: int):
     """The ConfigOptions `accelkit config` would build for this strategy on this hardware."""
     from accelkit.configs import ConfigOptions
 

@@ -158,7 +158,7 @@ def zero12(shape: ModelShape, dt: Dtypes, optimizer: str, world: int, rank: int,
     return States(params + _frozen_bytes(shape, dt.param), grads, optim)
 
 
-def zero12_partitions(shape: ModelShape, world: int) -> list[int]:
+def zero12_partition_sizes(shape: ModelShape, world: int) -> list[int]:
     """Each optimizer group's partition size (elements per rank) under ZeRO-1/2."""
     alignment = ZERO_ALIGNMENT_FACTOR * world
     return [math.ceil(sum(sizes) / alignment) * alignment // world for sizes in _groups(shape)]

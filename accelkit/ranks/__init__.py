@@ -27,7 +27,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "WATCH_DIR_ENV": "rank_files",
     "RankFiles": "rank_files",
     "RankInfo": "rank_files",
-    "read_error": "rank_files",
+    "read_rank_error": "rank_files",
     "read_failures": "rank_files",
     "read_resumed": "resume_record",
     "read_steps": "rank_files",

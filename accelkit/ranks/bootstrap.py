@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, clip, debug_enabled, report
-from accelkit.ranks.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_error, write_failure
+from accelkit.ranks.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_failure, write_rank_error
 from accelkit.rehearsal import REHEARSAL_ENV, install
 
 PROBES_ENV = "ACCELKIT_PROBES"
@@ -66,7 +66,7 @@ def _fail(error: AccelkitError) -> int:
     watch_dir = os.environ.get(WATCH_DIR_ENV)
     if watch_dir:  # the launcher reports it once, for the rank that failed first
         try:
-            write_error(RankFiles.of(Path(watch_dir), os.getpid()), error.message, error.hint)
+            write_rank_error(RankFiles.of(Path(watch_dir), os.getpid()), error.message, error.hint)
             return error.exit_code
         except OSError:
             pass

@@ -70,14 +70,14 @@ def write_info(files: RankFiles, info: RankInfo) -> None:
     os.replace(temp, files.info)
 
 
-def write_error(files: RankFiles, message: str, hint: str | None) -> None:
+def write_rank_error(files: RankFiles, message: str, hint: str | None) -> None:
     files.folder.mkdir(parents=True, exist_ok=True)
     temp = files.error.with_suffix(".error.tmp")
     temp.write_text(json.dumps({"message": message, "hint": hint}))
     os.replace(temp, files.error)
 
 
-def read_error(files: RankFiles) -> tuple[str, str | None] | None:
+def read_rank_error(files: RankFiles) -> tuple[str, str | None] | None:
     """(message, hint) a rank left before failing, or None."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         data = json.loads(files.error.read_text())

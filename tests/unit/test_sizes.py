@@ -55,3 +55,31 @@ def test_formatting_is_binary_and_readable() -> None:
     assert format_bytes(512) == "512 B"
     assert format_count(6_738_415_616) == "6.74B"
     assert format_count(999) == "999"
+
+
+def test_one_gigabyte_means_ten_to_the_ninth_bytes_in_every_size_option() -> None:
+    """`1GB` read by each command's size option (plan, merge, bench, convert, the cluster jobs) is 10^9 bytes, and
+    `1GiB` 2^30: one parser (accelkit.sizes); bench's --comm-sizes alone adds nccl-tests' bare binary letters."""
+    from accelkit.bench.comm import parse_message_size
+    from accelkit.launch.cluster.targets.resources import parse_memory
+    from accelkit.merge.output import parse_shard_size
+
+    readers = {"--gpu-memory": lambda text: parse_bytes(text, "--gpu-memory"),
+               "--sandbox-limit": lambda text: parse_bytes(text, "--sandbox-limit"),
+               "--max-shard-size": parse_shard_size, "--comm-sizes": parse_message_size,
+               "--mem-per-node": lambda text: parse_memory(text, "--mem-per-node")}
+    assert {option: read("1GB") for option, read in readers.items()} == dict.fromkeys(readers, 10**9)
+    assert {option: read("1GiB") for option, read in readers.items()} == dict.fromkeys(readers, 2**30)
+
+
+def test_no_module_keeps_a_unit_table_of_its_own() -> None:
+    """The units live in accelkit/sizes.py alone: a second table is how `GB` came to mean 2^30 in one command."""
+    import re
+    from pathlib import Path
+
+    import accelkit
+
+    root = Path(accelkit.__file__).parent
+    tables = [str(path.relative_to(root)) for path in root.rglob("*.py")
+              if path.name != "sizes.py" and re.search(r'"GIB"\s*:|"GB"\s*:', path.read_text(encoding="utf-8"))]
+    assert tables == []

@@ -49,7 +49,7 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class CheckRun:
     role: str
     job: Any  # accelkit.launch.ScriptProcess (the original) or LaunchRequest (the conversion)
     cwd: Path
@@ -83,22 +83,22 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str], steps: int, world: int,
-                  replay: Path, stall: float, timeout: float) -> RunSpec:
+                  replay: Path, stall: float, timeout: float) -> CheckRun:
     from accelkit.launch import ScriptProcess
 
     shutil.copyfile(script, box.script)  # at the script's place in the sandbox: `__file__` paths stay inside it
     probe_dir = scratch.folder("probe-original")
     env = {ROLE_ENV: "original", REPLAY_ENV: str(replay), WORLD_ENV: str(world), MAX_STEPS_ENV: str(steps),
            **SANDBOX_ENV}
-    return RunSpec("original", ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall, timeout)
+    return CheckRun("original", ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall, timeout)
 
 
 def converted_spec(scratch: Scratch, box: Sandbox, code: str, args: list[str], steps: int, world: int,
-                   stall: float, timeout: float, backend: str = "ddp") -> RunSpec:
+                   stall: float, timeout: float, backend: str = "ddp") -> CheckRun:
     box.script.write_text(code, encoding="utf-8")
     probe_dir = scratch.folder("probe-converted")
     env = {ROLE_ENV: "converted", BACKEND_ENV: backend, MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
-    return RunSpec("converted", converted_request(box.script, args, world, backend), box.cwd, probe_dir, env, stall,
+    return CheckRun("converted", converted_request(box.script, args, world, backend), box.cwd, probe_dir, env, stall,
                    timeout)
 
 
@@ -114,7 +114,7 @@ def converted_request(script: Path, args: list[str], world: int, backend: str = 
                          command_line="accelkit convert --check")
 
 
-def run(spec: RunSpec, script_dir: Path) -> RunResult:
+def run(spec: CheckRun, script_dir: Path) -> RunResult:
     """Run one side under supervision (accelkit.launch.run_supervised), its output captured beside its probe
     folder; a stall or the time limit stops it with every process's stack. Ctrl-C / SIGTERM stop it and end the
     check (Terminated), after every process of the run is gone."""

@@ -14,13 +14,13 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context, names_in
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 from accelkit.convert.library import is_library
 
 IMPORT = "from accelerate import Accelerator\n"
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     if not plan.accelerator_uses:
         return
     if is_library(ctx):
@@ -70,7 +70,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
         plan.report.leave(where, *note)
 
 
-def _keep_module_level_prints(ctx: Context, plan: Plan) -> None:
+def _keep_module_level_prints(ctx: Context, plan: EditPlan) -> None:
     """The Accelerator is made inside a function: a `print` that runs at import time (module level, outside the
     `__main__` block) stays a plain print, since `accelerator` does not exist yet there (a NameError on import)."""
     for call in plan.prints:
@@ -83,7 +83,7 @@ def _keep_module_level_prints(ctx: Context, plan: Plan) -> None:
                                                                          c.line == ctx.line(call))]
 
 
-def _grad_compression_handler(plan: Plan, spec_text: str | None) -> list[str]:
+def _grad_compression_handler(plan: EditPlan, spec_text: str | None) -> list[str]:
     """`kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=...)]` for `convert --grad-compression` (what
     accelkit's templates build from $ACCELKIT_GRAD_COMPRESSION; DDP only, Accelerate ignores it under FSDP)."""
     if not spec_text or spec_text == "none":
@@ -110,7 +110,7 @@ def _first_call_of(ctx: Context, name: str) -> cst.BaseStatement | None:
     return None
 
 
-def _uses_in(ctx: Context, plan: Plan, suite: cst.CSTNode) -> list[int]:
+def _uses_in(ctx: Context, plan: EditPlan, suite: cst.CSTNode) -> list[int]:
     body = list(suite.body)  # type: ignore[attr-defined]
     index = {id(line): i for i, line in enumerate(body)}
     found = []
@@ -121,7 +121,7 @@ def _uses_in(ctx: Context, plan: Plan, suite: cst.CSTNode) -> list[int]:
     return found
 
 
-def _in_function(ctx: Context, plan: Plan, function: cst.FunctionDef, parse: cst.BaseStatement):
+def _in_function(ctx: Context, plan: EditPlan, function: cst.FunctionDef, parse: cst.BaseStatement):
     suite = function.body
     body = list(suite.body)
     anchor = ctx.top_statement_in(parse, suite)
@@ -138,7 +138,7 @@ def _executes(line: cst.CSTNode) -> bool:
     return not isinstance(line, (cst.FunctionDef, cst.ClassDef))
 
 
-def _at_module_level(ctx: Context, plan: Plan, parse: cst.BaseStatement | None):
+def _at_module_level(ctx: Context, plan: EditPlan, parse: cst.BaseStatement | None):
     module = ctx.module
     body = list(module.body)
     index = {id(line): i for i, line in enumerate(body)}
@@ -158,7 +158,7 @@ def _at_module_level(ctx: Context, plan: Plan, parse: cst.BaseStatement | None):
     return module, (max(imports) if imports else -1), first_use, False
 
 
-def _only_after(ctx: Context, plan: Plan, top: cst.CSTNode, parse: cst.BaseStatement) -> bool:
+def _only_after(ctx: Context, plan: EditPlan, top: cst.CSTNode, parse: cst.BaseStatement) -> bool:
     """Every use inside the module-level statement `top` sits in the block after `parse`."""
     suite = ctx.suite_of(parse)
     for node in plan.accelerator_uses:
@@ -172,7 +172,7 @@ def _is_import(line: cst.CSTNode) -> bool:
                                                              for s in line.body)
 
 
-def _insert_import(ctx: Context, plan: Plan, suite: cst.CSTNode, anchor_index: int) -> None:
+def _insert_import(ctx: Context, plan: EditPlan, suite: cst.CSTNode, anchor_index: int) -> None:
     module = ctx.module
     body = list(module.body)
     limit = anchor_index if suite is module else len(body)

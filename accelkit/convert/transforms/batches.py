@@ -18,7 +18,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, dotted
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
 
 NOISE = {"torch.randn", "torch.rand", "torch.randint", "torch.randn_like", "torch.rand_like", "torch.randint_like",
@@ -37,7 +37,7 @@ WINDOW_NOTE = ("# each process trains on an equal contiguous part of the sequenc
 SHARD_NOTE = "# each process trains on an equal share of the samples (prepare() cannot shard hand-made batches)"
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     flow = Flow(ctx, facts)
     done: set[int] = set()
     for backward in flow.backward_calls:
@@ -125,7 +125,7 @@ def _iterator_of_loader(ctx: Context, facts: Facts, key: str) -> bool:
     return False
 
 
-def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode) -> None:
+def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode) -> None:
     function = ctx.function(loop)
     random_draws = _random_draws(ctx, facts, flow, loop, RANDOM_INDEX)
     where = f"the training loop at line {ctx.line(loop)}"
@@ -434,7 +434,7 @@ def _shard_site(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode, funct
     return None, None, None
 
 
-def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: Plan, loop: cst.CSTNode,
+def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode,
                       draw: cst.Call, what: str = "batches") -> None:
     """Each process gets its own random stream before training. torch starts every process from the same default
     seed (seeded or not, every rank would draw the same batches or noise); numpy and `random` seed themselves from

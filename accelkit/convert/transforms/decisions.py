@@ -19,13 +19,13 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings
 from accelkit.convert.context import Context, dotted
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
 
 EXITS = (cst.Break, cst.Continue, cst.Return)
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     flow = Flow(ctx, facts)
     loops = [loop for loop in ctx.of_type(cst.For, cst.While) if flow.trains(loop)]
     seen: set[int] = set()
@@ -120,7 +120,7 @@ def _exit_of(node: cst.If) -> cst.BaseSmallStatement | None:
     return small
 
 
-def _collective(ctx: Context, plan: Plan, node: cst.If, exit_: cst.BaseSmallStatement) -> None:
+def _collective(ctx: Context, plan: EditPlan, node: cst.If, exit_: cst.BaseSmallStatement) -> None:
     plan.edit(exit_, lambda u: cst.Expr(cst.parse_expression("accelerator.set_trigger()")))
     check = cst.If(test=cst.parse_expression("accelerator.check_trigger()"),
                    body=cst.IndentedBlock(body=[cst.SimpleStatementLine([exit_.deep_clone()])]))

@@ -9,7 +9,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, assign_parts, bindings, classify, inside_class, strip_chain
 from accelkit.convert.context import Context, accel, dotted
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 
 ACCEL_DEVICE_RE = re.compile(r"^(cuda|mps|xpu|npu|hpu)(:\d+)?$")
 MOVE_METHODS = {"to", "cuda"}
@@ -23,7 +23,7 @@ FACTORIES = {"torch.randn", "torch.rand", "torch.randint", "torch.zeros", "torch
 LOSS_CALL = re.compile(r"(loss|criterion|^F\.|functional\.)", re.I)
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     _device_definitions(ctx, facts, plan)
     _set_device_calls(ctx, plan)
     _moves(ctx, facts, plan)
@@ -35,7 +35,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _gpu_asserts(ctx, plan)
 
 
-def _gpu_asserts(ctx: Context, plan: Plan) -> None:
+def _gpu_asserts(ctx: Context, plan: EditPlan) -> None:
     """`assert torch.cuda.is_available()`: the launch now chooses the device (a CPU rehearsal, `--cpu`, another
     accelerator); kept, it stops the converted script before training wherever there is no CUDA."""
     for small in ctx.of_type(cst.Assert):
@@ -98,7 +98,7 @@ def _is_cpu(ctx: Context, expr: cst.BaseExpression) -> bool:
         _string_value(expr.args[0].value) == "cpu"
 
 
-def _device_definitions(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _device_definitions(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     definitions = []
     for small in ctx.of_type(cst.Assign, cst.AnnAssign):
         key, value = assign_parts(small)
@@ -202,7 +202,7 @@ def _conjuncts(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [expr]
 
 
-def _numpy_from_cpu(ctx: Context, plan: Plan) -> None:
+def _numpy_from_cpu(ctx: Context, plan: EditPlan) -> None:
     """`t.numpy()` fails on a GPU tensor: `t.cpu().numpy()` works on every device."""
     for call in ctx.of_type(cst.Call):
         func = call.func
@@ -221,7 +221,7 @@ def _numpy_from_cpu(ctx: Context, plan: Plan) -> None:
                            "on a GPU the tensor lives on the device; .numpy() needs it on the CPU first")
 
 
-def _inputs_follow_the_device(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _inputs_follow_the_device(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     """Tensors the script makes itself (not loader batches) and feeds to a model or a loss: moved to
     `accelerator.device` where they are made, unless the script already moves them."""
     models = facts.of_kind("model")
@@ -248,7 +248,7 @@ def _unplaced_factory(ctx: Context, expr: cst.BaseExpression) -> bool:
     return not any(a.keyword is not None and a.keyword.value == "device" for a in expr.args)
 
 
-def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name: str, done: set[int]) -> None:
+def _move_where_made(ctx: Context, facts: Facts, plan: EditPlan, use: cst.Call, name: str, done: set[int]) -> None:
     function = ctx.function(use)
     scope = function if function is not None else ctx.module
     statement = ctx.statement(use)
@@ -284,7 +284,7 @@ def _move_where_made(ctx: Context, facts: Facts, plan: Plan, use: cst.Call, name
         _move(ctx, plan, value, done)
 
 
-def _move_returned(ctx: Context, plan: Plan, call: cst.Call, done: set[int]) -> None:
+def _move_returned(ctx: Context, plan: EditPlan, call: cst.Call, done: set[int]) -> None:
     """A batch helper of the script (`def get_batch(): ...; return x, y`) that makes its tensors without a device:
     what it returns is moved to `accelerator.device`."""
     name = call.func.value if isinstance(call.func, cst.Name) else None
@@ -326,7 +326,7 @@ def _same_loop(ctx: Context, made: cst.CSTNode, use: cst.CSTNode) -> bool:
     return loop is not None and ctx.contains(loop, use) or loop_of(use) is None and loop is None
 
 
-def _move(ctx: Context, plan: Plan, value: cst.BaseExpression, done: set[int]) -> None:
+def _move(ctx: Context, plan: EditPlan, value: cst.BaseExpression, done: set[int]) -> None:
     if id(value) in done:
         return
     done.add(id(value))
@@ -337,7 +337,7 @@ def _move(ctx: Context, plan: Plan, value: cst.BaseExpression, done: set[int]) -
                        "(on a GPU the model is there, not on the CPU)")
 
 
-def _set_device_calls(ctx: Context, plan: Plan) -> None:
+def _set_device_calls(ctx: Context, plan: EditPlan) -> None:
     for call in ctx.of_type(cst.Call):
         if "torch.cuda.set_device" not in ctx.qnames(call):
             continue
@@ -397,7 +397,7 @@ def _self_move(ctx: Context, facts: Facts, small: cst.BaseSmallStatement | None)
                for t, v in pairs)
 
 
-def _moves(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _moves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     handled: set[int] = set()
     for call in list(ctx.of_type(cst.Call)):
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in MOVE_METHODS):
@@ -436,7 +436,7 @@ def _moves(ctx: Context, facts: Facts, plan: Plan) -> None:
                                    WHY_DEVICE)
 
 
-def _data_parallel(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _data_parallel(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     why = "accelerator.prepare() wraps the model for the launched backend (DDP, FSDP, DeepSpeed)"
     for small, call in facts.wrappers:
         inner = call.args[0].value if call.args else None
@@ -451,7 +451,7 @@ def _data_parallel(ctx: Context, facts: Facts, plan: Plan) -> None:
             plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `{ctx.code(inner)}`", why)
 
 
-def _device_string_comparisons(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _device_string_comparisons(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     """`device == "cuda"` held while `device` was a string; `accelerator.device` is a torch.device, which never
     equals a string: compare its `.type` (or `str(device)` for "cuda:0"-style strings)."""
     names = facts.accelerator_devices
@@ -486,7 +486,7 @@ TENSOR_MAKERS = {"torch.zeros", "torch.ones", "torch.randn", "torch.rand", "torc
                  "torch.arange", "torch.eye", "torch.randint", "torch.linspace", "torch.tensor"}
 
 
-def _tensors_made_in_forward(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _tensors_made_in_forward(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     """`h0 = torch.zeros(1, x.size(0), self.hidden)` in a model's forward lands on the CPU while the model and its
     input are on the process's device once prepared: it is made on the input's device."""
     for function in ctx.of_type(cst.FunctionDef):

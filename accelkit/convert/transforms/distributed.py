@@ -21,7 +21,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings
 from accelkit.convert.context import Context, accel, dotted
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 
 DIST = "torch.distributed."
 SETUP = {"torch.distributed.init_process_group", "torch.distributed.destroy_process_group"}
@@ -39,7 +39,7 @@ WHY_LAUNCH = ("the launcher (accelkit launch / accelerate launch / torchrun) set
               "Accelerator() joins their group; the script no longer creates or destroys it")
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     if not any(q.startswith(DIST) or q in SAMPLERS for call in ctx.of_type(cst.Call) for q in ctx.qnames(call)) \
             and not facts.wrappers:
         return
@@ -57,7 +57,7 @@ def _call_statement(ctx: Context, call: cst.Call) -> cst.BaseSmallStatement | No
     return small if isinstance(small, cst.Expr) and small.value is call else None
 
 
-def _setup_and_teardown(ctx: Context, plan: Plan) -> None:
+def _setup_and_teardown(ctx: Context, plan: EditPlan) -> None:
     for call in ctx.of_type(cst.Call):
         if not ctx.qnames(call) & SETUP:
             continue
@@ -68,7 +68,7 @@ def _setup_and_teardown(ctx: Context, plan: Plan) -> None:
         plan.report.change(ctx.line(call), f"removed `{ctx.code(call)}`", WHY_LAUNCH)
 
 
-def _queries(ctx: Context, plan: Plan) -> None:
+def _queries(ctx: Context, plan: EditPlan) -> None:
     for call in ctx.of_type(cst.Call):
         names = ctx.qnames(call)
         name = next((q[len(DIST):] for q in names if q.startswith(DIST)), None)
@@ -97,7 +97,7 @@ def _env_name(ctx: Context, node: cst.CSTNode) -> str | None:
     return None
 
 
-def _environment(ctx: Context, plan: Plan) -> None:
+def _environment(ctx: Context, plan: EditPlan) -> None:
     for node in ctx.of_type(cst.Subscript, cst.Call):
         name = _env_name(ctx, node)
         if name is None:
@@ -118,7 +118,7 @@ def _environment(ctx: Context, plan: Plan) -> None:
                            "launcher, and on one process (the script then has one path for 1 or N processes)")
 
 
-def _samplers(ctx: Context, plan: Plan) -> None:
+def _samplers(ctx: Context, plan: EditPlan) -> None:
     """DistributedSampler -> the DataLoader's own shuffle; prepare() shards it (and reshuffles every epoch)."""
     named: dict[str, str] = {}  # sampler variable -> shuffle expression
     inline = False  # `DataLoader(ds, sampler=DistributedSampler(ds))`: reached later as `loader.sampler`
@@ -161,7 +161,7 @@ def _samplers(ctx: Context, plan: Plan) -> None:
                                    "a prepared DataLoader reshuffles every epoch by itself")
 
 
-def _sampler_argument(ctx: Context, plan: Plan, loader: cst.Call, shuffle: str) -> None:
+def _sampler_argument(ctx: Context, plan: EditPlan, loader: cst.Call, shuffle: str) -> None:
     def edit(u: cst.Call) -> cst.Call:
         args = [a for a in u.args if a.keyword is None or a.keyword.value not in {"sampler", "shuffle"}]
         new = cst.Arg(value=cst.parse_expression(shuffle), keyword=cst.Name("shuffle"),
@@ -178,7 +178,7 @@ def _sampler_argument(ctx: Context, plan: Plan, loader: cst.Call, shuffle: str) 
                        "the shuffle the sampler had")
 
 
-def _ddp_options(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _ddp_options(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     for _, call in facts.wrappers:
         options = [a for a in call.args if a.keyword is not None and a.keyword.value in DDP_OPTIONS]
         if not options:
@@ -192,7 +192,7 @@ def _ddp_options(ctx: Context, facts: Facts, plan: Plan) -> None:
                            "prepare() builds the DDP wrapper; these options reach it through the Accelerator")
 
 
-def _no_sync(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _no_sync(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     models = facts.of_kind("model")
     for call in ctx.of_type(cst.Call):
         func = call.func
@@ -205,7 +205,7 @@ def _no_sync(ctx: Context, facts: Facts, plan: Plan) -> None:
                            "(FSDP and DeepSpeed too)")
 
 
-def _collectives(ctx: Context, plan: Plan) -> None:
+def _collectives(ctx: Context, plan: EditPlan) -> None:
     for call in ctx.of_type(cst.Call):
         names = ctx.qnames(call)
         name = next((q[len(DIST):] for q in names if q.startswith(DIST)), None)

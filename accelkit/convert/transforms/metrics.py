@@ -17,14 +17,14 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context, dotted, names_of
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
 
 PYTHON_NUMBERS = ("item", "size", "numel", "__len__")
 LOSS = re.compile(r"(loss|criterion)", re.I)
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     flow = Flow(ctx, facts)
     models = facts.of_kind("model")
     for loop, batch_names in facts.loader_loops:
@@ -71,7 +71,7 @@ def _sums_inside(ctx: Context, name: str) -> bool:
     return False
 
 
-def _gather(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str], models: set[str]) -> bool:
+def _gather(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str], models: set[str]) -> bool:
     found = _model_call(loop.body, models)
     if found is None:
         return False
@@ -144,7 +144,7 @@ def _accumulators(ctx: Context, loop: cst.CSTNode) -> list[str]:
     return out
 
 
-def _reduce_accumulators(ctx: Context, facts: Facts, plan: Plan, loop: cst.For, training: bool,
+def _reduce_accumulators(ctx: Context, facts: Facts, plan: EditPlan, loop: cst.For, training: bool,
                          batch_names: set[str]) -> None:
     if ctx.suite_of(loop) is None:
         return
@@ -202,7 +202,7 @@ def _python_number(ctx: Context, value: cst.BaseExpression) -> bool:
         value.value.attr.value == "shape"
 
 
-def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: Plan, after: list[cst.CSTNode]) -> None:
+def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: EditPlan, after: list[cst.CSTNode]) -> None:
     """`total / len(loader)`: a prepared loader has this process's batches only; every process's count is
     len(loader) * num_processes (prepared loaders give every process the same number of batches)."""
     for node in after:
@@ -221,7 +221,7 @@ def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: Plan, after: li
 
 
 
-def _cut_padding(ctx: Context, plan: Plan, loop: cst.For, batch_names: set[str]) -> bool:
+def _cut_padding(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str]) -> bool:
     """An evaluation loop that sums per-sample values (`test_loss += F.mse_loss(..., reduction='sum').item()`, a
     loss the model returns, a correct count) over a prepared loader: when the dataset does not split into whole
     batches on every process, Accelerate completes the last batches with samples from the start, and the sum would

@@ -19,7 +19,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, Tracked, bindings, models_of
 from accelkit.convert.context import Context, dotted
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow, references
 from accelkit.convert.neighbours import converted_neighbour
 
@@ -52,7 +52,7 @@ class Group:
     members: list[Member] = field(default_factory=list)
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     flow = Flow(ctx, facts)
     aliases = _alias_classes(ctx, facts, flow)
     items = [t for t in facts.created if t.kind in PREPARED and t.statement is not None and not t.factory
@@ -99,7 +99,7 @@ def _imported_trainer(ctx: Context) -> cst.Call | None:
 
 
 # -- schedulers -------------------------------------------------------------------------------------------------
-def _per_batch(ctx: Context, facts: Facts, flow: Flow, plan: Plan, item: Tracked) -> bool:
+def _per_batch(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, item: Tracked) -> bool:
     """Prepare a scheduler only when it steps with every optimizer step."""
     calls = [c for c in ctx.of_type(cst.Call) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "step"
              and dotted(c.func.value) in {item.key, item.key.split(".")[-1], f"self.{item.key}"}]
@@ -188,7 +188,7 @@ def _strip(value: cst.BaseExpression) -> cst.BaseExpression:
 
 
 # -- groups -----------------------------------------------------------------------------------------------------
-def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: Plan, items: list[Tracked],
+def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: list[Tracked],
                  aliases: dict[str, str]) -> list[Group]:
     groups: dict[int, Group] = {}
 
@@ -275,7 +275,7 @@ def _run_here(ctx: Context, aliases: dict[str, str], root: str) -> bool:
     return any(dotted(call.func) in names for call in ctx.of_type(cst.Call))
 
 
-def _handed_over(ctx: Context, plan: Plan, member: Member, aliases: dict[str, str], root: str) -> None:
+def _handed_over(ctx: Context, plan: EditPlan, member: Member, aliases: dict[str, str], root: str) -> None:
     line = ctx.line(member.item.small) if member.item is not None and member.item.small is not None else 0
     names = {key for key, value in aliases.items() if value == root} | {root}
     receivers = [call for call in ctx.of_type(cst.Call)
@@ -310,7 +310,7 @@ def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
 
 
 # -- placement --------------------------------------------------------------------------------------------------
-def _place(ctx: Context, flow: Flow, plan: Plan, group: Group) -> None:
+def _place(ctx: Context, flow: Flow, plan: EditPlan, group: Group) -> None:
     block = group.block
     body = list(block.body)  # type: ignore[attr-defined]
     index = {id(line): i for i, line in enumerate(body)}
@@ -352,7 +352,7 @@ def _last_binding(ctx: Context, body: list, key: str) -> int:
     return found
 
 
-def _runs(ctx: Context, flow: Flow, plan: Plan, statement: cst.CSTNode, member: Member) -> bool:
+def _runs(ctx: Context, flow: Flow, plan: EditPlan, statement: cst.CSTNode, member: Member) -> bool:
     """`statement` runs (or hands over) the object, rather than building, changing or inspecting it."""
     for ref in references(ctx, statement, member.key):
         if any(a in plan.removed for a in ctx.ancestors(ref)):
@@ -421,7 +421,7 @@ def _runs_parameter(ctx: Context, flow: Flow, function: cst.FunctionDef, call: c
     return False
 
 
-def _emit(ctx: Context, flow: Flow, plan: Plan, block: cst.CSTNode, body: list, batch: list[Member],
+def _emit(ctx: Context, flow: Flow, plan: EditPlan, block: cst.CSTNode, body: list, batch: list[Member],
           bound: int) -> None:
     batch = sorted(batch, key=lambda m: (KIND_ORDER.index(m.kind), m.index))
     names = ", ".join(m.key for m in batch)
@@ -453,7 +453,7 @@ def _emit(ctx: Context, flow: Flow, plan: Plan, block: cst.CSTNode, body: list, 
         plan.prepare_sites[member.key].append((function, anchor_line))
 
 
-def _prepare_returned(ctx: Context, plan: Plan, item: Tracked) -> None:
+def _prepare_returned(ctx: Context, plan: EditPlan, item: Tracked) -> None:
     plan.edit(item.small, lambda u: u.with_changes(value=cst.Call(
         func=cst.Attribute(value=cst.Name("accelerator"), attr=cst.Name("prepare")), args=[cst.Arg(u.value)])))
     plan.report.change(ctx.line(item.small), f"`return {ctx.code(item.value)}` now returns it prepared", WHY)
@@ -461,7 +461,7 @@ def _prepare_returned(ctx: Context, plan: Plan, item: Tracked) -> None:
 
 
 # -- the inventory: one line per object ------------------------------------------------------------------------
-def _inventory(ctx: Context, facts: Facts, plan: Plan, items: list[Tracked]) -> None:
+def _inventory(ctx: Context, facts: Facts, plan: EditPlan, items: list[Tracked]) -> None:
     reported = {(f.kind, f.name) for f in plan.report.found}
     for item in facts.created:
         if item.kind not in {"model", "optimizer", "loader"} or (item.kind, item.key) in reported:

@@ -7,7 +7,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, accel, accel_call, dotted, walk
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 
 # nn.Module API that works the same on the wrapper DDP/FSDP returns (everything else needs the unwrapped model)
 WRAPPER_SAFE = {
@@ -30,7 +30,7 @@ RANK_WORDS = ("main_process", "rank", "is_master", "local_main", "master_process
 MAIN_ONLY = "only the main process writes it: N processes writing one file race and may leave it corrupt"
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     _saves(ctx, facts, plan)
     _file_writes(ctx, facts, plan)
     _directories(ctx, plan)
@@ -42,7 +42,7 @@ def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
     _unwrap(ctx, facts, plan)
 
 
-def _saves(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _saves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     models = facts.of_kind("model")
     downloaded = {name for statement in _download_statements(ctx) for name in _called_names(ctx, statement)}
     for call in ctx.of_type(cst.Call):
@@ -156,7 +156,7 @@ def _counter_or_constant(ctx: Context, name: str) -> bool:
     return seen
 
 
-def _state_dicts(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _state_dicts(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     """`model.state_dict()` (or `model.module.state_dict()`) read under a rank guard: under FSDP and DeepSpeed
     ZeRO-3 the full state dict is gathered from every process, so the process that asks alone waits forever. The
     gathering `accelerator.get_state_dict(model)` runs on every process right before the guard; the guard keeps
@@ -243,7 +243,7 @@ def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
     return False
 
 
-def _file_writes(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _file_writes(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     wrapped: set[int] = set()
     for node in ctx.of_type(cst.Call, cst.With):
         if isinstance(node, cst.With):
@@ -268,7 +268,7 @@ def _file_writes(ctx: Context, facts: Facts, plan: Plan) -> None:
         plan.report.found_item("file write", what, ctx.line(node), "main process only")
 
 
-def _directories(ctx: Context, plan: Plan) -> None:
+def _directories(ctx: Context, plan: EditPlan) -> None:
     """`os.mkdir(d)` on N processes: all but one fail with FileExistsError. `exist_ok=True` makes it a no-op."""
     for call in ctx.of_type(cst.Call):
         names = ctx.qnames(call)
@@ -294,7 +294,7 @@ def _directories(ctx: Context, plan: Plan) -> None:
                            "FileExistsError")
 
 
-def _progress_bars(ctx: Context, plan: Plan) -> None:
+def _progress_bars(ctx: Context, plan: EditPlan) -> None:
     for call in ctx.of_type(cst.Call):
         if not ctx.qnames(call) & PROGRESS:
             continue
@@ -313,7 +313,7 @@ def _progress_bars(ctx: Context, plan: Plan) -> None:
                            "one progress bar per machine, not one per process drawn over each other")
 
 
-def _stream_writes(ctx: Context, plan: Plan) -> None:
+def _stream_writes(ctx: Context, plan: EditPlan) -> None:
     """A hand-made progress bar (`sys.stdout.write("\\r...")`) is drawn by every process over each other."""
     for call in ctx.of_type(cst.Call):
         if not ctx.qnames(call) & {"sys.stdout.write", "sys.stderr.write"}:
@@ -385,7 +385,7 @@ def _runs_under_main_process_first(ctx: Context, node: cst.CSTNode, downloaded: 
     return False
 
 
-def _downloads(ctx: Context, plan: Plan) -> None:
+def _downloads(ctx: Context, plan: EditPlan) -> None:
     """`MNIST(root, download=True)` on N processes downloads N times into one folder at once (and may read a half
     written file): the main process downloads first, the others then find the files."""
     for statement in _download_statements(ctx):
@@ -401,7 +401,7 @@ def _downloads(ctx: Context, plan: Plan) -> None:
                            "first, the others then read its files")
 
 
-def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _prints(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     lines: list[int] = []
     models = facts.of_kind("model")
     for call in ctx.of_type(cst.Call):
@@ -422,7 +422,7 @@ def _prints(ctx: Context, facts: Facts, plan: Plan) -> None:
                            "only the main process prints, so N processes do not print everything N times")
 
 
-def _unwrap(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _unwrap(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     models = facts.of_kind("model")
     for attr in ctx.of_type(cst.Attribute):
         key = dotted(attr.value)

@@ -12,7 +12,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import Facts
 from accelkit.convert.context import Context
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import LOOPS, Flow
 from accelkit.convert.library import is_library
 from accelkit.convert.transforms.batches import NOISE, RANDOM_INDEX, SEEDS
@@ -21,7 +21,7 @@ PER_SAMPLE = {"__getitem__", "__iter__", "__next__", "forward", "__call__"}  # p
 COMMON_SEED = 0
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     if is_library(ctx) or any(ctx.qnames(c) & SEEDS for c in ctx.of_type(cst.Call)):
         return
     flow = Flow(ctx, facts)

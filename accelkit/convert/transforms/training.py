@@ -7,7 +7,7 @@ import libcst as cst
 
 from accelkit.convert.analysis import AUTOCASTS, Facts
 from accelkit.convert.context import Context, accel, accel_call, dotted
-from accelkit.convert.edits import Plan
+from accelkit.convert.edits import EditPlan
 
 CLIPS = {
     "torch.nn.utils.clip_grad_norm_": "clip_grad_norm_",
@@ -18,7 +18,7 @@ CLIPS = {
 WHY_SCALER = "Accelerate owns loss scaling under fp16 mixed precision (accelerator.backward, the prepared optimizer)"
 
 
-def apply(ctx: Context, facts: Facts, plan: Plan, options: object) -> None:
+def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     scalers = facts.of_kind("scaler")
     if scalers and _own_autocast_context(ctx):
         # nanoGPT: `ctx = nullcontext() if cpu else torch.amp.autocast(device_type, dtype=ptdtype)` with
@@ -48,7 +48,7 @@ def _own_autocast_context(ctx: Context) -> bool:
                for call in ctx.of_type(cst.Call))
 
 
-def _closure_steps(ctx: Context, facts: Facts, plan: Plan) -> None:
+def _closure_steps(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     """`loss = optimizer.step(closure)`: Accelerate's optimizer wrapper returns None, so step the inner optimizer."""
     for call in ctx.of_type(cst.Call):
         func = call.func
@@ -71,7 +71,7 @@ def _is_scale_call(node: cst.BaseExpression, scalers: set[str]) -> bool:
             and dotted(node.func.value) in scalers and len(node.args) == 1)
 
 
-def _backward(ctx: Context, plan: Plan, scalers: set[str]) -> None:
+def _backward(ctx: Context, plan: EditPlan, scalers: set[str]) -> None:
     for call in ctx.of_type(cst.Call):
         func = call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "backward"):
@@ -101,7 +101,7 @@ def _backward(ctx: Context, plan: Plan, scalers: set[str]) -> None:
                            "accelerator.backward applies loss scaling, gradient accumulation and DeepSpeed's engine")
 
 
-def _clipping(ctx: Context, plan: Plan) -> None:
+def _clipping(ctx: Context, plan: EditPlan) -> None:
     for call in ctx.of_type(cst.Call):
         method = next((CLIPS[q] for q in ctx.qnames(call) if q in CLIPS), None)
         if method is None:
@@ -111,7 +111,7 @@ def _clipping(ctx: Context, plan: Plan) -> None:
                            "it unscales fp16 gradients first and clips sharded (FSDP/DeepSpeed) parameters correctly")
 
 
-def _scaler(ctx: Context, facts: Facts, plan: Plan, scalers: set[str]) -> None:
+def _scaler(ctx: Context, facts: Facts, plan: EditPlan, scalers: set[str]) -> None:
     if not scalers:
         return
     for item in facts.created:
@@ -162,7 +162,7 @@ def _is_backward_receiver(ctx: Context, node: cst.Call) -> bool:
     return isinstance(parent, cst.Attribute) and parent.attr.value == "backward"
 
 
-def _autocast(ctx: Context, plan: Plan) -> None:
+def _autocast(ctx: Context, plan: EditPlan) -> None:
     for item in ctx.of_type(cst.WithItem):
         call = item.item
         if not (isinstance(call, cst.Call) and ctx.qnames(call) & AUTOCASTS):

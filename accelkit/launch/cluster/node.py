@@ -79,7 +79,7 @@ def check_scheduler_shape(request: LaunchRequest, machines: str | None, per_node
                                      "editing its shape by hand")
 
 
-def describe_failure(record: dict, stalls: dict[str, dict] | None = None) -> str:
+def job_failure_line(record: dict, stalls: dict[str, dict] | None = None) -> str:
     """One line for the job's log: which rank on which node ended the job, and how. `stalls`: what each node's
     watchdog found (the board's stall entries); the node whose ranks are not all waiting in a collective is the
     one that stopped progressing."""
@@ -125,9 +125,9 @@ def _wait_for_peer_stacks(supervisor, board, machine: int, machines: int, node: 
     stop = supervisor._stop_stalled_job
 
     def stop_after_peers(infos, stall, stacks, timeout):
-        from accelkit.launch.stacks import diagnosis
+        from accelkit.launch.stacks import stall_diagnosis
 
-        where, _ = diagnosis(stacks)
+        where, _ = stall_diagnosis(stacks)
         board.put(f"{STALL_PREFIX}{machine}", {"node": node, "machine": machine, "where": where,
                                                "all_waiting": all(stack.wait is not None for stack in stacks)})
         deadline = time.monotonic() + STALL_PEER_WAIT
@@ -339,7 +339,7 @@ def _job_status(hosted: job_board.HostedBoard, status: int) -> int:
         record = hosted.board.get(job_board.FIRST_FAILURE)
     if record is None:
         return status
-    print(f"accelkit: {describe_failure(record, hosted.board.with_prefix(STALL_PREFIX))}", file=sys.stderr,
+    print(f"accelkit: {job_failure_line(record, hosted.board.with_prefix(STALL_PREFIX))}", file=sys.stderr,
           flush=True)
     return int(record["status"]) or 1
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from accelkit.errors import AccelkitError
 from accelkit.launch.cluster.job_board import wait_for_all
-from accelkit.launch.preflight import module_file
+from accelkit.launch.preflight import module_script
 from accelkit.launch.request import LaunchRequest
 
 PACKAGES = ("torch", "accelerate", "transformers", "deepspeed")
@@ -53,7 +53,7 @@ def node_facts(request: LaunchRequest, cwd: Path | None = None) -> dict[str, str
 
     cwd = cwd or Path.cwd()
     target = request.target
-    script = module_file(target.script, cwd) if target.module else cwd / target.script
+    script = module_script(target.script, cwd) if target.module else cwd / target.script
     # The config as the request states it (options, and the bytes of any --config file) minus this node's own values.
     options = request.options.to_json_dict()
     for own in ("machine_rank", "main_process_ip", "main_process_port"):

@@ -142,7 +142,7 @@ def _wait_for_srun(proc: subprocess.Popen, board) -> dict | None:
     None when none was lost."""
     import time
 
-    from accelkit.launch.cluster.node import describe_failure
+    from accelkit.launch.cluster.node import job_failure_line
 
     stop_at = None
     lost = None
@@ -151,7 +151,7 @@ def _wait_for_srun(proc: subprocess.Popen, board) -> dict | None:
             record = board.get(job_board.FIRST_FAILURE)
             if record is not None and record.get("lost"):
                 lost = record
-                _say(describe_failure(record))
+                _say(job_failure_line(record))
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
                 stop_at = time.monotonic() + SRUN_GRACE
@@ -211,10 +211,10 @@ def run_job(*, port: int | None, stall_timeout: float | None, requeue_on_signal:
     status = 128 - returncode if returncode < 0 else returncode
     record = board.board.get(job_board.FIRST_FAILURE)
     if record is not None:
-        from accelkit.launch.cluster.node import STALL_PREFIX, describe_failure
+        from accelkit.launch.cluster.node import STALL_PREFIX, job_failure_line
 
         if lost is None:  # a lost machine was said as soon as machine 0 found it
-            _say(describe_failure(record, board.board.with_prefix(STALL_PREFIX)))
+            _say(job_failure_line(record, board.board.with_prefix(STALL_PREFIX)))
         return int(record["status"]) or 1
     board.close()
     if requeue_on_signal and signal.SIGUSR1 in received and status == 0:

@@ -34,14 +34,14 @@ def shape_of(record: dict[str, Any]) -> ModelShape:
     return shape.with_groups(record["groups"])
 
 
-def family(record: dict[str, Any]) -> str:
+def backend_family(record: dict[str, Any]) -> str:
     return {"deepspeed": "deepspeed", "fsdp": "fsdp"}.get(record["backend"], "torch")
 
 
 def planned_states(record: dict[str, Any], precision: str, optimizer: str) -> states.States:
     """What the plan says this rank holds, for the backend and world size it ran with."""
     shape = shape_of(record)
-    fam = family(record)
+    fam = backend_family(record)
     dt = states.dtypes_for(fam, precision)
     world, rank = record["world_size"], record["rank"]
     if fam == "deepspeed":

@@ -141,7 +141,7 @@ def full_shapes(module) -> list[tuple[str, list[int], bool]]:
     return out
 
 
-def describe(model, optimizer) -> dict[str, Any]:
+def backend_facts(model, optimizer) -> dict[str, Any]:
     """Backend facts the plan needs to be compared with this rank: which strategy ran, with what settings."""
     module, engine = unwrap_engine(model)
     inner = getattr(module, "module", module) if type(module).__name__ == "DistributedDataParallel" else module

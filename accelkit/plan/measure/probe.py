@@ -172,7 +172,7 @@ class PlanProbe:
                 continue
             module = holdings.unwrap_engine(model)[0]
             record = {
-                "model_id": self.key(model), "step": event.clock_steps, **holdings.describe(model, optimizer),
+                "model_id": self.key(model), "step": event.clock_steps, **holdings.backend_facts(model, optimizer),
                 "parameters": holdings.parameter_storages(module, inner).total,
                 "gradients": self.gradients.get(self.key(model)),
                 "optimizer": holdings.optimizer_bytes(inner),

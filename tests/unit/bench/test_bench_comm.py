@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from accelkit.errors import AccelkitError
-
 from accelkit.bench.comm import (
     CommRow,
     algbw_gbs,
@@ -14,11 +12,12 @@ from accelkit.bench.comm import (
     comm_volume_factor,
     fit_size,
     nearest_all_reduce,
-    parse_size,
+    parse_message_size,
     predicted_comm_seconds,
     rows_from_ranks,
     size_range,
 )
+from accelkit.errors import AccelkitError
 
 
 def test_bus_bandwidth_factors_are_the_nccl_tests_ones() -> None:
@@ -71,13 +70,14 @@ def test_nearest_all_reduce_caps_at_the_ddp_bucket() -> None:
 
 
 def test_sizes() -> None:
-    assert parse_size("4096") == 4096 and parse_size("64K") == 65536 and parse_size("16MiB") == 2**24
-    assert parse_size("1g") == 2**30  # a bare letter is binary, as in nccl-tests' -b/-e
+    size = parse_message_size
+    assert size("4096") == 4096 and size("64K") == 65536 and size("16MiB") == 2**24
+    assert size("1g") == 2**30  # a bare letter is binary, as in nccl-tests' -b/-e
     # GB means 10^9 bytes here as in plan and merge (it was 2^30 in bench only); GiB is 2^30 everywhere
-    assert parse_size("1GB") == 10**9 and parse_size("1GiB") == 2**30 and parse_size("1.5M") == 3 * 2**19
+    assert size("1GB") == 10**9 and size("1GiB") == 2**30 and size("1.5M") == 3 * 2**19
     for bad in ("", "12X", "-1K", "1 MX"):
         with pytest.raises(AccelkitError, match="--comm-sizes .* is not a size"):
-            parse_size(bad)
+            parse_message_size(bad)
     assert size_range(4096, 2**16) == [4096, 2**14, 2**16]
     with pytest.raises(ValueError):
         size_range(10, 1)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from accelkit.bench.comm_count import CommCounter, collective_bytes, family
+from accelkit.bench.comm_count import CommCounter, collective_bytes, collective_family
 
 
 def test_families() -> None:
-    assert family("allreduce_") == family("all_reduce") == "all_reduce"
-    assert family("_allgather_base_") == family("all_gather_into_tensor") == "all_gather"
-    assert family("_reduce_scatter_base_") == family("reduce_scatter_tensor") == "reduce_scatter"
-    assert family("broadcast_") == "broadcast"
+    assert collective_family("allreduce_") == collective_family("all_reduce") == "all_reduce"
+    assert collective_family("_allgather_base_") == collective_family("all_gather_into_tensor") == "all_gather"
+    assert collective_family("_reduce_scatter_base_") == collective_family("reduce_scatter_tensor") == "reduce_scatter"
+    assert collective_family("broadcast_") == "broadcast"
 
 
 def test_the_full_buffer_is_counted() -> None:

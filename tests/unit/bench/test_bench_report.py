@@ -13,7 +13,7 @@ from PIL import Image
 
 from accelkit.bench import api as bench_run
 from accelkit.bench.launching import LaunchSettings
-from accelkit.bench.report import CSV_COLUMNS, bench_csv, bench_json, diagnosis, run_table, summary_text
+from accelkit.bench.report import CSV_COLUMNS, bench_csv, bench_json, run_table, scaling_diagnosis, summary_text
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import summarize
 from accelkit.bench.sweep import RunRecord, Sweep
@@ -81,12 +81,13 @@ def test_table_and_diagnosis(tmp_path: Path) -> None:
     assert header[-1] == "noise"
     assert lines[2].split()[:3] == ["ddp", "1", "4"] and "1.00x" in lines[2]
     assert any("ddp  8 process(es): FAILED: a rank was killed by SIGKILL" in line for line in lines)
-    notes = diagnosis(make_sweep(tmp_path, waits={4: 0.08}))
+    notes = scaling_diagnosis(make_sweep(tmp_path, waits={4: 0.08}))
     assert len(notes) == 1 and notes[0].startswith("ddp x4: 50% of each step is spent waiting for data")
     clean = make_sweep(tmp_path)  # efficiency 1/1.6 at 4 processes, little data wait
-    assert [line.split(":")[0] for line in diagnosis(clean)] == ["ddp x4"] and "not data-bound" in diagnosis(clean)[0]
+    lines = scaling_diagnosis(clean)
+    assert [line.split(":")[0] for line in lines] == ["ddp x4"] and "not data-bound" in lines[0]
     clean.records[0].note = "the script ended after 4 steps"
-    assert diagnosis(clean)[0] == "ddp x1: the script ended after 4 steps"
+    assert scaling_diagnosis(clean)[0] == "ddp x1: the script ended after 4 steps"
 
 
 def test_png_of_the_expected_size(tmp_path: Path) -> None:
@@ -115,9 +116,9 @@ def test_predicted_communication_in_the_table_and_the_diagnosis(tmp_path: Path) 
     lines = run_table(sweep)
     assert lines[0].split()[-3:] == ["comm", "(pred.)", "noise"]
     assert lines[3].split()[-4:] == ["80.0", "ms", "(50%)", "-"]
-    assert "communication-bound" in diagnosis(sweep)[0]
+    assert "communication-bound" in scaling_diagnosis(sweep)[0]
     four.comm_predicted_s = 0.008
-    assert "(5%" not in diagnosis(sweep)[0] and "not the interconnect" in diagnosis(sweep)[0]
+    assert "(5%" not in scaling_diagnosis(sweep)[0] and "not the interconnect" in scaling_diagnosis(sweep)[0]
 
 
 def test_a_noisy_result_is_flagged_with_the_command_that_measures_longer(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def run_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcomes: dict[in
         n = current["n"]
         return ranks_for(n, outcomes.get(n, OK)[1])
 
-    monkeypatch.setattr(sweep_module, "run_launch", fake_launch)
+    monkeypatch.setattr(sweep_module, "run_bench_launch", fake_launch)
     monkeypatch.setattr(sweep_module, "read_results", fake_results)
     spec = BenchSpec(script="train.py", script_args=(), module=False, world_sizes=sizes, backends=("ddp",), steps=2,
                      warmup=1, cpu=True, output=tmp_path)
@@ -92,13 +92,13 @@ def test_a_script_that_ends_before_the_limit_is_named(tmp_path, monkeypatch) -> 
 
 
 def test_the_rank_that_failed_first_is_blamed_not_a_peer_that_failed_because_of_it() -> None:
-    from accelkit.bench.sweep import describe_failure
+    from accelkit.bench.sweep import run_failure_line
 
     ranks = [{"rank": 0, "error": "RuntimeError: Connection closed by peer"}, {"rank": 1, "error": "ValueError: x"}]
     first = RunOutcome("failed", 1, 1.0, failed_rank=1, error="ValueError: x")
-    assert describe_failure(first, ranks, 2) == "rank 1: ValueError: x"
+    assert run_failure_line(first, ranks, 2) == "rank 1: ValueError: x"
     stalled = RunOutcome("stalled", 124, 9.0, stalled=True, error="no rank progressed for 5 s; rank 1 is not ...")
-    assert describe_failure(stalled, ranks[:0], 2) == "stalled (--stall-timeout): no rank progressed for 5 s; rank 1 " \
+    assert run_failure_line(stalled, ranks[:0], 2) == "stalled (--stall-timeout): no rank progressed for 5 s; rank 1 " \
                                                       "is not ..."
 
 

@@ -91,3 +91,37 @@ def test_every_export_of_a_closed_package_resolves() -> None:
         module = importlib.import_module(package)
         for name in module.__all__:
             assert getattr(module, name) is not None, f"{package}.{name}"
+
+
+# Names every package may define for the same role: a probe's hook into a rank (`install`, run by
+# accelkit.ranks.bootstrap) and a process's entry point (`main`, run as `python -m`).
+SHARED_ROLES = {"install", "main"}
+# The N-D mesh is still written twice (bench's and plan's `Layout`, one meaning): one type is issue 33's to do.
+WRITTEN_TWICE = {"Layout"}
+
+
+def public_definitions(modules: list[tuple[Path, str]]) -> dict[str, set[str]]:
+    """Top-level public class and function name -> the packages (accelkit.X) that define it."""
+    found: dict[str, set[str]] = {}
+    for path, name in modules:
+        package = ".".join(name.split(".")[:2])
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_"):
+                found.setdefault(node.name, set()).add(package)
+    return found
+
+
+def test_no_name_means_two_things_across_packages() -> None:
+    """A class or function name defined in two packages (an edit plan, a memory plan and tensor byte ranges were
+    all `Plan`) must be renamed by its role."""
+    clashes = {name: sorted(packages) for name, packages in public_definitions(sources()).items()
+               if len(packages) > 1 and name not in SHARED_ROLES | WRITTEN_TWICE}
+    assert clashes == {}
+
+
+def test_the_name_check_finds_a_clash(tmp_path: Path) -> None:
+    one, two = tmp_path / "one.py", tmp_path / "two.py"
+    one.write_text("class Plan:\n    pass\n\ndef _private():\n    pass\n")
+    two.write_text("def Plan():\n    pass\n\ndef _private():\n    pass\n")
+    found = public_definitions([(one, "accelkit.convert.one"), (two, "accelkit.merge.two")])
+    assert found == {"Plan": {"accelkit.convert", "accelkit.merge"}}

@@ -12,7 +12,7 @@ from helpers import REPO_ROOT, invoke_accelkit
 
 from accelkit.compression.checks import start_step_warning, steps_of_script
 from accelkit.compression.sizes import ddp_bytes_per_step, fsdp_reduce_scatter_bytes, powersgd_elements, traffic_factor
-from accelkit.compression.spec import CompressionSpec, parse_env_value, read_comment
+from accelkit.compression.spec import CompressionSpec, parse_env_value, read_compression_comment
 from accelkit.errors import AccelkitError
 
 
@@ -68,7 +68,7 @@ def test_config_writes_the_comment_line_that_launch_reads(tmp_path: Path) -> Non
     result = invoke_accelkit(*["config", "--backend", "ddp", "--num-processes", "2", "--grad-compression", "powersgd",
                               "--powersgd-rank", "4", "--powersgd-start-step", "0", "-o", str(out)])
     assert result.returncode == 0, result.stderr
-    assert read_comment(out.read_text(), str(out)) == CompressionSpec("powersgd", 4, 0)
+    assert read_compression_comment(out.read_text(), str(out)) == CompressionSpec("powersgd", 4, 0)
     import yaml
 
     assert "grad_compression" not in json.dumps(yaml.safe_load(out.read_text()))  # not an Accelerate key

@@ -80,21 +80,21 @@ WRITE = ("plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB
 def test_write_config_carries_powersgd_to_the_line_launch_reads(tmp_path) -> None:
     """`plan --write-config` writes the compression where `accelkit launch` reads it (the config's comment line),
     with PowerSGD's rank and start step, and the printed `accelkit config` command says the same."""
-    from accelkit.compression.spec import CompressionSpec, read_comment
+    from accelkit.compression.spec import CompressionSpec, read_compression_comment
 
     out = tmp_path / "plan.yaml"
     result = invoke_accelkit(*WRITE, "--strategy", "ddp", "--grad-compression", "powersgd", "--powersgd-rank", "4",
                              "--powersgd-start-step", "0", "--write-config", str(out))
     assert result.returncode == 0, result.stderr
-    assert read_comment(out.read_text(), str(out)) == CompressionSpec("powersgd", 4, 0)
+    assert read_compression_comment(out.read_text(), str(out)) == CompressionSpec("powersgd", 4, 0)
     assert "--grad-compression powersgd --powersgd-rank 4 --powersgd-start-step 0" in result.stdout
     fsdp = tmp_path / "fsdp.yaml"
     assert invoke_accelkit(*WRITE, "--strategy", "fsdp-full", "--grad-compression", "bf16", "--write-config",
                            str(fsdp)).returncode == 0
-    assert read_comment(fsdp.read_text(), str(fsdp)) == CompressionSpec("bf16")  # FSDP2's reduce dtype
+    assert read_compression_comment(fsdp.read_text(), str(fsdp)) == CompressionSpec("bf16")  # FSDP2's reduce dtype
     plain = tmp_path / "plain.yaml"
     assert invoke_accelkit(*WRITE, "--strategy", "ddp", "--write-config", str(plain)).returncode == 0
-    assert read_comment(plain.read_text(), str(plain)) is None
+    assert read_compression_comment(plain.read_text(), str(plain)) is None
 
 
 def test_write_config_int8_writes_zeropp_json_deepspeed_accepts(tmp_path) -> None:

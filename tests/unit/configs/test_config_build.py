@@ -9,7 +9,7 @@ import pytest
 import yaml
 from helpers.config import accelerate_roundtrip, build_plugin, findings, launcher_env
 
-from accelkit.configs import ConfigOptions, hardware, list_presets, load_config, resolve_config, write_config
+from accelkit.configs import ConfigOptions, hardware, list_presets, load_accelerate_config, resolve_config, write_config
 from accelkit.errors import AccelkitError
 
 EXPECTED_PRESETS = {"single", "cpu", "ddp", "fsdp", "fsdp_offload", "deepspeed_zero1", "deepspeed_zero2",
@@ -47,7 +47,7 @@ def test_preset_loads_with_accelerate_and_builds_to_itself(name, tmp_path):
     preset = next(p for p in list_presets() if p.name == name)
     raw = yaml.safe_load(preset.path.read_text())
     accelerate_roundtrip(preset.path, raw)
-    assert load_config(preset.path) == raw
+    assert load_accelerate_config(preset.path) == raw
     assert [f for f in findings(raw) if f.severity == "error"] == []
     # `--preset NAME` with no other option reproduces the file exactly.
     assert resolve_config(ConfigOptions(preset=name)).to_accelerate_dict() == raw

@@ -171,7 +171,7 @@ raw_configs = st.dictionaries(st.sampled_from(
 def test_check_never_crashes_on_any_yaml(config):
     import yaml
 
-    from accelkit.configs import check_config, load_config
+    from accelkit.configs import check_config, load_accelerate_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.yaml"
@@ -179,7 +179,7 @@ def test_check_never_crashes_on_any_yaml(config):
         findings = check_config(path)
         assert all(f.severity in ("error", "warning") and f.message and f.fix for f in findings)
         try:
-            base = load_config(path)
+            base = load_accelerate_config(path)
         except AccelkitError:
             return
         # whatever loads cleanly can be used as a base for new options, or is refused with a clear error

@@ -12,7 +12,13 @@ import yaml
 from helpers.config import accelerate_roundtrip, launcher_env
 
 from accelkit.configs import ConfigOptions, compat, hardware, write_config
-from accelkit.configs.pipeline import ENV_VAR, PipelineSpec, of_parallelism, options_with_config_comment, parse
+from accelkit.configs.pipeline import (
+    ENV_VAR,
+    PipelineSpec,
+    of_parallelism,
+    parse_pipeline,
+    pipeline_with_config_comment,
+)
 from accelkit.configs.resolve import resolve_config
 from accelkit.errors import AccelkitError
 
@@ -44,7 +50,7 @@ def test_pipeline_is_filled_and_spelled_for_the_ranks(given: dict, spec: str) ->
     config = resolve(**given)
     pipeline = of_parallelism(config.parallelism)
     assert pipeline is not None and pipeline.env_value() == spec
-    assert parse(spec) == pipeline
+    assert parse_pipeline(spec) == pipeline
     assert config.parallelism.total == given["num_processes"]
     # Accelerate's ParallelismConfig has no pp: no parallelism_config, or Accelerator() would refuse the sizes.
     assert "parallelism_config" not in config.to_accelerate_dict()
@@ -104,17 +110,17 @@ def test_written_config_carries_the_pipeline_and_accelerate_accepts_it(tmp_path:
     args, env = launcher_env(path)
     assert env.get("ACCELERATE_USE_PARALLELISM_CONFIG") != "true"
     # launch --config FILE reads it back; flags given on the command line win.
-    options, labels = options_with_config_comment(ConfigOptions(), {}, path)
+    options, labels = pipeline_with_config_comment(ConfigOptions(), {}, path)
     assert (options.pp_size, options.pp_schedule, options.microbatches, options.dp_shard_size) == (2, "gpipe", 4, 2)
     assert labels["pp_size"] == str(path)
-    mine, _ = options_with_config_comment(ConfigOptions(pp_size=4), {}, path)
+    mine, _ = pipeline_with_config_comment(ConfigOptions(pp_size=4), {}, path)
     assert mine.pp_size == 4 and mine.pp_schedule is None
 
 
 @pytest.mark.parametrize("text", ["pp=1", "pp=2,schedule=zigzag", "pp=2,stages=3", "schedule=1f1b"])
 def test_a_bad_pipeline_line_is_refused(text: str) -> None:
     with pytest.raises(AccelkitError):
-        parse(text)
+        parse_pipeline(text)
 
 
 def test_spec_counts_stages_per_rank() -> None:

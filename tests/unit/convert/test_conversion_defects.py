@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from accelkit.convert import convert_source
-from accelkit.convert.verify import verify
+from accelkit.convert.verify import find_concerns
 
 
 def convert(source: str):
@@ -200,7 +200,7 @@ def test_gathered_metrics_gather_the_inputs_they_weigh_by() -> None:
 
 # -- what convert refuses statically ------------------------------------------------------------------------------
 def test_verify_flags_a_barrier_under_a_rank_condition_and_prepare_after_training() -> None:
-    findings = verify(textwrap.dedent("""
+    findings = find_concerns(textwrap.dedent("""
         accelerator = Accelerator()
         if accelerator.is_main_process:
             accelerator.wait_for_everyone()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from accelkit.convert import convert_source
-from accelkit.convert.verify import verify
+from accelkit.convert.verify import find_concerns
 
 
 def convert(source: str):
@@ -96,7 +96,7 @@ def test_a_loader_sampler_set_epoch_goes_with_an_inline_distributed_sampler() ->
 
 
 def test_verify_refuses_a_conversion_that_trains_but_prepares_nothing() -> None:
-    findings = verify(textwrap.dedent("""
+    findings = find_concerns(textwrap.dedent("""
         accelerator = Accelerator()
         model = build()
         for x in data:
@@ -108,7 +108,7 @@ def test_verify_refuses_a_conversion_that_trains_but_prepares_nothing() -> None:
 
 
 def test_verify_refuses_prepare_of_self_inside_the_model_class() -> None:
-    findings = verify(textwrap.dedent("""
+    findings = find_concerns(textwrap.dedent("""
         accelerator = Accelerator()
         class Net(nn.Module):
             def __init__(self):
@@ -121,7 +121,7 @@ def test_verify_refuses_prepare_of_self_inside_the_model_class() -> None:
 
 
 def test_verify_refuses_accelerator_used_at_import_before_it_exists() -> None:
-    findings = verify(textwrap.dedent("""
+    findings = find_concerns(textwrap.dedent("""
         import torch
         accelerator.print("hello")
         def main():
@@ -133,7 +133,7 @@ def test_verify_refuses_accelerator_used_at_import_before_it_exists() -> None:
     assert [f.line for f in findings] == [3]
     assert "NameError" in findings[0].what
     # created first, used after: nothing to say
-    assert not verify("accelerator = Accelerator()\nif True:\n    accelerator.print(1)\n")
+    assert not find_concerns("accelerator = Accelerator()\nif True:\n    accelerator.print(1)\n")
 
 
 def test_a_best_checkpoint_save_decided_by_each_process_gets_no_barrier() -> None:
@@ -216,7 +216,7 @@ def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
 
 
 def test_verify_refuses_a_loader_prepared_after_a_loop_over_it() -> None:
-    findings = verify(textwrap.dedent("""
+    findings = find_concerns(textwrap.dedent("""
         accelerator = Accelerator()
         model, opt = accelerator.prepare(model, opt)
         for x, y in enumerate(test_loader):
@@ -249,7 +249,7 @@ def test_an_archive_is_unpacked_by_the_main_process_first_with_its_existence_tes
 
 def test_a_train_function_defined_before_the_prepare_is_no_false_refusal() -> None:
     # `def train(): ...` written (not run) before the prepare point and called after it
-    findings = verify(textwrap.dedent("""
+    findings = find_concerns(textwrap.dedent("""
         accelerator = Accelerator()
         if __name__ == "__main__":
             def train():

@@ -16,7 +16,7 @@ from helpers import DATA
 from accelkit.cli import cli
 from accelkit.errors import AccelkitError
 from accelkit.launch.cluster import job_board
-from accelkit.launch.cluster.node import describe_failure, node_request
+from accelkit.launch.cluster.node import job_failure_line, node_request
 from accelkit.launch.cluster.node_preflight import differences
 from accelkit.launch.cluster.slurm_job import main_address
 from accelkit.launch.cluster.targets.slurm import REQUEST_DELIMITER
@@ -92,15 +92,15 @@ def test_machine_zero_address_comes_from_node_addr_not_the_name():
 
 def test_the_failure_line_names_rank_node_and_signal():
     record = {"node": "n2", "machine": 1, "status": 7, "rank": 3, "signal": None, "stalled": False}
-    assert describe_failure(record) == "the job failed: rank 3 on node n2 (machine 1) exited with status 7"
+    assert job_failure_line(record) == "the job failed: rank 3 on node n2 (machine 1) exited with status 7"
     killed = {**record, "status": 137, "signal": "SIGKILL"}
-    assert describe_failure(killed) == "the job failed: rank 3 on node n2 (machine 1) was killed by SIGKILL (exit 137)"
+    assert job_failure_line(killed) == "the job failed: rank 3 on node n2 (machine 1) was killed by SIGKILL (exit 137)"
     stalls = {"stall/0": {"node": "n1", "machine": 0, "where": "every rank here waits in all_reduce",
                           "all_waiting": True},
               "stall/1": {"node": "n2", "machine": 1, "where": "no rank is in a collective (rank 3 at t.py:9)",
                           "all_waiting": False}}
     stalled = {**record, "status": 124, "stalled": True, "node": "n1", "machine": 0}
-    assert describe_failure(stalled, stalls) == ("the job stalled (exit 124): on node n2 (machine 1), no rank is in "
+    assert job_failure_line(stalled, stalls) == ("the job stalled (exit 124): on node n2 (machine 1), no rank is in "
                                                  "a collective (rank 3 at t.py:9)")
 
 

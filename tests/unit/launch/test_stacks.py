@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from accelkit.launch.stacks import Frame, RankStack, diagnosis, format_stack, main_thread_stack, parse_dump
+from accelkit.launch.stacks import Frame, RankStack, format_stack, main_thread_stack, parse_dump, stall_diagnosis
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
@@ -64,7 +64,7 @@ def in_all_reduce(rank: int, line: int = 12) -> RankStack:
 
 def test_rank_stuck_outside_any_collective_is_named_with_its_line():
     sleeping = stack(1, ("/work/train.py", 20, "main"))
-    text, advice = diagnosis([in_all_reduce(0), sleeping])
+    text, advice = stall_diagnosis([in_all_reduce(0), sleeping])
     assert text.startswith("rank 1 is not in any collective (it is at /work/train.py:20 in main)")
     assert "rank 0 waits in all_reduce at /work/train.py:12 in main" in text
     assert text.endswith("the others wait for rank 1")
@@ -73,14 +73,14 @@ def test_rank_stuck_outside_any_collective_is_named_with_its_line():
 
 def test_ranks_in_different_collectives_point_at_a_branch():
     barrier = stack(1, ("/work/train.py", 15, "main"), (C10D, 4990, "barrier"))
-    text, advice = diagnosis([in_all_reduce(0), barrier])
+    text, advice = stall_diagnosis([in_all_reduce(0), barrier])
     assert text.startswith("ranks wait in different collectives")
     assert "rank 0 in all_reduce at /work/train.py:12" in text and "rank 1 in barrier at /work/train.py:15" in text
     assert text.endswith("a rank took another branch") and "same order" in advice
 
 
 def test_ranks_in_the_same_collective():
-    text, advice = diagnosis([in_all_reduce(0), in_all_reduce(1)])
+    text, advice = stall_diagnosis([in_all_reduce(0), in_all_reduce(1)])
     assert text.startswith("every rank here waits in all_reduce") and "other machines" in advice
 
 
@@ -97,7 +97,7 @@ def test_a_pipeline_stage_waiting_in_its_point_to_point_receive_waits_for_its_ne
     receiving = stack(0, ("/work/train.py", 46, "main"), (schedules, 928, "_step_microbatches"),
                       (schedules, 683, "_wait_batch_p2p"))
     assert receiving.wait == "the pipeline's send/recv to a neighbouring stage (_wait_batch_p2p)"
-    text, advice = diagnosis([receiving, stack(1, ("/work/train.py", 30, "forward"))])
+    text, advice = stall_diagnosis([receiving, stack(1, ("/work/train.py", 30, "forward"))])
     assert text == ("rank 1 is not in any collective (it is at /work/train.py:30 in forward) while rank 0 waits in "
                     "the pipeline's send/recv to a neighbouring stage (_wait_batch_p2p) at /work/train.py:46 in main: "
                     "the others wait for rank 1")
@@ -105,7 +105,7 @@ def test_a_pipeline_stage_waiting_in_its_point_to_point_receive_waits_for_its_ne
 
 
 def test_no_rank_in_a_collective():
-    text, _ = diagnosis([stack(0, ("/work/a.py", 1, "f")), stack(1, ("/work/a.py", 2, "g"))])
+    text, _ = stall_diagnosis([stack(0, ("/work/a.py", 1, "f")), stack(1, ("/work/a.py", 2, "g"))])
     assert text == "no rank is in a collective (rank 0 at /work/a.py:1 in f; rank 1 at /work/a.py:2 in g)"
 
 
@@ -143,7 +143,7 @@ def test_ranks_waiting_for_an_op_build_lock_are_told_so():
     when a killed build left its lock file."""
     baton = "/venv/lib/python3.11/site-packages/torch/utils/file_baton.py"
     waiting = [stack(r, ("/work/train.py", 9, "main"), (baton, 53, "wait")) for r in (0, 1)]
-    text, advice = diagnosis(waiting)
+    text, advice = stall_diagnosis(waiting)
     assert text.startswith("rank(s) 0, 1 wait for the build lock of a torch extension")
     assert "killed left its lock file" in text
     assert "delete the file named `lock`" in advice and "~/.cache/torch_extensions" in advice

@@ -102,11 +102,12 @@ def test_force_only_replaces_what_a_merge_wrote(tmp_path: Path) -> None:
 def test_shard_sizes_mean_what_they_mean_in_every_command() -> None:
     """--max-shard-size: GB is 10^9 and GiB 2^30 (accelkit.sizes, as in plan and bench); a bare number is bytes,
     as transformers' max_shard_size takes it."""
-    from accelkit.merge.output import parse_size
+    from accelkit.merge.output import parse_shard_size
 
-    assert parse_size("5GB") == 5 * 10**9 and parse_size("500MiB") == 500 * 2**20 and parse_size("4096") == 4096
+    assert parse_shard_size("5GB") == 5 * 10**9 and parse_shard_size("500MiB") == 500 * 2**20
+    assert parse_shard_size("4096") == 4096
     with pytest.raises(AccelkitError, match="--max-shard-size '5G' is not a size"):
-        parse_size("5G")
+        parse_shard_size("5G")
 
 
 def _rng_file(path: Path, step: int) -> None:
@@ -115,17 +116,17 @@ def _rng_file(path: Path, step: int) -> None:
 
 def test_save_state_rng_files_must_agree(tmp_path: Path) -> None:
     from accelkit.merge.records import RecordReader
-    from accelkit.merge.savestate import check
+    from accelkit.merge.savestate import check_save_state
 
     for rank, step in enumerate((8, 8, 6)):
         _rng_file(tmp_path / f"random_states_{rank}.pkl", step)
     with pytest.raises(AccelkitError, match=r"random_states_2.pkl was saved at step 6, random_states_0.pkl at step 8"):
-        check(tmp_path, 3, RecordReader())
+        check_save_state(tmp_path, 3, RecordReader())
     _rng_file(tmp_path / "random_states_2.pkl", 8)
-    assert check(tmp_path, 3, RecordReader()) == [
+    assert check_save_state(tmp_path, 3, RecordReader()) == [
         "Accelerate save_state: the RNG files of all 3 processes were saved at step 8"]
     with pytest.raises(AccelkitError, match="RNG states of 3 processes .* saved by 2"):
-        check(tmp_path, 2, RecordReader())
+        check_save_state(tmp_path, 2, RecordReader())
 
 
 def test_verify_output_names_the_tensor_that_differs_and_a_short_file(tmp_path: Path) -> None:

@@ -126,14 +126,14 @@ def test_a_config_missing_some_sizes_is_planned_with_a_note_naming_the_defaults(
 
 
 def test_custom_code_is_found_at_any_depth_and_named() -> None:
-    from accelkit.hfmodel import custom_code_entry, describe
+    from accelkit.hfmodel import custom_code_entry, describe_error
 
     assert custom_code_entry({"model_type": "llama"}) is None
     assert custom_code_entry({"auto_map": {"AutoTokenizer": ["tok.Slow", None]}}) == "auto_map AutoTokenizer: tok.Slow"
     assert custom_code_entry({"vision_config": {"text": {"auto_map": {"AutoModel": "m.M"}}}}) == \
         "vision_config.text.auto_map AutoModel: m.M"
     error = ValueError("Validation error for field 'x':\n    TypeError: Field 'x' expected int, got str")
-    assert describe(error) == "Field 'x' expected int, got str"
+    assert describe_error(error) == "Field 'x' expected int, got str"
 
 
 MEMORY = ["--gpu-memory", "80GB", "--gpus", "1"]

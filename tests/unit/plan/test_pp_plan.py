@@ -9,7 +9,7 @@ import pytest
 from accelkit.errors import AccelkitError
 from accelkit.plan import nd
 from accelkit.plan.activations.profile import Profile
-from accelkit.plan.pipeline import Pipeline, check, schedule_name
+from accelkit.plan.pipeline import Pipeline, check_pipeline, schedule_name
 
 LLAMA_70B = nd.Model.llama(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256, intermediate=28672)
 GiB = 2**30
@@ -94,7 +94,7 @@ def test_schedule_names(text, name):
 ])
 def test_pipeline_rules(pipeline, layers, message):
     with pytest.raises(AccelkitError, match=message):
-        check(pipeline, layers)
+        check_pipeline(pipeline, layers)
 
 
 # Llama 3.1 405B, torchtitan docs/performance.md Table 5 (commit 9dec370, 2024-12-26): 512 H100 (95 GiB), FSDP 8 x

@@ -79,7 +79,7 @@ def test_what_the_template_writes_merge_ckpt_verifies(tmp_path: Path) -> None:
     assert found is not None and found.step == 7 and found.world_size == 2 and found.run_id == "abc123"
     assert sorted(found.files) == ["pytorch_model_fsdp_0/__0_0.distcp", "random_states_0.pkl"]
     assert not list(checkpoint.glob(".*")), "the manifest is written under a temporary name, then renamed"
-    manifest.verify(found, [shard], world_size=2)
+    manifest.verify_manifest(found, [shard], world_size=2)
     shard.write_bytes(b"weightz" * 1000)  # bit rot: same size, other bytes
     with pytest.raises(AccelkitError, match="does not match its sha256"):
-        manifest.verify(found, [shard], world_size=2)
+        manifest.verify_manifest(found, [shard], world_size=2)

@@ -181,11 +181,11 @@ def environment_lines(options: SlurmOptions) -> list[str]:
 def check_saves_on_signal(request: LaunchRequest, cwd: Path | None = None) -> None:
     """--requeue needs a script that saves a checkpoint on SIGUSR1 and resumes from it: without a handler, SIGUSR1
     would kill every rank and the requeued job would start over from scratch."""
-    from accelkit.launch.preflight import module_file
+    from accelkit.launch.preflight import module_script
 
     cwd = cwd or Path.cwd()
     target = request.target
-    path = module_file(target.script, cwd) if target.module else cwd / target.script
+    path = module_script(target.script, cwd) if target.module else cwd / target.script
     try:
         source = path.read_text(errors="replace") if path is not None else ""
     except OSError:
