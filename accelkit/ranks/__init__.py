@@ -35,4 +35,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "registered_ranks": "rank_files",
     "caller_location": "user_code",
     "is_library_file": "user_code",
+    "is_user_file": "user_code",
 })

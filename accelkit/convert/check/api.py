@@ -200,12 +200,12 @@ def _stuck_at(result: RunResult, lines: ConvertedLines | None = None) -> dict[in
     """Where each rank was, from the stack the supervisor took: the innermost line of the script, and what it was
     waiting in. `lines` shows the converted copy's lines as the original's (or under the user's converted file's
     name)."""
-    from accelkit.convert.check.frames import is_user_code
+    from accelkit.ranks import is_library_file
 
     where = {}
     for stack in result.stacks:
         frames = list(reversed(stack.frames))  # innermost first
-        mine = [f for f in frames if is_user_code(f.file)]
+        mine = [f for f in frames if not is_library_file(f.file)]  # as the stall report tells them
         if not mine:
             where[stack.rank] = "no frame of the script on the stack"
             continue

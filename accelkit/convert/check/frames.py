@@ -1,28 +1,20 @@
-"""Which stack frames belong to the user's code (not Python's, a library's, or accelkit's own)."""
+"""The user's frames on a rank's own stack, by the one rule accelkit has for "the user's code"
+(accelkit.ranks.is_user_file: not Python's, a library's or accelkit's own, or the script the process runs), so a
+`convert --check` report and a stall report blame the same line of one stack."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-import accelkit
-
-LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep, "<frozen", "<string>")
-ACCELKIT_DIR = str(Path(accelkit.__file__).resolve().parent) + os.sep
-STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
-
-
-def is_user_code(filename: str) -> bool:
-    return not (any(marker in filename for marker in LIBRARY_MARKERS) or filename.startswith(ACCELKIT_DIR)
-                or filename.startswith(STDLIB_DIR))
+from accelkit.ranks import is_user_file
 
 
 def user_frames(skip: int = 1):
     """The user's frames on the current stack, innermost first."""
     frame = sys._getframe(skip)
     while frame is not None:
-        if is_user_code(frame.f_code.co_filename):
+        if is_user_file(frame.f_code.co_filename):
             yield frame
         frame = frame.f_back
 

@@ -27,12 +27,12 @@ import os
 import sys
 from pathlib import Path
 
-from accelkit.convert.check.frames import is_user_code, qualname, user_frames
+from accelkit.convert.check.frames import qualname, user_frames
 from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.probe_metrics import CallerMetrics
 from accelkit.convert.check.record import BACKEND_ENV, REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
-from accelkit.ranks import WATCH_DIR_ENV
+from accelkit.ranks import WATCH_DIR_ENV, is_user_file
 from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
@@ -363,7 +363,7 @@ def owners(params: list) -> list[str]:
     seen: set[int] = set()
     frame = sys._getframe(1)
     while frame is not None:
-        if is_user_code(frame.f_code.co_filename):
+        if is_user_file(frame.f_code.co_filename):
             where = f"`{qualname(frame)}` ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
             candidates: list[tuple[str, object]] = list(frame.f_locals.items())
             owner = frame.f_locals.get("self")

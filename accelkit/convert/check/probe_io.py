@@ -10,8 +10,9 @@ import re
 import sys
 from collections.abc import Callable
 
-from accelkit.convert.check.frames import innermost_user_function, is_user_code, user_frames
+from accelkit.convert.check.frames import innermost_user_function, user_frames
 from accelkit.convert.check.record import Record
+from accelkit.ranks import is_user_file
 
 MAX_LINES = 20_000
 LIBRARY_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
@@ -108,7 +109,7 @@ class _LineTee:
     def write(self, text: str) -> int:
         written = self._stream.write(text)
         if not self._pending:
-            self._from_script = is_user_code(sys._getframe(1).f_code.co_filename)
+            self._from_script = is_user_file(sys._getframe(1).f_code.co_filename)
         self._pending += text
         while "\n" in self._pending:
             line, self._pending = self._pending.split("\n", 1)
