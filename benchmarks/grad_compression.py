@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=None, help="keep the results here (default: a temp folder)")
     args = parser.parse_args()
 
-    from accelkit.bench import compression_table, run_compression_bench
+    from accelkit.bench.compression import compression_table, run_compression_bench
     from accelkit.compression.spec import CompressionSpec
 
     output = args.output or Path(tempfile.mkdtemp(prefix="grad-compression-"))

@@ -34,7 +34,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "from_accelerate": "choices",
     # options or a file -> the typed config, and where each value came from
     "resolve_config": "resolve",
-    "read_config": "reader",
     "as_bool": "reader",
     "ResolvedConfig": "resolved",
     "FsdpSettings": "resolved",
@@ -44,24 +43,18 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "LABEL": "resolved",
     # the rule set and what it finds
     "check_rules": "rules",
-    "Finding": "findings",
     "raise_first_error": "findings",
     "installed_layout_gaps": "compat",
     "model_from_script_args": "model_heads",
     # the pipeline layout, which Accelerate has no key for
-    "PipelineSpec": "pipeline",
     "pipeline_of": "pipeline",
     "pipeline_with_config_comment": "pipeline",
     "PIPELINE_ENV": "pipeline",
     # files: load, check, write
     "load_accelerate_config": "files",
-    "check_config": "files",
     "comment_spec": "files",
-    "render_yaml": "render",
     "write_config": "render",
     "write_deepspeed_json": "render",
     # the command as one call
     "run_config": "api",
-    "Preset": "presets",
-    "list_presets": "presets",
 })

@@ -45,27 +45,16 @@ from __future__ import annotations
 from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "LaunchPlan": "launch_plan",
     "LaunchTarget": "launch_plan",
     "LauncherFlags": "launch_plan",
-    "plan_launch": "launch_plan",
     "LaunchRequest": "request",
     "check_target": "build_plan",
     "prepare_launch": "build_plan",
-    "dry_run_text": "summary",
-    "run_request": "supervised",
     "run_launch": "api",
     "ClusterJobFile": "api",
-    "STALL_EXIT_STATUS": "supervisor",
     "RunOutcome": "supervised",
     "ScriptProcess": "supervised",
     "Stream": "supervised",
     "SupervisedRun": "supervised",
     "run_supervised": "supervised",
-    "SlurmOptions": "cluster.targets.slurm",
-    "write_slurm_job": "cluster.targets.slurm",
-    "SkyPilotOptions": "cluster.targets.skypilot",
-    "write_skypilot_task": "cluster.targets.skypilot",
-    "KubernetesOptions": "cluster.targets.kubernetes",
-    "write_trainjob": "cluster.targets.kubernetes",
 })

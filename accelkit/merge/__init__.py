@@ -21,7 +21,6 @@ from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "MergeOptions": "options",
-    "MergeReport": "options",
     "inspect_checkpoint": "light_run",
     "merge_checkpoint": "light_run",
     "format_report": "options",

@@ -56,7 +56,6 @@ from accelkit.exports import lazy_exports
 # Lazy: a rehearsal rank imports this package for its shim, which needs none of cpu_config.py (the config
 # machinery), so a rank starts as fast as the script would alone.
 __all__, __getattr__ = lazy_exports(__name__, {
-    "RehearsalPlan": "cpu_config",
     "rehearse": "cpu_config",
     "REHEARSAL_ENV": "shim",
     "install": "shim",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelkit.configs import read_config
+from accelkit.configs.reader import read_config
 from accelkit.errors import AccelkitError
-from accelkit.rehearsal import RehearsalPlan, rehearse
+from accelkit.rehearsal import rehearse
+from accelkit.rehearsal.cpu_config import RehearsalPlan
 
 
 def rehearse_dict(config: dict[str, Any]) -> RehearsalPlan:

@@ -47,7 +47,7 @@ def test_fp16_and_powersgd_hooks_on_two_gloo_ranks(tmp_path: Path) -> None:
     `bench --grad-compression`, which compares one method per command)."""
     from dataclasses import asdict
 
-    from accelkit.bench import run_compression_bench
+    from accelkit.bench.compression import run_compression_bench
     from accelkit.compression.spec import CompressionSpec
 
     specs = [CompressionSpec("fp16"), CompressionSpec("powersgd", 1, 0), CompressionSpec("powersgd", 4, 0)]

@@ -7,7 +7,8 @@ invariants of correct data parallelism (every trainable module wrapped, weights 
 step, learning rates equal to the original's at the same point of training, each sample seen once per epoch,
 metrics equal to the one-process value, each file written once, no hang).
 
-    from accelkit.convert.check import CheckOptions, check_script
+    from accelkit.convert.check.api import CheckOptions
+    from accelkit.convert.check.api import check_script
     outcome = check_script(Path("train.py"), ["--epochs", "1"], CheckOptions(steps=8))
     print(outcome.format())
 
@@ -19,7 +20,4 @@ from __future__ import annotations
 from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "CheckOptions": "api",
-    "CheckOutcome": "api",
-    "check_script": "api",
 })

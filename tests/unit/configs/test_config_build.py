@@ -9,7 +9,8 @@ import pytest
 import yaml
 from helpers.config import accelerate_roundtrip, build_plugin, findings, launcher_env
 
-from accelkit.configs import ConfigOptions, hardware, list_presets, load_accelerate_config, resolve_config, write_config
+from accelkit.configs import ConfigOptions, hardware, load_accelerate_config, resolve_config, write_config
+from accelkit.configs.presets import list_presets
 from accelkit.errors import AccelkitError
 
 EXPECTED_PRESETS = {"single", "cpu", "ddp", "fsdp", "fsdp_offload", "deepspeed_zero1", "deepspeed_zero2",

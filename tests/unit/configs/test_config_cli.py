@@ -11,9 +11,10 @@ from helpers import run_accelkit
 from helpers.config import accelerate_roundtrip
 
 from accelkit.cli import cli
-from accelkit.configs import hardware, list_presets
+from accelkit.configs import hardware
 from accelkit.configs import options as options_module
 from accelkit.configs.choices import Backend, OffloadDevice
+from accelkit.configs.presets import list_presets
 
 
 @pytest.fixture(autouse=True)

@@ -171,7 +171,8 @@ raw_configs = st.dictionaries(st.sampled_from(
 def test_check_never_crashes_on_any_yaml(config):
     import yaml
 
-    from accelkit.configs import check_config, load_accelerate_config
+    from accelkit.configs import load_accelerate_config
+    from accelkit.configs.files import check_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.yaml"

@@ -129,7 +129,7 @@ def test_spec_counts_stages_per_rank() -> None:
 
 
 def test_config_check_reads_the_pipeline_line(tmp_path: Path) -> None:
-    from accelkit.configs import check_config
+    from accelkit.configs.files import check_config
 
     config = resolve_config(ConfigOptions(backend="fsdp", num_processes=4, pp_size=2, microbatches=4))
     good = tmp_path / "pp.yaml"

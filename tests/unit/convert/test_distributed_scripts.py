@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from accelkit.convert import convert_source
+from accelkit.convert.api import convert_source
 from accelkit.errors import AccelkitError
 
 

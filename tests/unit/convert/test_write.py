@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.convert import BACKUP_SUFFIX, read_script, write_conversion
+from accelkit.convert import BACKUP_SUFFIX
+from accelkit.convert.write import read_script, write_conversion
 from accelkit.errors import AccelkitError
 
 

@@ -42,7 +42,7 @@ def test_json_output(tmp_path: Path) -> None:
 
 
 def test_write_config_goes_through_the_config_builder(tmp_path: Path) -> None:
-    from accelkit.configs import check_config
+    from accelkit.configs.files import check_config
 
     out = tmp_path / "zero.yaml"
     result = run("--params", "7B", "--gpus", "8", "--gpu-memory", "80GB", "--strategy", "zero3", "--global-batch",

@@ -12,7 +12,8 @@ import pytest
 from helpers.rehearsal import rehearse_dict
 
 from accelkit.errors import AccelkitError
-from accelkit.rehearsal import RehearsalPlan, shim, versions
+from accelkit.rehearsal import shim, versions
+from accelkit.rehearsal.cpu_config import RehearsalPlan
 
 FSDP2 = {
     "compute_environment": "LOCAL_MACHINE",
