@@ -7,6 +7,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from accelkit.command_result import CommandResult
+
 PACKAGES = ("accelkit", "torch", "accelerate", "transformers", "datasets", "deepspeed", "safetensors",
             "huggingface_hub")
 
@@ -120,3 +122,12 @@ def format_text(info: dict) -> str:
         where = f" ({default['path']} does not exist)" if default["path"] else ""
         lines.append(f"accelerate default config: none{where}")
     return "\n".join(lines)
+
+
+def run_env(as_json: bool = False) -> CommandResult:
+    """`accelkit env` as one call: the environment as text, or as JSON."""
+    import json
+
+    info = collect()
+    return CommandResult().out(json.dumps(info, indent=2) if as_json else format_text(info))
+

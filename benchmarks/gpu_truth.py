@@ -7,7 +7,7 @@
 
 Sections (each writes rows into one JSON file, `--out`, default gpu_truth.json, and prints a table):
 
-- plan:      `accelkit plan` (its public `run_plan`, the plan's JSON) against the CUDA caching allocator: a grid of
+- plan:      `accelkit plan` (its `plan_memory`, the plan's JSON) against the CUDA caching allocator: a grid of
              models built from configs (Llama tiny..~3B, BERT, ViT, a Mixtral-style MoE), sequence lengths,
              micro-batches, fp32 / bf16-mixed / fp16 with a GradScaler, activation checkpointing, AdamW / SGD, under
              one device, FSDP2 and ZeRO-2/3 with world size 1. Each case trains 3 steps in a fresh process; planned
@@ -98,18 +98,15 @@ def model_dir(name: str, root: Path) -> Path:
 
 
 def planned(case: dict, folder: Path, gpu_memory: int) -> dict:
-    """Plan's peak per GPU for the case's strategy, and its fit verdict, from `run_plan`'s JSON."""
-    from accelkit.plan.api import run_plan
+    """Plan's peak per GPU for the case's strategy, and its fit verdict, from `plan_memory`'s JSON."""
+    from accelkit.plan.api import PlanRequest, plan_memory
 
     text_model = MODELS[case["model"]][0] != "vit"
-    result = run_plan(model=str(folder), params=None, layers=None, hidden=None, heads=None, kv_heads=None, vocab=None,
-                      intermediate=None, gpus=1, nodes=1, gpu_memory=f"{gpu_memory}B", cpu_memory=None,
-                      precision=case["precision"], optimizer={"sgd": "sgd-momentum"}.get(case["optimizer"],
-                                                                                        case["optimizer"]),
-                      seq_len=case["seq_len"] if text_model else None, micro_batch=case["micro_batch"],
-                      activation_checkpointing=case["ac"], global_batch=None, base_lr=None, base_batch=None,
-                      strategy=None, prefer="any", write_config=None, force=False, measure_script=None,
-                      script_args=(), command_line="gpu_truth")
+    result = plan_memory(PlanRequest(
+        model=str(folder), gpus=1, gpu_memory=f"{gpu_memory}B", precision=case["precision"],
+        optimizer={"sgd": "sgd-momentum"}.get(case["optimizer"], case["optimizer"]),
+        seq_len=case["seq_len"] if text_model else None, micro_batch=case["micro_batch"],
+        activation_checkpointing=case["ac"], command_line="gpu_truth"))
     row = next(r for r in result.json["strategies"] if r["name"] == PLAN_STRATEGY[case["strategy"]])
     return {"planned_bytes": row["per_gpu_bytes"]["total"], "plan_fits": bool(row["fits"]) or (
         not row["applicable"] and row["usable_gpu_bytes"] >= row["per_gpu_bytes"]["total"]),
@@ -383,15 +380,10 @@ def section_bench(cpu: bool, root: Path, peak_flops: float | None) -> list[dict]
 
 
 def _parameters(project: Path) -> int | None:
-    from accelkit.plan.api import run_plan
+    from accelkit.plan.api import PlanRequest, plan_memory
 
     try:
-        result = run_plan(model=str(project), params=None, layers=None, hidden=None, heads=None, kv_heads=None,
-                          vocab=None, intermediate=None, gpus=1, nodes=1, gpu_memory="80GB", cpu_memory=None,
-                          precision="bf16-mixed", optimizer="adamw", seq_len=None, micro_batch=None,
-                          activation_checkpointing=False, global_batch=None, base_lr=None, base_batch=None,
-                          strategy=None, prefer="any", write_config=None, force=False, measure_script=None,
-                          script_args=(), command_line="gpu_truth")
+        result = plan_memory(PlanRequest(model=str(project), gpus=1, gpu_memory="80GB", command_line="gpu_truth"))
     except Exception:  # noqa: BLE001 - the bench row stands without MFU
         return None
     return result.json["model"]["parameters"]

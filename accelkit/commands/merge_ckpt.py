@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.printing import finish, progress
 from accelkit.commands.vocabulary import AccelkitCommand
 from accelkit.errors import AccelkitError  # noqa: F401 - raised by the library; documented here for readers
 
@@ -56,19 +57,12 @@ def command(input_path: Path, output: Path | None, dtype: str, max_shard_size: s
     templates write). Streams in bounded memory; the output is written under a temporary name and
     renamed at the end, so a failure never leaves a partial output and the input is never modified.
     """
-    from accelkit.merge import MergeOptions, format_report, merge_checkpoint  # light: torch only when needed
+    from accelkit.merge import MergeOptions, run_merge  # light: torch only when needed
 
-    if inspect_only:
-        from accelkit.merge import inspect_checkpoint
-
-        click.echo(format_report(inspect_checkpoint(input_path, tag, model_index), inspect_only=True))
-        return 0
-    if output is None:
+    if output is None and not inspect_only:
         raise click.UsageError("missing -o/--output (or pass --inspect to only describe the checkpoint)")
-    report = merge_checkpoint(MergeOptions(
-        input=input_path, output=output, dtype=dtype, max_shard_size=max_shard_size, verify=verify, force=force,
-        tag=tag, model_index=model_index, config_from=config_from, allow_nonfinite=allow_nonfinite,
-        progress=not quiet and sys.stderr.isatty(),
-        notify=lambda message: click.echo(f"accelkit: {message}", err=True)))
-    click.echo(format_report(report, inspect_only=False))
-    return 0
+    return finish(run_merge(MergeOptions(
+        input=input_path, output=None if inspect_only else output, dtype=dtype, max_shard_size=max_shard_size,
+        verify=verify, force=force, tag=tag, model_index=model_index, config_from=config_from,
+        allow_nonfinite=allow_nonfinite, progress=not quiet and sys.stderr.isatty(),
+        notify=lambda message: progress(f"accelkit: {message}"))))

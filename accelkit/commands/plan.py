@@ -3,12 +3,12 @@ measurement with --measure."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 import click
 
+from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand
 from accelkit.commands.supervision_options import stall_timeout_option
 from accelkit.shellwords import command_line
@@ -96,22 +96,15 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
       accelkit plan --params 70B --num-processes 64 --num-machines 8 --gpu-memory 80GB --global-batch 1024 \\
           --base-lr 3e-4 --base-batch 256
     """
-    from accelkit.plan import run_plan
+    from accelkit.plan import PlanRequest, run_plan
 
     if script_args and measure_script is None:
         raise click.UsageError(f"unexpected arguments {shlex.join(script_args)}: arguments after `--` go to the "
                                "script of --measure")
-    result = run_plan(model=model, write_config=write_config, force=force, measure_script=measure_script,
-                      script_args=script_args, command_line=_command_line(), precision=PRECISIONS[precision],
-                      **options)
-    if as_json:
-        click.echo(json.dumps(result.json, indent=2))
-    else:
-        for line in result.lines:
-            click.echo(line)
-    for line in result.messages:
-        click.echo(line, err=True)
-    return result.exit_code
+    return finish(run_plan(PlanRequest(model=model, write_config=write_config, force=force,
+                                       measure_script=measure_script, script_args=tuple(script_args),
+                                       command_line=_command_line(), precision=PRECISIONS[precision],
+                                       as_json=as_json, **options)))
 
 
 def _command_line() -> str:

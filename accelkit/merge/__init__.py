@@ -1,6 +1,7 @@
 """`accelkit merge-ckpt`: merge sharded checkpoints (DCP, DeepSpeed ZeRO, HF shards) into safetensors, streaming.
 
-The entry point is `merge_checkpoint` (and `inspect_checkpoint`) in light_run: without torch when every tensor is
+The entry point is `run_merge` (the command as one call, a CommandResult) over `merge_checkpoint` (and
+`inspect_checkpoint`) in light_run: without torch when every tensor is
 a byte range of the input (DCP row blocks proven by light_dcp, DeepSpeed ZeRO partitions by light_deepspeed,
 their pickles read by the restricted unpicklers of light_pickle), else with the torch path (pipeline: detect, the
 readers dcp, deepspeed, hf_sharded, single_file describing tensors as segments of source, the streaming copy in
@@ -21,7 +22,5 @@ from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "MergeOptions": "options",
-    "inspect_checkpoint": "light_run",
-    "merge_checkpoint": "light_run",
-    "format_report": "options",
+    "run_merge": "light_run",
 })

@@ -30,13 +30,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
 from accelkit.merge.dtypes import CAST, SCANNED, TABLE
 from accelkit.merge.light_pickle import Refused
 from accelkit.merge.nonfinite import NonFiniteScan
-from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
+from accelkit.merge.options import MergeOptions, MergeReport, format_report, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
     check_free_space,
@@ -61,6 +62,15 @@ _SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer'
 
 class _TorchPath(Exception):
     """Why this merge goes to the torch path."""
+
+
+def run_merge(opts: MergeOptions) -> CommandResult:
+    """`accelkit merge-ckpt` as one call: merge (or with no output, inspect) and the report's lines on stdout."""
+    if opts.output is None:
+        report = inspect_checkpoint(opts.input, opts.tag, opts.model_index)
+    else:
+        report = merge_checkpoint(opts)
+    return CommandResult().out(format_report(report, inspect_only=opts.output is None))
 
 
 def merge_checkpoint(opts: MergeOptions) -> MergeReport:

@@ -1,4 +1,6 @@
-"""`run_plan`: the command line's values in, the plan out (text lines, JSON, files written, measurement).
+"""`run_plan(PlanRequest) -> CommandResult`: the command line's values in, the plan out (text lines or JSON, files
+written, measurement); `plan_memory(PlanRequest) -> PlanResult` is the same plan as data, for tools (the GPU truth
+benchmark reads its JSON).
 
 Everything the user gave is checked here, before anything heavy runs or any file is written: sizes and counts
 parse strictly, the model resolves, the hardware and batch add up, --write-config does not clobber a file.
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.plan.inputs import Hardware, Training, check_hardware, check_sizes, check_training
 from accelkit.plan.models import ShapeFlags, resolve_model
@@ -22,6 +25,48 @@ from accelkit.plan.recommend import Recommendation
 from accelkit.sizes import format_bytes, parse_bytes, parse_count
 
 DEFAULT_SEQ_LEN = 2048
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything `accelkit plan` is given, typed; the defaults are the command's."""
+
+    model: str | None = None  # a folder, config.json, Hub id or accelkit project; None with params or shape flags
+    params: str | None = None  # "7B", "1.3e9": planned as the Llama shape of that size
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    vocab: int | None = None
+    intermediate: int | None = None
+    gpus: int | None = None  # --num-processes
+    nodes: int = 1  # --num-machines
+    gpu_memory: str | None = None  # "80GB", "24GiB" (accelkit.sizes)
+    cpu_memory: str | None = None
+    precision: str = "bf16-mixed"  # the planner's precision (commands/plan.py maps --mixed-precision onto it)
+    optimizer: str = "adamw"
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    activation_checkpointing: bool = False
+    global_batch: int | None = None
+    base_lr: float | None = None
+    base_batch: int | None = None
+    strategy: str | None = None
+    prefer: str = "any"
+    write_config: Path | None = None
+    force: bool = False
+    measure_script: str | None = None
+    script_args: tuple[str, ...] = ()
+    command_line: str = "accelkit plan"  # the command that reproduces the plan, for a written config's header
+    stall_timeout: float | None = None
+    grad_compression: str | None = None
+    powersgd_rank: int | None = None
+    powersgd_start_step: int | None = None
+    interconnect: str | None = None
+    layout: str | None = None
+    pp_schedule: str | None = None
+    microbatches: int | None = None
+    as_json: bool = False  # the CommandResult carries the JSON instead of the table
 
 
 @dataclass
@@ -119,9 +164,28 @@ def no_empty_inductor_folder():
                 del os.environ["TORCHINDUCTOR_CACHE_DIR"]  # torch set it to the folder it made
 
 
-def run_plan(**options) -> PlanResult:
+def plan_memory(request: PlanRequest) -> PlanResult:
+    """The plan as data: its lines, its JSON, what it says on stderr."""
+    values = {field.name: getattr(request, field.name) for field in dataclasses.fields(request)
+              if field.name != "as_json"}
     with no_empty_inductor_folder():
-        return _run_plan(**options)
+        return _run_plan(**values)
+
+
+def run_plan(request: PlanRequest) -> CommandResult:
+    """`accelkit plan` as one call: the table (or with `as_json` the JSON) on stdout, notes on stderr."""
+    import json
+
+    plan = plan_memory(request)
+    result = CommandResult(exit_code=plan.exit_code)
+    if request.as_json:
+        result.out(json.dumps(plan.json, indent=2))
+    else:
+        for line in plan.lines:
+            result.out(line)
+    for line in plan.messages:
+        result.err(line)
+    return result
 
 
 def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,

@@ -473,7 +473,8 @@ def test_a_real_write_failure_from_the_os(ckpts: Path, tmp_path: Path) -> None:
 def test_full_disk_mid_write_leaves_nothing(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
     """ENOSPC from the kernel in the middle of the output (in process: a real full disk cannot be timed)."""
     from accelkit.errors import AccelkitError
-    from accelkit.merge import MergeOptions, merge_checkpoint, stream
+    from accelkit.merge import MergeOptions, stream
+    from accelkit.merge.light_run import merge_checkpoint
 
     calls = []
 

@@ -52,7 +52,8 @@ def assert_bit_identical(got: dict[str, torch.Tensor], expected: dict[str, torch
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_merge_is_bit_identical_to_the_producers_state_dict(ckpts: Path, tmp_path: Path, case: str) -> None:
-    from accelkit.merge import MergeOptions, merge_checkpoint
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.light_run import merge_checkpoint
 
     src, expected = (ckpts / p for p in CASES[case])
     before = tree_hash(src)
@@ -72,7 +73,8 @@ def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path:
     report says which path was taken (tests/unit/merge/test_light_deepspeed.py covers ZeRO further)."""
     import shutil
 
-    from accelkit.merge import MergeOptions, merge_checkpoint, pipeline
+    from accelkit.merge import MergeOptions, pipeline
+    from accelkit.merge.light_run import merge_checkpoint
 
     src = ckpts / CASES[case][0]
     if case == "fsdp2-dcp":  # without the config.json above it, which ties the tiny Llama's weights
@@ -91,7 +93,8 @@ def test_a_bf16_zero_checkpoint_merges_to_its_fp32_masters(ckpts: Path, tmp_path
     the frozen norm, which has no master, keeps its bf16 weights (zero_to_fp32 drops it under ZeRO-1)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from accelkit.merge import MergeOptions, merge_checkpoint
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.light_run import merge_checkpoint
 
     src = ckpts / "ds" / f"zero{stage}_bf16"
     assert next((src / "global_step2").glob("bf16_zero_pp_rank_0_*optim_states.pt"))
@@ -110,7 +113,8 @@ def test_a_bf16_zero_checkpoint_merges_to_its_fp32_masters(ckpts: Path, tmp_path
 
 
 def test_a_config_that_ties_weights_goes_to_the_torch_path(ckpts: Path, tmp_path: Path) -> None:
-    from accelkit.merge import MergeOptions, merge_checkpoint
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.light_run import merge_checkpoint
 
     report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "dcp", output=tmp_path / "out", progress=False))
     assert "config.json may tie weights (the model class says which)" in report.notes[-1]
@@ -140,7 +144,8 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
 
 
 def merge_to(src: Path, out: Path) -> Path:
-    from accelkit.merge import MergeOptions, merge_checkpoint
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.light_run import merge_checkpoint
 
     merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
     return out
@@ -171,7 +176,8 @@ def test_inspect_without_torch_reports_what_the_torch_path_reports(ckpts: Path, 
     without reading tensor data; a DCP folder whose config.json may tie weights goes to the torch path."""
     import shutil
 
-    from accelkit.merge import inspect_checkpoint, pipeline
+    from accelkit.merge import pipeline
+    from accelkit.merge.light_run import inspect_checkpoint
 
     src = ckpts / rel
     if rel == "fsdp/dcp":
@@ -197,7 +203,8 @@ def test_inspect_writes_nothing(ckpts: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_dtype_casts_floating_tensors(ckpts: Path, tmp_path: Path, dtype: str, torch_dtype: torch.dtype) -> None:
-    from accelkit.merge import MergeOptions, merge_checkpoint
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.light_run import merge_checkpoint
 
     out = tmp_path / "cast.safetensors"
     report = merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero3", output=out, dtype=dtype, verify=True,
@@ -237,7 +244,8 @@ def test_sharded_output_loads_with_from_pretrained_and_gives_same_logits(ckpts: 
 
 
 def test_deepspeed_folder_output_is_a_pretrained_folder(ckpts: Path, tmp_path: Path) -> None:
-    from accelkit.merge import MergeOptions, merge_checkpoint
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.light_run import merge_checkpoint
 
     out = tmp_path / "zero2-merged"
     report = merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero2", output=out, progress=False))
@@ -259,7 +267,8 @@ def test_force_replaces_an_existing_output_only_when_asked(ckpts: Path, tmp_path
 
 def test_verify_catches_an_output_that_differs(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
     from accelkit.errors import AccelkitError
-    from accelkit.merge import MergeOptions, merge_checkpoint, stream
+    from accelkit.merge import MergeOptions, stream
+    from accelkit.merge.light_run import merge_checkpoint
 
     def flip_first_byte(self, data, origin):
         data = bytearray(data)

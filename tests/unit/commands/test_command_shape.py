@@ -56,3 +56,19 @@ def test_finish_prints_in_order_on_each_stream_then_raises_the_error() -> None:
     assert failed.error is not None and failed.error.message == "refused"
     with pytest.raises(AccelkitError, match="refused"):
         finish(failed)
+
+
+def test_every_command_prints_a_command_result() -> None:
+    """Each command hands what its library call returned to `finish` (plan, merge-ckpt and env printed their own
+    types before issue 33): a command that echoes by itself is a second way of printing."""
+    printers = {}
+    for path in sorted(COMMANDS.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(d, ast.Call) and getattr(d.func, "attr", None) == "command"
+                    for d in node.decorator_list):
+                calls = {getattr(call.func, "id", getattr(call.func, "attr", None))
+                         for call in ast.walk(node) if isinstance(call, ast.Call)}
+                printers[path.stem] = "finish" in calls and "echo" not in calls
+    assert {name for name, ok in printers.items() if not ok} == set()

@@ -7,13 +7,13 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 import pytest
 from click.testing import CliRunner
 
 from accelkit.cli import COMMANDS, cli
+from accelkit.command_result import CommandResult
 from accelkit.commands.vocabulary import ALIASES, VALUE_ALIASES, AliasOption, hidden_spellings
 
 
@@ -100,9 +100,9 @@ def test_plan_reads_the_same_under_old_and_new_spellings(monkeypatch: pytest.Mon
         """What `accelkit plan ARGS` hands the planner (the planner itself is tested in tests/unit/plan)."""
         received: dict = {}
 
-        def run_plan(**kwargs):
-            received.update(kwargs)
-            return SimpleNamespace(json={}, lines=[], messages=[], exit_code=0)
+        def run_plan(request):
+            received.update(vars(request))
+            return CommandResult()
 
         monkeypatch.setattr(accelkit.plan, "run_plan", run_plan)
         result = CliRunner().invoke(cli, ["plan", "--params", "7B", *args])

@@ -22,7 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import MergeOptions, inspect_checkpoint, merge_checkpoint
+from accelkit.merge import MergeOptions
+from accelkit.merge.light_run import inspect_checkpoint, merge_checkpoint
 
 
 def tiny_state(seed: int = 0) -> dict[str, torch.Tensor]:

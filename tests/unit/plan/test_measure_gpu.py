@@ -42,12 +42,8 @@ def test_measure_launches_on_gpus_and_compares_the_peak(monkeypatch, tmp_path: P
     monkeypatch.setattr(spine, "run_measurement", fake_launch)
     script = tmp_path / "train.py"
     script.write_text("print('train')\n")
-    result = api.run_plan(model=None, params="1M", layers=None, hidden=None, heads=None, kv_heads=None, vocab=None,
-                          intermediate=None, gpus=None, nodes=1, gpu_memory=None, cpu_memory=None,
-                          precision="bf16-mixed", optimizer="adamw", seq_len=None, micro_batch=None,
-                          activation_checkpointing=False, global_batch=None, base_lr=None, base_batch=None,
-                          strategy=None, prefer="any", write_config=None, force=False, measure_script=str(script),
-                          script_args=("--epochs", "1"), command_line="accelkit plan --params 1M --measure train.py")
+    result = api.plan_memory(api.PlanRequest(params="1M", measure_script=str(script), script_args=("--epochs", "1"),
+                                             command_line="accelkit plan --params 1M --measure train.py"))
     assert launched["cpu"] is False and launched["options"].backend == "ddp" and launched["options"].num_processes == 2
     assert launched["probe"] == "accelkit.plan.measure.probe" and launched["max_steps"] == 1
     assert launched["args"] == ("--epochs", "1")

@@ -103,7 +103,7 @@ def test_a_measured_run_stopped_by_a_signal_says_which(signum: int, said: str, c
         from accelkit.cli import main
         from accelkit.errors import Terminated
 
-        def stopped(**_):
+        def stopped(*_, **__):
             raise Terminated({int(signum)})
 
         accelkit.plan.api.run_plan = stopped
