@@ -19,7 +19,7 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
-from accelkit.convert.api import convert_source
+from accelkit.convert.codemod import convert_source
 
 HEADER = '''"""Synthetic single-GPU training script for the convert benchmark."""
 import argparse

@@ -9,7 +9,7 @@ compression the layout's backend cannot take is a row that says why, not a crash
 Every run carries the compression probe (accelkit.bench.compression_probe): the bytes of the collectives inside
 backward per step (the last step's, once PowerSGD has started), the loss per step (mean over ranks), the median
 step time, PowerSGD's own compression_stats(), and whether every rank ended with the same weights. The bytes
-computed from the parameter shapes (accelkit.compression.sizes) sit beside the counted ones.
+computed from the parameter shapes (accelkit.compression.grad_bytes) sit beside the counted ones.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from accelkit.bench.comm_count import parse_key
 from accelkit.bench.compression_runs import NOT_APPLICABLE, CompressionRun, plan_runs, spec_settings
 from accelkit.bench.layouts import Layout
-from accelkit.compression.sizes import ddp_bytes_per_step, fsdp_reduce_scatter_bytes
+from accelkit.compression.grad_bytes import ddp_bytes_per_step, fsdp_reduce_scatter_bytes
 from accelkit.compression.spec import CompressionSpec
 from accelkit.errors import AccelkitError
 

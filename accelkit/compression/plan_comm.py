@@ -4,7 +4,7 @@ compression when the interconnect, not memory, limits the run.
 
 What each method changes in the modelled traffic:
     DDP rows    fp16/bf16: the gradient all-reduce in 2 bytes per element; powersgd: the elements PowerSGD sends
-                for the model's parameter shapes (accelkit.compression.sizes, torch's compress-or-not rule)
+                for the model's parameter shapes (accelkit.compression.grad_bytes, torch's compress-or-not rule)
     FSDP rows   fp16/bf16: the gradient reduce-scatter in 2 bytes (no change when the run already computes in 16 bits:
                 Accelerate's mixed precision reduces in that dtype)
     ZeRO-3 rows int8: ZeRO++, a quarter of ZeRO-3's traffic (DeepSpeed's documented 4x: qwZ halves the weight
@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from accelkit.compression.sizes import traffic_factor
+from accelkit.compression.grad_bytes import traffic_factor
 from accelkit.compression.spec import CompressionSpec
 from accelkit.errors import AccelkitError
 

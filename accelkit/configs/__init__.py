@@ -12,8 +12,8 @@
     model_heads.py  the model's attention heads and layers (config.json) against the tp size and the pp stages
     pipeline.py  where a pipeline layout lives (no Accelerate key): $ACCELKIT_PIPELINE and the YAML's comment line
     api.py       run_config: `accelkit config` as one call (write or print the YAML, --list, --check)
-    presets.py, hardware.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the DeepSpeed
-                 JSON, and the keys Accelerate accepts (read from Accelerate itself)
+    presets.py, machine_defaults.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the
+                 DeepSpeed JSON, and the keys Accelerate accepts (read from Accelerate itself)
 
 Importing this package is cheap: its names load on first use, and accelerate, torch and yaml are imported inside
 the functions that need them.

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from accelkit.configs import hardware, rules
+from accelkit.configs import machine_defaults, rules
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
 from accelkit.configs.deepspeed_json import deepspeed_json_content
 from accelkit.configs.findings import raise_first_error
@@ -170,12 +170,13 @@ def _fill(m: ConfigOptions, sources: dict[str, Source], keeps_json: bool) -> Con
             sources.setdefault(name, Source(DEFAULT, why))
 
     if r.backend is None:
-        default("backend", hardware.default_backend(r.num_processes, r.num_machines), _backend_default_reason(r))
+        default("backend", machine_defaults.default_backend(r.num_processes, r.num_machines),
+                _backend_default_reason(r))
     backend = Backend(r.backend)
     default("num_machines", 1)
     default("machine_rank", 0)
     if r.num_processes is None:  # counting GPUs imports torch: only when the default is needed
-        default("num_processes", hardware.default_num_processes(backend.value, max(r.num_machines, 1)))
+        default("num_processes", machine_defaults.default_num_processes(backend.value, max(r.num_machines, 1)))
     if r.num_machines > 1:
         default("main_process_port", DEFAULT_PORT)
     if not (backend is Backend.DEEPSPEED and (r.deepspeed_json is not None or keeps_json)):  # the JSON decides
@@ -229,7 +230,7 @@ def _backend_default_reason(r: ConfigOptions) -> str:
         return f"default for {r.num_processes} processes"
     if (r.num_machines or 0) > 1:
         return f"default for {r.num_machines} machines"
-    gpus = hardware.gpu_count()
+    gpus = machine_defaults.gpu_count()
     return f"default with {gpus} GPU(s) here"
 
 

@@ -1,12 +1,10 @@
 """accelkit convert: a libcst codemod that turns a single-device PyTorch training script into an Accelerate one.
 
-    from accelkit.convert.api import ConvertOptions
-    from accelkit.convert.api import convert_source
+    from accelkit.convert.codemod import ConvertOptions, convert_source   # the codemod itself (codemod.py)
     result = convert_source(open("train.py").read(), ConvertOptions(mixed_precision="bf16"))
     print(result.report.format("train.py"))
 
-    from accelkit.convert.check.api import CheckOptions
-    from accelkit.convert.check.api import check_script
+    from accelkit.convert.check.run_check import CheckOptions, check_script   # --check (check/run_check.py)
     print(check_script(Path("train.py"), [], CheckOptions(steps=8)).format())
 
     from accelkit.convert import ConvertRequest, run_convert   # the command as one call (entry.py): write, diff

@@ -42,7 +42,7 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
     """Convert, diff or check; `progress`: what is said before a long --check starts."""
     if request.check:
         return check_conversion(request, progress)
-    from accelkit.convert.api import ConvertOptions, convert_source
+    from accelkit.convert.codemod import ConvertOptions, convert_source
     from accelkit.convert.write import read_script, write_conversion
 
     script, result = request.script, CommandResult()
@@ -86,7 +86,7 @@ def try_it(path: Path) -> str:
 
 def check_conversion(request: ConvertRequest, progress: Callable[[str], None]) -> CommandResult:
     """--check: the original on 1 process, the conversion on CHECK_PROCESSES, invariant by invariant."""
-    from accelkit.convert.check.api import CheckOptions, check_script
+    from accelkit.convert.check.run_check import CheckOptions, check_script
     from accelkit.convert.write import read_script
     from accelkit.sizes import parse_bytes
 

@@ -54,7 +54,7 @@ def resolve_request(request: LaunchRequest, *, check_with_accelerate: bool = Tru
     options, labels = request.options, dict(request.source_labels)
     base = load_accelerate_config(request.config_file) if request.config_file is not None else None
     if request.config_file is not None and base is not None:  # a written config's gradient compression comment
-        from accelkit.compression.launching import compression_with_config_comment
+        from accelkit.compression.launch_side import compression_with_config_comment
 
         options, labels = compression_with_config_comment(options, labels, request.config_file)
         from accelkit.configs import pipeline_with_config_comment
@@ -129,7 +129,7 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
     flags, port_source = launcher_flags(request, config)
     compression = None  # refused here (bf16 or int8 on CPU ranks) before anything is written
     if config.grad_compression is not None:
-        from accelkit.compression.launching import compression_env_and_notes
+        from accelkit.compression.launch_side import compression_env_and_notes
 
         compression = compression_env_and_notes(config, request)
     # A DeepSpeed JSON asked for with --deepspeed-json must exist before the rehearsal reads it or a launcher runs.

@@ -9,7 +9,7 @@ stream). Written once for both paths: the dtype table (dtypes), the non-finite s
 consistency checks (deepspeed_checks, over what both DeepSpeed readers share in deepspeed_layout), the safetensors
 header and writer (writer), the zip records and their CRC-32 (records), the output's rules and layout (output),
 side files and tied weights (extras), the manifest (manifest), the step counters (counters), what a merge is asked
-and reports (options), the `.metadata` unpickler (light_pickle) and the checks of `.metadata` against its folder
+and reports (merge_request), the `.metadata` unpickler (light_pickle) and the checks of `.metadata` against its folder
 (light_dcp). Torch-only: safe torch pickles (torch_files), DCP items opened with torch (dcp_layout), Accelerate's
 save_state files (savestate).
 
@@ -21,6 +21,6 @@ from __future__ import annotations
 from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "MergeOptions": "options",
+    "MergeOptions": "merge_request",
     "run_merge": "light_run",
 })

@@ -36,8 +36,8 @@ from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
 from accelkit.merge.dtypes import CAST, SCANNED, TABLE
 from accelkit.merge.light_pickle import Refused
+from accelkit.merge.merge_request import MergeOptions, MergeReport, format_report, peak_rss_bytes
 from accelkit.merge.nonfinite import NonFiniteScan
-from accelkit.merge.options import MergeOptions, MergeReport, format_report, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
     check_free_space,

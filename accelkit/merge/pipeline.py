@@ -22,7 +22,7 @@ from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, manifest, savestate, single_file
 from accelkit.merge.detect import open_source
 from accelkit.merge.dtypes import CAST, TABLE, name_of
-from accelkit.merge.options import MergeOptions, MergeReport, peak_rss_bytes
+from accelkit.merge.merge_request import MergeOptions, MergeReport, peak_rss_bytes
 from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,

@@ -318,7 +318,7 @@ def _write(plan, path: Path, command_line: str, result: PlanResult, compression,
 def _measure(plan, spec, script: str, args: tuple[str, ...], command_line: str, result: PlanResult,
              stall_timeout: float | None = None) -> None:
     from accelkit.plan import spine
-    from accelkit.plan.measure import api as measuring
+    from accelkit.plan.measure import measuring
 
     chosen = plan.chosen
     if plan.layout_choice is not None:

@@ -89,7 +89,7 @@ def test_a_missing_script_is_a_usage_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_check_that_finds_a_violation_fails_with_the_evidence_and_leaves_nothing(tmp_path: Path) -> None:
     """The StepLR of mnist_style prepared (the naive conversion): the learning rate decays twice as fast."""
-    from accelkit.convert.api import convert_source
+    from accelkit.convert.codemod import convert_source
 
     script = tmp_path / "train.py"
     script.write_text((CORPUS / "mnist_style.py").read_text())
@@ -110,7 +110,7 @@ def test_a_check_that_finds_a_violation_fails_with_the_evidence_and_leaves_nothi
 def test_a_hanging_conversion_ends_in_seconds_saying_where_each_rank_is(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text((CORPUS / "manual_batching.py").read_text())
-    from accelkit.convert.api import convert_source
+    from accelkit.convert.codemod import convert_source
 
     # rank 1 stops making progress after its second step while rank 0 waits for it in the next all-reduce
     code = convert_source(script.read_text()).code.replace(

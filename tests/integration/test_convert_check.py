@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import DATA
 
-from accelkit.convert.api import convert_source
+from accelkit.convert.codemod import convert_source
 
 CORPUS_DIR = DATA / "convert" / "corpus"
 CORPUS = sorted(p.stem for p in CORPUS_DIR.glob("*.py"))

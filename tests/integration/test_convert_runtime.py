@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import DATA, run_accelkit
 
-from accelkit.convert.api import convert_source
+from accelkit.convert.codemod import convert_source
 
 CONVERT_DATA = DATA / "convert"
 CORPUS = sorted((CONVERT_DATA / "corpus").glob("*.py")) + sorted((CONVERT_DATA / "shapes").glob("*.py"))

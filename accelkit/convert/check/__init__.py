@@ -7,8 +7,7 @@ invariants of correct data parallelism (every trainable module wrapped, weights 
 step, learning rates equal to the original's at the same point of training, each sample seen once per epoch,
 metrics equal to the one-process value, each file written once, no hang).
 
-    from accelkit.convert.check.api import CheckOptions
-    from accelkit.convert.check.api import check_script
+    from accelkit.convert.check.run_check import CheckOptions, check_script
     outcome = check_script(Path("train.py"), ["--epochs", "1"], CheckOptions(steps=8))
     print(outcome.format())
 

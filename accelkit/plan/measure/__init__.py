@@ -1,1 +1,2 @@
-"""Measuring what ranks really hold (probe.py, holdings.py) and comparing it with the plan (compare.py, api.py)."""
+"""Measuring what ranks really hold (probe.py, holdings.py) and comparing it with the plan (compare.py,
+measuring.py)."""

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from accelkit.convert.api import ConvertOptions, convert_source
+from accelkit.convert.codemod import ConvertOptions, convert_source
 
 SCRIPT = """import torch
 from torch import nn

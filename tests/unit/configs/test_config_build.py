@@ -9,7 +9,7 @@ import pytest
 import yaml
 from helpers.config import accelerate_roundtrip, build_plugin, findings, launcher_env
 
-from accelkit.configs import ConfigOptions, hardware, load_accelerate_config, resolve_config, write_config
+from accelkit.configs import ConfigOptions, load_accelerate_config, machine_defaults, resolve_config, write_config
 from accelkit.configs.presets import list_presets
 from accelkit.errors import AccelkitError
 
@@ -20,7 +20,7 @@ EXPECTED_PRESETS = {"single", "cpu", "ddp", "fsdp", "fsdp_offload", "deepspeed_z
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch):
     """Defaults must not depend on the test machine."""
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 0)
 
 
 def write(config, tmp_path: Path, name: str = "c.yaml") -> Path:
@@ -174,7 +174,7 @@ def test_defaults_follow_the_gpus(monkeypatch):
     assert built(ConfigOptions(backend="fsdp"))[1]["num_processes"] == 2
     assert built(ConfigOptions(backend="cpu"))[1]["num_processes"] == 2
     assert built(ConfigOptions(backend="single"))[1]["num_processes"] == 1
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 8)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 8)
     config = built(ConfigOptions())[1]
     assert config["distributed_type"] == "MULTI_GPU" and config["num_processes"] == 8
     assert built(ConfigOptions(backend="deepspeed", num_machines=2, main_process_ip="h"))[1]["num_processes"] == 16

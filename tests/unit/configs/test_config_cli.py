@@ -11,7 +11,7 @@ from helpers import run_accelkit
 from helpers.config import accelerate_roundtrip
 
 from accelkit.cli import cli
-from accelkit.configs import hardware
+from accelkit.configs import machine_defaults
 from accelkit.configs import options as options_module
 from accelkit.configs.choices import Backend, OffloadDevice
 from accelkit.configs.presets import list_presets
@@ -19,7 +19,7 @@ from accelkit.configs.presets import list_presets
 
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch):
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 0)
 
 
 def run(*args: str):

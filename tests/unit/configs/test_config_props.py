@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelkit.cli import cli
-from accelkit.configs import ConfigOptions, hardware, resolve_config, write_config
+from accelkit.configs import ConfigOptions, machine_defaults, resolve_config, write_config
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
 from accelkit.errors import AccelkitError
 
@@ -51,7 +51,7 @@ options_strategy = st.builds(
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch):
     """Defaults must not depend on the machine running the tests (the patch is the same for every example)."""
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 0)
 
 
 def in_folder(resolved, folder: Path):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers.config import accelerate_roundtrip, findings, launcher_env
 
-from accelkit.configs import ConfigOptions, compat, hardware, write_config
+from accelkit.configs import ConfigOptions, compat, machine_defaults, write_config
 from accelkit.configs.choices import CP_BACKENDS, SP_BACKENDS
 from accelkit.configs.resolve import resolve_config
 from accelkit.errors import AccelkitError
@@ -18,7 +18,7 @@ from accelkit.errors import AccelkitError
 
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch):
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 0)
 
 
 @pytest.fixture

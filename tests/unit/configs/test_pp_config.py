@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers.config import accelerate_roundtrip, launcher_env
 
-from accelkit.configs import ConfigOptions, compat, hardware, write_config
+from accelkit.configs import ConfigOptions, compat, machine_defaults, write_config
 from accelkit.configs.pipeline import (
     ENV_VAR,
     PipelineSpec,
@@ -25,7 +25,7 @@ from accelkit.errors import AccelkitError
 
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch):
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 0)
     monkeypatch.setattr(compat, "gaps", lambda **_: iter(()))
 
 

@@ -140,7 +140,7 @@ def test_under_fsdp_the_verdicts_name_sharding_and_gathered_weights() -> None:
 def test_the_library_refuses_a_backend_the_check_does_not_rehearse(tmp_path) -> None:
     import pytest
 
-    from accelkit.convert.check.api import CheckOptions, check_script
+    from accelkit.convert.check.run_check import CheckOptions, check_script
     from accelkit.errors import AccelkitError
 
     script = tmp_path / "train.py"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import DATA, invoke_accelkit
 
-from accelkit.convert.api import ConvertOptions, convert_source
+from accelkit.convert.codemod import ConvertOptions, convert_source
 from accelkit.errors import AccelkitError
 
 CONVERT_DATA = DATA / "convert"

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from accelkit.convert.api import convert_source
+from accelkit.convert.codemod import convert_source
 from accelkit.errors import AccelkitError
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
-from accelkit.convert.api import convert_source
+from accelkit.convert.codemod import convert_source
 
 
 def convert(source: str):

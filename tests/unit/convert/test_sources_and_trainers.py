@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import DATA, invoke_accelkit
 
-from accelkit.convert.api import convert_source
+from accelkit.convert.codemod import convert_source
 
 TRAINERS = sorted((DATA / "convert" / "trainers").glob("*.py"))
 

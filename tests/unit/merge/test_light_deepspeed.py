@@ -20,7 +20,7 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.merge import light_dcp, light_deepspeed, light_pickle, pipeline
 from accelkit.merge.light_run import merge_checkpoint
-from accelkit.merge.options import MergeOptions
+from accelkit.merge.merge_request import MergeOptions
 from accelkit.merge.records import RecordReader
 
 OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"

@@ -16,7 +16,7 @@ from test_merge_synthetic import dcp_save, tiny_state, tree
 from accelkit.errors import AccelkitError
 from accelkit.merge import light_pickle, pipeline
 from accelkit.merge.light_run import merge_checkpoint
-from accelkit.merge.options import MergeOptions
+from accelkit.merge.merge_request import MergeOptions
 
 
 class _Payload:

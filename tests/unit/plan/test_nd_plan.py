@@ -84,10 +84,10 @@ def test_nothing_fits_names_the_smallest_layout():
 @pytest.mark.parametrize("seq_len", [8192, 131072])
 def test_recommended_commands_pass_the_config_rules(seq_len, monkeypatch):
     """The plan's commands are ones `accelkit config` accepts (the one rule set), version checks aside."""
-    from accelkit.configs import ConfigOptions, compat, hardware
+    from accelkit.configs import ConfigOptions, compat, machine_defaults
     from accelkit.configs.resolve import resolve_config
 
-    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine_defaults, "gpu_count", lambda: 0)
     monkeypatch.setattr(compat, "gaps", lambda **_: iter(()))
     advice = nd.advise(LLAMA_70B, seq_len=seq_len, precision="bf16", **CLUSTER)
     words = advice.commands[0].split()[2:-2]

@@ -108,7 +108,7 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
                  converted_name: str | None = None) -> CheckOutcome:
     """Check `script`'s conversion (or `converted_code`, a conversion made or edited by hand, from the file
     `converted_name`) by running both, each in a sandbox: a copy of `workdir` (default: the current directory)."""
-    from accelkit.convert.api import convert_source
+    from accelkit.convert.codemod import convert_source
 
     options = options or CheckOptions()
     if options.backend not in CHECK_BACKENDS:
