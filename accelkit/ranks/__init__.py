@@ -21,6 +21,7 @@ from accelkit.exports import lazy_exports
 
 # The supervisor's side (accelkit.launch) reads what ranks leave in the watch folder through these names.
 __all__, __getattr__ = lazy_exports(__name__, {
+    "ATTEMPT_ENV": "resume_record",
     "PROBES_ENV": "bootstrap",
     "RENDEZVOUS_ROUND_ENV": "restart_store",
     "STACK_SIGNAL": "rank_files",

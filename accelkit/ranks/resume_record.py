@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 
 from accelkit.ranks.rank_files import RankFiles
-from accelkit.ranks.restart_store import rendezvous_round
 
 _STEP = re.compile(r"checkpoint[-_](\d+)$")
+ATTEMPT_ENV = "ACCELKIT_ATTEMPT"  # the attempt of this run the rank belongs to, from 1 (accelkit.launch.restarts)
 REQUEUE_COUNT_ENV = "SLURM_RESTART_COUNT"  # SLURM: how many times this job was requeued
 
 
@@ -31,7 +31,7 @@ def _count(name: str) -> int:
 
 
 def write_resumed(files: RankFiles, path: str) -> None:
-    record = {"path": path, "step": checkpoint_step(path), "attempt": rendezvous_round() + 1,
+    record = {"path": path, "step": checkpoint_step(path), "attempt": max(1, _count(ATTEMPT_ENV)),
               "requeue": _count(REQUEUE_COUNT_ENV)}
     temp = files.folder / f"{files.pid}.resumed.tmp"
     temp.write_text(json.dumps(record))

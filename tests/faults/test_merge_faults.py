@@ -455,8 +455,8 @@ def test_not_enough_space_is_refused_up_front(ckpts: Path, tmp_path: Path) -> No
     small.mkdir()
     out = small / "merged.safetensors"
     line = merge(tmp_path, ckpts / "hf" / "hf", out=out, small_fs=(small, 32 * 1024)).assert_refused(
-        r"not enough disk space for .*merged.safetensors: the output needs \d+\.\d\d KB, \d+\.\d\d KB are free in")
-    assert "accelkit-tmp" not in line and "0.00 GB" not in line
+        r"not enough disk space for .*merged.safetensors: the output needs \d+\.\d\d KiB, \d+\.\d\d KiB are free in")
+    assert "accelkit-tmp" not in line and "0.00 GiB" not in line
 
 
 def _limit_file_size() -> None:

@@ -117,6 +117,7 @@ def _joined(round_number: int) -> logging.LogRecord:
 def test_each_restart_is_one_line_naming_the_rank_its_signal_and_the_attempt(tmp_path: Path, capsys, monkeypatch
                                                                             ) -> None:
     monkeypatch.delenv("ACCELKIT_RENDEZVOUS_ROUND", raising=False)
+    monkeypatch.delenv("ACCELKIT_ATTEMPT", raising=False)
     _rank(tmp_path, 4242, rank=3)
     reporter = RestartReporter(tmp_path, 2, machine=1, machines=2, node="n2")
     reporter.emit(_joined(0))
@@ -131,7 +132,7 @@ def test_each_restart_is_one_line_naming_the_rank_its_signal_and_the_attempt(tmp
 
     assert os.environ["ACCELKIT_RENDEZVOUS_ROUND"] == "0"
     reporter.emit(_joined(1))
-    assert os.environ["ACCELKIT_RENDEZVOUS_ROUND"] == "1"
+    assert (os.environ["ACCELKIT_RENDEZVOUS_ROUND"], os.environ["ACCELKIT_ATTEMPT"]) == ("1", "2")
     entries = [json.loads(text) for text in (tmp_path / "attempts.jsonl").read_text().splitlines()]
     assert [entry["attempt"] for entry in entries] == [2]
 
@@ -192,25 +193,28 @@ def test_a_machine_restarted_for_another_machines_failure_numbers_the_attempt_as
         tmp_path: Path, capsys, monkeypatch) -> None:
     """The agent whose own ranks were healthy restarts them when another machine's agent waits in the next round
     (torchrun does not count it): its line, its attempts file and its summary use the same attempt number as the
-    machine that failed, from the rendezvous round, never a count of its own."""
+    machine that failed, from the rendezvous round, never a count of its own. Attempts count from the run's first
+    round, which need not be 0 (a requeued job's agents were measured forming round 1 without a restart)."""
     monkeypatch.delenv("ACCELKIT_RENDEZVOUS_ROUND", raising=False)
+    monkeypatch.delenv("ACCELKIT_ATTEMPT", raising=False)
     board = job_board.Board()
-    board.put_first("restart/3", {"cause": "rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1)"})
+    board.put_first("restart/2", {"cause": "rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1)"})
     reporter = RestartReporter(tmp_path, 4, machine=0, machines=2, node="n1", board=board)
-    reporter.emit(_joined(1))  # this run already restarted once
+    reporter.emit(_joined(1))  # this run's first round
+    import os
+
+    assert (os.environ["ACCELKIT_RENDEZVOUS_ROUND"], os.environ["ACCELKIT_ATTEMPT"]) == ("1", "1")
     reporter.emit(_record("[%s] Detected %s new nodes from group_rank=%s; will restart worker group", "default", 1,
                           0))
     assert capsys.readouterr().err.strip() == (
         "accelkit: rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1); restarting this machine's ranks "
-        "with the others: attempt 3")
+        "with the others: attempt 2")
     reporter.emit(_joined(2))
-    import os
-
-    assert os.environ["ACCELKIT_RENDEZVOUS_ROUND"] == "2"
+    assert (os.environ["ACCELKIT_RENDEZVOUS_ROUND"], os.environ["ACCELKIT_ATTEMPT"]) == ("2", "2")
     (tmp_path / "ranks").mkdir()
     (tmp_path / "ranks" / "10.resumed").write_text(json.dumps({"path": "out/checkpoint-20", "step": 20,
-                                                                "attempt": 3, "requeue": 0}))
+                                                                "attempt": 2, "requeue": 0}))
     summary = ResumeAnnouncer(tmp_path).summary_lines(0)
     assert summary == ["this run took 2 attempt(s):",
                        "  attempt 1: started; ended: rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1)",
-                       "  attempt 3: resumed from out/checkpoint-20 (step 20); finished"]
+                       "  attempt 2: resumed from out/checkpoint-20 (step 20); finished"]
