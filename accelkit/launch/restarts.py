@@ -76,12 +76,12 @@ def rank_failure_text(watch_dir: Path | None, pid: int, local_rank: int, exitcod
 class RestartReporter(logging.Handler):
     """Listens to torchrun's agent in this process; see the module's docstring.
 
-    Attempts are numbered by the rendezvous round, counted from the first round this run's agents formed together
-    (attempt = round - first round + 1): every machine's agent joins the same round of one c10d rendezvous, whether
-    its own rank failed (a restart torchrun counts) or another machine's did (a membership change, which torchrun
-    does not count), so the number is the same on every machine. The restarted ranks meet under the round's store
-    keys (accelkit.ranks.restart_store), and the lines and the summary say the attempt. (The first round need not
-    be 0: measured in a requeued SLURM job whose agents formed round 1 without any restart.)"""
+    Two numbers, two jobs. The store keys the restarted ranks meet under are the c10d rendezvous round's
+    (accelkit.ranks.restart_store): every machine's agent joins the same round, whether its own rank failed (a
+    restart torchrun counts) or another machine's did (a membership change, which torchrun does not count), so the
+    keys agree across machines. The attempt said to people is 1 + the group restarts this agent made, either kind:
+    the round itself can move on with no restart at all (measured twice in CI: a requeued SLURM job's ranks started
+    in round 1 while nothing restarted)."""
 
     def __init__(self, watch_dir: Path | None, max_restarts: int, *, machine: int = 0, machines: int = 1,
                  node: str | None = None, board=None, stream=None) -> None:
@@ -93,7 +93,7 @@ class RestartReporter(logging.Handler):
         self.stream = stream
         self.failure: tuple[str, bool] | None = None  # the last failed worker torchrun logged
         self.round = 0  # the rendezvous round this agent's ranks run in
-        self.first_round: int | None = None  # the round of this run's first attempt
+        self.restarts = 0  # group restarts this agent made: its own failures and other machines'
 
     def install(self) -> None:
         import importlib
@@ -122,19 +122,19 @@ class RestartReporter(logging.Handler):
         joined = _JOINED_ROUND.search(record.getMessage())
         if joined is not None:  # logged before the agent starts the round's ranks: they inherit the round
             self.round = int(joined.group(1))
-            if self.first_round is None:
-                self.first_round = self.round
             os.environ[RENDEZVOUS_ROUND_ENV] = str(self.round)
             os.environ[ATTEMPT_ENV] = str(self._attempt())
         elif record.levelno >= logging.WARNING:  # torchrun's own warnings still reach its handlers
             logging.getLogger(_RENDEZVOUS_LOGGER.rsplit(".", 1)[0]).handle(record)
 
     def _attempt(self) -> int:
-        """The attempt running now (1 for the first)."""
-        return self.round - (self.round if self.first_round is None else self.first_round) + 1
+        """The attempt running now (1 for the first), or about to start once a restart is counted."""
+        return self.restarts + 1
 
     def _restarting(self, remaining: int, total: int) -> None:
-        attempt = self._attempt() + 1  # the attempt about to start: the next round's
+        self.restarts += 1
+        attempt = self._attempt()  # the attempt about to start
+        os.environ[ATTEMPT_ENV] = str(attempt)
         what, peer_loss = self.failure or ("a rank failed", False)
         self.failure = None
         where = f" on node {self.node} (machine {self.machine})" if self.machines > 1 else ""
@@ -152,7 +152,9 @@ class RestartReporter(logging.Handler):
 
     def _restarting_with_the_others(self) -> None:
         """Another machine's agent restarted its ranks and waits in the next round: this one follows."""
-        attempt = self._attempt() + 1
+        self.restarts += 1
+        attempt = self._attempt()
+        os.environ[ATTEMPT_ENV] = str(attempt)
         cause = (self._cause_from_board(attempt) if self.board is not None else None) or MEMBERSHIP_CAUSE
         self._say(f"{cause}; restarting this machine's ranks with the others: attempt {attempt}")
         self._append({"attempt": attempt, "cause": cause, "time": time.time()})

@@ -193,8 +193,8 @@ def test_a_machine_restarted_for_another_machines_failure_numbers_the_attempt_as
         tmp_path: Path, capsys, monkeypatch) -> None:
     """The agent whose own ranks were healthy restarts them when another machine's agent waits in the next round
     (torchrun does not count it): its line, its attempts file and its summary use the same attempt number as the
-    machine that failed, from the rendezvous round, never a count of its own. Attempts count from the run's first
-    round, which need not be 0 (a requeued job's agents were measured forming round 1 without a restart)."""
+    machine that failed (each counts the group restarts it made, of either kind); the store keys follow the
+    rendezvous round, which need not start at 0 (a requeued job's ranks were measured starting in round 1)."""
     monkeypatch.delenv("ACCELKIT_RENDEZVOUS_ROUND", raising=False)
     monkeypatch.delenv("ACCELKIT_ATTEMPT", raising=False)
     board = job_board.Board()
