@@ -106,24 +106,42 @@ def _exit_stopped(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _ignore_further_stops() -> None:
+    """The command was stopped by a signal and exits with 128 + that signal. A further Ctrl-C (or SIGTERM) sent while it
+    says so and exits must not end it with a KeyboardInterrupt status (-2) or a traceback: the stop was already
+    honoured. Seen in CI: two SIGINTs 0.3 s apart, the job ended between them, accelkit exited -2."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user mistakes become one message and a non-zero exit, never a traceback."""
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed on the way out
     try:
         rv = cli.main(args=argv, prog_name="accelkit", standalone_mode=False)
         raise_pending_termination()  # a signal that landed in the command's last import
-    except click.exceptions.Abort:
+        if isinstance(rv, int) and rv > 128:
+            _ignore_further_stops()
+    except click.exceptions.Abort as exc:
+        _ignore_further_stops()
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # click turns a Ctrl-C into Abort
+            click.echo("Interrupted.", err=True)
+            _exit_stopped(130)
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.ClickException as exc:  # click's usage errors (exit code 2)
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
+        _ignore_further_stops()
         click.echo("Interrupted.", err=True)
         _exit_stopped(130)
     except Terminated as exc:
         import signal
 
+        _ignore_further_stops()
         # SIGINT reaches here when a supervised child (plan --measure's ranks) was stopped by Ctrl-C: say it as
         # Ctrl-C is said everywhere else
         click.echo("Interrupted." if exc.signum == signal.SIGINT else f"Terminated (signal {exc.signum}).", err=True)

@@ -277,6 +277,15 @@ class Supervisor:
     def run(self) -> int:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
+        try:  # our handler stays until the end is said: a second Ctrl-C meanwhile must not interrupt the saying
+            return self._supervise()
+        finally:
+            for sig, handler in previous.items():
+                # Once stopped by a signal, the command is on its way out: a further Ctrl-C must not interrupt its
+                # cleanup (a half-removed launch folder) or its exit (-2 instead of 128 + N). Seen in CI.
+                signal.signal(sig, _absorb_signal if self.signals else handler)
+
+    def _supervise(self) -> int:
         watchdog = None
         resumes = None
         started = time.monotonic()
@@ -313,8 +322,6 @@ class Supervisor:
                 self.kill_tree(signal.SIGKILL)
                 self.proc.wait()
             self._reap_leftovers()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             if self.watch is not None:
                 from accelkit.ranks import read_failures
 
@@ -332,6 +339,10 @@ class Supervisor:
         if self.timed_out:
             return STALL_EXIT_STATUS
         return status
+
+
+def _absorb_signal(signum: int, frame: object) -> None:
+    """A stop signal after the job was already stopped by one: nothing more to do than what is under way."""
 
 
 def stall_error(stall: StallReport) -> AccelkitError:

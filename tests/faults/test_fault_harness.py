@@ -69,12 +69,12 @@ def test_in_process_and_real_process_observe_the_same(case: str, tmp_path: Path)
 
 def test_the_process_is_left_as_it_was(tmp_path: Path) -> None:
     environ, tempdir, cwd = dict(os.environ), tempfile.tempdir, os.getcwd()
-    handlers = [signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)]
+    handlers = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
     result = invoke_fault(["plan", "--params", "7X", "--gpu-memory", "80GB", "--gpus", "1"], watch=[tmp_path],
                           cwd=tmp_path, env={"ACCELKIT_TEST_ONLY": "1"}, record=False)
     result.assert_refused(r"--params '7X' is not a count")
     assert dict(os.environ) == environ and tempfile.tempdir == tempdir and os.getcwd() == cwd
-    assert [signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)] == handlers
+    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] == handlers
 
 
 def test_what_the_command_writes_is_seen(tmp_path: Path) -> None:

@@ -99,6 +99,20 @@ def test_ctrl_c_twice_exits_130_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
+def test_ctrl_c_held_down_exits_130_with_the_stop_said_once(tmp_path):
+    # A SIGINT every 20 ms until accelkit is gone: one lands in every window of the way out (the supervisor's
+    # cleanup, its last lines, the command's return, the interpreter's teardown). Each must end as the first did: 130,
+    # the stop said, no KeyboardInterrupt status (-2) and no traceback. CI caught a second Ctrl-C 0.3 s after the first
+    # ending accelkit with -2 once the supervisor had put Python's handler back.
+    result = launch(tmp_path, *CPU_DDP, str(FAULTS), "sleep", kind="signal", expect="signal",
+                    send_signal=[("FAULTS all ready", signal.SIGINT)] + [(0.02, signal.SIGINT)] * 1500)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr.count("stopped by SIGINT (Ctrl-C)") == 1 and not result.traceback
+    result.assert_clean(owned=[tmp_path / "work"])
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+@pytest.mark.slow
 def test_sigterm_exits_143_and_leaves_nothing(tmp_path):
     result = launch(tmp_path, *CPU_DDP, str(FAULTS), "sleep", kind="signal", expect="signal",
                     send_signal=("FAULTS all ready", signal.SIGTERM))

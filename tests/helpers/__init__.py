@@ -45,7 +45,8 @@ def invoke_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, st
     def stopped(code: int) -> None:  # a stopped command ends its process at once: here, only this call
         raise SystemExit(code)
 
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # main() installs its own
+    # main() installs its own (and ignores further stops once a command was stopped by one)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     exit_stopped, accelkit.cli._exit_stopped = accelkit.cli._exit_stopped, stopped
     here = os.getcwd()
     code: int | str | None = 0
