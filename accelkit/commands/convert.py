@@ -9,7 +9,9 @@ import click
 from accelkit.commands.printing import finish, progress
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds
-from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
+
+# Kept literal (this module imports only click at load); tests/unit/convert/test_write.py checks it matches.
+BACKUP_SUFFIX = ".bak"
 
 
 @click.command(name="convert", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})

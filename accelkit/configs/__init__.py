@@ -39,17 +39,12 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "FsdpSettings": "resolved",
     "DeepSpeedSettings": "resolved",
     "Source": "resolved",
-    "FILE": "resolved",
-    "LABEL": "resolved",
     # the rule set and what it finds
-    "check_rules": "rules",
-    "raise_first_error": "findings",
+    "refuse_rule_errors": "rules",
     "installed_layout_gaps": "compat",
     "model_from_script_args": "model_heads",
     # the pipeline layout, which Accelerate has no key for
-    "pipeline_of": "pipeline",
     "pipeline_with_config_comment": "pipeline",
-    "PIPELINE_ENV": "pipeline",
     # files: load, check, write
     "load_accelerate_config": "files",
     "comment_spec": "files",

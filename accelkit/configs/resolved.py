@@ -43,6 +43,15 @@ class Source:
     kind: str  # FLAG | FILE | PRESET | DEFAULT | ABSENT | LABEL
     label: str = ""  # the flag (`--num-processes`), the file, the preset's name, or a label such as "--cpu"
 
+    @classmethod
+    def labelled(cls, label: str) -> Source:
+        """A value set for a reason the label says (`--cpu`: the rehearsal chose it)."""
+        return cls(LABEL, label)
+
+    @property
+    def from_file(self) -> bool:
+        return self.kind == FILE
+
     def __str__(self) -> str:
         if self.kind == PRESET:
             return f"preset {self.label}"
@@ -186,6 +195,13 @@ class ResolvedConfig:
 
     def source(self, name: str) -> Source:
         return self.sources.get(name, Source(DEFAULT))
+
+    def pipeline_env(self) -> dict[str, str]:
+        """The variable that carries the pipeline layout to the ranks (accelkit.configs.pipeline), {} without one."""
+        from accelkit.configs.pipeline import ENV_VAR, of_parallelism
+
+        pipeline = of_parallelism(self.parallelism)
+        return {} if pipeline is None else {ENV_VAR: pipeline.env_value()}
 
     def given_by_flag(self, name: str) -> bool:
         return self.source(name).kind in (FLAG, LABEL)

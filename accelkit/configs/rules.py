@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, WrapPolicy
-from accelkit.configs.findings import ERROR, WARNING, Finding
+from accelkit.configs.findings import ERROR, WARNING, Finding, raise_first_error
 from accelkit.configs.options import ConfigOptions, backend_group, config_key, flag_name
 from accelkit.configs.resolved import DEFAULT, FLAG, ResolvedConfig
 from accelkit.limits import MAX_ACCUMULATION_STEPS, MAX_MACHINES, MAX_PARAMS, MAX_PROCESSES
@@ -471,6 +471,11 @@ def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
     fsdp2 = cfg.backend is Backend.FSDP and cfg.fsdp is not None and cfg.fsdp.version == 2
     for gap in gaps(fsdp2=fsdp2, tp=p.tp, cp=p.cp, sp=p.sp):
         yield _finding("nd-versions", severity, gap.message, gap.hint, "tp_size" if "TP" in gap.layout else "")
+
+
+def refuse_rule_errors(cfg: ResolvedConfig) -> None:
+    """The config's first rule error as an AccelkitError (`accelkit config`'s words); warnings pass."""
+    raise_first_error(check_rules(cfg), more=None)
 
 
 def check_rules(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True,
