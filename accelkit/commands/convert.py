@@ -79,7 +79,7 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
         raise click.UsageError("--converted goes with --check")
     if check_backend is not None and not check:
         raise click.UsageError("--backend goes with --check (the conversion itself runs under any backend)")
-    from accelkit.compression.spec import from_options
+    from accelkit.compression.compression_spec import from_options
     from accelkit.convert import ConvertRequest, run_convert
 
     compression = from_options(grad_compression, powersgd_rank, powersgd_start_step).env_value()

@@ -259,9 +259,9 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
 
 
 def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
-    """Pipeline parallelism (accelkit.configs.pipeline): its settings without a pipeline, microbatches against the
+    """Pipeline parallelism (accelkit.configs.pipeline_spec): its settings without a pipeline, microbatches against the
     stages and the schedule, and what the templates compose it with (FSDP2's dp_shard and TP, on one mesh)."""
-    from accelkit.configs.pipeline import stages_per_rank
+    from accelkit.configs.pipeline_spec import stages_per_rank
 
     if p.pp == 1:
         for name in ("pp_schedule", "microbatches"):
@@ -307,7 +307,7 @@ def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
 def _pp_layers(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
     """The pipeline's stages against the model's decoder layers: each stage holds one or more whole layers."""
     from accelkit.configs.model_heads import read_layers
-    from accelkit.configs.pipeline import stages_per_rank
+    from accelkit.configs.pipeline_spec import stages_per_rank
 
     p = cfg.parallelism
     if p is None or p.pp <= 1:

@@ -161,8 +161,8 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         from accelkit.launch.collective_debug import gpu_debug_env
 
         env.update(gpu_debug_env())
-    env.update(config.pipeline_env())  # the one place the ranks read the pipeline layout (accelkit.configs.pipeline)
-    if compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
+    env.update(config.pipeline_env())  # the one place the ranks read the pipeline layout (configs/pipeline_spec.py)
+    if compression is not None:  # the one place the ranks read it (accelkit.compression.compression_spec)
         env.update(compression[0])
         notes = (*notes, *compression[1])
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too

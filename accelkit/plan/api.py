@@ -214,8 +214,8 @@ def _run_plan(*, model: str | None, params: str | None, shape: ShapeFlags, gpus:
     check_training(Training(seq_len=1 if seq_len is None else seq_len,
                             micro_batch=1 if micro_batch is None else micro_batch, global_batch=global_batch,
                             base_lr=base_lr, base_batch=base_batch))
+    from accelkit.compression.compression_spec import from_options
     from accelkit.compression.plan_comm import apply_compression, parse_interconnect
-    from accelkit.compression.spec import from_options
 
     compression = from_options(grad_compression, powersgd_rank, powersgd_start_step)  # gradient compression (issue 35)
     link = parse_interconnect(interconnect) if interconnect is not None else None
