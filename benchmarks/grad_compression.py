@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from accelkit.bench.compression import compression_table, run_compression_bench
-    from accelkit.compression.spec import CompressionSpec
+    from accelkit.compression.compression_spec import CompressionSpec
 
     output = args.output or Path(tempfile.mkdtemp(prefix="grad-compression-"))
     script = REPO / "templates" / "minimal" / "train.py"

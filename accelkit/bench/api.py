@@ -140,7 +140,13 @@ def run_bench(*, argv: tuple[str, ...], force: bool, progress: Callable[[str], N
               script_args: tuple[str, ...], comm: bool, **values: Any) -> CommandResult:
     """`accelkit bench` as one call: the command line's values (`argv`: its words after the program name; `values`:
     build_spec's) in, each progress line said as `bench: ...`; the table and the notes, the exit status and the
-    error that ends a failed sweep out."""
+    error that ends a failed sweep out. With --grad-compression or --reduce-dtype it is the compression run beside
+    the uncompressed one instead (accelkit.bench.compression_cli)."""
+    from accelkit.bench.compression_cli import run_compression_command, wants_compression_bench
+
+    if wants_compression_bench(values["options"]):  # compression vs none, same seed
+        return run_compression_command(force=force, progress=progress, script=script, script_args=script_args,
+                                       comm=comm, **values)
     command_words, script_words = split_command_line(argv, script, script_args)
     if script is None and not comm:
         raise AccelkitError("no SCRIPT to bench", hint="accelkit bench [OPTIONS] SCRIPT [SCRIPT_ARGS]..., or "

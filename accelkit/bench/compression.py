@@ -26,8 +26,8 @@ from typing import Any
 from accelkit.bench.comm_count import parse_key
 from accelkit.bench.compression_runs import NOT_APPLICABLE, CompressionRun, plan_runs, spec_settings
 from accelkit.bench.layouts import Layout
+from accelkit.compression.compression_spec import CompressionSpec
 from accelkit.compression.grad_bytes import ddp_bytes_per_step, fsdp_reduce_scatter_bytes
-from accelkit.compression.spec import CompressionSpec
 from accelkit.errors import AccelkitError
 
 PROBE_MODULE = "accelkit.bench.compression_probe"

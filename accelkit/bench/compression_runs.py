@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from accelkit.bench.layouts import Layout
-from accelkit.compression.spec import NONE, CompressionSpec
+from accelkit.compression.compression_spec import NONE, CompressionSpec
 from accelkit.errors import AccelkitError
 
 NOT_APPLICABLE = "not applicable: "  # a row's status when its compression does not apply to the layout

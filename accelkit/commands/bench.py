@@ -86,11 +86,6 @@ def command(num_processes_list: str | None, force: bool, **kwargs: Any) -> int:
     """
     from accelkit.bench import run_bench
 
-    options = options_from_kwargs(kwargs)
-    from accelkit.bench import run_compression_command, wants_compression_bench
-
-    if wants_compression_bench(options):  # compression vs none, same seed (accelkit.bench.compression)
-        return finish(run_compression_command(options=options, num_processes=num_processes_list, force=force,
-                                              progress=progress, **kwargs))
+    options = options_from_kwargs(kwargs)  # with --grad-compression, run_bench runs the compression comparison
     return finish(run_bench(argv=tuple(sys.argv[1:]), force=force, options=options, num_processes=num_processes_list,
                             progress=progress, **kwargs))

@@ -9,7 +9,9 @@ import click
 from accelkit.commands.printing import finish, progress
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds
-from accelkit.convert import BACKUP_SUFFIX  # light: loads convert/write.py only, no codemod
+
+# Kept literal (this module imports only click at load); tests/unit/convert/test_write.py checks it matches.
+BACKUP_SUFFIX = ".bak"
 
 
 @click.command(name="convert", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})
@@ -77,7 +79,7 @@ def command(script: Path, script_args: tuple[str, ...], output: Path | None, in_
         raise click.UsageError("--converted goes with --check")
     if check_backend is not None and not check:
         raise click.UsageError("--backend goes with --check (the conversion itself runs under any backend)")
-    from accelkit.compression.spec import from_options
+    from accelkit.compression.compression_spec import from_options
     from accelkit.convert import ConvertRequest, run_convert
 
     compression = from_options(grad_compression, powersgd_rank, powersgd_start_step).env_value()

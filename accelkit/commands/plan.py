@@ -82,7 +82,8 @@ OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
                    "not memory, limits the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes as integers).")
 def command(model: str | None, as_json: bool, write_config: Path | None, force: bool, measure_script: str | None,
-            script_args: tuple[str, ...], precision: str, **options) -> int:
+            script_args: tuple[str, ...], precision: str, layers: int | None, hidden: int | None, heads: int | None,
+            kv_heads: int | None, vocab: int | None, intermediate: int | None, **options) -> int:
     """Plan memory per GPU for every strategy (single, DDP, FSDP, ZeRO, offload), and recommend one.
 
     \b
@@ -96,12 +97,13 @@ def command(model: str | None, as_json: bool, write_config: Path | None, force: 
       accelkit plan --params 70B --num-processes 64 --num-machines 8 --gpu-memory 80GB --global-batch 1024 \\
           --base-lr 3e-4 --base-batch 256
     """
-    from accelkit.plan import PlanRequest, run_plan
+    from accelkit.plan import PlanRequest, ShapeFlags, run_plan
 
     if script_args and measure_script is None:
         raise click.UsageError(f"unexpected arguments {shlex.join(script_args)}: arguments after `--` go to the "
                                "script of --measure")
-    return finish(run_plan(PlanRequest(model=model, write_config=write_config, force=force,
+    shape = ShapeFlags(layers, hidden, heads, kv_heads, vocab, intermediate)
+    return finish(run_plan(PlanRequest(model=model, shape=shape, write_config=write_config, force=force,
                                        measure_script=measure_script, script_args=tuple(script_args),
                                        command_line=_command_line(), precision=PRECISIONS[precision],
                                        as_json=as_json, **options)))

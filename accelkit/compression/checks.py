@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from accelkit.compression.spec import NONE, CompressionSpec, from_options
+from accelkit.compression.compression_spec import NONE, CompressionSpec, from_options
 from accelkit.errors import AccelkitError
 
 GLOO_BF16 = ("torch's bf16_compress_hook refuses gloo (it needs CUDA 11+ and NCCL 2.10+, or XPU and XCCL), so a CPU "

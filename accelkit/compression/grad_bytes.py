@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from accelkit.compression.spec import CompressionSpec
+from accelkit.compression.compression_spec import CompressionSpec
 
 MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default
 

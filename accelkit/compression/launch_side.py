@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.compression.checks import GLOO_BF16, start_step_warning, steps_of_script
-from accelkit.compression.spec import ENV_VAR, read_compression_comment
+from accelkit.compression.compression_spec import ENV_VAR, read_compression_comment
 from accelkit.errors import AccelkitError
 
 

@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from accelkit.compression.compression_spec import CompressionSpec
 from accelkit.compression.grad_bytes import traffic_factor
-from accelkit.compression.spec import CompressionSpec
 from accelkit.errors import AccelkitError
 
 # Nominal per-GPU bandwidths (bytes/s, as nccl-tests' bus bandwidth): H100 NVLink 4, 400 Gb/s InfiniBand NDR per

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from accelkit.compression.spec import CompressionSpec
+from accelkit.compression.compression_spec import CompressionSpec
 from accelkit.errors import AccelkitError
 
 # What each strategy family can take (accelkit.compression.checks has the reasons): DDP hooks, FSDP2's reduce dtype,

@@ -10,7 +10,8 @@
                  read the comment lines accelkit writes into them
     render.py    a config -> commented YAML (+ its DeepSpeed JSON), written without partial files
     model_heads.py  the model's attention heads and layers (config.json) against the tp size and the pp stages
-    pipeline.py  where a pipeline layout lives (no Accelerate key): $ACCELKIT_PIPELINE and the YAML's comment line
+    pipeline_spec.py  PipelineSpec: where a pipeline layout lives (no Accelerate key): $ACCELKIT_PIPELINE and
+                 the YAML's comment line
     api.py       run_config: `accelkit config` as one call (write or print the YAML, --list, --check)
     presets.py, machine_defaults.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the
                  DeepSpeed JSON, and the keys Accelerate accepts (read from Accelerate itself)
@@ -39,17 +40,12 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "FsdpSettings": "resolved",
     "DeepSpeedSettings": "resolved",
     "Source": "resolved",
-    "FILE": "resolved",
-    "LABEL": "resolved",
     # the rule set and what it finds
-    "check_rules": "rules",
-    "raise_first_error": "findings",
+    "refuse_rule_errors": "rules",
     "installed_layout_gaps": "compat",
     "model_from_script_args": "model_heads",
     # the pipeline layout, which Accelerate has no key for
-    "pipeline_of": "pipeline",
-    "pipeline_with_config_comment": "pipeline",
-    "PIPELINE_ENV": "pipeline",
+    "pipeline_with_config_comment": "pipeline_spec",
     # files: load, check, write
     "load_accelerate_config": "files",
     "comment_spec": "files",

@@ -120,9 +120,9 @@ def load_accelerate_config(path: Path) -> dict[str, Any]:
 
 
 def _with_pipeline(path: Path, resolved: Any) -> tuple[Any, list[Finding]]:
-    """The config with the pipeline its `# accelkit-pipeline:` line carries (accelkit.configs.pipeline), so the
+    """The config with the pipeline its `# accelkit-pipeline:` line carries (accelkit.configs.pipeline_spec), so the
     rule set checks it as `accelkit launch --config` will run it."""
-    from accelkit.configs.pipeline import COMMENT_KEY, read_pipeline_comment
+    from accelkit.configs.pipeline_spec import COMMENT_KEY, read_pipeline_comment
     from accelkit.configs.resolved import ParallelismSettings
 
     try:
@@ -147,7 +147,7 @@ def _compression_findings(path: Path, resolved: Any) -> list[Finding]:
     """The gradient compression a config written by `accelkit config` carries in its comment line, checked against
     the file's backend (accelkit.compression)."""
     from accelkit.compression.checks import check_backend
-    from accelkit.compression.spec import read_compression_comment
+    from accelkit.compression.compression_spec import read_compression_comment
 
     try:
         spec = read_compression_comment(path.read_text(encoding="utf-8", errors="replace"), str(path))

@@ -127,8 +127,8 @@ class ConfigOptions:
                                      key="parallelism_config.parallelism_config_sp_backend", kind="choice",
                                      choices=SP_BACKENDS)
 
-    # Pipeline parallelism (torch.distributed.pipelining): no Accelerate key; accelkit.configs.pipeline says where it
-    # goes ($ACCELKIT_PIPELINE, and a comment line in the YAML).
+    # Pipeline parallelism (torch.distributed.pipelining): no Accelerate key; accelkit.configs.pipeline_spec says
+    # where it goes ($ACCELKIT_PIPELINE, and a comment line in the YAML).
     pp_size: int | None = _option(
         "N-D: pipeline parallelism (the decoder layers are split into N stages, one group of processes each; run by "
         "accelkit's templates with torch.distributed.pipelining).", kind="int", metavar="N")
@@ -144,8 +144,8 @@ class ConfigOptions:
         "The model's config.json (or its folder): tensor parallelism is checked against its attention heads "
         "before any rank starts.", kind="model", metavar="PATH")
 
-    # Gradient compression (accelkit.compression): no Accelerate key; see accelkit/compression/spec.py for where
-    # it goes (the DeepSpeed JSON for int8, else $ACCELKIT_GRAD_COMPRESSION and a comment line in the YAML).
+    # Gradient compression (accelkit.compression): no Accelerate key; accelkit/compression/compression_spec.py says
+    # where it goes (the DeepSpeed JSON for int8, else $ACCELKIT_GRAD_COMPRESSION and a comment line in the YAML).
     grad_compression: str | None = _option(
         "Gradient compression: fp16/bf16/powersgd (ddp comm hook), fp16/bf16 (fsdp reduce dtype), int8 (deepspeed "
         "ZeRO-3 as ZeRO++). Default: none.", kind="choice", choices=("none", "fp16", "bf16", "powersgd", "int8"))

@@ -100,20 +100,20 @@ def render_yaml(config: ResolvedConfig | Mapping, command_line: str, *, cluster_
 
 
 def _compression_lines(config: object) -> list[str]:
-    """The gradient compression of a DDP/FSDP config, in the one place accelkit keeps it (accelkit.compression.spec:
-    Accelerate has no key for it, and ignores comments)."""
+    """The gradient compression of a DDP/FSDP config, in the one place accelkit keeps it
+    (accelkit.compression.compression_spec: Accelerate has no key for it, and ignores comments)."""
     spec = getattr(config, "grad_compression", None)
     if spec is None or spec.method == "int8":  # int8 (ZeRO++) is in the DeepSpeed JSON
         return []
-    from accelkit.compression.spec import ENV_VAR, compression_comment_line
+    from accelkit.compression.compression_spec import ENV_VAR, compression_comment_line
 
     return [f"# Gradient compression: accelkit launch reads the next line; with accelerate launch set {ENV_VAR}="
             f"{spec.env_value()} (accelkit templates apply it)", compression_comment_line(spec)]
 
 
 def _pipeline_lines(config: object) -> list[str]:
-    """The pipeline layout, which has no Accelerate key either (accelkit.configs.pipeline)."""
-    from accelkit.configs.pipeline import header_lines
+    """The pipeline layout, which has no Accelerate key either (accelkit.configs.pipeline_spec)."""
+    from accelkit.configs.pipeline_spec import header_lines
 
     return header_lines(config)
 

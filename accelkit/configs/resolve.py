@@ -219,7 +219,7 @@ def _fill_parallelism(r: ConfigOptions, backend: Backend, default: Any) -> None:
     for name in (*ND_SIZES.values(), "pp_size"):
         default(name, 1)
     if r.pp_size > 1:
-        from accelkit.configs.pipeline import DEFAULT_SCHEDULE
+        from accelkit.configs.pipeline_spec import DEFAULT_SCHEDULE
 
         default("pp_schedule", DEFAULT_SCHEDULE)
         default("microbatches", r.pp_size, f"default: one per stage of --pp-size {r.pp_size}")

@@ -43,6 +43,15 @@ class Source:
     kind: str  # FLAG | FILE | PRESET | DEFAULT | ABSENT | LABEL
     label: str = ""  # the flag (`--num-processes`), the file, the preset's name, or a label such as "--cpu"
 
+    @classmethod
+    def labelled(cls, label: str) -> Source:
+        """A value set for a reason the label says (`--cpu`: the rehearsal chose it)."""
+        return cls(LABEL, label)
+
+    @property
+    def from_file(self) -> bool:
+        return self.kind == FILE
+
     def __str__(self) -> str:
         if self.kind == PRESET:
             return f"preset {self.label}"
@@ -88,7 +97,8 @@ class DeepSpeedSettings:
 @dataclass(frozen=True)
 class ParallelismSettings:
     """Accelerate's ParallelismConfig: the size of each mesh dimension (1 = not used) and the CP/SP backends, plus
-    the pipeline dimension Accelerate does not have (pp, its schedule and microbatches: accelkit.configs.pipeline)."""
+    the pipeline dimension Accelerate does not have (pp, its schedule and microbatches:
+    accelkit.configs.pipeline_spec)."""
 
     dp_replicate: int = 1
     dp_shard: int = 1
@@ -166,7 +176,7 @@ class ResolvedConfig:
     # False for a cluster template (SLURM): each node supplies its rank, the main address and the port.
     per_machine: bool = True
     findings: tuple[Finding, ...] = ()  # the warnings found while resolving (errors are raised)
-    # accelkit.compression.CompressionSpec (None: none); not an Accelerate key, see accelkit/compression/spec.py
+    # accelkit.compression's CompressionSpec (None: none); not an Accelerate key: see compression/compression_spec.py
     grad_compression: Any = None
 
     # -- reading -------------------------------------------------------------------------------------------------
@@ -186,6 +196,13 @@ class ResolvedConfig:
 
     def source(self, name: str) -> Source:
         return self.sources.get(name, Source(DEFAULT))
+
+    def pipeline_env(self) -> dict[str, str]:
+        """The variable that carries the pipeline layout to the ranks (configs/pipeline_spec.py), {} without one."""
+        from accelkit.configs.pipeline_spec import ENV_VAR, of_parallelism
+
+        pipeline = of_parallelism(self.parallelism)
+        return {} if pipeline is None else {ENV_VAR: pipeline.env_value()}
 
     def given_by_flag(self, name: str) -> bool:
         return self.source(name).kind in (FLAG, LABEL)
@@ -265,7 +282,7 @@ class ResolvedConfig:
         if self.deepspeed is not None:
             out["deepspeed_config"] = self._deepspeed_dict(self.deepspeed)
         if self.parallelism is not None and not self.parallelism.pipelined:
-            # With a pipeline the mesh is the template's own (accelkit.configs.pipeline): Accelerate's
+            # With a pipeline the mesh is the template's own (accelkit.configs.pipeline_spec): Accelerate's
             # ParallelismConfig has no pp and would refuse sizes that do not multiply to the processes.
             out["parallelism_config"] = self._parallelism_dict(self.parallelism)
         out.update({key: value for key, value in self.extra.items() if key not in out})

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, WrapPolicy
-from accelkit.configs.findings import ERROR, WARNING, Finding
+from accelkit.configs.findings import ERROR, WARNING, Finding, raise_first_error
 from accelkit.configs.options import ConfigOptions, backend_group, config_key, flag_name
 from accelkit.configs.resolved import DEFAULT, FLAG, ResolvedConfig
 from accelkit.limits import MAX_ACCUMULATION_STEPS, MAX_MACHINES, MAX_PARAMS, MAX_PROCESSES
@@ -259,9 +259,9 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
 
 
 def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
-    """Pipeline parallelism (accelkit.configs.pipeline): its settings without a pipeline, microbatches against the
+    """Pipeline parallelism (accelkit.configs.pipeline_spec): its settings without a pipeline, microbatches against the
     stages and the schedule, and what the templates compose it with (FSDP2's dp_shard and TP, on one mesh)."""
-    from accelkit.configs.pipeline import stages_per_rank
+    from accelkit.configs.pipeline_spec import stages_per_rank
 
     if p.pp == 1:
         for name in ("pp_schedule", "microbatches"):
@@ -307,7 +307,7 @@ def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
 def _pp_layers(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:
     """The pipeline's stages against the model's decoder layers: each stage holds one or more whole layers."""
     from accelkit.configs.model_heads import read_layers
-    from accelkit.configs.pipeline import stages_per_rank
+    from accelkit.configs.pipeline_spec import stages_per_rank
 
     p = cfg.parallelism
     if p is None or p.pp <= 1:
@@ -471,6 +471,11 @@ def _installed(cfg: ResolvedConfig, severity: str) -> Iterator[Finding]:
     fsdp2 = cfg.backend is Backend.FSDP and cfg.fsdp is not None and cfg.fsdp.version == 2
     for gap in gaps(fsdp2=fsdp2, tp=p.tp, cp=p.cp, sp=p.sp):
         yield _finding("nd-versions", severity, gap.message, gap.hint, "tp_size" if "TP" in gap.layout else "")
+
+
+def refuse_rule_errors(cfg: ResolvedConfig) -> None:
+    """The config's first rule error as an AccelkitError (`accelkit config`'s words); warnings pass."""
+    raise_first_error(check_rules(cfg), more=None)
 
 
 def check_rules(cfg: ResolvedConfig, given: ConfigOptions | None = None, *, writes_file: bool = True,

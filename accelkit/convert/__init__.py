@@ -21,5 +21,4 @@ from accelkit.exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "ConvertRequest": "entry",
     "run_convert": "entry",
-    "BACKUP_SUFFIX": "write",
 })

@@ -25,7 +25,7 @@ class ConvertRequest:
     diff: bool = False
     exit_code: bool = False  # with diff: 1 when there is something to convert
     mixed_precision: str | None = None
-    grad_compression: str | None = None  # accelkit.compression.spec's text: a DDP comm hook in Accelerator(...)
+    grad_compression: str | None = None  # compression/compression_spec.py's text: a DDP comm hook in Accelerator()
     partial: bool = False  # write even when parts could not be converted
     force: bool = False
     # --check: run the original on 1 process and the conversion (or `converted`) on CHECK_PROCESSES

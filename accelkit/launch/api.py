@@ -74,7 +74,7 @@ def dry_run_text_of(request: LaunchRequest) -> str:
 def write_cluster_job(request: LaunchRequest, job_file: ClusterJobFile, stall_timeout: float | None) -> CommandResult:
     """Write the job file of one cluster target; say what it resolved and how to submit it."""
     from accelkit.launch.cluster.targets import kubernetes, skypilot, slurm
-    from accelkit.launch.cluster.targets.resources import NodeResources, parse_memory
+    from accelkit.launch.cluster.targets.node_resources import NodeResources, parse_memory
     from accelkit.launch.cluster.targets.storage import parse_storages
 
     nodes = 1 if request.options.num_machines is None else request.options.num_machines  # or its spelling --nodes

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from accelkit.configs import FILE, Backend, ResolvedConfig
+from accelkit.configs import Backend, ResolvedConfig
 from accelkit.errors import AccelkitError
 from accelkit.launch import ports
 from accelkit.launch.launch_plan import LauncherFlags, LaunchPlan, LaunchTarget, plan_launch
@@ -76,7 +76,7 @@ def check_gpus(config: ResolvedConfig) -> None:
     per_machine = config.processes_per_machine
     if available == 0:
         source = config.source("backend")
-        same = f"--config {source.label}" if source.kind == FILE else f"--backend {config.backend.value}"
+        same = f"--config {source.label}" if source.from_file else f"--backend {config.backend.value}"
         raise AccelkitError(f"{config.said_backend()} runs on GPUs, and this machine has none",
                             hint=f"add --cpu to rehearse it on {per_machine} CPU "
                                  f"{'process' if per_machine == 1 else 'processes'} "
@@ -161,12 +161,8 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         from accelkit.launch.collective_debug import gpu_debug_env
 
         env.update(gpu_debug_env())
-    from accelkit.configs import PIPELINE_ENV, pipeline_of
-
-    pipeline = pipeline_of(config.parallelism)
-    if pipeline is not None:  # the one place the ranks read the pipeline layout (accelkit.configs.pipeline)
-        env[PIPELINE_ENV] = pipeline.env_value()
-    if compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
+    env.update(config.pipeline_env())  # the one place the ranks read the pipeline layout (configs/pipeline_spec.py)
+    if compression is not None:  # the one place the ranks read it (accelkit.compression.compression_spec)
         env.update(compression[0])
         notes = (*notes, *compression[1])
     if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too

@@ -22,4 +22,5 @@ from accelkit.exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "run_plan": "api",
     "PlanRequest": "api",
+    "ShapeFlags": "models",
 })

@@ -33,12 +33,7 @@ class PlanRequest:
 
     model: str | None = None  # a folder, config.json, Hub id or accelkit project; None with params or shape flags
     params: str | None = None  # "7B", "1.3e9": planned as the Llama shape of that size
-    layers: int | None = None
-    hidden: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None
-    vocab: int | None = None
-    intermediate: int | None = None
+    shape: ShapeFlags = field(default_factory=ShapeFlags)  # --layers --hidden --heads --kv-heads --vocab --intermediate
     gpus: int | None = None  # --num-processes
     nodes: int = 1  # --num-machines
     gpu_memory: str | None = None  # "80GB", "24GiB" (accelkit.sizes)
@@ -188,8 +183,7 @@ def run_plan(request: PlanRequest) -> CommandResult:
     return result
 
 
-def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidden: int | None, heads: int | None,
-             kv_heads: int | None, vocab: int | None, intermediate: int | None, gpus: int | None, nodes: int,
+def _run_plan(*, model: str | None, params: str | None, shape: ShapeFlags, gpus: int | None, nodes: int,
              gpu_memory: str | None, cpu_memory: str | None, precision: str, optimizer: str, seq_len: int | None,
              micro_batch: int | None, activation_checkpointing: bool, global_batch: int | None,
              base_lr: float | None, base_batch: int | None, strategy: str | None, prefer: str,
@@ -220,8 +214,8 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     check_training(Training(seq_len=1 if seq_len is None else seq_len,
                             micro_batch=1 if micro_batch is None else micro_batch, global_batch=global_batch,
                             base_lr=base_lr, base_batch=base_batch))
+    from accelkit.compression.compression_spec import from_options
     from accelkit.compression.plan_comm import apply_compression, parse_interconnect
-    from accelkit.compression.spec import from_options
 
     compression = from_options(grad_compression, powersgd_rank, powersgd_start_step)  # gradient compression (issue 35)
     link = parse_interconnect(interconnect) if interconnect is not None else None
@@ -232,13 +226,12 @@ def _run_plan(*, model: str | None, params: str | None, layers: int | None, hidd
     if measure_script is not None and not Path(measure_script).is_file():
         raise AccelkitError(f"script not found: {measure_script}", hint="--measure takes the training script to "
                                                                        "run, e.g. --measure train.py")
-    shape_flags = ShapeFlags(layers, hidden, heads, kv_heads, vocab, intermediate)
-    for name, value in shape_flags.given().items():
+    for name, value in shape.given().items():
         if value < 1:
             raise AccelkitError(f"--{name.replace('_', '-')} {value} must be at least 1",
                                 hint="shape flags describe a model: positive whole numbers")
     hardware = hardware_from(gpus, nodes, gpu_bytes, cpu_bytes, {"gpu_memory": gpu_memory, "cpu_memory": cpu_memory})
-    spec = resolve_model(model, shape_flags, count)
+    spec = resolve_model(model, shape, count)
     training = training_from(spec, precision, optimizer, seq_len, micro_batch, activation_checkpointing,
                              global_batch, base_lr, base_batch)
 

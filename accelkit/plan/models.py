@@ -189,6 +189,8 @@ def spec_from_hub(repo_id: str) -> ModelSpec:
 # -- shape flags -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ShapeFlags:
+    """`accelkit plan`'s shape flags, a Llama-shaped model (None: not given)."""
+
     layers: int | None = None
     hidden: int | None = None
     heads: int | None = None

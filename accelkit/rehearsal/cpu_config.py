@@ -3,7 +3,7 @@ into another.
 
 Pure apart from reading a DeepSpeed JSON the config points to and checking installed versions: nothing starts here.
 Everything that cannot work on CPU is refused before any process exists, by the same rule set that checks every
-config (accelkit.configs.check_rules: the rehearsed config runs on CPU) plus what only a rehearsal has to know.
+config (accelkit.configs.refuse_rule_errors: the rehearsed config runs on CPU) plus what only a rehearsal has to know.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.configs import (
-    LABEL,
     Backend,
     DeepSpeedSettings,
     FsdpSettings,
@@ -23,9 +22,8 @@ from accelkit.configs import (
     ResolvedConfig,
     Source,
     as_bool,
-    check_rules,
     from_accelerate,
-    raise_first_error,
+    refuse_rule_errors,
 )
 from accelkit.errors import AccelkitError
 from accelkit.rehearsal.shim import REHEARSAL_ENV
@@ -35,7 +33,7 @@ from accelkit.rehearsal.versions import DEEPSPEED_INSTALL_HINT, check_versions, 
 # optimizer is offloaded, which gives DeepSpeed's CPU Lion). Adam/AdamW use a JIT-built CPU FusedAdam (verified),
 # Adagrad/SGD and other torch.optim names run as torch's own.
 _DS_GPU_ONLY_OPTIMIZERS = {"lamb", "onebitadam", "zerooneadam", "onebitlamb"}
-_ON_CPU = Source(LABEL, "--cpu")
+_ON_CPU = Source.labelled("--cpu")
 
 
 @dataclass(frozen=True)
@@ -166,7 +164,7 @@ def rehearse(config: ResolvedConfig) -> RehearsalPlan:
         changes["deepspeed"], seen = _deepspeed(config, notes)
     rehearsed = replace(config, **changes)
     seen = replace(seen, use_cpu=True) if seen is not None else rehearsed
-    raise_first_error(check_rules(seen), more=None)
+    refuse_rule_errors(seen)
     check_versions(backend)
 
     env = {

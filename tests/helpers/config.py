@@ -67,8 +67,8 @@ def build_plugin(env: dict[str, str], monkeypatch):
 def findings(config: dict, deepspeed_json: dict | None = None) -> list:
     """Every finding for an Accelerate config dict as it is, through the typed API (read_config, then the one rule
     set): what `accelkit config --check` reports for a file, apart from Accelerate's own loader."""
-    from accelkit.configs import check_rules
     from accelkit.configs.reader import read_config
+    from accelkit.configs.rules import check_rules
 
     resolved, found = read_config(config, json_content=deepspeed_json)
     return found + check_rules(resolved) if resolved is not None else found

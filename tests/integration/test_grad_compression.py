@@ -48,7 +48,7 @@ def test_fp16_and_powersgd_hooks_on_two_gloo_ranks(tmp_path: Path) -> None:
     from dataclasses import asdict
 
     from accelkit.bench.compression import run_compression_bench
-    from accelkit.compression.spec import CompressionSpec
+    from accelkit.compression.compression_spec import CompressionSpec
 
     specs = [CompressionSpec("fp16"), CompressionSpec("powersgd", 1, 0), CompressionSpec("powersgd", 4, 0)]
     found = run_compression_bench(script=str(SCRIPT), script_args=("--output-dir", str(tmp_path / "train")),

@@ -61,7 +61,7 @@ def test_one_gigabyte_means_ten_to_the_ninth_bytes_in_every_size_option() -> Non
     """`1GB` read by each command's size option (plan, merge, bench, convert, the cluster jobs) is 10^9 bytes, and
     `1GiB` 2^30: one parser (accelkit.sizes); bench's --comm-sizes alone adds nccl-tests' bare binary letters."""
     from accelkit.bench.comm import parse_message_size
-    from accelkit.launch.cluster.targets.resources import parse_memory
+    from accelkit.launch.cluster.targets.node_resources import parse_memory
     from accelkit.merge.output import parse_shard_size
 
     readers = {"--gpu-memory": lambda text: parse_bytes(text, "--gpu-memory"),

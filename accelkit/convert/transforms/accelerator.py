@@ -88,7 +88,7 @@ def _grad_compression_handler(plan: EditPlan, spec_text: str | None) -> list[str
     accelkit's templates build from $ACCELKIT_GRAD_COMPRESSION; DDP only, Accelerate ignores it under FSDP)."""
     if not spec_text or spec_text == "none":
         return []
-    from accelkit.compression.spec import parse_env_value
+    from accelkit.compression.compression_spec import parse_env_value
 
     spec = parse_env_value(spec_text, "--grad-compression")
     hook = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}[spec.method]

@@ -119,6 +119,30 @@ def test_plan_reads_the_same_under_old_and_new_spellings(monkeypatch: pytest.Mon
     assert plan("--mixed-precision", "bf16")["precision"] == plan()["precision"] == "bf16-mixed"
 
 
+def test_every_plan_flag_is_a_field_of_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each option of `accelkit plan` lands in one field of PlanRequest, the shape flags in its one ShapeFlags."""
+    import dataclasses
+
+    import accelkit.plan
+    from accelkit.plan import PlanRequest, ShapeFlags
+
+    shape_fields = {f.name for f in dataclasses.fields(ShapeFlags)}
+    request_fields = {f.name for f in dataclasses.fields(PlanRequest)}
+    options = {p.name for p in _command("plan").params if not isinstance(p, AliasOption)}
+    assert options == (request_fields | shape_fields) - {"shape", "script_args", "command_line"}
+    assert not shape_fields & request_fields
+
+    received: list = []
+    monkeypatch.setattr(accelkit.plan, "run_plan", lambda request: received.append(request) or CommandResult())
+    flags = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "100",
+             "--intermediate", "128"]
+    result = CliRunner().invoke(cli, ["plan", *flags, "--num-processes", "2"])
+    assert result.exit_code == 0, result.output
+    assert received[0].shape == ShapeFlags(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100, intermediate=128)
+    assert (received[0].model, received[0].params, received[0].gpus) == (None, None, 2)
+    assert PlanRequest().shape == ShapeFlags()  # the command's default: no shape flag given
+
+
 def test_an_alias_and_its_option_disagreeing_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["plan", "--params", "7B", "--gpus", "2", "--num-processes", "4"])
     assert result.exit_code == 1

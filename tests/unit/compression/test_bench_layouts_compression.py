@@ -22,7 +22,7 @@ from accelkit.bench.compression import (
 from accelkit.bench.compression_runs import NOT_APPLICABLE, CompressionRun, plan_runs
 from accelkit.bench.launching import launch_settings
 from accelkit.bench.layouts import parse_layout
-from accelkit.compression.spec import CompressionSpec
+from accelkit.compression.compression_spec import CompressionSpec
 from accelkit.configs import ConfigOptions
 
 SCRIPT = str(REPO_ROOT / "templates" / "minimal" / "train.py")

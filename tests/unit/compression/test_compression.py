@@ -11,13 +11,13 @@ import pytest
 from helpers import REPO_ROOT, invoke_accelkit
 
 from accelkit.compression.checks import start_step_warning, steps_of_script
+from accelkit.compression.compression_spec import CompressionSpec, parse_env_value, read_compression_comment
 from accelkit.compression.grad_bytes import (
     ddp_bytes_per_step,
     fsdp_reduce_scatter_bytes,
     powersgd_elements,
     traffic_factor,
 )
-from accelkit.compression.spec import CompressionSpec, parse_env_value, read_compression_comment
 from accelkit.errors import AccelkitError
 
 

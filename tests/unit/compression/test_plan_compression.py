@@ -80,7 +80,7 @@ WRITE = ("plan", "--params", "1B", "--num-processes", "8", "--gpu-memory", "80GB
 def test_write_config_carries_powersgd_to_the_line_launch_reads(tmp_path) -> None:
     """`plan --write-config` writes the compression where `accelkit launch` reads it (the config's comment line),
     with PowerSGD's rank and start step, and the printed `accelkit config` command says the same."""
-    from accelkit.compression.spec import CompressionSpec, read_compression_comment
+    from accelkit.compression.compression_spec import CompressionSpec, read_compression_comment
 
     out = tmp_path / "plan.yaml"
     result = invoke_accelkit(*WRITE, "--strategy", "ddp", "--grad-compression", "powersgd", "--powersgd-rank", "4",

@@ -196,7 +196,7 @@ def test_path_helper_finds_files_without_importing(tmp_path):
 def test_cpu_rehearsal_refuses_cp_and_runs_sp(versions_work):
     from dataclasses import replace
 
-    from accelkit.configs import check_rules
+    from accelkit.configs.rules import check_rules
 
     cp = resolve(backend="fsdp", num_processes=4, cp_size=2)
     found = check_rules(replace(cp, use_cpu=True))

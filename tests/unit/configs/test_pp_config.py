@@ -12,7 +12,7 @@ import yaml
 from helpers.config import accelerate_roundtrip, launcher_env
 
 from accelkit.configs import ConfigOptions, compat, machine_defaults, write_config
-from accelkit.configs.pipeline import (
+from accelkit.configs.pipeline_spec import (
     ENV_VAR,
     PipelineSpec,
     of_parallelism,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.convert import BACKUP_SUFFIX
-from accelkit.convert.write import read_script, write_conversion
+from accelkit.commands import convert as convert_command
+from accelkit.convert.write import BACKUP_SUFFIX, read_script, write_conversion
 from accelkit.errors import AccelkitError
 
 
@@ -37,3 +37,10 @@ def test_refusals_write_nothing(tmp_path: Path) -> None:
     script.write_bytes(b"\xff\xfe")
     with pytest.raises(AccelkitError, match="is not UTF-8 text"):
         read_script(script)
+
+
+def test_the_help_names_the_backup_written() -> None:
+    """`convert --help` keeps the suffix literal (it imports no convert module at load): it must be the one written."""
+    assert convert_command.BACKUP_SUFFIX == BACKUP_SUFFIX
+    in_place = next(p for p in convert_command.command.params if p.name == "in_place")
+    assert f"SCRIPT{BACKUP_SUFFIX}" in in_place.help

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
-from accelkit.launch.cluster.targets.resources import NodeResources, check_resources, check_shape_ceilings
+from accelkit.launch.cluster.targets.node_resources import NodeResources, check_resources, check_shape_ceilings
 from accelkit.launch.request import LaunchRequest
 
 

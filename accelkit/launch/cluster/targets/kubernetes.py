@@ -24,7 +24,7 @@ from accelkit.launch.cluster.targets.cluster_job import (
     yaml_document,
 )
 from accelkit.launch.cluster.targets.node_command import NodeCommand
-from accelkit.launch.cluster.targets.resources import kubernetes_quantity
+from accelkit.launch.cluster.targets.node_resources import kubernetes_quantity
 from accelkit.launch.cluster.targets.storage import SharedMount, check_checkpoints_shared
 from accelkit.launch.request import LaunchRequest
 

@@ -22,7 +22,7 @@ from accelkit.launch.cluster.slurm_values import (
     time_limit_seconds,
 )
 from accelkit.launch.cluster.targets.cluster_job import ClusterJob, ClusterTarget, JobOptions, write_cluster_job
-from accelkit.launch.cluster.targets.resources import mebibytes
+from accelkit.launch.cluster.targets.node_resources import mebibytes
 from accelkit.launch.request import LaunchRequest
 
 SLURM = ClusterTarget(flag="--slurm", scheduler="SLURM", job_file="the sbatch script", rank_source="SLURM_NODEID")

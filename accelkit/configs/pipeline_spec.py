@@ -120,7 +120,3 @@ def pipeline_with_config_comment(options: Any, labels: dict[str, str], config_fi
              if getattr(options, name) is None}
     return replace(options, **given), {**labels, **{name: str(config_file) for name in given}}
 
-
-# The names the package exports (accelkit.configs): other packages read these, not this module.
-PIPELINE_ENV = ENV_VAR
-pipeline_of = of_parallelism
