@@ -35,8 +35,11 @@ def test_a_sigkilled_rank_and_the_groups_restart_are_named_and_the_run_resumes_e
                                   "--output-dir", "reference"], cwd=project, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     env = {**os.environ, "KILL_RANK": "1", "KILL_STEP": "25", "KILL_SIGNAL": "SIGKILL"}
-    proc = run_accelkit(*launch, "--max-restarts", "1", str(KILL_AT_STEP), "train.py", *TRAIN_ARGS,
-                        "--output-dir", "out", "--resume-from-checkpoint", "latest", cwd=project, env=env)
+    # A hang here (seen once in CI: nothing after the kill at step 25, then the test's timeout) is stopped by the
+    # watchdog with every rank's stack in the output, instead of by the timeout with nothing to read.
+    proc = run_accelkit(*launch, "--max-restarts", "1", "--stall-timeout", "120", str(KILL_AT_STEP), "train.py",
+                        *TRAIN_ARGS, "--output-dir", "out", "--resume-from-checkpoint", "latest", cwd=project,
+                        env=env, timeout=420)
     out, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, out
     text = proc.stderr.replace("\r", "\n")
