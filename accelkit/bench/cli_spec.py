@@ -76,7 +76,7 @@ def layouts_of(values: tuple[str, ...], settings: LaunchSettings, num_processes:
     if compare_backends is not None:
         raise AccelkitError("--layouts and --compare-backends both choose what each run launches",
                             hint="pass one; with --layouts, --backend (optional) sets the backend of every layout")
-    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
              if getattr(settings.options, name, None) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
@@ -86,6 +86,12 @@ def layouts_of(values: tuple[str, ...], settings: LaunchSettings, num_processes:
         raise AccelkitError("--comm cannot be combined with --layouts: every layout reports the collectives its "
                             "steps issue", hint="drop --comm (or run `accelkit bench --comm` on its own)")
     layouts = parse_layouts(values)
+    pipeline_flag = next((flag for name, flag in (("pp_schedule", "--pp-schedule"), ("microbatches", "--microbatches"))
+                          if getattr(settings.options, name, None) is not None), None)
+    if pipeline_flag is not None and not any(layout.pp > 1 for layout in layouts):
+        raise AccelkitError(f"{pipeline_flag} applies to a pipeline, but no layout of --layouts has pp",
+                            hint=f"add a layout with pp=2 or more, e.g. --layouts \"dp_shard=4;dp_shard=2,pp=2\", "
+                                 f"or drop {pipeline_flag}")
     sizes = parse_int_list(num_processes, "--num-processes") if num_processes is not None else None
     return layouts, check_world_size(layouts, sizes, num_machines(settings))
 

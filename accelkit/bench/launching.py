@@ -47,6 +47,8 @@ def _resolved(settings: LaunchSettings, backend: str | None = None):
     from accelkit.configs import load_accelerate_config, resolve_config
 
     options = settings.options if backend is None else replace(settings.options, backend=backend)
+    if options.pp_size is None:  # --layouts: the pipeline's schedule and microbatches go to its pp layouts only
+        options = replace(options, pp_schedule=None, microbatches=None)
     base = load_accelerate_config(settings.config_file) if settings.config_file is not None else None
     return resolve_config(replace(options, gradient_accumulation_steps=None), base=base,
                           base_label=str(settings.config_file) if base is not None else None, launch=True)

@@ -2,15 +2,19 @@
 config -> launch path as `accelkit launch --dp-shard-size ... --tp-size ...` (Accelerate's ParallelismConfig).
 
 Syntax: layouts separated by `;` (or given as repeated --layouts), each a comma-separated list of DIM=SIZE with the
-mesh dimensions of Accelerate's ParallelismConfig: dp_replicate, dp_shard, tp, cp, sp (a dimension left out is 1;
-`dp-shard` and `dp_shard_size` are read as `dp_shard`):
+mesh dimensions of Accelerate's ParallelismConfig: dp_replicate, dp_shard, tp, cp, sp, and pp, the pipeline
+(`accelkit launch --pp-size`: torch.distributed.pipelining; a dimension left out is 1; `dp-shard` and
+`dp_shard_size` are read as `dp_shard`):
 
     --layouts "dp_shard=4;dp_shard=2,tp=2"        FSDP2 over 4 processes vs FSDP2 x TP (2 x 2)
     --layouts dp_replicate=2,dp_shard=2 --layouts dp_shard=4
+    --layouts "dp_shard=4;dp_shard=2,pp=2;pp=2,tp=2" --pp-schedule 1F1B --microbatches 4
 
 Each layout runs with the backend that composes it (unless --backend names one): sp -> deepspeed (Ulysses);
-dp_shard or cp -> fsdp (FSDP2); tp and dp_replicate alone -> ddp. The rule set then refuses what Accelerate,
-torch or the installed versions cannot run, before any layout starts.
+dp_shard or cp -> fsdp (FSDP2); tp, pp and dp_replicate alone -> ddp. --pp-schedule and --microbatches go to the
+layouts with a pipeline only. The rule set then refuses what Accelerate, torch or the installed versions cannot run
+(a pipeline beside cp, fewer microbatches than stages, more stages than the model's layers), before any layout
+starts.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 
 from accelkit.errors import AccelkitError
 
-DIMENSIONS = ("dp_replicate", "dp_shard", "cp", "sp", "tp")  # Accelerate's mesh order, outermost first
+# the mesh order, outermost first: the pipeline outside Accelerate's own (as the template's (pp, dp_shard, tp) mesh)
+DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
 EXAMPLE = 'e.g. --layouts "dp_shard=4;dp_shard=2,tp=2"'
 
 
@@ -29,6 +34,7 @@ EXAMPLE = 'e.g. --layouts "dp_shard=4;dp_shard=2,tp=2"'
 class Layout:
     """One N-D layout: the size of every mesh dimension (1 where not split)."""
 
+    pp: int = 1
     dp_replicate: int = 1
     dp_shard: int = 1
     cp: int = 1
@@ -46,7 +52,8 @@ class Layout:
     @property
     def name(self) -> str:
         """`dp_shard=2,tp=2`: how the user writes it (and the table shows it)."""
-        return ",".join(f"{dim}={size}" for dim, size in self.sizes.items() if size > 1) or "dp_replicate=1"
+        sizes = [*((dim, size) for dim, size in self.sizes.items() if dim != "pp"), ("pp", self.pp)]
+        return ",".join(f"{dim}={size}" for dim, size in sizes if size > 1) or "dp_replicate=1"
 
     @property
     def slug(self) -> str:
@@ -56,8 +63,10 @@ class Layout:
     @property
     def batch_replicas(self) -> int:
         """Ranks that load the same batch: a tensor- or context-parallel group shares its batch (and Ulysses
-        splits one batch's sequence), so samples and tokens are counted once per group."""
-        return self.tp * self.cp * self.sp
+        splits one batch's sequence), so samples and tokens are counted once per group. A pipeline's ranks each
+        read the global batch and take their slice (the causal-lm template's pipeline runner), so every rank
+        of a pp layout loads the same batch."""
+        return self.world if self.pp > 1 else self.tp * self.cp * self.sp
 
     @property
     def natural_backend(self) -> str:
@@ -85,8 +94,12 @@ class Layout:
         return None
 
     def option_values(self) -> dict[str, int]:
-        """The ConfigOptions fields (--dp-shard-size ...) that ask for this layout: only the split dimensions."""
-        return {f"{dim}_size": size for dim, size in self.sizes.items() if size > 1}
+        """The ConfigOptions fields (--dp-shard-size ...) that ask for this layout: only the split dimensions (the
+        pipeline's schedule and microbatches only for a layout with one: the rule set refuses them without)."""
+        values: dict[str, int | None] = {f"{dim}_size": size for dim, size in self.sizes.items() if size > 1}
+        if self.pp == 1:
+            values.update(pp_schedule=None, microbatches=None)
+        return values
 
 
 def _dimension(text: str, item: str) -> str:
