@@ -95,8 +95,14 @@ def request_for(settings: LaunchSettings, backend: str, num_processes: int, scri
                 *, module: bool, probes: tuple[str, ...], layout: Layout | None = None):
     from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget
 
-    sizes = layout.option_values() if layout is not None else {}  # --layouts: the N-D flags of `accelkit launch`
+    sizes: dict[str, int | None] = {}
+    if layout is not None:  # --layouts: the N-D flags of `accelkit launch`
+        sizes = {**layout.option_values(), **({} if layout.pp > 1 else {"pp_schedule": None, "microbatches": None})}
     options = replace(settings.options, backend=backend, num_processes=num_processes, **sizes)
+    if options.model_config is None:  # as `accelkit launch`: the model the rule set checks tp and pp against
+        from accelkit.configs import model_from_script_args
+
+        options = replace(options, model_config=model_from_script_args(args, script=None if module else script))
     return LaunchRequest(target=LaunchTarget(script=script, args=tuple(args), module=module), options=options,
                          config_file=settings.config_file, cpu=settings.cpu,
                          flags=settings.flags or LauncherFlags(), command_line=settings.command_line, probes=probes)

@@ -94,12 +94,8 @@ class Layout:
         return None
 
     def option_values(self) -> dict[str, int]:
-        """The ConfigOptions fields (--dp-shard-size ...) that ask for this layout: only the split dimensions (the
-        pipeline's schedule and microbatches only for a layout with one: the rule set refuses them without)."""
-        values: dict[str, int | None] = {f"{dim}_size": size for dim, size in self.sizes.items() if size > 1}
-        if self.pp == 1:
-            values.update(pp_schedule=None, microbatches=None)
-        return values
+        """The ConfigOptions fields (--dp-shard-size ...) that ask for this layout: only the split dimensions."""
+        return {f"{dim}_size": size for dim, size in self.sizes.items() if size > 1}
 
 
 def _dimension(text: str, item: str) -> str:

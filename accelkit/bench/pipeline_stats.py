@@ -56,15 +56,10 @@ class PipelineFigures:
 
 def plan_schedule(torch_class: str | None) -> str | None:
     """`Schedule1F1B` (the class that ran) -> the plan's `1F1B`; None for a schedule the plan does not model."""
-    from accelkit.errors import AccelkitError
-    from accelkit.plan.pipeline import schedule_name
+    from accelkit.plan import Pipeline
 
-    if not torch_class:
-        return None
-    try:
-        return schedule_name(torch_class.removeprefix("Schedule"))
-    except AccelkitError:
-        return None
+    name = (torch_class or "").removeprefix("Schedule")
+    return name if name in Pipeline.SCHEDULES else None
 
 
 def rank_bubble(steps: Sequence[dict[str, Any]]) -> float | None:
@@ -81,7 +76,7 @@ def sent_bytes(comm: dict[str, dict[str, int]] | None) -> int | None:
 
 def pipeline_figures(ranks: Sequence[dict[str, Any]], warmup: int, pp: int) -> PipelineFigures | None:
     """A pipeline run's figures from its ranks' probe results; None when no rank ran a pipeline schedule."""
-    from accelkit.plan.pipeline import Pipeline
+    from accelkit.plan import Pipeline
 
     ran = [rank for rank in ranks if rank.get("pipeline")]
     if not ran:

@@ -52,7 +52,7 @@ class StageClock:
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def install(self) -> None:
-        from accelkit.ranks.probes.imports import after_import
+        from accelkit.ranks.probes import after_import
 
         after_import("torch.distributed.pipelining.stage", self._hook_stage)
         after_import("torch.distributed.pipelining.schedules", self._hook_schedules)

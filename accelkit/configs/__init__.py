@@ -47,9 +47,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "installed_layout_gaps": "compat",
     "model_from_script_args": "model_heads",
     # the pipeline layout, which Accelerate has no key for
-    "pipeline_of": "pipeline",
+    "pipeline_env": "pipeline",
     "pipeline_with_config_comment": "pipeline",
-    "PIPELINE_ENV": "pipeline",
     # files: load, check, write
     "load_accelerate_config": "files",
     "comment_spec": "files",

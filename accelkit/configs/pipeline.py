@@ -121,6 +121,8 @@ def pipeline_with_config_comment(options: Any, labels: dict[str, str], config_fi
     return replace(options, **given), {**labels, **{name: str(config_file) for name in given}}
 
 
-# The names the package exports (accelkit.configs): other packages read these, not this module.
-PIPELINE_ENV = ENV_VAR
-pipeline_of = of_parallelism
+def pipeline_env(parallelism: Any) -> dict[str, str]:
+    """The ranks' environment that carries a config's pipeline (accelkit.configs exports this; launch sets it):
+    {ACCELKIT_PIPELINE: "pp=2,..."}, or {} without a pipeline."""
+    spec = of_parallelism(parallelism)
+    return {} if spec is None else {ENV_VAR: spec.env_value()}

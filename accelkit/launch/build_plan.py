@@ -161,11 +161,9 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         from accelkit.launch.collective_debug import gpu_debug_env
 
         env.update(gpu_debug_env())
-    from accelkit.configs import PIPELINE_ENV, pipeline_of
+    from accelkit.configs import pipeline_env
 
-    pipeline = pipeline_of(config.parallelism)
-    if pipeline is not None:  # the one place the ranks read the pipeline layout (accelkit.configs.pipeline)
-        env[PIPELINE_ENV] = pipeline.env_value()
+    env.update(pipeline_env(config.parallelism))  # the one place the ranks read the pipeline layout from
     if compression is not None:  # the one place the ranks read it (accelkit.compression.spec)
         env.update(compression[0])
         notes = (*notes, *compression[1])

@@ -22,4 +22,5 @@ from accelkit.exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "run_plan": "api",
     "PlanRequest": "api",
+    "Pipeline": "pipeline",  # a schedule's stages, bubble and point-to-point sends (bench's pp layouts too)
 })

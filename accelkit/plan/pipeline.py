@@ -22,6 +22,7 @@ schedules), m micro-batches per step:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from accelkit.errors import AccelkitError
 
@@ -44,6 +45,7 @@ def schedule_name(text: str) -> str:
 class Pipeline:
     """p ranks in the pipeline, their schedule and micro-batches per step."""
 
+    SCHEDULES: ClassVar[dict[str, int]] = SCHEDULES  # the schedules modelled (torch's class names less `Schedule`)
     ranks: int = 1
     schedule: str = DEFAULT_SCHEDULE
     microbatches: int = 1

@@ -26,13 +26,32 @@ def test_syntax_and_spellings() -> None:
     ("tp=2;tp=2", r"tp=2 is given twice"),
     (";", r"no layout given"),
     ("tp=2,", r"'tp=2,' is not DIM=SIZE"),
-    ("pp=2", r"unknown dimension 'pp'"),
+    ("ep=2", r"unknown dimension 'ep'"),
+    ("pp=0", r"'pp=0': a size is a whole number of 1 or more"),
     ("tp=1", r"tp=1 is one process"),
 ])
 def test_refusals(value: str, match: str) -> None:
     with pytest.raises(AccelkitError, match=match) as error:
         parse_layouts((value,))
     assert error.value.hint and "\n" not in error.value.message
+
+
+def test_a_pipeline_is_the_outermost_mesh_dimension() -> None:
+    """pp is written last (plan's syntax) but laid out outermost, as the template's (pp, dp_shard, tp) mesh: the
+    pipeline's send/recv group is named `pp`; its schedule and microbatches go to pp layouts only."""
+    layouts = parse_layouts("dp_shard=4;pp=2,dp_shard=2;PP_size=2,tp=2")
+    assert layouts == (Layout(dp_shard=4), Layout(pp=2, dp_shard=2), Layout(pp=2, tp=2))
+    fsdp_pp, pp_tp = layouts[1], layouts[2]
+    assert fsdp_pp.name == "dp_shard=2,pp=2" and fsdp_pp.slug == "pp2-dp_shard2" and fsdp_pp.world == 4
+    assert fsdp_pp.natural_backend == "fsdp" and pp_tp.natural_backend == "ddp"
+    assert fsdp_pp.dimension_of(2, 2) == "pp" and fsdp_pp.dimension_of(2, 1) == "dp_shard"
+    assert pp_tp.dimension_of(2, 2) == "pp" and pp_tp.dimension_of(2, 1) == "tp"
+    # every rank of the template's pipeline reads the global batch: samples are counted once per layout
+    assert fsdp_pp.batch_replicas == 4 and Layout(dp_shard=2, tp=2).batch_replicas == 2
+    assert fsdp_pp.option_values() == {"pp_size": 2, "dp_shard_size": 2}
+    assert layouts[0].option_values() == {"dp_shard_size": 4}
+    with pytest.raises(AccelkitError, match=r"pp=2 is 2 processes but dp_shard=4 is 4"):
+        parse_layouts("pp=2;dp_shard=4")
 
 
 def test_a_process_group_is_named_by_the_mesh_dimension_it_spans() -> None:
