@@ -285,6 +285,7 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
     outside = 0
     for name, shape in tensors:
         numel = math.prod(shape)
+        rows = shape[0] if shape else 1  # dim 0 of this rank's TP shard: what FSDP2 splits
         style = _plan_style(name, tp_plan) if tp > 1 else None
         if style in SHARDED_STYLES:
             sharded += numel
@@ -294,9 +295,16 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
             # colwise splits a Linear's output rows (dim 0), rowwise its input columns (last dim); padded to whole
             dim = len(shape) - 1 if "rowwise" in style and style != "embedding_rowwise" and len(shape) > 1 else 0
             numel = numel // shape[dim] * math.ceil(shape[dim] / tp)
+            rows = math.ceil(shape[0] / tp) if dim == 0 else rows
         else:
             replicated += numel
-        local += math.ceil(numel / group)
+        if layout.backend == "fsdp" and group > 1:
+            # FSDP2 shards each tensor by dim-0 rows, the first ranks one row more: an odd vocabulary's embedding
+            # puts half a row more on rank 0 than an even split of its elements (measured: the causal-lm template
+            # under dp_shard 2 x pp 2, benchmarks/plan_accuracy.py)
+            local += math.ceil(rows / group) * (numel // rows if rows else 0)
+        else:
+            local += math.ceil(numel / group)
         unsharded += numel
         index = _layer_of(name)
         if index is None:

@@ -180,3 +180,17 @@ def test_write_config_writes_the_pipeline_layout_that_config_check_accepts(tmp_p
     assert "# accelkit-pipeline: pp=2,schedule=interleaved1f1b,microbatches=4,dp_shard=2,tp=1" in written.read_text()
     checked = runner.invoke(cli, ["config", "--check", str(written)])
     assert checked.exit_code == 0, checked.output
+
+
+def test_model_states_of_the_templates_pipeline_as_measured():
+    """benchmarks/plan_accuracy.py's pipeline rows, measured 2026-11-27 in CPU rehearsals of the causal-lm template
+    (2 layers, hidden 64, its byte-level vocabulary of 257): FSDP2 shards each tensor by dim-0 rows, so the LM head's
+    257 rows put 129 on the first rank of 2, 32 elements more than an even split of its elements."""
+    model = nd.Model.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=257, intermediate=128)
+    pipeline = Pipeline(2, "1F1B", 2)
+    alone = nd.row(nd.Layout("ddp", pipeline=pipeline), model, gpus=2, nodes=1, gpu_memory=None, seq_len=16,
+                   micro_batch=2, compute_bytes=4)
+    sharded = nd.row(nd.Layout("fsdp", dp_shard=2, pipeline=pipeline), model, gpus=4, nodes=1, gpu_memory=None,
+                     seq_len=16, micro_batch=2, compute_bytes=4)
+    assert (alone.worst_rank, alone.states) == (1, 856_064)
+    assert (sharded.worst_rank, sharded.states) == (1, 428_544)
