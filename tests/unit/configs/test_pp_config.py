@@ -17,6 +17,7 @@ from accelkit.configs.pipeline import (
     PipelineSpec,
     of_parallelism,
     parse_pipeline,
+    pipeline_env,
     pipeline_with_config_comment,
 )
 from accelkit.configs.resolve import resolve_config
@@ -51,7 +52,9 @@ def test_pipeline_is_filled_and_spelled_for_the_ranks(given: dict, spec: str) ->
     pipeline = of_parallelism(config.parallelism)
     assert pipeline is not None and pipeline.env_value() == spec
     assert parse_pipeline(spec) == pipeline
+    assert pipeline_env(config.parallelism) == {ENV_VAR: spec}  # what launch gives every rank
     assert config.parallelism.total == given["num_processes"]
+    assert pipeline_env(resolve(backend="ddp", num_processes=2).parallelism) == {}
     # Accelerate's ParallelismConfig has no pp: no parallelism_config, or Accelerator() would refuse the sizes.
     assert "parallelism_config" not in config.to_accelerate_dict()
 
