@@ -92,13 +92,18 @@ def _layout_places(options: Any, layouts: tuple[str, ...], num_processes: str | 
     if compare_backends is not None:
         raise AccelkitError("--layouts and --compare-backends both choose what each run launches",
                             hint="pass one; with --layouts, --backend (optional) sets the backend of every layout")
-    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
              if getattr(options, name, None) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise AccelkitError(f"--layouts and {flag} both set the parallelism sizes",
                             hint=f"drop {flag}: write the sizes in each layout, e.g. --layouts \"dp_shard=2;tp=2\"")
     parsed = parse_layouts(layouts)
+    pipeline = next((layout for layout in parsed if layout.pp > 1), None)
+    if pipeline is not None:  # the template's pipeline trains its stages itself, outside Accelerate's prepare
+        raise AccelkitError(f"--grad-compression with --layouts {pipeline.name}: a pipeline's stages are not "
+                            "prepared by Accelerate, where a compression is applied",
+                            hint="compare the pipeline without --grad-compression (accelkit bench --layouts ...)")
     sizes = parse_int_list(num_processes, "--num-processes") if num_processes is not None else None
     world = check_world_size(parsed, sizes, int(options.num_machines or 1))
     return [(options.backend or layout.natural_backend, layout) for layout in parsed], world
