@@ -123,7 +123,8 @@ def template_model():
 
 def print_pp(results: list[tuple[str, list[dict], str]]) -> float:
     """The pipeline table; returns the worst model-state error of its measured rows."""
-    from accelkit.plan import Pipeline, nd
+    from accelkit.configs import Mesh
+    from accelkit.plan import nd
 
     model = template_model()
     print()
@@ -135,15 +136,16 @@ def print_pp(results: list[tuple[str, list[dict], str]]) -> float:
     print("-" * len(header))
     worst = 0.0
     for name, ranks, failure in results:
-        layout = nd.Layout(**PP_FLAGS[name][0], pipeline=Pipeline(2, "1F1B", 2))
+        arguments = PP_FLAGS[name][0]
+        layout = nd.Layout(arguments["backend"], Mesh(pp=2, **mesh_sizes(arguments)), microbatches=2)
         row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16, micro_batch=2,
                      compute_bytes=4)
         if not ranks:
             print(f"{layout.describe():48} {layout.world:>2} | {'-':>26} | {row.states:>10,} (not run)  {failure}")
             continue
-        inner = layout.world // layout.pp  # the mesh is (pp, dp_shard, tp): a pipeline rank's ranks are adjacent
+        inner = layout.world // layout.mesh.pp  # the mesh is (pp, dp_shard, tp): a pipeline rank's ranks are adjacent
         per_stage = [max(sum(r["states"].values()) for r in ranks if r["rank"] // inner == stage)
-                     for stage in range(layout.pp)]
+                     for stage in range(layout.mesh.pp)]
         measured = per_stage[row.worst_rank]
         error = (row.states - measured) / measured
         worst = max(worst, abs(error))
@@ -151,6 +153,11 @@ def print_pp(results: list[tuple[str, list[dict], str]]) -> float:
         print(f"{layout.describe():48} {layout.world:>2} | {shown:>26} | {row.states:>10,} ({error:+7.1%}) "
               f"rank {row.worst_rank}")
     return worst
+
+
+def mesh_sizes(arguments: dict) -> dict:
+    """A layout's mesh sizes from ND_FLAGS / PP_FLAGS arguments (all but the backend)."""
+    return {key: value for key, value in arguments.items() if key != "backend"}
 
 
 def save_tiny_llama(folder: Path) -> None:
@@ -184,6 +191,7 @@ def run_nd(names: list[str], folder: Path) -> list[tuple[str, dict | None, str]]
 
 def print_published() -> None:
     """The pipeline rows checked on paper against published runs (accelkit/plan/published.py)."""
+    from accelkit.configs import Mesh
     from accelkit.plan import nd
     from accelkit.plan.published import TORCHTITAN_405B, gpt3_175b, torchtitan_405b
 
@@ -194,7 +202,7 @@ def print_published() -> None:
         print(f"  {schedule:16} planned {planned:6.1f}  published {published:6.1f}  "
               f"({(planned - published) / published:+.1%})")
     model = gpt3_175b()
-    layout = nd.Layout("ddp", dp_replicate=64, tp=8, pipeline=nd.Pipeline(8, "1F1B", 8))
+    layout = nd.Layout("ddp", Mesh(pp=8, dp_replicate=64, tp=8), schedule="1F1B", microbatches=8)
     row = nd.row(layout, model, gpus=4096, nodes=512, gpu_memory=None, seq_len=2048)
     print(f"  GPT-3 175B as 64 x 8 x 8 on 4,096 GPUs: {model.parameters / 1e9:.1f}B parameters, "
           f"{[len(r) for r in layout.pipeline.layers_of_stage(model.layers)][0]} layers a stage, model states "
@@ -203,6 +211,7 @@ def print_published() -> None:
 
 def print_nd(results: list[tuple[str, dict | None, str]]) -> float:
     """The N-D table; returns the worst model-state error of its measured rows."""
+    from accelkit.configs import Mesh
     from accelkit.plan import nd
     from accelkit.plan.nd_report import tp_plan_of
 
@@ -215,7 +224,7 @@ def print_nd(results: list[tuple[str, dict | None, str]]) -> float:
     print("-" * len(header))
     worst = 0.0
     for name, measured, refusal in results:
-        layout = nd.Layout(**ND_FLAGS[name][0])
+        layout = nd.Layout(ND_FLAGS[name][0]["backend"], Mesh(**mesh_sizes(ND_FLAGS[name][0])))
         planned = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16, tp_plan=plan).states
         if measured is None:
             print(f"{layout.describe():36} {layout.world:>2} | {'-':>15} | {planned:>10,} (not run)  {refusal}")

@@ -39,5 +39,4 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "run_bench": "api",
     "run_compression_command": "compression_cli",
     "wants_compression_bench": "compression_cli",
-    "parse_layout": "layouts",  # one layout in --layouts syntax (also `plan --layout`'s parser)
 }, also=[])

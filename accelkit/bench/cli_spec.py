@@ -15,7 +15,7 @@ from accelkit.bench.launching import (
     launch_settings,
     num_machines,
 )
-from accelkit.bench.layouts import Layout, check_world_size, parse_layouts
+from accelkit.bench.layouts import check_world_size, parse_layouts
 from accelkit.bench.spec import (
     BenchSpec,
     CommSettings,
@@ -26,6 +26,7 @@ from accelkit.bench.spec import (
     parse_int_list,
     resolve_global_batch,
 )
+from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
 
 DEFAULT_BACKEND = "ddp"  # benching scaling means data parallelism unless the user names another backend
@@ -71,7 +72,7 @@ def world_sizes(text: str | None, settings: LaunchSettings, cpu: bool, compare: 
 
 
 def layouts_of(values: tuple[str, ...], settings: LaunchSettings, num_processes: str | None,
-               compare_backends: str | None, comm: bool) -> tuple[tuple[Layout, ...], int]:
+               compare_backends: str | None, comm: bool) -> tuple[tuple[Mesh, ...], int]:
     """--layouts checked against the options it cannot be combined with; the layouts and their world size."""
     if compare_backends is not None:
         raise AccelkitError("--layouts and --compare-backends both choose what each run launches",

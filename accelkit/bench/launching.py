@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelkit.bench import PROBE_MODULE
-from accelkit.bench.layouts import Layout
+from accelkit.configs import Mesh
 from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def launched_backend(backend: str, num_processes: int) -> str:
 
 
 def request_for(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
-                *, module: bool, probes: tuple[str, ...], layout: Layout | None = None):
+                *, module: bool, probes: tuple[str, ...], layout: Mesh | None = None):
     from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget
 
     sizes: dict[str, int | None] = {}
@@ -109,7 +109,7 @@ def request_for(settings: LaunchSettings, backend: str, num_processes: int, scri
 
 
 def script_request(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
-                   module: bool, layout: Layout | None = None):
+                   module: bool, layout: Mesh | None = None):
     return request_for(settings, backend, num_processes, script, args, module=module, probes=(PROBE_MODULE,),
                        layout=layout)
 

@@ -28,6 +28,7 @@ from accelkit.bench.launching import (
     run_bench_launch,
     script_request,
 )
+from accelkit.bench.layouts import batch_replicas
 from accelkit.bench.pipeline_stats import PipelineFigures, pipeline_figures
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, noise_reasons, scaling, summarize
@@ -262,7 +263,7 @@ class Sweep:
         if record.ranks and not any(rank.get("steps") for rank in record.ranks):
             record.status, record.error = "failed", NO_OPTIMIZER_STEP
             return record
-        replicas = run.layout.batch_replicas if run.layout is not None else 1
+        replicas = batch_replicas(run.layout) if run.layout is not None else 1
         try:
             record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines, replicas)
         except TooFewSteps as exc:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from accelkit.bench.cli_spec import build_spec
+from accelkit.bench.layouts import batch_replicas
 from accelkit.bench.spec import check_counts
 from accelkit.configs.options import ConfigOptions
 from accelkit.errors import AccelkitError
@@ -71,7 +72,7 @@ def test_layouts_run_at_their_world_size_with_the_backend_that_composes_them() -
     assert [(r.layout.name, r.backend, r.num_processes) for r in runs] == [
         ("dp_shard=4", "fsdp", 4), ("dp_shard=2,tp=2", "fsdp", 4), ("dp_replicate=2,dp_shard=2", "fsdp", 4),
         ("tp=4", "ddp", 4)]
-    assert [r.layout.batch_replicas for r in runs] == [1, 2, 1, 4]
+    assert [batch_replicas(r.layout) for r in runs] == [1, 2, 1, 4]
     assert runs[1].layout.option_values() == {"dp_shard_size": 2, "tp_size": 2}
     assert len({r.name for r in runs}) == 4  # a folder each
     assert spec(layouts=("sp=2",), num_processes=None).runs()[0].backend == "deepspeed"
