@@ -1,10 +1,10 @@
 """`accelkit bench --layouts`: several N-D parallelism layouts of one world size, each launched through the same
 config -> launch path as `accelkit launch --dp-shard-size ... --tp-size ...` (Accelerate's ParallelismConfig).
 
-Syntax: layouts separated by `;` (or given as repeated --layouts), each a comma-separated list of DIM=SIZE with the
-mesh dimensions of Accelerate's ParallelismConfig: dp_replicate, dp_shard, tp, cp, sp, and pp, the pipeline
-(`accelkit launch --pp-size`: torch.distributed.pipelining; a dimension left out is 1; `dp-shard` and
-`dp_shard_size` are read as `dp_shard`):
+Syntax: layouts separated by `;` (or given as repeated --layouts), each a comma-separated list of DIM=SIZE (one
+accelkit.configs.Mesh each, read by its one parser) over the mesh dimensions of Accelerate's ParallelismConfig,
+dp_replicate, dp_shard, tp, cp, sp, and pp, the pipeline (`accelkit launch --pp-size`: torch.distributed.pipelining;
+a dimension left out is 1; `dp-shard` and `dp_shard_size` are read as `dp_shard`):
 
     --layouts "dp_shard=4;dp_shard=2,tp=2"        FSDP2 over 4 processes vs FSDP2 x TP (2 x 2)
     --layouts dp_replicate=2,dp_shard=2 --layouts dp_shard=4
@@ -42,10 +42,6 @@ def batch_replicas(mesh: Mesh) -> int:
     return mesh.world if mesh.pp > 1 else mesh.tp * mesh.cp * mesh.sp
 
 
-def parse_layout(text: str) -> Mesh:
-    return Mesh.parse(text, "--layouts", EXAMPLE)
-
-
 def parse_layouts(values: tuple[str, ...] | str) -> tuple[Mesh, ...]:
     """`--layouts` values (each may hold several layouts separated by `;`) -> distinct layouts of one world size."""
     texts = [values] if isinstance(values, str) else list(values)
@@ -56,7 +52,7 @@ def parse_layouts(values: tuple[str, ...] | str) -> tuple[Mesh, ...]:
     for part in parts:
         if not part:
             continue
-        layout = parse_layout(part)
+        layout = Mesh.parse(part, "--layouts", EXAMPLE)
         if layout.world < 2:
             raise AccelkitError(f"--layouts: {part} is one process: there is nothing to lay out",
                                 hint=f"give sizes whose product is 2 or more, {EXAMPLE}")
