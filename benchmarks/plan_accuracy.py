@@ -19,14 +19,22 @@ transformers' TP plan, FSDP2 over Accelerate's mesh, one AdamW step), measured w
 installed versions cannot run (FSDP2 x TP with transformers >= 5.1) prints launch's one-line refusal instead.
 No peer estimates N-D layouts from a model (DeepSpeed's and Accelerate's estimators know no TP).
 
+Pipeline rows measured: the causal-lm template's own pipeline (templates/causal-lm/pipeline_parallel.py, its
+default 2-layer Llama, one AdamW per stage module) through `accelkit launch --cpu --pp-size 2`, pp 2 alone and
+dp_shard 2 x pp 2 (FSDP2 inside each stage group), one optimizer step; a probe (tests/data/nd/pp_states_probe.py)
+counts each rank's parameters, gradients and AdamW moments after the step (local shards), against the plan's
+model states of its pipeline rank that needs the most (nd.row: stages by layer, the embedding on the first, norm
+and head on the last, split by dp_shard). Activations are not measured for these rows.
+
 Pipeline rows on paper (accelkit/plan/published.py): torchtitan's Llama 3.1 405B on 512 H100 as FSDP 8 x TP 8 x
 PP 8 with 1F1B and Interleaved1F1B (published peak 82.5 and 72.7 GiB; tests/unit/plan/test_pp_plan.py holds the
 plan within 10%), and GPT-3 175B's 64 x 8 x 8 shape.
 
     python benchmarks/plan_accuracy.py [--ranks 2,4 | --ranks ''] [--nd-layouts tp2,hsdp2x2,fsdp4,fsdp2xtp2 | '']
+        [--pp-layouts pp2,fsdp2xpp2 | '']
 
 The last line reads `worst error: model states X%, activations Y%` (accelkit's plan against the measurement, the
-N-D rows included).
+N-D and pipeline rows included).
 """
 
 from __future__ import annotations
@@ -57,6 +65,99 @@ ND_FLAGS = {  # name: (Layout arguments, launch flags)
     "fsdp2xtp2": ({"backend": "fsdp", "dp_shard": 2, "tp": 2},
                   ["--backend", "fsdp", "--num-processes", "4", "--dp-shard-size", "2", "--tp-size", "2"]),
 }
+
+TEMPLATE = REPO / "templates" / "causal-lm" / "train.py"
+PP_PROBE_DIR = REPO / "tests" / "data" / "nd"
+PP_FLAGS = {  # name: (Layout arguments without the pipeline, ConfigOptions of the launch)
+    "pp2": ({"backend": "ddp"}, {"backend": "ddp", "num_processes": 2, "pp_size": 2}),
+    "fsdp2xpp2": ({"backend": "fsdp", "dp_shard": 2}, {"backend": "fsdp", "num_processes": 4, "pp_size": 2}),
+}
+PP_LAUNCH = """
+import json, sys
+from accelkit.configs import ConfigOptions
+from accelkit.launch.launch_plan import LaunchTarget
+from accelkit.launch.request import LaunchRequest
+from accelkit.launch.supervised import run_request
+options, script, *args = json.loads(sys.argv[1]), *sys.argv[2:]
+sys.exit(run_request(LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True,
+                                   options=ConfigOptions(**options), probes=("pp_states_probe",))))
+"""
+PP_ARGS = ("--max-steps", "1", "--block-size", "16", "--per-device-batch-size", "4", "--log-every", "1")
+
+
+def run_pp(names: list[str], folder: Path) -> list[tuple[str, list[dict], str]]:
+    """(name, every rank's measured states, the launch's last lines when it failed) per pipeline layout."""
+    import os
+
+    from accelkit.ranks.probes import read_results
+
+    results = []
+    for name in names:
+        work = folder / name
+        work.mkdir(parents=True)
+        env = {**os.environ, "ACCELKIT_PROBE_DIR": str(work), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, (str(PP_PROBE_DIR), os.environ.get("PYTHONPATH"))))}
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", PP_LAUNCH, json.dumps(PP_FLAGS[name][1]), str(TEMPLATE),
+                               *PP_ARGS, "--output-dir", str(work / "out")], capture_output=True, text=True,
+                              cwd=work, env=env, timeout=900)
+        print(f"  measured pipeline {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        ranks = read_results(work, "pp_states")
+        if proc.returncode != 0 or len(ranks) != PP_FLAGS[name][1]["num_processes"]:
+            results.append((name, [], " / ".join(proc.stderr.strip().splitlines()[-2:]) or "failed"))
+            continue
+        results.append((name, ranks, ""))
+    return results
+
+
+def template_model():
+    """The causal-lm template's default model (its LlamaConfig, its byte-level tokenizer's vocabulary) for nd."""
+    from accelkit.plan import nd
+
+    sys.path.insert(0, str(TEMPLATE.parent))
+    import train  # the template itself: its tokenizer sets the vocabulary
+
+    return nd.Model.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=len(train.byte_level_tokenizer()),
+                          intermediate=128)
+
+
+def print_pp(results: list[tuple[str, list[dict], str]]) -> float:
+    """The pipeline table; returns the worst model-state error of its measured rows."""
+    from accelkit.configs import Mesh
+    from accelkit.plan import nd
+
+    model = template_model()
+    print()
+    print(f"Pipeline layouts: model states of the pipeline rank that needs the most (bytes: parameters + gradients "
+          f"+ AdamW moments, fp32), planned vs measured after one optimizer step, the causal-lm template's "
+          f"{model.parameters:,}-parameter Llama, CPU ranks over gloo:")
+    header = f"{'layout':48} {'N':>2} | {'measured per pipeline rank':>26} | {'accelkit plan':>21}"
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    for name, ranks, failure in results:
+        arguments = PP_FLAGS[name][0]
+        layout = nd.Layout(arguments["backend"], Mesh(pp=2, **mesh_sizes(arguments)), microbatches=2)
+        row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16, micro_batch=2,
+                     compute_bytes=4)
+        if not ranks:
+            print(f"{layout.describe():48} {layout.world:>2} | {'-':>26} | {row.states:>10,} (not run)  {failure}")
+            continue
+        inner = layout.world // layout.mesh.pp  # the mesh is (pp, dp_shard, tp): a pipeline rank's ranks are adjacent
+        per_stage = [max(sum(r["states"].values()) for r in ranks if r["rank"] // inner == stage)
+                     for stage in range(layout.mesh.pp)]
+        measured = per_stage[row.worst_rank]
+        error = (row.states - measured) / measured
+        worst = max(worst, abs(error))
+        shown = " / ".join(f"{value:,}" for value in per_stage)
+        print(f"{layout.describe():48} {layout.world:>2} | {shown:>26} | {row.states:>10,} ({error:+7.1%}) "
+              f"rank {row.worst_rank}")
+    return worst
+
+
+def mesh_sizes(arguments: dict) -> dict:
+    """A layout's mesh sizes from ND_FLAGS / PP_FLAGS arguments (all but the backend)."""
+    return {key: value for key, value in arguments.items() if key != "backend"}
 
 
 def save_tiny_llama(folder: Path) -> None:
@@ -90,6 +191,7 @@ def run_nd(names: list[str], folder: Path) -> list[tuple[str, dict | None, str]]
 
 def print_published() -> None:
     """The pipeline rows checked on paper against published runs (accelkit/plan/published.py)."""
+    from accelkit.configs import Mesh
     from accelkit.plan import nd
     from accelkit.plan.published import TORCHTITAN_405B, gpt3_175b, torchtitan_405b
 
@@ -100,7 +202,7 @@ def print_published() -> None:
         print(f"  {schedule:16} planned {planned:6.1f}  published {published:6.1f}  "
               f"({(planned - published) / published:+.1%})")
     model = gpt3_175b()
-    layout = nd.Layout("ddp", dp_replicate=64, tp=8, pipeline=nd.Pipeline(8, "1F1B", 8))
+    layout = nd.Layout("ddp", Mesh(pp=8, dp_replicate=64, tp=8), schedule="1F1B", microbatches=8)
     row = nd.row(layout, model, gpus=4096, nodes=512, gpu_memory=None, seq_len=2048)
     print(f"  GPT-3 175B as 64 x 8 x 8 on 4,096 GPUs: {model.parameters / 1e9:.1f}B parameters, "
           f"{[len(r) for r in layout.pipeline.layers_of_stage(model.layers)][0]} layers a stage, model states "
@@ -109,6 +211,7 @@ def print_published() -> None:
 
 def print_nd(results: list[tuple[str, dict | None, str]]) -> float:
     """The N-D table; returns the worst model-state error of its measured rows."""
+    from accelkit.configs import Mesh
     from accelkit.plan import nd
     from accelkit.plan.nd_report import tp_plan_of
 
@@ -121,7 +224,7 @@ def print_nd(results: list[tuple[str, dict | None, str]]) -> float:
     print("-" * len(header))
     worst = 0.0
     for name, measured, refusal in results:
-        layout = nd.Layout(**ND_FLAGS[name][0])
+        layout = nd.Layout(ND_FLAGS[name][0]["backend"], Mesh(**mesh_sizes(ND_FLAGS[name][0])))
         planned = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16, tp_plan=plan).states
         if measured is None:
             print(f"{layout.describe():36} {layout.world:>2} | {'-':>15} | {planned:>10,} (not run)  {refusal}")
@@ -179,7 +282,13 @@ def main() -> None:
                         help="world sizes to measure (comma-separated; '' for the N-D rows alone)")
     parser.add_argument("--nd-layouts", default=",".join(ND_FLAGS),
                         help=f"N-D layouts to measure (comma-separated: {', '.join(ND_FLAGS)}; '' for none)")
+    parser.add_argument("--pp-layouts", default=",".join(PP_FLAGS),
+                        help=f"pipeline layouts to measure (comma-separated: {', '.join(PP_FLAGS)}; '' for none)")
     args = parser.parse_args()
+    pp_names = [name for name in args.pp_layouts.split(",") if name]
+    if sorted(set(pp_names) - set(PP_FLAGS)):
+        parser.error(f"unknown pipeline layout(s) {', '.join(sorted(set(pp_names) - set(PP_FLAGS)))}: choose from "
+                     f"{', '.join(PP_FLAGS)}")
     ranks = [int(r) for r in args.ranks.split(",") if r]  # --ranks "" measures the N-D rows alone
     nd_names = [name for name in args.nd_layouts.split(",") if name]
     unknown = sorted(set(nd_names) - set(ND_FLAGS))
@@ -201,6 +310,7 @@ def main() -> None:
         if nd_names:
             (Path(folder) / "nd").mkdir()
         nd_results = run_nd(nd_names, Path(folder) / "nd") if nd_names else []
+        pp_results = run_pp(pp_names, Path(folder) / "pp") if pp_names else []
 
     rows: dict[tuple, dict] = {}
     for record in records:
@@ -247,6 +357,8 @@ def main() -> None:
               "estimate-memory has one figure per model (no ranks, no activations, no batch).")
     if nd_results:
         worst_states = max(worst_states, print_nd(nd_results))
+    if pp_results:
+        worst_states = max(worst_states, print_pp(pp_results))
     print_published()
     print(f"worst error: model states {worst_states * 100:.2f}%, activations {worst_act * 100:.2f}%")
 

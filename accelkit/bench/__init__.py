@@ -9,6 +9,8 @@
     window.py       how long a run measures: at least --steps steps and --min-time seconds (checkpoints)
     comm_count.py   the collectives one step issues (bytes by op and group size), counted in the rank
     layouts.py      --layouts: N-D parallelism layouts of one world size (parsing, checks, launch options)
+    stage_clock.py  the probe's pipeline side: each stage's busy vs schedule time, its boundary tensor
+    pipeline_stats.py  a pp layout's measured bubble and point-to-point bytes beside the plan's figures
     rerun.py        the command that measures a noisy result again over a longer window
     loaders.py      the data-loader side of the probe (time blocked on the loader, samples and tokens per batch)
     stats.py        pure arithmetic: per-run summary from rank results, speedup and efficiency across a sweep
@@ -35,5 +37,4 @@ MIN_TIME_ENV = "ACCELKIT_BENCH_MIN_TIME"  # the measured window's minimum length
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "run_bench": "api",
-    "parse_layout": "layouts",  # one layout in --layouts syntax (also `plan --layout`'s parser)
 }, also=[])

@@ -15,7 +15,7 @@ from accelkit.bench.launching import (
     launch_settings,
     num_machines,
 )
-from accelkit.bench.layouts import Layout, check_world_size, parse_layouts
+from accelkit.bench.layouts import check_world_size, parse_layouts
 from accelkit.bench.spec import (
     BenchSpec,
     CommSettings,
@@ -26,6 +26,7 @@ from accelkit.bench.spec import (
     parse_int_list,
     resolve_global_batch,
 )
+from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
 
 DEFAULT_BACKEND = "ddp"  # benching scaling means data parallelism unless the user names another backend
@@ -71,12 +72,12 @@ def world_sizes(text: str | None, settings: LaunchSettings, cpu: bool, compare: 
 
 
 def layouts_of(values: tuple[str, ...], settings: LaunchSettings, num_processes: str | None,
-               compare_backends: str | None, comm: bool) -> tuple[tuple[Layout, ...], int]:
+               compare_backends: str | None, comm: bool) -> tuple[tuple[Mesh, ...], int]:
     """--layouts checked against the options it cannot be combined with; the layouts and their world size."""
     if compare_backends is not None:
         raise AccelkitError("--layouts and --compare-backends both choose what each run launches",
                             hint="pass one; with --layouts, --backend (optional) sets the backend of every layout")
-    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
              if getattr(settings.options, name, None) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
@@ -86,6 +87,12 @@ def layouts_of(values: tuple[str, ...], settings: LaunchSettings, num_processes:
         raise AccelkitError("--comm cannot be combined with --layouts: every layout reports the collectives its "
                             "steps issue", hint="drop --comm (or run `accelkit bench --comm` on its own)")
     layouts = parse_layouts(values)
+    pipeline_flag = next((flag for name, flag in (("pp_schedule", "--pp-schedule"), ("microbatches", "--microbatches"))
+                          if getattr(settings.options, name, None) is not None), None)
+    if pipeline_flag is not None and not any(layout.pp > 1 for layout in layouts):
+        raise AccelkitError(f"{pipeline_flag} applies to a pipeline, but no layout of --layouts has pp",
+                            hint=f"add a layout with pp=2 or more, e.g. --layouts \"dp_shard=4;dp_shard=2,pp=2\", "
+                                 f"or drop {pipeline_flag}")
     sizes = parse_int_list(num_processes, "--num-processes") if num_processes is not None else None
     return layouts, check_world_size(layouts, sizes, num_machines(settings))
 

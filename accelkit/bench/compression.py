@@ -25,9 +25,9 @@ from typing import Any
 
 from accelkit.bench.comm_count import parse_key
 from accelkit.bench.compression_runs import NOT_APPLICABLE, CompressionRun, plan_runs, spec_settings
-from accelkit.bench.layouts import Layout
 from accelkit.compression.compression_spec import CompressionSpec
 from accelkit.compression.grad_bytes import ddp_bytes_per_step, fsdp_reduce_scatter_bytes
+from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
 
 PROBE_MODULE = "accelkit.bench.compression_probe"
@@ -59,7 +59,7 @@ class CompressionRow:
 
 
 def summarize(spec: CompressionSpec, backend: str, processes: int, ranks: list[dict[str, Any]],
-              world: int, layout: Layout | None = None) -> CompressionRow:
+              world: int, layout: Mesh | None = None) -> CompressionRow:
     """One run's row from its ranks' probe results."""
     row = CompressionRow(spec.label(), backend, processes, layout.name if layout is not None else "")
     if len(ranks) < processes:
@@ -97,7 +97,7 @@ def summarize(spec: CompressionSpec, backend: str, processes: int, ranks: list[d
     return row
 
 
-def layout_bytes(collectives: dict[str, int], layout: Layout, backend: str, spec: CompressionSpec,
+def layout_bytes(collectives: dict[str, int], layout: Mesh, backend: str, spec: CompressionSpec,
                   shapes: list[list[int]], step: int) -> tuple[int, int | None]:
     """A layout's gradient bytes (counted), and computed from the shapes where the layout is plain data parallelism
     (dp_replicate alone under DDP, dp_shard alone under FSDP2); None for the others."""
@@ -115,8 +115,8 @@ def layout_bytes(collectives: dict[str, int], layout: Layout, backend: str, spec
     return counted, None
 
 
-def gradient_dimension(layout: Layout, dimension: str | None) -> bool:
-    """Whether a collective over `dimension` (Layout.dimension_of) reduces gradients: the data-parallel dimensions
+def gradient_dimension(layout: Mesh, dimension: str | None) -> bool:
+    """Whether a collective over `dimension` (Mesh.dimension_of) reduces gradients: the data-parallel dimensions
     and their flattenings (dp_shard_cp: FSDP shards over context-parallel ranks too), not tp or sp."""
     if dimension is None:
         return False

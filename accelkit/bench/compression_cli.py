@@ -86,22 +86,27 @@ def _layout_places(options: Any, layouts: tuple[str, ...], num_processes: str | 
                    compare_backends: str | None) -> tuple[list[tuple[str, Any]], int]:
     """--layouts with --grad-compression: (backend, layout) per layout (--backend, else the layout's own) and the
     world size they share."""
-    from accelkit.bench.layouts import check_world_size, parse_layouts
+    from accelkit.bench.layouts import check_world_size, natural_backend, parse_layouts
     from accelkit.bench.spec import parse_int_list
 
     if compare_backends is not None:
         raise AccelkitError("--layouts and --compare-backends both choose what each run launches",
                             hint="pass one; with --layouts, --backend (optional) sets the backend of every layout")
-    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+    given = [name for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
              if getattr(options, name, None) is not None]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise AccelkitError(f"--layouts and {flag} both set the parallelism sizes",
                             hint=f"drop {flag}: write the sizes in each layout, e.g. --layouts \"dp_shard=2;tp=2\"")
     parsed = parse_layouts(layouts)
+    pipeline = next((layout for layout in parsed if layout.pp > 1), None)
+    if pipeline is not None:  # the template's pipeline trains its stages itself, outside Accelerate's prepare
+        raise AccelkitError(f"--grad-compression with --layouts {pipeline.name}: a pipeline's stages are not "
+                            "prepared by Accelerate, where a compression is applied",
+                            hint="compare the pipeline without --grad-compression (accelkit bench --layouts ...)")
     sizes = parse_int_list(num_processes, "--num-processes") if num_processes is not None else None
     world = check_world_size(parsed, sizes, int(options.num_machines or 1))
-    return [(options.backend or layout.natural_backend, layout) for layout in parsed], world
+    return [(options.backend or natural_backend(layout), layout) for layout in parsed], world
 
 
 def _one_world_size(text: str | None) -> int:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from accelkit.bench.layouts import Layout
 from accelkit.compression.compression_spec import NONE, CompressionSpec
+from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
 
 NOT_APPLICABLE = "not applicable: "  # a row's status when its compression does not apply to the layout
@@ -24,7 +24,7 @@ NOT_APPLICABLE = "not applicable: "  # a row's status when its compression does 
 class CompressionRun:
     backend: str
     spec: CompressionSpec
-    layout: Layout | None = None
+    layout: Mesh | None = None
     not_applicable: str | None = None  # why the compression does not apply (the run is not launched)
     hint: str | None = None  # the refusal's hint, for a bench where the compression applies to no run
 
@@ -46,7 +46,7 @@ def spec_settings(settings: Any, spec: CompressionSpec) -> Any:
     return replace(settings, options=replace(settings.options, **fields))
 
 
-def plan_runs(settings: Any, specs: Sequence[CompressionSpec], places: Sequence[tuple[str, Layout | None]],
+def plan_runs(settings: Any, specs: Sequence[CompressionSpec], places: Sequence[tuple[str, Mesh | None]],
               world: int, script: str, script_args: tuple[str, ...], *, check: bool = True,
               reduce_dtype: bool = False) -> list[CompressionRun]:
     """The runs for each (backend, layout) in `places`: none first, then each active spec. With `check`, every run is

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelkit.bench import PROBE_MODULE
-from accelkit.bench.layouts import Layout
+from accelkit.configs import Mesh
 from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ def _resolved(settings: LaunchSettings, backend: str | None = None):
     from accelkit.configs import load_accelerate_config, resolve_config
 
     options = settings.options if backend is None else replace(settings.options, backend=backend)
+    if options.pp_size is None:  # --layouts: the pipeline's schedule and microbatches go to its pp layouts only
+        options = replace(options, pp_schedule=None, microbatches=None)
     base = load_accelerate_config(settings.config_file) if settings.config_file is not None else None
     return resolve_config(replace(options, gradient_accumulation_steps=None), base=base,
                           base_label=str(settings.config_file) if base is not None else None, launch=True)
@@ -90,18 +92,24 @@ def launched_backend(backend: str, num_processes: int) -> str:
 
 
 def request_for(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
-                *, module: bool, probes: tuple[str, ...], layout: Layout | None = None):
+                *, module: bool, probes: tuple[str, ...], layout: Mesh | None = None):
     from accelkit.launch import LauncherFlags, LaunchRequest, LaunchTarget
 
-    sizes = layout.option_values() if layout is not None else {}  # --layouts: the N-D flags of `accelkit launch`
+    sizes: dict[str, int | None] = {}
+    if layout is not None:  # --layouts: the N-D flags of `accelkit launch`
+        sizes = {**layout.option_values(), **({} if layout.pp > 1 else {"pp_schedule": None, "microbatches": None})}
     options = replace(settings.options, backend=backend, num_processes=num_processes, **sizes)
+    if options.model_config is None:  # as `accelkit launch`: the model the rule set checks tp and pp against
+        from accelkit.configs import model_from_script_args
+
+        options = replace(options, model_config=model_from_script_args(args, script=None if module else script))
     return LaunchRequest(target=LaunchTarget(script=script, args=tuple(args), module=module), options=options,
                          config_file=settings.config_file, cpu=settings.cpu,
                          flags=settings.flags or LauncherFlags(), command_line=settings.command_line, probes=probes)
 
 
 def script_request(settings: LaunchSettings, backend: str, num_processes: int, script: str, args: tuple[str, ...],
-                   module: bool, layout: Layout | None = None):
+                   module: bool, layout: Mesh | None = None):
     return request_for(settings, backend, num_processes, script, args, module=module, probes=(PROBE_MODULE,),
                        layout=layout)
 

@@ -8,7 +8,9 @@ on GPUs, peak RSS on CPU), the model's gradient bytes, and the error that ended 
 $ACCELKIT_PROBE_DIR/bench.rank<R>.json. The step limit stops every rank cleanly with exit 0: $ACCELKIT_PROBE_MAX_STEPS
 = warmup + the minimum steps, raised at checkpoints until the measured window holds $ACCELKIT_BENCH_MIN_TIME seconds
 (accelkit.bench.window). The last warmup step runs under a collective counter (accelkit.bench.comm_count): the
-bytes a step moves, by collective and group size.
+bytes a step moves, by collective and group size (a pipeline's sends and receives among them). In a rank that runs
+a torch.distributed.pipelining schedule, each step also records its stage's busy and schedule time
+(accelkit.bench.stage_clock), and the result its stages and boundary tensor.
 
 Which loader trains: the one that yielded the last batch before a step (an evaluation loader iterated between two
 steps adds to the step's data wait, never to its samples).
@@ -24,6 +26,7 @@ from typing import Any
 
 from accelkit.bench import MIN_TIME_ENV, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
+from accelkit.bench.stage_clock import StageClock
 from accelkit.bench.window import agree_seconds, next_checkpoint
 from accelkit.errors import clip
 from accelkit.ranks.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
@@ -33,7 +36,7 @@ class StepRecorder:
     """Accumulates loader fetches between clock steps and closes one step record per clock step."""
 
     def __init__(self, sync_at: tuple[int, ...] = (), *, warmup: int = 0, min_steps: int = 0, min_time: float = 0.0,
-                 set_limit=None, count_comm: bool = False) -> None:
+                 set_limit=None, count_comm: bool = False, stage_clock: StageClock | None = None) -> None:
         self.sync_at = sync_at  # clock steps after which CUDA is synchronised (end of warmup, last measured step)
         self.warmup = warmup
         self.min_steps = min_steps
@@ -43,6 +46,7 @@ class StepRecorder:
         self.window = "steps" if self.checkpoint is None else "time"
         self.count_comm = count_comm and warmup >= 2  # count the last warmup step; its predecessor starts it
         self.comm: dict[str, dict[str, int]] | None = None
+        self.stage_clock = stage_clock
         self._counter = None
         self.steps: list[dict[str, Any]] = []
         self.error: str | None = None
@@ -86,9 +90,12 @@ class StepRecorder:
         start = self._interval_start if self._interval_start is not None else event.started
         train = self._per_loader.pop(self._last_loader, [0, 0]) if self._last_loader is not None else [0, 0]
         self.other_samples += sum(counts[0] for counts in self._per_loader.values())
-        self.steps.append({"step": event.clock_steps, "seconds": finished - start,
-                           "data_wait_s": min(self._wait, finished - start),
-                           "samples": train[0], "tokens": train[1]})
+        record = {"step": event.clock_steps, "seconds": finished - start,
+                  "data_wait_s": min(self._wait, finished - start), "samples": train[0], "tokens": train[1]}
+        pipeline = self.stage_clock.close_step() if self.stage_clock is not None else None
+        if pipeline is not None:
+            record["pipeline"] = pipeline
+        self.steps.append(record)
         self._interval_start = finished
         self._wait = 0.0
         self._per_loader = {}
@@ -128,6 +135,7 @@ class StepRecorder:
             "window": self.window,
             "min_time_s": self.min_time,
             "comm_per_step": self.comm,
+            "pipeline": self.stage_clock.facts() if self.stage_clock is not None else None,
             "gradient_bytes": self.gradient_bytes,
             **self.distributed,
             **peak_memory(),
@@ -198,9 +206,11 @@ def install() -> None:
     def set_limit(steps: int) -> None:
         step_clock.max_steps = steps
 
+    stage_clock = StageClock()
+    stage_clock.install()
     recorder = _RECORDER = StepRecorder(sync_at=tuple(n for n in (warmup, limit) if n > 0), warmup=warmup,
                                         min_steps=max(0, limit - warmup), min_time=min_time, set_limit=set_limit,
-                                        count_comm=True)
+                                        count_comm=True, stage_clock=stage_clock)
     loaders = LoaderHooks(recorder.on_fetch)
     loaders.install()
     step_clock.on_step(recorder.on_step)

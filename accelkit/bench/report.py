@@ -69,6 +69,7 @@ def run_json(record: RunRecord) -> dict[str, Any]:
         "comm_per_step": record.comm_per_step,
         "comm_bytes_per_step": record.comm_bytes_per_step,
         "comm_per_dimension": comm_per_dimension(record),
+        "pipeline": record.pipeline.to_json() if record.pipeline is not None else None,
         "comm_busbw_gbs": record.comm_busbw_gbs,
         "probe_overhead_s": max((r.get("probe_overhead_s", 0.0) for r in record.ranks), default=None),
         "wall_time_s": record.wall_s,
@@ -143,6 +144,8 @@ def run_table(sweep: Sweep) -> list[str]:
     headers += ["vs first"] if layouts else ["speedup", "efficiency"]
     headers += ["data wait", "peak mem/rank"]
     headers += ["comm/step"] if layouts else []
+    with_pp = any(r.pipeline is not None for r in sweep.records)
+    headers += ["bubble/stage (plan)", "p2p/step (plan)"] if with_pp else []
     headers += ["comm (pred.)"] if with_comm else []
     headers += ["noise"]
     rows = []
@@ -165,6 +168,8 @@ def run_table(sweep: Sweep) -> list[str]:
         row += [f"{s.data_wait_share:.0%}", human_bytes(s.peak_memory_bytes)]
         if layouts:
             row += ["-" if r.comm_bytes_per_step is None else human_bytes(r.comm_bytes_per_step)]
+        if with_pp:
+            row += pipeline_cells(r)
         if with_comm:
             row += [f"{_ms(r.comm_predicted_s)} ({r.comm_predicted_s / s.step_median_s:.0%})"
                     if r.comm_predicted_s is not None else "-"]
@@ -176,6 +181,39 @@ def run_table(sweep: Sweep) -> list[str]:
     failed = [(row, r) for row, r in zip(rows, sweep.records, strict=True) if r.summary is None]
     lines += [f"{r.label}: {row[2]}: {row[3]}" if layouts else f"{row[0]}  {row[1]} process(es): {row[2]}: {row[3]}"
               for row, r in failed]
+    return lines
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _bytes(value: int | None) -> str:
+    return "-" if value is None else human_bytes(value)
+
+
+def pipeline_cells(r: RunRecord) -> list[str]:
+    """A pipeline layout's bubble per stage (measured, then planned) and its busiest stage's point-to-point
+    bytes per step (counted, then computed); `-` for a layout without a pipeline."""
+    p = r.pipeline
+    if p is None:
+        return ["-", "-"]
+    measured = " ".join(_share(stage.bubble) for stage in p.stages)
+    return [f"{measured} ({_share(p.planned_bubble)})", f"{_bytes(p.p2p_bytes)} ({_bytes(p.p2p_computed)})"]
+
+
+def pipeline_lines(sweep: Sweep) -> list[str]:
+    """With a pp layout: per pipeline stage, the bubble measured in the ranks beside the plan's, and the
+    point-to-point bytes it sent per step beside the plan's figure."""
+    lines = []
+    for r in sweep.records:
+        p = r.pipeline
+        if p is None:
+            continue
+        parts = [f"stage {'+'.join(map(str, s.stages))}: bubble {_share(s.bubble)}, sends {_bytes(s.p2p_bytes)} "
+                 f"(computed {_bytes(s.p2p_computed)})" for s in p.stages]
+        lines.append(f"{r.label}: pipeline {p.schedule or 'schedule not modelled'}, {p.microbatches} micro-batches, "
+                     f"planned bubble {_share(p.planned_bubble)}; {'; '.join(parts)}")
     return lines
 
 
@@ -310,6 +348,7 @@ def summary_text(sweep: Sweep, spec: BenchSpec) -> list[str]:
     if sweep.records:
         lines += run_table(sweep)
         lines += comm_lines(sweep)
+        lines += pipeline_lines(sweep)
         lines += scaling_diagnosis(sweep)
         lines += noise_lines(sweep)
     return lines

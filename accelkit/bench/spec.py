@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelkit.bench.layouts import Layout
+from accelkit.bench.layouts import batch_replicas, natural_backend
+from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
 
 SCALING_MODES = ("weak", "strong")
@@ -36,7 +37,7 @@ class RunSpec:
     num_processes: int
     script_args: tuple[str, ...]
     per_device_batch: int | None = None  # set under strong scaling
-    layout: Layout | None = None  # --layouts: the N-D layout this run launches
+    layout: Mesh | None = None  # --layouts: the N-D layout this run launches
 
     @property
     def name(self) -> str:
@@ -65,16 +66,16 @@ class BenchSpec:
     stall_timeout: float | None = None  # the supervisor's stall watchdog (None: its default; 0: off)
     machines: int = 1  # each machine runs the same sweep; results cover this machine's ranks
     min_time: float = 0.0  # seconds: every run measures at least this long (and at least `steps` steps)
-    layouts: tuple[Layout, ...] = ()  # --layouts: one run per layout at world_sizes[0] (backends[0] or its own)
+    layouts: tuple[Mesh, ...] = ()  # --layouts: one run per layout at world_sizes[0] (backends[0] or its own)
     command_words: tuple[str, ...] = ("accelkit", "bench")  # the command as typed, up to SCRIPT (for hints)
     script_words: tuple[str, ...] = ()  # SCRIPT and its arguments as typed
 
     def runs(self) -> list[RunSpec]:
         if self.script is None:
             return []
-        points: list[tuple[str | None, int, Layout | None]]
+        points: list[tuple[str | None, int, Mesh | None]]
         if self.layouts:
-            points = [(self.backends[0] or layout.natural_backend, layout.world, layout) for layout in self.layouts]
+            points = [(self.backends[0] or natural_backend(layout), layout.world, layout) for layout in self.layouts]
         else:
             points = [(backend, n, None) for backend in self.backends for n in self.world_sizes]
         runs = []
@@ -88,9 +89,9 @@ class BenchSpec:
         return runs
 
 
-def data_parallel_degree(num_processes: int, layout: Layout | None) -> int:
+def data_parallel_degree(num_processes: int, layout: Mesh | None) -> int:
     """Processes that take different batches: all of them, but one per tensor/context-parallel group."""
-    return num_processes // layout.batch_replicas if layout is not None else num_processes
+    return num_processes // batch_replicas(layout) if layout is not None else num_processes
 
 
 # -- parsing and checks (all before anything starts) -------------------------------------------------------------

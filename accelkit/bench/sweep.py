@@ -28,6 +28,8 @@ from accelkit.bench.launching import (
     run_bench_launch,
     script_request,
 )
+from accelkit.bench.layouts import batch_replicas
+from accelkit.bench.pipeline_stats import PipelineFigures, pipeline_figures
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, noise_reasons, scaling, summarize
 from accelkit.launch import RunOutcome
@@ -53,6 +55,7 @@ class RunRecord:
     comm_predicted_s: float | None = None  # communication time per step predicted from --comm's bandwidth
     comm_busbw_gbs: float | None = None
     note: str | None = None  # something the figures alone do not say (e.g. the script ended before the limit)
+    pipeline: PipelineFigures | None = None  # a layout with pp: measured bubble and point-to-point bytes per stage
 
     @property
     def label(self) -> str:
@@ -260,13 +263,15 @@ class Sweep:
         if record.ranks and not any(rank.get("steps") for rank in record.ranks):
             record.status, record.error = "failed", NO_OPTIMIZER_STEP
             return record
-        replicas = run.layout.batch_replicas if run.layout is not None else 1
+        replicas = batch_replicas(run.layout) if run.layout is not None else 1
         try:
             record.summary = summarize(record.ranks, self.spec.warmup, self.spec.machines, replicas)
         except TooFewSteps as exc:
             record.status, record.error = "failed", f"{exc}; lower --warmup/--steps or let the script run longer"
             return record
         record.note = short_window_note(record.summary, self.spec, record.ranks)
+        if run.layout is not None and run.layout.pp > 1:
+            record.pipeline = pipeline_figures(record.ranks, self.spec.warmup, run.layout.pp)
         return record
 
     def _attach_comm(self, record: RunRecord) -> None:

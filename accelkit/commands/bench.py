@@ -28,7 +28,7 @@ DEFAULT_MIN_TIME = 2.0  # seconds: 1,000 steps of the minimal template's 2 ms; p
               help="Run each of these backends (e.g. ddp,fsdp,deepspeed); default world size: the largest.")
 @click.option("--layouts", "layouts", multiple=True, metavar="DIM=N,...;...",
               help="Compare N-D parallelism layouts of one world size, e.g. \"dp_shard=4;dp_shard=2,tp=2\" "
-                   "(dimensions dp_replicate, dp_shard, tp, cp, sp; `;` between layouts, or repeat the option). "
+                   "(dimensions dp_replicate, dp_shard, tp, cp, sp, pp; `;` between layouts, or repeat the option). "
                    "Each layout runs with the backend that composes it unless --backend names one. With "
                    "--grad-compression: compression vs none per layout.")
 @run_options

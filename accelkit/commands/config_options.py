@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from accelkit.configs import OPTION_FIELDS, ConfigOptions, flag_name
+from accelkit.configs import OPTION_FLAGS, ConfigOptions
 
 
 def nonempty_path(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -28,8 +28,8 @@ def _to_int(ctx: click.Context, param: click.Parameter, value: str | None) -> in
     return None if value is None else int(value)
 
 
-def _click_option(f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    meta, flag = f.metadata, flag_name(f.name)
+def _click_option(flag: str, f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    meta = f.metadata
     kind, choices, help_text = meta["kind"], meta["choices"], meta["help"]
     common: dict[str, Any] = {"default": None, "help": help_text}
     if meta["metavar"]:
@@ -62,9 +62,9 @@ def config_options_except(*names: str) -> Callable[[Callable[..., Any]], Callabl
     `accelkit bench --num-processes 1,2,4,8`)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        for f in reversed(list(OPTION_FIELDS.values())):
+        for flag, f in reversed(list(OPTION_FLAGS.items())):
             if f.name not in names:
-                func = _click_option(f)(func)
+                func = _click_option(flag, f)(func)
         return func
 
     return decorate
@@ -72,6 +72,6 @@ def config_options_except(*names: str) -> Callable[[Callable[..., Any]], Callabl
 
 def options_from_kwargs(kwargs: dict[str, Any]) -> ConfigOptions:
     """Pop the shared options out of a click callback's kwargs and return them as a ConfigOptions."""
-    values = {name: kwargs.pop(name) for name in OPTION_FIELDS if name in kwargs}
+    values = {f.name: kwargs.pop(f.name) for f in OPTION_FLAGS.values() if f.name in kwargs}
     values["wrap_cls"] = tuple(values.get("wrap_cls") or ())
     return ConfigOptions(**values)

@@ -12,6 +12,7 @@
     model_heads.py  the model's attention heads and layers (config.json) against the tp size and the pp stages
     pipeline_spec.py  PipelineSpec: where a pipeline layout lives (no Accelerate key): $ACCELKIT_PIPELINE and
                  the YAML's comment line
+    mesh.py      Mesh: the one N-D mesh type (pp included, one dimension order) and its `dim=size,...` parser
     api.py       run_config: `accelkit config` as one call (write or print the YAML, --list, --check)
     presets.py, machine_defaults.py, deepspeed_json.py, schema.py   the presets, defaults from this machine, the
                  DeepSpeed JSON, and the keys Accelerate accepts (read from Accelerate itself)
@@ -27,8 +28,7 @@ from accelkit.exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     # what the user asks for, and the closed sets of values
     "ConfigOptions": "options",
-    "OPTION_FIELDS": "options",
-    "flag_name": "options",
+    "OPTION_FLAGS": "options",
     "Backend": "choices",
     "MixedPrecision": "choices",
     "OffloadDevice": "choices",
@@ -45,6 +45,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "installed_layout_gaps": "compat",
     "model_from_script_args": "model_heads",
     # the pipeline layout, which Accelerate has no key for
+    "Mesh": "mesh",  # the one N-D mesh type: bench's --layouts and plan's rows wrap it
     "pipeline_with_config_comment": "pipeline_spec",
     # files: load, check, write
     "load_accelerate_config": "files",

@@ -202,6 +202,11 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+# The options as the command line spells them (`--zero-stage` -> its field), in the table's order: what the commands
+# turn into click options, so a flag and the messages that name it (flag_name) cannot differ.
+OPTION_FLAGS = {flag_name(name): f for name, f in OPTION_FIELDS.items()}
+
+
 def config_key(field_name: str) -> str:
     """The Accelerate config key an option sets (`fsdp_config.fsdp_version`), or "" for options that set none."""
     return OPTION_FIELDS[field_name].metadata["key"] or "" if field_name in OPTION_FIELDS else ""

@@ -16,7 +16,6 @@ from typing import Any
 
 from accelkit.configs.choices import (
     CP_BACKENDS,
-    MESH_ORDER,
     SP_BACKENDS,
     Backend,
     MixedPrecision,
@@ -26,6 +25,7 @@ from accelkit.configs.choices import (
     WrapPolicy,
 )
 from accelkit.configs.findings import Finding
+from accelkit.configs.mesh import ACCELERATE_DIMENSIONS, MESH_DIMENSIONS, Mesh
 from accelkit.configs.options import config_key, flag_name
 
 # option name -> ParallelismSettings field
@@ -115,8 +115,13 @@ class ParallelismSettings:
     @property
     def sizes(self) -> dict[str, int]:
         """Dimension -> size, in mesh order (outermost first, tp innermost); pp, when used, comes first."""
-        accelerate_sizes = {name: getattr(self, name) for name in MESH_ORDER}
+        accelerate_sizes = {name: getattr(self, name) for name in ACCELERATE_DIMENSIONS}
         return {"pp": self.pp, **accelerate_sizes} if self.pp != 1 else accelerate_sizes
+
+    @property
+    def mesh(self) -> Mesh:
+        """The resolved sizes as the one mesh type (accelkit.configs.mesh) bench and plan use."""
+        return Mesh(**{name: getattr(self, name) for name in MESH_DIMENSIONS})
 
     @property
     def pipelined(self) -> bool:
@@ -148,7 +153,7 @@ class ParallelismSettings:
         values = {name: getattr(options, option) for option, name in ND_FIELDS.items()}
         if all(value is None for value in values.values()):
             return None
-        return cls(**{name: (1 if value is None else value) if name in (*MESH_ORDER, "pp") else value
+        return cls(**{name: (1 if value is None else value) if name in MESH_DIMENSIONS else value
                       for name, value in values.items()}, extra=dict(extra or {}))
 
     def describe(self) -> str:

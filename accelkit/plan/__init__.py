@@ -23,4 +23,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "run_plan": "api",
     "PlanRequest": "api",
     "ShapeFlags": "models",
+    "Pipeline": "pipeline",  # a schedule's stages, bubble and point-to-point sends (bench's pp layouts too)
 })

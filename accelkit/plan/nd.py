@@ -39,9 +39,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from accelkit.configs import Mesh
 from accelkit.plan.activations.profile import Profile, from_formula
 from accelkit.plan.estimate import CUDA_RESERVE, usable_gpu
-from accelkit.plan.pipeline import Pipeline
+from accelkit.plan.pipeline import DEFAULT_SCHEDULE, Pipeline
 from accelkit.sizes import format_bytes
 
 MOMENTS = {"adamw": 2, "sgd-momentum": 1, "sgd": 0, "adafactor": 1}
@@ -59,65 +60,68 @@ LLAMA_TP_PLAN = {"embed_tokens": "embedding_rowwise",
 
 @dataclass(frozen=True)
 class Layout:
+    """A plan row's layout: the mesh (accelkit.configs.Mesh, the one N-D mesh type) and what the plan adds to it:
+    the backend that runs it, TP's sequence parallelism, and the pipeline's schedule and micro-batches."""
+
     backend: str  # fsdp | deepspeed | ddp
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    cp: int = 1
-    sp: int = 1
+    mesh: Mesh = Mesh()
     sequence_parallel: bool = False  # TP's sequence parallelism (norms, dropouts, layer inputs and logits split)
-    pipeline: Pipeline = Pipeline()  # pp ranks, schedule, micro-batches
+    schedule: str = DEFAULT_SCHEDULE  # the pipeline's (mesh.pp > 1), as torch names it
+    microbatches: int = 1
 
     @property
-    def pp(self) -> int:
-        return self.pipeline.ranks
+    def pipeline(self) -> Pipeline:
+        """pp ranks, schedule, micro-batches (pipeline.py)."""
+        return Pipeline(self.mesh.pp, self.schedule, self.microbatches)
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.sp * self.pp
+        return self.mesh.world
 
     @property
     def sequence_split(self) -> int:
-        return self.cp * self.sp
+        return self.mesh.cp * self.mesh.sp
 
     @property
     def batch_replicas(self) -> int:
         """Ranks that share one batch: a TP, CP, SP group and the stages of one pipeline."""
-        return self.tp * self.cp * self.sp * self.pp
+        return self.mesh.tp * self.mesh.cp * self.mesh.sp * self.mesh.pp
 
     @property
     def shard_group(self) -> int:
         """The ranks each tensor is sharded over: FSDP2's dp_shard x cp; ZeRO-3 with SP: every rank."""
         if self.backend == "deepspeed":
             return self.world
-        return self.dp_shard * self.cp if self.backend == "fsdp" else 1
+        return self.mesh.dp_shard * self.mesh.cp if self.backend == "fsdp" else 1
 
     @property
     def name(self) -> str:
-        """bench's layout syntax: `dp_shard=8,tp=8,pp=8`."""
-        shard = self.world // (self.sp * self.pp) if self.backend == "deepspeed" else self.dp_shard
-        sizes = (("dp_replicate", self.dp_replicate), ("dp_shard", shard), ("cp", self.cp), ("sp", self.sp),
-                 ("tp", self.tp), ("pp", self.pp))
-        return ",".join(f"{dim}={size}" for dim, size in sizes if size > 1) or "dp_replicate=1"
+        """bench's layout syntax: `dp_shard=8,tp=8,pp=8` (ZeRO-3's data parallelism written as dp_shard)."""
+        if self.backend == "deepspeed":
+            return dataclasses.replace(self.mesh, dp_shard=self.world // (self.mesh.sp * self.mesh.pp)).name
+        return self.mesh.name
 
     def describe(self) -> str:
         shard = "zero3" if self.backend == "deepspeed" else "dp_shard"
-        parts = [f"{name} {size}" for name, size in (("dp_replicate", self.dp_replicate), (shard, self.dp_shard),
-                                                      ("cp", self.cp), ("sp", self.sp), ("tp", self.tp),
-                                                      ("pp", self.pp)) if size > 1]
+        m = self.mesh
+        parts = [f"{name} {size}" for name, size in (("dp_replicate", m.dp_replicate), (shard, m.dp_shard),
+                                                      ("cp", m.cp), ("sp", m.sp), ("tp", m.tp), ("pp", m.pp))
+                 if size > 1]
         text = f"{self.backend}: " + (" x ".join(parts) or "1 GPU")
-        return text + (f" ({self.pipeline.describe()})" if self.pp > 1 else "")
+        return text + (f" ({self.pipeline.describe()})" if m.pp > 1 else "")
 
     def flags(self) -> str:
         """The `accelkit config`/`launch` flags (DeepSpeed takes only --sp-size: ZeRO's data parallelism is the
         rest of the ranks)."""
-        shard = 1 if self.backend == "deepspeed" else self.dp_shard
-        sizes = [f"--{name}-size {size}" for name, size in (("dp-replicate", self.dp_replicate),
-                                                             ("dp-shard", shard), ("tp", self.tp),
-                                                             ("cp", self.cp), ("sp", self.sp), ("pp", self.pp))
+        m = self.mesh
+        shard = 1 if self.backend == "deepspeed" else m.dp_shard
+        sizes = [f"--{name}-size {size}" for name, size in (("dp-replicate", m.dp_replicate),
+                                                             ("dp-shard", shard), ("tp", m.tp),
+                                                             ("cp", m.cp), ("sp", m.sp), ("pp", m.pp))
                  if size > 1]
-        if self.pp > 1:
-            sizes += [f"--pp-schedule {self.pipeline.schedule}", f"--microbatches {self.pipeline.microbatches}"]
+        if m.pp > 1:
+            # spelled as `accelkit config` takes it (lower case); the plan keeps torch's class names
+            sizes += [f"--pp-schedule {self.schedule.lower()}", f"--microbatches {self.microbatches}"]
         backend = "--backend deepspeed --zero-stage 3" if self.backend == "deepspeed" else f"--backend {self.backend}"
         return " ".join([backend, *sizes])
 
@@ -197,25 +201,26 @@ def _plan_style(name: str, plan: Mapping[str, str]) -> str | None:
 
 def unavailable(layout: Layout, model: Model, gpus: int, nodes: int) -> str | None:
     """Why Accelerate (or the model) cannot run this layout here, the rules of accelkit.configs.rules."""
+    m = layout.mesh
     per_node = gpus // nodes
     if layout.world != gpus:
         return f"the sizes multiply to {layout.world}, not {gpus} GPUs"
-    if layout.tp * layout.cp > per_node or per_node % (layout.tp * layout.cp):
-        return (f"tensor/context-parallel groups of {layout.tp * layout.cp} would span machines ({per_node} GPUs "
+    if m.tp * m.cp > per_node or per_node % (m.tp * m.cp):
+        return (f"tensor/context-parallel groups of {m.tp * m.cp} would span machines ({per_node} GPUs "
                 "each): refused")
-    if layout.tp > 1 and (model.heads % layout.tp or model.kv_heads % layout.tp):
-        return f"{model.heads} heads / {model.kv_heads} kv heads do not split over tp {layout.tp}"
-    if layout.sp > 1 and model.heads % layout.sp:
-        return f"{model.heads} heads do not split over sp {layout.sp} (Ulysses splits heads)"
-    if layout.cp > 1 and layout.sp > 1:
+    if m.tp > 1 and (model.heads % m.tp or model.kv_heads % m.tp):
+        return f"{model.heads} heads / {model.kv_heads} kv heads do not split over tp {m.tp}"
+    if m.sp > 1 and model.heads % m.sp:
+        return f"{model.heads} heads do not split over sp {m.sp} (Ulysses splits heads)"
+    if m.cp > 1 and m.sp > 1:
         return "cp and sp cannot be combined"
-    if layout.backend == "deepspeed" and (layout.tp > 1 or layout.cp > 1 or layout.pp > 1):
+    if layout.backend == "deepspeed" and (m.tp > 1 or m.cp > 1 or m.pp > 1):
         return "DeepSpeed composes only sp"
-    if layout.pp > 1 and layout.sp > 1:
+    if m.pp > 1 and m.sp > 1:
         return "pp composes with dp_replicate, dp_shard, tp and cp (torch's mesh), not Ulysses sp"
-    if layout.pp > 1 and model.layers < layout.pipeline.stages:
+    if m.pp > 1 and model.layers < layout.pipeline.stages:
         return f"{layout.pipeline.stages} stages for {model.layers} layers"
-    if layout.backend == "fsdp" and layout.dp_shard * layout.cp == 1:
+    if layout.backend == "fsdp" and m.dp_shard * m.cp == 1:
         return "FSDP has nothing to shard"
     return None
 
@@ -261,13 +266,13 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
         profile = from_formula({"hidden_size": model.hidden, "num_hidden_layers": model.layers,
                                 "vocab_size": model.vocab}, micro_batch, seq_len)
     worst: Row | None = None
-    ranks = range(layout.pp)
+    ranks = range(layout.mesh.pp)
     for rank in ranks:
         candidate = _rank_row(layout, model, rank, gpu_memory, seq_len, micro_batch, checkpointing, optimizer,
                               tp_plan, profile, compute_bytes, reduce_bytes or compute_bytes)
         if worst is None or candidate.total > worst.total:
             worst = candidate
-    if buffers is not None and layout.backend in buffers and layout.tp == 1 and layout.pp == 1:
+    if buffers is not None and layout.backend in buffers and layout.mesh.tp == 1 and layout.mesh.pp == 1:
         worst = dataclasses.replace(worst, gathered=buffers[layout.backend])
     return worst
 
@@ -275,7 +280,7 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
 def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, seq_len: int, micro_batch: int,
               checkpointing: bool, optimizer: str, tp_plan: Mapping[str, str], profile: Profile,
               compute_bytes: int, reduce_bytes: int) -> Row:
-    tp, group, pipeline = layout.tp, layout.shard_group, layout.pipeline
+    tp, group, pipeline = layout.mesh.tp, layout.shard_group, layout.pipeline
     weight, grad, moments = 4, 4, 4 * MOMENTS[optimizer]  # fp32 (Accelerate mixed precision)
     if layout.backend == "deepspeed":
         weight, grad, moments = 2, 2, 4 + 4 * MOMENTS[optimizer]  # 16-bit weights/gradients, fp32 master + moments
@@ -285,6 +290,7 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
     outside = 0
     for name, shape in tensors:
         numel = math.prod(shape)
+        rows = shape[0] if shape else 1  # dim 0 of this rank's TP shard: what FSDP2 splits
         style = _plan_style(name, tp_plan) if tp > 1 else None
         if style in SHARDED_STYLES:
             sharded += numel
@@ -294,9 +300,16 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
             # colwise splits a Linear's output rows (dim 0), rowwise its input columns (last dim); padded to whole
             dim = len(shape) - 1 if "rowwise" in style and style != "embedding_rowwise" and len(shape) > 1 else 0
             numel = numel // shape[dim] * math.ceil(shape[dim] / tp)
+            rows = math.ceil(shape[0] / tp) if dim == 0 else rows
         else:
             replicated += numel
-        local += math.ceil(numel / group)
+        if layout.backend == "fsdp" and group > 1:
+            # FSDP2 shards each tensor by dim-0 rows, the first ranks one row more: an odd vocabulary's embedding
+            # puts half a row more on rank 0 than an even split of its elements (measured: the causal-lm template
+            # under dp_shard 2 x pp 2, benchmarks/plan_accuracy.py)
+            local += math.ceil(rows / group) * (numel // rows if rows else 0)
+        else:
+            local += math.ceil(numel / group)
         unsharded += numel
         index = _layer_of(name)
         if index is None:
@@ -342,18 +355,18 @@ def _traffic(layout: Layout, model: Model, local: int, s: float, b: int, checkpo
     out: dict[str, int] = {}
     act = s * b * model.hidden * 2  # one layer's output, 16-bit
     passes = 3 if checkpointing else 2  # forward, recomputed forward, backward
-    if layout.tp > 1:
-        out["tp"] = int(model.layers * 2 * passes * act * 2 * (layout.tp - 1) / layout.tp)
-    if layout.cp > 1:
+    if layout.mesh.tp > 1:
+        out["tp"] = int(model.layers * 2 * passes * act * 2 * (layout.mesh.tp - 1) / layout.mesh.tp)
+    if layout.mesh.cp > 1:
         kv = s * b * model.hidden * model.kv_heads / model.heads * 2 * 2  # K and V, 16-bit
-        out["cp"] = int(model.layers * passes * kv * (layout.cp - 1))
-    if layout.sp > 1:
-        out["sp"] = int(model.layers * 4 * passes * act * (layout.sp - 1) / layout.sp)
+        out["cp"] = int(model.layers * passes * kv * (layout.mesh.cp - 1))
+    if layout.mesh.sp > 1:
+        out["sp"] = int(model.layers * 4 * passes * act * (layout.mesh.sp - 1) / layout.mesh.sp)
     if layout.shard_group > 1:
         name = "dp_shard_cp" if layout.backend == "fsdp" else "zero"
         out[name] = int(3 * local * layout.shard_group * 2 * (layout.shard_group - 1) / layout.shard_group)
-    if layout.dp_replicate > 1:
-        out["dp_replicate"] = int(2 * local * 4 * (layout.dp_replicate - 1) / layout.dp_replicate)
+    if layout.mesh.dp_replicate > 1:
+        out["dp_replicate"] = int(2 * local * 4 * (layout.mesh.dp_replicate - 1) / layout.mesh.dp_replicate)
     return out
 
 
@@ -370,21 +383,21 @@ def candidates(gpus: int, nodes: int, layers: int | None = None) -> list[Layout]
     FSDP and TP inside a stage, 1F1B over one micro-batch per stage): the least communication first."""
     per_node = gpus // nodes
     splits = [n for n in (2, 4, 8, 16, 32, 64) if n <= gpus and gpus % n == 0]
-    out = [Layout("fsdp", dp_shard=gpus)]
+    out = [Layout("fsdp", Mesh(dp_shard=gpus))]
     if nodes > 1:
-        out.append(Layout("fsdp", dp_replicate=nodes, dp_shard=per_node))
-    out += [Layout("fsdp", dp_shard=gpus // c, cp=c) for c in splits if c <= per_node and c < gpus]
-    out += [Layout("deepspeed", dp_shard=gpus // s, sp=s) for s in splits]  # ZeRO-3's data parallelism: the rest
-    out += [Layout("fsdp", dp_shard=gpus // t, tp=t, sequence_parallel=False) for t in splits
+        out.append(Layout("fsdp", Mesh(dp_replicate=nodes, dp_shard=per_node)))
+    out += [Layout("fsdp", Mesh(dp_shard=gpus // c, cp=c)) for c in splits if c <= per_node and c < gpus]
+    out += [Layout("deepspeed", Mesh(dp_shard=gpus // s, sp=s)) for s in splits]  # ZeRO-3's data parallelism: the rest
+    out += [Layout("fsdp", Mesh(dp_shard=gpus // t, tp=t), sequence_parallel=False) for t in splits
             if t <= per_node and t < gpus]
-    out += [Layout("fsdp", dp_shard=gpus // (t * c), tp=t, cp=c) for t in splits for c in splits
+    out += [Layout("fsdp", Mesh(dp_shard=gpus // (t * c), tp=t, cp=c)) for t in splits for c in splits
             if t * c <= per_node and t * c < gpus]
     for p in splits:
         if layers is not None and layers < p:
             continue
         for t in [1, *splits]:
             if t <= per_node and p * t < gpus and gpus % (p * t) == 0:
-                out.append(Layout("fsdp", dp_shard=gpus // (p * t), tp=t, pipeline=Pipeline(p, "1F1B", p)))
+                out.append(Layout("fsdp", Mesh(pp=p, dp_shard=gpus // (p * t), tp=t), schedule="1F1B", microbatches=p))
     return out
 
 
@@ -394,7 +407,7 @@ def _reason(best: Row, rows: tuple[Row, ...], nodes: int, seq_len: int) -> str:
     if best is first or (nodes > 1 and best is rows[1]):
         return (f"data-parallel sharding alone fits ({layout.describe()}, {format_bytes(best.total)} per "
                 "GPU): no tensor, context, sequence or pipeline parallelism needed")
-    if layout.pp > 1:
+    if layout.mesh.pp > 1:
         return (f"the model's states per GPU need splitting by layers: {layout.describe()} needs "
                 f"{format_bytes(best.total)} per GPU (pipeline rank {best.worst_rank}), with a bubble of "
                 f"{best.bubble:.0%} of each step")
@@ -439,9 +452,10 @@ def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_l
                                     "add GPUs, shorten the sequence, or offload")
     reason = _reason(best, rows, nodes, seq_len)
     per_node = gpus // nodes
-    if best.layout.sp > per_node:
-        reason += (f"; sp {best.layout.sp} spans {best.layout.sp // per_node} machines, so Ulysses' all-to-all "
-                   "crosses the network (cp and tp stay within a machine)")
+    if best.layout.mesh.sp > per_node:
+        sp = best.layout.mesh.sp
+        reason += (f"; sp {sp} spans {sp // per_node} machines, so Ulysses' all-to-all crosses the network (cp and tp "
+                   "stay within a machine)")
     if checkpointing and best.layout.backend != "fsdp":
         reason += ("; activation checkpointing: call model.gradient_checkpointing_enable() in the script (only "
                    "FSDP configs switch it on)")
@@ -454,8 +468,8 @@ def describe_row(r: Row) -> str:
     if r.unavailable:
         return f"{r.layout.describe():<40} refused: {r.unavailable}"
     verdict = {True: "fits", False: "does not fit", None: "?"}[r.fits]
-    split = f", TP splits {r.tp_sharded:,} params, {r.tp_replicated:,} replicated" if r.layout.tp > 1 else ""
-    if r.layout.pp > 1:
+    split = f", TP splits {r.tp_sharded:,} params, {r.tp_replicated:,} replicated" if r.layout.mesh.tp > 1 else ""
+    if r.layout.mesh.pp > 1:
         split += (f", pipeline rank {r.worst_rank}, bubble {r.bubble:.1%}, point-to-point "
                   f"{format_bytes(r.traffic.get('pp', 0))} per step")
     return (f"{r.layout.describe():<40} states {format_bytes(r.states)}, activations {format_bytes(r.activations)}, "

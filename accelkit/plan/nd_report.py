@@ -94,7 +94,7 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
     title = "Layout (--layout; per GPU, the rank that needs the most):" if layout is not None else \
         "N-D and pipeline layouts (activation checkpointing; per GPU, the rank that needs the most):"
     lines = ["", title]
-    lines += [f"  {nd.describe_row(r)}" for r in advice.rows if r.unavailable is None or r.layout.tp > 1]
+    lines += [f"  {nd.describe_row(r)}" for r in advice.rows if r.unavailable is None or r.layout.mesh.tp > 1]
     data = {"recommended": advice.best.layout.flags() if advice.best else None, "reason": advice.reason,
             "commands": list(advice.commands), "checkpointing": checkpointing,
             "activations_source": profile.source if profile else None,
@@ -117,7 +117,7 @@ def _row_json(r: nd.Row) -> dict[str, Any]:
     out = {"layout": r.layout.describe(), "name": r.layout.name, "unavailable": r.unavailable, "states": r.states,
            "activations": r.activations, "gathered": r.gathered, "total": r.total, "fits": r.fits,
            "tp_sharded": r.tp_sharded, "tp_replicated": r.tp_replicated, "traffic": dict(r.traffic)}
-    if r.layout.pp > 1:
+    if r.layout.mesh.pp > 1:
         pipeline = r.layout.pipeline
         out["pipeline"] = {"pp": pipeline.ranks, "schedule": pipeline.schedule, "microbatches": pipeline.microbatches,
                            "stages_per_rank": pipeline.stages_per_rank, "bubble": r.bubble,

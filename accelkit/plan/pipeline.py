@@ -14,13 +14,15 @@ schedules), m micro-batches per step:
 - bubble: the idle share of a step, (p-1)/(m+p-1) for GPipe and 1F1B; interleaving divides the warm-up by v, and
   the plan reports Narayanan et al.'s (p-1)/(v*m) for it.
 - point-to-point: every stage boundary a micro-batch crosses sends its hidden state forward and its gradient
-  back, so a rank sends 2 * v * m boundary tensors per step (one fewer pair per micro-batch on the first and last
-  stage; the plan counts the busiest rank).
+  back, so a rank sends 2 * v * m boundary tensors per step, one fewer per micro-batch for the first stage (no
+  gradient to send back) and for the last (no output to send on); the plan counts the busiest rank (with p = 2
+  and one stage per rank, m each: counted by `bench --layouts` in the ranks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from accelkit.errors import AccelkitError
 
@@ -43,6 +45,7 @@ def schedule_name(text: str) -> str:
 class Pipeline:
     """p ranks in the pipeline, their schedule and micro-batches per step."""
 
+    SCHEDULES: ClassVar[dict[str, int]] = SCHEDULES  # the schedules modelled (torch's class names less `Schedule`)
     ranks: int = 1
     schedule: str = DEFAULT_SCHEDULE
     microbatches: int = 1
@@ -93,7 +96,15 @@ class Pipeline:
 
     def p2p_sends(self) -> int:
         """Boundary tensors the busiest rank sends per step (forward activations plus backward gradients)."""
-        return 0 if self.ranks == 1 else 2 * self.stages_per_rank * self.microbatches
+        return max((self.p2p_sends_of_rank(rank) for rank in range(self.ranks)), default=0)
+
+    def p2p_sends_of_rank(self, rank: int) -> int:
+        """Boundary tensors rank `rank` sends per step: per micro-batch, each of its stages sends its output on
+        (all but the last stage) and its input's gradient back (all but the first)."""
+        if self.ranks == 1:
+            return 0
+        last = self.stages - 1
+        return self.microbatches * sum((stage != last) + (stage != 0) for stage in self.stages_of_rank(rank))
 
     def describe(self) -> str:
         if self.ranks == 1:

@@ -74,10 +74,10 @@ class Plan:
         if choice is not None:
             layout = (choice.best or choice.rows[0]).layout
             ranks = layout.world // layout.batch_replicas
-            steps = layout.pipeline.microbatches if layout.pp > 1 else 1
+            steps = layout.pipeline.microbatches if layout.mesh.pp > 1 else 1
             with contextlib.suppress(AccelkitError):  # a --global-batch the layout's batch does not divide
                 steps *= tr.accumulation(ranks * steps)
-            what = "pipeline micro-batch(es)" if layout.pp > 1 else "accumulation step(s)"
+            what = "pipeline micro-batch(es)" if layout.mesh.pp > 1 else "accumulation step(s)"
             return tr.micro_batch * ranks * steps, tr.micro_batch, ranks, steps, what
         ranks = self.hardware.gpus if chosen is None or chosen.strategy.distributed else 1
         steps = chosen.accumulation if chosen is not None else tr.accumulation(ranks)

@@ -14,9 +14,9 @@ tests/unit/plan/test_pp_plan.py holds them to 10%).
 
 from __future__ import annotations
 
+from accelkit.configs import Mesh
 from accelkit.plan import nd
 from accelkit.plan.estimate import CUDA_RESERVE, FRAGMENTATION
-from accelkit.plan.pipeline import Pipeline
 
 TORCHTITAN_405B = {"1F1B": (4, 8, 82.5), "Interleaved1F1B": (2, 16, 72.7)}  # micro-batch, micro-batches, GiB
 GPU_MEMORY = 95 * 2**30
@@ -37,8 +37,8 @@ def torchtitan_405b(schedule: str) -> tuple[float, float]:
     micro_batch, microbatches, published = TORCHTITAN_405B[schedule]
     spec = resolve_model(None, ShapeFlags(126, 16384, 128, 8, 128256, 53248), None)
     profile = traced(spec, compute_for("fsdp", "bf16-mixed"), micro_batch, SEQ_LEN, "cuda")
-    layout = nd.Layout("fsdp", dp_shard=8, tp=8, sequence_parallel=True,
-                       pipeline=Pipeline(8, schedule, microbatches))
+    layout = nd.Layout("fsdp", Mesh(pp=8, dp_shard=8, tp=8), sequence_parallel=True, schedule=schedule,
+                       microbatches=microbatches)
     row = nd.row(layout, llama_405b(), gpus=512, nodes=64, gpu_memory=GPU_MEMORY, seq_len=SEQ_LEN,
                  micro_batch=micro_batch, profile=profile, reduce_bytes=4)
     return (row.total + CUDA_RESERVE) / (1 - FRAGMENTATION) / 2**30, published

@@ -51,11 +51,11 @@ def layout_options(layout, hardware: Hardware, training: Training, checkpointing
         given["zero_stage"] = 3
     elif checkpointing and layout.backend == "fsdp":
         given["activation_checkpointing"] = True
-    shard = 1 if layout.backend == "deepspeed" else layout.dp_shard
-    sizes = {"dp_replicate_size": layout.dp_replicate, "dp_shard_size": shard, "tp_size": layout.tp,
-             "cp_size": layout.cp, "sp_size": layout.sp}
-    if layout.pp > 1:
-        sizes.update(pp_size=layout.pp, pp_schedule=layout.pipeline.schedule.lower(),
+    shard = 1 if layout.backend == "deepspeed" else layout.mesh.dp_shard
+    sizes = {"dp_replicate_size": layout.mesh.dp_replicate, "dp_shard_size": shard, "tp_size": layout.mesh.tp,
+             "cp_size": layout.mesh.cp, "sp_size": layout.mesh.sp}
+    if layout.mesh.pp > 1:
+        sizes.update(pp_size=layout.mesh.pp, pp_schedule=layout.pipeline.schedule.lower(),
                      microbatches=layout.pipeline.microbatches)
     given.update({name: value for name, value in sizes.items() if value != 1})
     return ConfigOptions(**given)

@@ -9,10 +9,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import DATA
+from helpers import DATA, REPO_ROOT
 from helpers.faults import invoke_fault, run_fault
 
 COUNTED = DATA / "bench" / "counted_train.py"
+TEMPLATE = REPO_ROOT / "templates" / "causal-lm" / "train.py"
 
 
 @pytest.fixture
@@ -37,7 +38,11 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str], match: 
 
 @pytest.mark.parametrize(("layouts", "extra", "match"), [
     ("tp2", [], r"--layouts: 'tp2' is not DIM=SIZE"),
-    ("pp=2", [], r"--layouts: unknown dimension 'pp' in 'pp=2'"),
+    ("ep=2", [], r"--layouts: unknown dimension 'ep' in 'ep=2'"),
+    ("dp_shard=2,pp=2;pp=2", [], r"--layouts: dp_shard=2,pp=2 is 4 processes but pp=2 is 2"),
+    ("pp=2", ["--num-processes", "4"], r"multiply to 2, not --num-processes 4"),
+    ("pp=2", ["--pp-size", "2"], r"--layouts and --pp-size both set the parallelism sizes"),
+    ("dp_shard=2;tp=2", ["--microbatches", "4"], r"--microbatches applies to a pipeline, but no layout of --layouts"),
     ("dp_shard=4;dp_shard=2", [], r"--layouts: dp_shard=4 is 4 processes but dp_shard=2 is 2"),
     ("tp=1", [], r"--layouts: tp=1 is one process"),
     ("dp_shard=4;dp_shard=2,tp=2", ["--num-processes", "2"], r"multiply to 4, not --num-processes 2"),
@@ -68,6 +73,23 @@ def test_a_layout_the_rule_set_refuses_is_named_before_any_starts(layouts: str, 
     backend = ["--backend", "fsdp"] if layouts == "tp=2" else []
     result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), *backend, "--layouts", layouts, str(script)],
                        watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(match)
+
+
+@pytest.mark.slow  # the rule set builds each layout's config with Accelerate (a few seconds of imports)
+@pytest.mark.parametrize(("layouts", "extra", "match"), [
+    # the causal-lm template's model has 2 decoder layers: 4 stages cannot hold whole layers
+    ("dp_shard=4;pp=4", [], r"--layouts pp=4 \(ddp\): --pp-size 4 makes 4 pipeline stages, but the model has 2 "
+                            r"decoder layers"),
+    ("dp_shard=2;pp=2", ["--microbatches", "1"], r"--layouts pp=2 \(ddp\): --microbatches 1 is fewer than the 2 "
+                                                 r"pipeline stages"),
+    ("dp_shard=4;cp=2,pp=2", [], r"--layouts cp=2,pp=2 \(fsdp\): --pp-size 2 with --cp-size 2: the pipeline "
+                                 r"composes with FSDP2 \(dp_shard\) and tensor parallelism"),
+])
+def test_a_pipeline_layout_the_rule_set_refuses_is_named_before_any_starts(layouts: str, extra: list[str],
+                                                                           match: str, tmp_path: Path) -> None:
+    result = run_fault(["bench", "--cpu", "-o", str(tmp_path / "out"), "--layouts", layouts, *extra, str(TEMPLATE),
+                        "--output-dir", str(tmp_path / "train-out")], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(match)
 
 

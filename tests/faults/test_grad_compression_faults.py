@@ -84,6 +84,8 @@ def test_bench_refuses_options_of_another_bench(tmp_path: Path) -> None:
      r"--layouts and --tp-size both set the parallelism sizes"),
     (["--layouts", "dp_replicate=2;dp_shard=2", "--num-processes", "4", "--grad-compression", "fp16"],
      r"--layouts: the sizes of dp_replicate=2 multiply to 2, not --num-processes 4"),
+    (["--layouts", "dp_shard=2;pp=2", "--grad-compression", "fp16"],
+     r"--grad-compression with --layouts pp=2: a pipeline's stages are not prepared by Accelerate"),
     (["--layouts", "dp_replicate=2;dp_shard=4", "--grad-compression", "fp16"],
      r"layouts are compared at one world size"),
     (["--layouts", "tp=2", "--backend", "fsdp", "--fsdp-version", "1", "--grad-compression", "fp16"],

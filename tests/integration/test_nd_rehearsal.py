@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import DATA, run_accelkit
 
+from accelkit.configs.mesh import Mesh
+
 SCRIPT = DATA / "nd" / "train_nd.py"
 SP_SCRIPT = DATA / "nd" / "train_sp.py"
 pytestmark = pytest.mark.slow
@@ -95,7 +97,7 @@ def test_tensor_parallel_2_matches_one_process_resumes_and_merges(base: Path):
     assert_same_run(result, reference)
     from accelkit.plan import nd
 
-    assert_plan_predicts_the_states(result, nd.Layout("ddp", tp=2))
+    assert_plan_predicts_the_states(result, nd.Layout("ddp", Mesh(tp=2)))
     check_merge(work)
 
 
@@ -107,7 +109,7 @@ def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
     assert_same_run(result, reference)
     from accelkit.plan import nd
 
-    assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_replicate=2, dp_shard=2))
+    assert_plan_predicts_the_states(result, nd.Layout("fsdp", Mesh(dp_replicate=2, dp_shard=2)))
     check_merge(work)
 
 
@@ -133,7 +135,7 @@ def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_
     assert result["mesh"] == {"dp_shard": 2, "tp": 2} and result["dtensor"]
     assert result["distributed_type"].endswith("FSDP")
     assert_same_run(result, reference)
-    assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_shard=2, tp=2))
+    assert_plan_predicts_the_states(result, nd.Layout("fsdp", Mesh(dp_shard=2, tp=2)))
     check_merge(work)
 
 
@@ -158,7 +160,7 @@ def test_hsdp_x_fsdp2_x_tp_2x2x2_on_eight_ranks_matches_one_process_or_is_refuse
     result, reference, work = run_layout(base, "hsdp-tp", "dp_replicate 2 x dp_shard 2 x tp 2", *flags)
     assert result["mesh"] == {"dp_replicate": 2, "dp_shard": 2, "tp": 2} and result["dtensor"]
     assert_same_run(result, reference)
-    assert_plan_predicts_the_states(result, nd.Layout("fsdp", dp_replicate=2, dp_shard=2, tp=2))
+    assert_plan_predicts_the_states(result, nd.Layout("fsdp", Mesh(dp_replicate=2, dp_shard=2, tp=2)))
     check_merge(work)
 
 

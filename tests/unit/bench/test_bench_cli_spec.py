@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from accelkit.bench.cli_spec import build_spec
+from accelkit.bench.layouts import batch_replicas
 from accelkit.bench.spec import check_counts
 from accelkit.configs.options import ConfigOptions
 from accelkit.errors import AccelkitError
@@ -71,7 +72,7 @@ def test_layouts_run_at_their_world_size_with_the_backend_that_composes_them() -
     assert [(r.layout.name, r.backend, r.num_processes) for r in runs] == [
         ("dp_shard=4", "fsdp", 4), ("dp_shard=2,tp=2", "fsdp", 4), ("dp_replicate=2,dp_shard=2", "fsdp", 4),
         ("tp=4", "ddp", 4)]
-    assert [r.layout.batch_replicas for r in runs] == [1, 2, 1, 4]
+    assert [batch_replicas(r.layout) for r in runs] == [1, 2, 1, 4]
     assert runs[1].layout.option_values() == {"dp_shard_size": 2, "tp_size": 2}
     assert len({r.name for r in runs}) == 4  # a folder each
     assert spec(layouts=("sp=2",), num_processes=None).runs()[0].backend == "deepspeed"
@@ -79,6 +80,21 @@ def test_layouts_run_at_their_world_size_with_the_backend_that_composes_them() -
     # --backend names the backend of every layout (the rule set then judges each)
     assert {r.backend for r in spec(layouts=("tp=2;dp_shard=2",), num_processes="2",
                                     options=ConfigOptions(backend="fsdp")).runs()} == {"fsdp"}
+
+
+def test_a_pipelines_schedule_and_microbatches_go_to_its_pp_layouts_only() -> None:
+    """pp composes with FSDP2 (dp_shard) and TP as in the template; the rule set refuses --microbatches on a layout
+    without a pipeline, so only the pp layouts' launches carry it."""
+    from accelkit.bench.launching import launch_settings, script_request
+
+    options = ConfigOptions(pp_schedule="1f1b", microbatches=4)
+    runs = spec(layouts=("dp_shard=4;dp_shard=2,pp=2;pp=2,tp=2",), num_processes=None, options=options).runs()
+    assert [(r.layout.name, r.backend) for r in runs] == [("dp_shard=4", "fsdp"), ("dp_shard=2,pp=2", "fsdp"),
+                                                          ("tp=2,pp=2", "ddp")]
+    settings = launch_settings(options, None, cpu=True)
+    asked = [script_request(settings, r.backend, 4, "train.py", (), False, r.layout).options for r in runs]
+    assert [(o.pp_size, o.dp_shard_size, o.tp_size, o.pp_schedule, o.microbatches) for o in asked] == [
+        (None, 4, None, None, None), (2, 2, None, "1f1b", 4), (2, None, 2, "1f1b", 4)]
 
 
 def test_strong_scaling_splits_the_global_batch_over_each_layouts_data_parallel_ranks() -> None:
@@ -93,6 +109,11 @@ def test_strong_scaling_splits_the_global_batch_over_each_layouts_data_parallel_
     ({"layouts": ("tp=2",), "comm": True}, r"--comm cannot be combined with --layouts"),
     ({"layouts": ("tp=2",), "compare_backends": "ddp"}, r"--layouts and --compare-backends"),
     ({"layouts": ("tp=2",), "options": ConfigOptions(cp_size=2)}, r"--layouts and --cp-size"),
+    ({"layouts": ("pp=2",), "options": ConfigOptions(pp_size=2)}, r"--layouts and --pp-size"),
+    ({"layouts": ("dp_shard=2;tp=2",), "options": ConfigOptions(microbatches=4)},
+     r"--microbatches applies to a pipeline, but no layout of --layouts has pp"),
+    ({"layouts": ("dp_shard=2",), "options": ConfigOptions(pp_schedule="gpipe")},
+     r"--pp-schedule applies to a pipeline, but no layout"),
     ({"layouts": ("tp=3",), "num_processes": None, "options": ConfigOptions(num_machines=2)},
      r"3 processes cannot be spread evenly over 2 machines"),
     ({"layouts": ("dp_shard=2;dp_shard=1,tp=2",), "num_processes": None, "scaling": "strong", "batch_arg": "--bs",

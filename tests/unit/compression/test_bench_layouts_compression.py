@@ -21,9 +21,9 @@ from accelkit.bench.compression import (
 )
 from accelkit.bench.compression_runs import NOT_APPLICABLE, CompressionRun, plan_runs
 from accelkit.bench.launching import launch_settings
-from accelkit.bench.layouts import parse_layout
 from accelkit.compression.compression_spec import CompressionSpec
 from accelkit.configs import ConfigOptions
+from accelkit.configs.mesh import Mesh
 
 SCRIPT = str(REPO_ROOT / "templates" / "minimal" / "train.py")
 SHAPES = [[64, 16], [64], [4, 64], [4]]
@@ -41,18 +41,18 @@ SHAPES = [[64, 16], [64], [4, 64], [4]]
     ("dp_replicate=2", None, False),
 ])
 def test_gradient_traffic_is_the_data_parallel_dimensions(layout: str, dimension: str | None, gradient: bool) -> None:
-    assert gradient_dimension(parse_layout(layout), dimension) is gradient
+    assert gradient_dimension(Mesh.parse(layout), dimension) is gradient
 
 
 def testlayout_bytes_count_only_gradient_collectives_and_compute_the_plain_layouts() -> None:
-    tp = parse_layout("dp_shard=2,tp=2")  # ranks row-major: tp innermost (stride 1), dp_shard stride 2
+    tp = Mesh.parse("dp_shard=2,tp=2")  # ranks row-major: tp innermost (stride 1), dp_shard stride 2
     counted, computed = layout_bytes({"reduce_scatter@2/2": 1000, "all_reduce@2/1": 500, "all_gather@2/2": 70},
                                       tp, "fsdp", CompressionSpec("bf16"), SHAPES, 5)
     assert (counted, computed) == (1000, None)  # tp's all-reduce and the weight all-gather are not gradients
-    ddp = parse_layout("dp_replicate=2")
+    ddp = Mesh.parse("dp_replicate=2")
     counted, computed = layout_bytes({"all_reduce@2/1": 1234}, ddp, "ddp", CompressionSpec("fp16"), SHAPES, 3)
     assert counted == 1234 and computed == 2 * (64 * 16 + 64 + 4 * 64 + 4)
-    shard = parse_layout("dp_shard=2")
+    shard = Mesh.parse("dp_shard=2")
     _, computed = layout_bytes({}, shard, "fsdp", CompressionSpec("none"), SHAPES, 3)
     assert computed == 4 * (64 * 16 + 64 + 4 * 64 + 4)
 
@@ -61,7 +61,7 @@ def test_a_compression_a_layout_cannot_take_is_a_row_saying_why(tmp_path: Path) 
     """launch's checks, per layout: PowerSGD runs beside DDP's dp_replicate and is not applicable under FSDP2's
     dp_shard, in the check's own words; the uncompressed runs of both layouts are planned."""
     settings = launch_settings(ConfigOptions(), None, True)
-    places = [("ddp", parse_layout("dp_replicate=2")), ("fsdp", parse_layout("dp_shard=2"))]
+    places = [("ddp", Mesh.parse("dp_replicate=2")), ("fsdp", Mesh.parse("dp_shard=2"))]
     runs = plan_runs(settings, [CompressionSpec("powersgd", 4, 0)], places, 2, SCRIPT, ())
     table = {(run.layout_name, run.spec.method): run.not_applicable for run in runs}
     assert table[("dp_replicate=2", "none")] is None and table[("dp_shard=2", "none")] is None
@@ -72,7 +72,7 @@ def test_a_compression_a_layout_cannot_take_is_a_row_saying_why(tmp_path: Path) 
 
 
 def test_not_applicable_rows_reach_the_table_json_and_csv_without_a_launch(tmp_path: Path) -> None:
-    layout = parse_layout("dp_shard=2")
+    layout = Mesh.parse("dp_shard=2")
     runs = [CompressionRun("fsdp", CompressionSpec("powersgd", 1, 0), layout, "PowerSGD is a DDP hook")]
     rows = run_compression_bench(script=SCRIPT, script_args=(), specs=(), backends=(), num_processes=2, cpu=True,
                                  output=tmp_path, steps=5, progress=lambda line: None, runs=runs)
@@ -95,7 +95,7 @@ def test_rows_compare_within_their_own_layout() -> None:
 
 def test_reduce_dtype_applies_to_the_fsdp_layouts_only() -> None:
     settings = launch_settings(ConfigOptions(), None, True)
-    places = [("ddp", parse_layout("dp_replicate=2")), ("fsdp", parse_layout("dp_shard=2"))]
+    places = [("ddp", Mesh.parse("dp_replicate=2")), ("fsdp", Mesh.parse("dp_shard=2"))]
     runs = plan_runs(settings, [CompressionSpec("bf16")], places, 2, SCRIPT, (), reduce_dtype=True)
     reasons = {(run.layout_name, run.spec.method): run.not_applicable for run in runs}
     assert reasons[("dp_replicate=2", "bf16")].startswith("--reduce-dtype is FSDP2's reduce dtype")

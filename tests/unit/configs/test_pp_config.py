@@ -51,7 +51,9 @@ def test_pipeline_is_filled_and_spelled_for_the_ranks(given: dict, spec: str) ->
     pipeline = of_parallelism(config.parallelism)
     assert pipeline is not None and pipeline.env_value() == spec
     assert parse_pipeline(spec) == pipeline
+    assert config.pipeline_env() == {ENV_VAR: spec}  # what launch gives every rank
     assert config.parallelism.total == given["num_processes"]
+    assert resolve(backend="ddp", num_processes=2).pipeline_env() == {}
     # Accelerate's ParallelismConfig has no pp: no parallelism_config, or Accelerator() would refuse the sizes.
     assert "parallelism_config" not in config.to_accelerate_dict()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from accelkit.configs.mesh import Mesh
 from accelkit.errors import AccelkitError
 from accelkit.plan import nd
 from accelkit.plan.activations.profile import Profile
@@ -51,7 +52,7 @@ def test_layers_split_in_order_with_embedding_first_and_head_last():
 
 def test_states_per_stage_are_the_stages_share():
     """pp 4 over 32 GPUs with FSDP 8 inside a stage: each rank's states are its stage's tensors / 8 at 16 B."""
-    layout = nd.Layout("fsdp", dp_shard=8, pipeline=Pipeline(4, "1F1B", 4))
+    layout = nd.Layout("fsdp", Mesh(pp=4, dp_shard=8), schedule="1F1B", microbatches=4)
     pipeline = layout.pipeline
     for rank in range(4):
         tensors = nd.rank_tensors(LLAMA_70B, pipeline, rank)
@@ -65,8 +66,8 @@ def _profile() -> Profile:
 
 
 def test_gpipe_keeps_more_activations_than_1f1b_and_the_point_to_point_bytes():
-    rows = {s: nd.row(nd.Layout("fsdp", dp_shard=8, pipeline=Pipeline(4, s, 8)), LLAMA_70B, gpus=32, nodes=4,
-                      gpu_memory=80 * 10**9, seq_len=4096, profile=_profile()) for s in ("GPipe", "1F1B")}
+    rows = {s: nd.row(nd.Layout("fsdp", Mesh(pp=4, dp_shard=8), schedule=s, microbatches=8), LLAMA_70B, gpus=32,
+                      nodes=4, gpu_memory=80 * 10**9, seq_len=4096, profile=_profile()) for s in ("GPipe", "1F1B")}
     assert rows["GPipe"].activations > 1.8 * rows["1F1B"].activations
     boundary = 4096 * 8192 * 2  # one micro-batch's hidden state, 16-bit
     assert rows["1F1B"].traffic["pp"] == 2 * 8 * boundary  # forward activations + backward gradients, m of each
@@ -76,7 +77,7 @@ def test_gpipe_keeps_more_activations_than_1f1b_and_the_point_to_point_bytes():
 def test_data_parallel_pipeline_rank_reduces_to_the_whole_profile():
     """pp 1: one rank holds the whole model and exactly the traced total (the same figure as the main table)."""
     profile = _profile()
-    row = nd.row(nd.Layout("fsdp", dp_shard=32), LLAMA_70B, gpus=32, nodes=4, gpu_memory=80 * 10**9,
+    row = nd.row(nd.Layout("fsdp", Mesh(dp_shard=32)), LLAMA_70B, gpus=32, nodes=4, gpu_memory=80 * 10**9,
                  seq_len=4096, profile=profile)
     assert row.activations == profile.total(True)
 
@@ -120,7 +121,7 @@ def test_gpt3_175b_64_x_8_x_8_shape():
 
     model = gpt3_175b()
     assert model.parameters == pytest.approx(175e9, rel=0.01)
-    layout = nd.Layout("ddp", dp_replicate=64, tp=8, pipeline=Pipeline(8, "1F1B", 8))
+    layout = nd.Layout("ddp", Mesh(pp=8, dp_replicate=64, tp=8), schedule="1F1B", microbatches=8)
     assert layout.world == 4096 and nd.unavailable(layout, model, 4096, 512) is None
     assert [len(r) for r in layout.pipeline.layers_of_stage(model.layers)] == [12] * 8
     middle = nd._rank_row(layout, model, 3, None, 2048, 1, True, "adamw", nd.LLAMA_TP_PLAN, _profile(), 2, 2)
@@ -159,7 +160,7 @@ def test_a_given_pipeline_layout_is_the_recommendation_with_its_commands():
                  "--microbatches", "4", "--gpu-memory", "80GB", "--seq-len", "1024")
     rec = plan["recommendation"]
     assert rec["layout"] == "dp_shard=2,pp=2" and rec["fits"] is True
-    assert "--pp-size 2 --pp-schedule Interleaved1F1B --microbatches 4" in rec["config_command"]
+    assert "--pp-size 2 --pp-schedule interleaved1f1b --microbatches 4" in rec["config_command"]
     assert "--mixed-precision bf16" in rec["launch_command"]
     pipeline = plan["nd"]["rows"][0]["pipeline"]
     assert pipeline["bubble"] == pytest.approx(1 / 8) and pipeline["stages_per_rank"] == 2
@@ -180,3 +181,16 @@ def test_write_config_writes_the_pipeline_layout_that_config_check_accepts(tmp_p
     assert "# accelkit-pipeline: pp=2,schedule=interleaved1f1b,microbatches=4,dp_shard=2,tp=1" in written.read_text()
     checked = runner.invoke(cli, ["config", "--check", str(written)])
     assert checked.exit_code == 0, checked.output
+
+
+def test_model_states_of_the_templates_pipeline_as_measured():
+    """benchmarks/plan_accuracy.py's pipeline rows, measured 2026-11-27 in CPU rehearsals of the causal-lm template
+    (2 layers, hidden 64, its byte-level vocabulary of 257): FSDP2 shards each tensor by dim-0 rows, so the LM head's
+    257 rows put 129 on the first rank of 2, 32 elements more than an even split of its elements."""
+    model = nd.Model.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=257, intermediate=128)
+    alone = nd.row(nd.Layout("ddp", Mesh(pp=2), microbatches=2), model, gpus=2, nodes=1, gpu_memory=None,
+                   seq_len=16, micro_batch=2, compute_bytes=4)
+    sharded = nd.row(nd.Layout("fsdp", Mesh(pp=2, dp_shard=2), microbatches=2), model, gpus=4, nodes=1,
+                     gpu_memory=None, seq_len=16, micro_batch=2, compute_bytes=4)
+    assert (alone.worst_rank, alone.states) == (1, 856_064)
+    assert (sharded.worst_rank, sharded.states) == (1, 428_544)
