@@ -3,7 +3,8 @@
 The entry point is `run_merge` (the command as one call, a CommandResult) over `merge_checkpoint` (and
 `inspect_checkpoint`) in light_run: without torch when every tensor is
 a byte range of the input (DCP row blocks proven by light_dcp, DeepSpeed ZeRO partitions by light_deepspeed,
-their pickles read by the restricted unpicklers of light_pickle), else with the torch path (pipeline: detect, the
+their pickles read by the restricted unpicklers of light_pickle), else, decided before anything is written, with
+the torch path (torch_merge.merge_with_torch: detect, the
 readers dcp, deepspeed, hf_sharded, single_file describing tensors as segments of source, the streaming copy in
 stream). Written once for both paths: the dtype table (dtypes), the non-finite scan (nonfinite), the DeepSpeed
 consistency checks (deepspeed_checks, over what both DeepSpeed readers share in deepspeed_layout), the safetensors

@@ -12,9 +12,10 @@ byte.
 Everything else goes to the torch path (pipeline), which says why in the report's notes: other formats, layouts it
 cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
 RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model class needs
-transformers), a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own message),
-and any non-finite value (the torch path reports it, or writes it with --allow-nonfinite). A corrupt record found
-while copying fails here with the torch path's own message; the staged output is then removed.
+transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own message).
+Each of those is decided before anything is written. A non-finite value or a corrupt record found while copying
+fails here with the torch path's own message (or, for non-finite values with --allow-nonfinite, is written as it
+is); the staged output is then removed: a merge never starts again in the torch path once it writes.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifes
 from accelkit.merge.dtypes import CAST, SCANNED, TABLE
 from accelkit.merge.light_pickle import Refused
 from accelkit.merge.merge_request import MergeOptions, MergeReport, format_report, peak_rss_bytes
-from accelkit.merge.nonfinite import NonFiniteScan
+from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
     check_free_space,
@@ -90,8 +91,8 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
         return _light_merge(opts)
     except _TorchPath as why:
         with _importing_torch():
-            from accelkit.merge import pipeline
-        report = pipeline.merge_checkpoint(opts)
+            from accelkit.merge import torch_merge
+        report = torch_merge.merge_with_torch(opts)
         report.notes.append(f"read with torch: {why}")
         return report
     finally:
@@ -107,8 +108,8 @@ def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: in
         return _light_inspect(opts)
     except _TorchPath:
         with _importing_torch():
-            from accelkit.merge import pipeline
-        return pipeline.inspect_checkpoint(input_path, tag, model_index)
+            from accelkit.merge import torch_merge
+        return torch_merge.inspect_with_torch(input_path, tag, model_index)
 
 
 @contextlib.contextmanager
@@ -317,7 +318,7 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
                          + sum(f.stat().st_size for f in side_files), output)
         notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
         with progress_bar(data_bytes, "merge", opts.progress) as bar:
-            _copy_tensors(found, target, header, reader, scan, output, bar.update)
+            _copy_tensors(found, target, header, reader, scan, opts.allow_nonfinite, output, bar.update)
         reader.finish()
         if opts.verify:
             with progress_bar(data_bytes, "verify", opts.progress) as bar:
@@ -329,11 +330,14 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
             if side_files:
                 notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
         staged.commit()
+    report.nonfinite = dict(scan.tensors)
+    if report.nonfinite:
+        notes.append(nonfinite_note(report.nonfinite))
     notes.append(_FAST)
     report.checks.append(f"CRC-32 of {format_bytes(reader.checksum_bytes)} of zip records read "
                          f"({reader.checksum_seconds:.2f} s)" if reader.checksum_bytes
                          else "no zip records to checksum in this format")
-    report.checks.append(f"no NaN or inf in any floating-point tensor ({scan.seconds:.2f} s)")
+    report.checks.append(scan_line(report.nonfinite, scan.seconds))
     report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
@@ -357,7 +361,7 @@ def _verify(found: light_dcp.DcpContents, target: Path, data_start: int, reader:
 
 
 def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, reader: RecordReader, scan: NonFiniteScan,
-                  label: Path, on_bytes: Callable[[int], None]) -> None:
+                  allow_nonfinite: bool, label: Path, on_bytes: Callable[[int], None]) -> None:
     """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
     page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the
     CPU's caches, and the same memory is written to the output (`_write_window`) by a writer thread while this one
@@ -382,11 +386,19 @@ def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, rea
             for tensor in found.tensors:
                 floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
                 for piece in tensor.pieces:
+                    bad = 0  # in the COUNTED_BYTES of the piece read so far, what a refusal counts in both paths
                     for begin in range(0, piece.nbytes, READ_BYTES):
                         view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
-                        if floating and scan.count(view, tensor.dtype):
+                        found = scan.count(view, tensor.dtype) if floating else 0
+                        if found:
+                            scan.found(tensor.name, found)
+                            bad += found
+                        end = min(begin + READ_BYTES, piece.nbytes)
+                        if bad and not allow_nonfinite and (end % COUNTED_BYTES == 0 or end == piece.nbytes):
                             view.release()
-                            raise _TorchPath(f"{tensor.name} holds non-finite values")
+                            raise refusal(tensor.name, bad, overflow=False)
+                        if end % COUNTED_BYTES == 0:
+                            bad = 0
                         future = writer.submit(_write_window, out, view, label)
                         future.view = view
                         pending.append(future)

@@ -23,6 +23,7 @@ from accelkit.merge import counters, extras, manifest, savestate, single_file
 from accelkit.merge.detect import open_source
 from accelkit.merge.dtypes import CAST, TABLE, name_of
 from accelkit.merge.merge_request import MergeOptions, MergeReport, peak_rss_bytes
+from accelkit.merge.nonfinite import nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,
@@ -81,7 +82,7 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
         raise
 
 
-def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
+def inspect_with_torch(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
     """Describe a checkpoint (and check what can be checked without reading every byte); write nothing."""
     start = time.perf_counter()
     source, checks = _open_and_check(MergeOptions(input=input_path, tag=tag, model_index=model_index),
@@ -103,7 +104,7 @@ def _cast(entry: TensorEntry, dtype: torch.dtype | None) -> TensorEntry:
     return TensorEntry(entry.name, entry.shape, dtype)
 
 
-def merge_checkpoint(opts: MergeOptions) -> MergeReport:
+def merge_with_torch(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     if opts.output is None:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
@@ -228,14 +229,12 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
         staged.commit()
     report.nonfinite = dict(stream.scan.tensors)
     if report.nonfinite:
-        notes.append(f"{len(report.nonfinite)} tensors hold non-finite values, written as they are "
-                     f"(--allow-nonfinite): {', '.join(list(report.nonfinite)[:4])}")
+        notes.append(nonfinite_note(report.nonfinite))
     report.checksum_seconds, report.scan_seconds = source.reader.checksum_seconds, stream.scan.seconds
     report.checks.append(f"CRC-32 of {format_bytes(source.reader.checksum_bytes)} of zip records read "
                          f"({report.checksum_seconds:.2f} s)" if source.reader.checksum_bytes
                          else "no zip records to checksum in this format")
-    report.checks.append(f"no NaN or inf in any floating-point tensor ({report.scan_seconds:.2f} s)"
-                         if not report.nonfinite else "non-finite values found and accepted (--allow-nonfinite)")
+    report.checks.append(scan_line(report.nonfinite, report.scan_seconds))
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
     return report
