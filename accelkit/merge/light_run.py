@@ -1,22 +1,21 @@
-"""The merge, without torch when it can: the entry point of `merge-ckpt`.
+"""The merge's entry: what it is asked (MergeOptions) and reports (MergeReport), and the merge without torch.
 
 Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
 million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
-writes; proven by light_dcp, with dcp_layout's checks) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
+writes; proven by light_dcp, with its checks of `.metadata`) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
 light_deepspeed can make (the fp32 weights are byte ranges of the ranks' flat partitions), the merge is a sequence
 of range copies, and this module makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite
 scan), in one pass: each window of a data record is mapped from the page cache, its CRC-32 and the scan read it
 there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
 byte.
 
-Everything else goes to the torch path (pipeline), which says why in the report's notes: other formats, layouts it
-cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
-RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model class needs
-transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own message).
-Each of those is decided before anything is written. A non-finite value or a corrupt record found while copying
-fails here with the torch path's own message (or, for non-finite values with --allow-nonfinite, is written as it
-is); the staged output is then removed: a merge never starts again in the torch path once it writes.
-"""
+Everything else goes to the torch path (torch_merge, a plain call), which says why in the report's notes: other
+formats, layouts it cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its
+optimizer and RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model
+class needs transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own
+message). Each of those is decided before anything is written. A non-finite value or a corrupt record found while
+copying fails here with the torch path's own message (or, for non-finite values with --allow-nonfinite, is written
+as it is); the staged output is then removed: a merge never starts again in the torch path once it writes."""
 
 from __future__ import annotations
 
@@ -26,9 +25,12 @@ import dataclasses
 import gc
 import json
 import math
+import resource
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.command_result import CommandResult
@@ -37,7 +39,6 @@ from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
 from accelkit.merge.dtypes import CAST, SCANNED, TABLE
 from accelkit.merge.light_pickle import Refused
-from accelkit.merge.merge_request import MergeOptions, MergeReport, format_report, peak_rss_bytes
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
@@ -49,6 +50,81 @@ from accelkit.merge.output import (
 from accelkit.merge.records import RecordReader
 from accelkit.merge.writer import safetensors_header, verify_output
 from accelkit.sizes import format_bytes
+
+
+@dataclass
+class MergeOptions:
+    input: Path
+    output: Path | None = None  # None: inspect only
+    dtype: str = "keep"
+    max_shard_size: str | None = None
+    verify: bool = False
+    force: bool = False
+    tag: str | None = None
+    model_index: int | None = None
+    config_from: Path | None = None
+    allow_nonfinite: bool = False
+    progress: bool = True
+    notify: Callable[[str], None] | None = None  # one-line notices while merging (the CLI prints them on stderr)
+
+
+@dataclass
+class MergeReport:
+    format_name: str
+    world_size: int | None
+    notes: list[str]
+    tensors: int
+    parameters: int
+    bytes: int
+    dtypes: dict[str, int]
+    input_files: int
+    input_bytes: int
+    checks: list[str] = field(default_factory=list)
+    output: Path | None = None
+    output_files: list[str] = field(default_factory=list)
+    copied: list[str] = field(default_factory=list)
+    dropped_aliases: dict[str, str] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=dict)  # accepted with --allow-nonfinite
+    verified: bool = False
+    seconds: float = 0.0
+    open_seconds: float = 0.0  # opening and checking the input before any byte is written
+    checksum_seconds: float = 0.0  # CRC-32 of the records read
+    scan_seconds: float = 0.0  # the non-finite scan (on the writer thread, beside the reads)
+    peak_rss_bytes: int = 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def format_report(report: MergeReport, inspect_only: bool) -> str:
+    """What `accelkit merge-ckpt` prints: the format, the input, the tensors, every check, and the output (or, for
+    --inspect, the tied weights and that nothing was written)."""
+    lines = [f"Format:      {report.format_name}" + (f", world size {report.world_size}" if report.world_size else "")]
+    lines += [f"  - {note}" for note in report.notes]
+    lines.append(f"Input:       {report.input_files} files, {format_bytes(report.input_bytes)}")
+    dtypes = ", ".join(f"{n} x {d}" for d, n in sorted(report.dtypes.items()))
+    lines.append(f"Tensors:     {report.tensors} ({dtypes})")
+    lines.append(f"Parameters:  {report.parameters:,}")
+    lines.append(f"Bytes:       {format_bytes(report.bytes)}" + (" (tensor data)" if inspect_only else " written"))
+    lines += [("Checked:     " if i == 0 else "             ") + check for i, check in enumerate(report.checks)]
+    if inspect_only:
+        if report.dropped_aliases:
+            lines.append("Tied:        " + ", ".join(f"{a} -> {t}" for a, t in report.dropped_aliases.items()))
+        lines.append("Nothing was written (--inspect).")
+        return "\n".join(lines)
+    lines.append(f"Output:      {report.output} ({', '.join(report.output_files)})")
+    if report.output is not None and report.output.suffix != ".safetensors" and "config.json" not in report.copied:
+        lines.append("Warning:     no config.json was found beside the checkpoint, so the folder holds weights only: "
+                     "from_pretrained cannot load it; pass --config-from FOLDER (the model's config.json) to copy "
+                     "one in")
+    if report.verified:
+        lines.append("Verified:    the output, re-read, equals the input as read (input checksums checked)")
+    lines.append(f"Time:        {report.seconds:.1f} s, peak memory {format_bytes(report.peak_rss_bytes)}")
+    return "\n".join(lines)
+
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
 SAFETENSORS_METADATA = {"format": "pt"}

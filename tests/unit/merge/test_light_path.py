@@ -15,8 +15,7 @@ from test_merge_synthetic import dcp_save, tiny_state, tree
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import light_pickle, torch_merge
-from accelkit.merge.light_run import merge_checkpoint
-from accelkit.merge.merge_request import MergeOptions
+from accelkit.merge.light_run import MergeOptions, merge_checkpoint
 
 
 class _Payload:
