@@ -42,13 +42,13 @@ from accelkit.merge.light_pickle import Refused
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
-    check_free_space,
     check_paths,
     copy_side_files,
     progress_bar,
+    start_writing,
 )
 from accelkit.merge.records import RecordReader
-from accelkit.merge.writer import safetensors_header, verify_output
+from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header, verify_output
 from accelkit.sizes import format_bytes
 
 
@@ -127,7 +127,6 @@ def format_report(report: MergeReport, inspect_only: bool) -> str:
 
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
-SAFETENSORS_METADATA = {"format": "pt"}
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
@@ -210,12 +209,7 @@ def _light_inspect(opts: MergeOptions) -> MergeReport:
     reader = RecordReader()
     try:
         found, steps = _light_plan(opts, deepspeed_root, reader)
-        checks = [*found.checks]
-        signed = manifest.find(found.root)
-        if signed is not None:
-            if signed.step is not None:
-                steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
-            checks.append(manifest.unverified_line(signed))
+        checks = [*found.checks, *manifest.signed_checks(found.root, None, found.world_size, steps)]
         agreed = counters.cross_check(steps)
         if agreed:
             checks.append(agreed)
@@ -340,12 +334,7 @@ def _may_tie(config: Path) -> bool:
 def _manifest_checks(found: light_dcp.DcpContents, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
     """The manifest's checks and the step counters' cross-check, as the torch path makes them (a DCP folder has no
     step counters of its own; a DeepSpeed checkpoint's come from light_deepspeed)."""
-    checks = []
-    signed = manifest.find(found.root)
-    if signed is not None:
-        if signed.step is not None:
-            steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
-        checks += manifest.verify_manifest(signed, [*found.files, *side_files], found.world_size)
+    checks = manifest.signed_checks(found.root, lambda: [*found.files, *side_files], found.world_size, steps)
     agreed = counters.cross_check(steps)
     if agreed:
         checks.append(agreed)
@@ -383,16 +372,9 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
     notify = opts.notify or (lambda message: None)
     staged = StagedOutput(output, is_dir=not to_file)
     with staged as temp:
-        for stale in staged.stale_removed:
-            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
         target = temp if to_file else temp / names[0]
-        try:
-            target.touch(exist_ok=False)  # prove the target is writable before judging its free space
-        except OSError as exc:
-            raise write_error(exc, output) from None
-        check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
-                         + sum(f.stat().st_size for f in side_files), output)
-        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
+        start_writing(staged, target, target.parent, len(header) + data_bytes
+                      + sum(f.stat().st_size for f in side_files), output, notify, report.tensors, report.bytes)
         with progress_bar(data_bytes, "merge", opts.progress) as bar:
             _copy_tensors(found, target, header, reader, scan, opts.allow_nonfinite, output, bar.update)
         reader.finish()
@@ -410,9 +392,7 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
     if report.nonfinite:
         notes.append(nonfinite_note(report.nonfinite))
     notes.append(_FAST)
-    report.checks.append(f"CRC-32 of {format_bytes(reader.checksum_bytes)} of zip records read "
-                         f"({reader.checksum_seconds:.2f} s)" if reader.checksum_bytes
-                         else "no zip records to checksum in this format")
+    report.checks.append(reader.checksum_line())
     report.checks.append(scan_line(report.nonfinite, scan.seconds))
     report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
     report.seconds = time.perf_counter() - start

@@ -31,18 +31,17 @@ from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,
     build_index,
-    check_free_space,
     check_paths,
     copy_side_files,
     parse_shard_size,
     plan_shards,
     progress_bar,
     shard_file_names,
+    start_writing,
 )
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
-from accelkit.merge.writer import build_header
-from accelkit.sizes import format_bytes
+from accelkit.merge.writer import SAFETENSORS_METADATA, build_header
 
 _ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
 
@@ -128,7 +127,6 @@ def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]
 
 _CASTS: dict[str, torch.dtype | None] = {choice: getattr(torch, name) if name else None
                                         for choice, name in CAST.items()}
-SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
 
 
 def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport:
@@ -144,17 +142,13 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
     """Open the input with every check its format and surroundings allow; the extra check lines."""
     source = open_source(opts.input, opts.tag, opts.model_index)
     try:
-        checks = []
-        found = manifest.find(source.root)  # first: when there is one, it says best what is wrong
         steps = source.step_counters
-        if found is not None and found.step is not None:
-            steps.taken.insert(0, counters.Counted(float(found.step), found.path, "step"))
-        if found is not None:
-            if hash_manifest:
-                _, side_files = extras.find_side_files(opts.input, opts.config_from)
-                checks += manifest.verify_manifest(found, [*source.files, *side_files], source.world_size)
-            else:
-                checks.append(manifest.unverified_line(found))
+
+        def read_files() -> list[Path]:
+            return [*source.files, *extras.find_side_files(opts.input, opts.config_from)[1]]
+
+        # first: when there is a manifest, it says best what is wrong
+        checks = manifest.signed_checks(source.root, read_files if hash_manifest else None, source.world_size, steps)
         folder = extras.find_save_state_dir(source.root)
         if folder is not None:
             checks += savestate.check_save_state(folder, source.world_size, source.reader, steps)
@@ -281,18 +275,11 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
 
     staged = StagedOutput(opts.output, is_dir=not to_file)
     with staged as temp:
-        for stale in staged.stale_removed:
-            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
         files = [temp] if to_file else [temp / n for n in names]
-        if to_file:  # prove the target is writable before judging its free space
-            try:
-                temp.touch(exist_ok=False)
-            except OSError as exc:
-                raise write_error(exc, opts.output) from None
         needed = report.bytes + sum(len(build_header(shard, metadata)) for shard in plan) + sum(
             f.stat().st_size for f in side_files)
-        check_free_space(temp if not to_file else temp.parent, needed, opts.output)
-        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {opts.output}")
+        start_writing(staged, temp if to_file else None, temp.parent if to_file else temp, needed, opts.output,
+                      notify, report.tensors, report.bytes)
         with progress_bar(report.bytes, "merge", opts.progress) as bar:
             stream.on_bytes = bar.update
             for shard_entries, file in zip(plan, files, strict=True):
@@ -316,9 +303,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
     if report.nonfinite:
         notes.append(nonfinite_note(report.nonfinite))
     report.checksum_seconds, report.scan_seconds = source.reader.checksum_seconds, stream.scan.seconds
-    report.checks.append(f"CRC-32 of {format_bytes(source.reader.checksum_bytes)} of zip records read "
-                         f"({report.checksum_seconds:.2f} s)" if source.reader.checksum_bytes
-                         else "no zip records to checksum in this format")
+    report.checks.append(source.reader.checksum_line())
     report.checks.append(scan_line(report.nonfinite, report.scan_seconds))
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
