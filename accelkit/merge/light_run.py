@@ -42,6 +42,7 @@ from accelkit.merge.light_pickle import Refused
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
+    TORCH_SUFFIXES,
     check_paths,
     copy_side_files,
     progress_bar,
@@ -127,7 +128,6 @@ def format_report(report: MergeReport, inspect_only: bool) -> str:
 
 
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
-_TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
 
@@ -225,7 +225,7 @@ def _light_inspect(opts: MergeOptions) -> MergeReport:
 def _light_merge(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     output = opts.output
-    if output is None or output.suffix in _TORCH_SUFFIXES:
+    if output is None or output.suffix in TORCH_SUFFIXES:
         raise _TorchPath("no safetensors output")
     if opts.max_shard_size:
         raise _TorchPath("--max-shard-size was given")

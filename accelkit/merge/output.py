@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 # safetensors metadata / index metadata key listing every file of a folder output (relative names)
 FILES_KEY = "accelkit_merge_files"
+# torch pickles: read as an input (loaded with weights_only), refused as an output
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 
 
 def _inside(child: Path, parent: Path) -> bool:

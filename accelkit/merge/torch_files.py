@@ -22,7 +22,6 @@ from accelkit.merge.light_pickle import ForeignStandIn
 from accelkit.merge.records import RecordReader, TorchArchive
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, lazy_segment, record_segment, tensor_segment
 
-SUFFIXES = (".bin", ".pt", ".pth")
 _NESTED_KEYS = ("state_dict", "model", "module")
 
 

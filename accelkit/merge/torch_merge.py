@@ -30,6 +30,7 @@ from accelkit.merge.nonfinite import nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,
+    TORCH_SUFFIXES,
     build_index,
     check_paths,
     copy_side_files,
@@ -78,7 +79,7 @@ def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]
         if path.suffix == ".safetensors":
             why.append(f"{path.name} is a safetensors file")
             return hf_sharded.SafetensorsSource(path)
-        if path.suffix in torch_files.SUFFIXES:
+        if path.suffix in TORCH_SUFFIXES:
             why.append(f"{path.name} is a torch state-dict file (loaded with weights_only=True)")
             return torch_files.TorchFileSource(path)
         raise AccelkitError(f"{path} is not a checkpoint file merge-ckpt reads", hint=f"supported: {SUPPORTED}")
@@ -116,7 +117,7 @@ def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]
     if len(singles) == 1:
         why.append(f"{path.name}/ holds one safetensors file, {singles[0].name}")
         return hf_sharded.SafetensorsSource(singles[0])
-    bins = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in torch_files.SUFFIXES)
+    bins = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES)
     if len(bins) == 1:
         why.append(f"{path.name}/ holds one torch state-dict file, {bins[0].name}")
         return torch_files.TorchFileSource(bins[0])
@@ -189,7 +190,7 @@ def merge_with_torch(opts: MergeOptions) -> MergeReport:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
     dtype = _CASTS[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
-    if opts.output.suffix in torch_files.SUFFIXES:
+    if opts.output.suffix in TORCH_SUFFIXES:
         raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",
                             hint=f"use -o {opts.output.with_suffix('.safetensors')} or a folder")
     if to_file and opts.max_shard_size:
