@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import deepspeed_checks
 from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry
 from accelkit.merge.torch_files import materialise, open_archive, peek_flat, tensor_segments
@@ -92,7 +91,7 @@ class DeepSpeedSource(CheckpointSource):
                                     hint="copy the complete checkpoint of one run into a clean folder")
         self.files = [*model_paths, *optim_paths]
         self._plan()
-        deepspeed_checks.check_zero_files(self._rank_files(), self.checks, self.step_counters)
+        layout.check_zero_files(self._rank_files(), self.checks, self.step_counters)
 
     # -- file access -------------------------------------------------------------------------------------------
     def optim_state(self, rank: int) -> dict[str, Any]:
@@ -123,7 +122,7 @@ class DeepSpeedSource(CheckpointSource):
     def model_archive(self, rank: int = 0):
         return self._models[rank]
 
-    def _rank_files(self) -> deepspeed_checks.ZeroRankFiles:
+    def _rank_files(self) -> layout.ZeroRankFiles:
         """This checkpoint as the consistency checks read it (torch tensors, read through their CRC-32)."""
         world = self.world_size or 1
 
@@ -143,7 +142,7 @@ class DeepSpeedSource(CheckpointSource):
             return (isinstance(weights, torch.Tensor) and weights.is_floating_point() and weights.numel() == numel
                     and weights.is_contiguous())
 
-        return deepspeed_checks.ZeroRankFiles(
+        return layout.ZeroRankFiles(
             tag=self.tag, stage=self.stage, world=world, model_files=list(self.model_files),
             model_states=[self.model_state(r) for r in range(len(self.model_files))],
             optim_files=[a.path for a in self._optim], optim_states=[self.optim_state(r) for r in range(world)],

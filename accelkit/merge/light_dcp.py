@@ -4,7 +4,7 @@ FSDP shards every tensor by rows and DCP stores each shard as one contiguous ten
 output tensor's bytes are its chunks' data records' bytes back to back: the merge is a sequence of range copies.
 `plan` proves that from the files and returns where every byte is. The checks of `.metadata` against the folder
 that read no tensor (items tile their files exactly, no stray shard, chunks cover their tensor) are defined here
-once, with their messages, and dcp_layout makes them too; the items are read here as zip archives whose pickle and
+once, with their messages, and dcp makes them too; the items are read here as zip archives whose pickle and
 small records pass their CRC-32, holding one tensor of the dtype and shape `.metadata` names, whose bytes lie
 inside its record. Anything it cannot prove (another layout, a storage transform, a dtype or class it does not
 know, or a check that fails) raises `Unproven`: the torch path then merges the folder, or refuses it with the same

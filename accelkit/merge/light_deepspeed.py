@@ -5,7 +5,7 @@ each group's flat vector into consecutive partitions, ZeRO-3 cut every parameter
 sequence of range copies, as for DCP. `plan` reads every model- and optimizer-states pickle through light_pickle
 (plain tensors, state dicts and inert stand-ins for the four DeepSpeed classes; nothing imported, no pickled code
 runs), checks each file's pickle and small records against their CRC-32, and makes every check `DeepSpeedSource`
-and deepspeed_checks make, the same way: one world size and ZeRO stage in every rank file, partition sizes against
+and deepspeed_layout make, the same way: one world size and ZeRO stage in every rank file, partition sizes against
 `param_shapes`, `global_steps` across files and against a `global_step<N>` tag, the optimizers' own step counters
 (read through their CRC-32), every rank's `param_slice_mappings`, and, for ZeRO-1/2, sampled elements of every
 partition against the module weights. It returns where every byte of the output is (a light_dcp.DcpContents).
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelkit.merge import deepspeed_checks
 from accelkit.merge import deepspeed_layout as layout
 from accelkit.merge.counters import FolderCounters
 from accelkit.merge.dtypes import LIGHT, SCANNED, TABLE
@@ -65,7 +64,7 @@ def read_archive(path: Path) -> _Archive:
 
 
 def find_checkpoint(path: Path, tag: str | None) -> Path | None:
-    """The folder holding `latest` or the tag folders, as detect finds a DeepSpeed checkpoint; None when not one or
+    """The folder holding `latest` or the tag folders, as torch_merge finds a DeepSpeed checkpoint; None when not one or
     when the folder cannot be read (the torch path then says what is wrong)."""
     try:
         if (path / "latest").is_file() or tag is not None or layout.is_deepspeed_tag_dir(path):
@@ -122,7 +121,7 @@ class _Planner:
         self.out.files = [*model_paths, *optim_paths]
         self.out.world_size = world
         self._plan()
-        deepspeed_checks.check_zero_files(self._rank_files(), self.out.checks, self.counters)
+        layout.check_zero_files(self._rank_files(), self.out.checks, self.counters)
         return self.out, self.counters
 
     # -- the pickles, as DeepSpeedSource reads them ------------------------------------------------------------
@@ -264,8 +263,8 @@ class _Planner:
             out += self._rank_range(rank, start, length, group)
         return out
 
-    # -- the checks (deepspeed_checks), read without torch ------------------------------------------------------
-    def _rank_files(self) -> deepspeed_checks.ZeroRankFiles:
+    # -- the checks (deepspeed_layout), read without torch ------------------------------------------------------
+    def _rank_files(self) -> layout.ZeroRankFiles:
         def scalar(rank: int, value: Any) -> Any:
             return self._item(self.optim[rank], value) if isinstance(value, TensorRef) else value
 
@@ -280,7 +279,7 @@ class _Planner:
             return (isinstance(weights, TensorRef) and weights.storage.dtype in SCANNED and weights.numel == numel
                     and weights.is_contiguous)
 
-        return deepspeed_checks.ZeroRankFiles(
+        return layout.ZeroRankFiles(
             tag=self.tag_dir.name, stage=self.stage, world=self.world, model_files=self.out.files[:len(self.models)],
             model_states=self.model_states, optim_files=[a.path for a in self.optim], optim_states=self.states,
             where=self.where, partitions=self.partitions, flats=self.flats, scalar=scalar, sample=sample,

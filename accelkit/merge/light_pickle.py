@@ -5,7 +5,7 @@ the merge only needs plain facts from them (shapes, dtypes, offsets, which stora
 unpicklers here build light stand-ins for an explicit list of names and refuse every other global, persistent id or
 opcode target with `Refused` (a `pickle.UnpicklingError`): nothing is imported and no pickled code ever runs, so a
 crafted file's `__reduce__` payload is refused, not executed. The `.metadata` unpickler is also the torch path's
-(dcp_layout gives it torch's dtypes); what the archive unpicklers refuse, the torch path reads with torch's
+(dcp gives it torch's dtypes); what the archive unpicklers refuse, the torch path reads with torch's
 `weights_only` loader (records, torch_files), or rejects with its messages.
 """
 

@@ -1,21 +1,21 @@
-"""The merge, without torch when it can: the entry point of `merge-ckpt`.
+"""The merge's entry: what it is asked (MergeOptions) and reports (MergeReport), and the merge without torch.
 
 Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
 million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
-writes; proven by light_dcp, with dcp_layout's checks) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
+writes; proven by light_dcp, with its checks of `.metadata`) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
 light_deepspeed can make (the fp32 weights are byte ranges of the ranks' flat partitions), the merge is a sequence
 of range copies, and this module makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite
 scan), in one pass: each window of a data record is mapped from the page cache, its CRC-32 and the scan read it
 there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
 byte.
 
-Everything else goes to the torch path (pipeline), which says why in the report's notes: other formats, layouts it
-cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its optimizer and
-RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model class needs
-transformers), a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own message),
-and any non-finite value (the torch path reports it, or writes it with --allow-nonfinite). A corrupt record found
-while copying fails here with the torch path's own message; the staged output is then removed.
-"""
+Everything else goes to the torch path (torch_merge, a plain call), which says why in the report's notes: other
+formats, layouts it cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its
+optimizer and RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model
+class needs transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own
+message). Each of those is decided before anything is written. A non-finite value or a corrupt record found while
+copying fails here with the torch path's own message (or, for non-finite values with --allow-nonfinite, is written
+as it is); the staged output is then removed: a merge never starts again in the torch path once it writes."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ import dataclasses
 import gc
 import json
 import math
+import resource
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.command_result import CommandResult
@@ -36,22 +39,95 @@ from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
 from accelkit.merge.dtypes import CAST, SCANNED, TABLE
 from accelkit.merge.light_pickle import Refused
-from accelkit.merge.merge_request import MergeOptions, MergeReport, format_report, peak_rss_bytes
-from accelkit.merge.nonfinite import NonFiniteScan
+from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
-    check_free_space,
+    TORCH_SUFFIXES,
     check_paths,
     copy_side_files,
     progress_bar,
+    start_writing,
 )
 from accelkit.merge.records import RecordReader
-from accelkit.merge.writer import safetensors_header, verify_output
+from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header, verify_output
 from accelkit.sizes import format_bytes
 
+
+@dataclass
+class MergeOptions:
+    input: Path
+    output: Path | None = None  # None: inspect only
+    dtype: str = "keep"
+    max_shard_size: str | None = None
+    verify: bool = False
+    force: bool = False
+    tag: str | None = None
+    model_index: int | None = None
+    config_from: Path | None = None
+    allow_nonfinite: bool = False
+    progress: bool = True
+    notify: Callable[[str], None] | None = None  # one-line notices while merging (the CLI prints them on stderr)
+
+
+@dataclass
+class MergeReport:
+    format_name: str
+    world_size: int | None
+    notes: list[str]
+    tensors: int
+    parameters: int
+    bytes: int
+    dtypes: dict[str, int]
+    input_files: int
+    input_bytes: int
+    checks: list[str] = field(default_factory=list)
+    output: Path | None = None
+    output_files: list[str] = field(default_factory=list)
+    copied: list[str] = field(default_factory=list)
+    dropped_aliases: dict[str, str] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=dict)  # accepted with --allow-nonfinite
+    verified: bool = False
+    seconds: float = 0.0
+    open_seconds: float = 0.0  # opening and checking the input before any byte is written
+    checksum_seconds: float = 0.0  # CRC-32 of the records read
+    scan_seconds: float = 0.0  # the non-finite scan (on the writer thread, beside the reads)
+    peak_rss_bytes: int = 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def format_report(report: MergeReport, inspect_only: bool) -> str:
+    """What `accelkit merge-ckpt` prints: the format, the input, the tensors, every check, and the output (or, for
+    --inspect, the tied weights and that nothing was written)."""
+    lines = [f"Format:      {report.format_name}" + (f", world size {report.world_size}" if report.world_size else "")]
+    lines += [f"  - {note}" for note in report.notes]
+    lines.append(f"Input:       {report.input_files} files, {format_bytes(report.input_bytes)}")
+    dtypes = ", ".join(f"{n} x {d}" for d, n in sorted(report.dtypes.items()))
+    lines.append(f"Tensors:     {report.tensors} ({dtypes})")
+    lines.append(f"Parameters:  {report.parameters:,}")
+    lines.append(f"Bytes:       {format_bytes(report.bytes)}" + (" (tensor data)" if inspect_only else " written"))
+    lines += [("Checked:     " if i == 0 else "             ") + check for i, check in enumerate(report.checks)]
+    if inspect_only:
+        if report.dropped_aliases:
+            lines.append("Tied:        " + ", ".join(f"{a} -> {t}" for a, t in report.dropped_aliases.items()))
+        lines.append("Nothing was written (--inspect).")
+        return "\n".join(lines)
+    lines.append(f"Output:      {report.output} ({', '.join(report.output_files)})")
+    if report.output is not None and report.output.suffix != ".safetensors" and "config.json" not in report.copied:
+        lines.append("Warning:     no config.json was found beside the checkpoint, so the folder holds weights only: "
+                     "from_pretrained cannot load it; pass --config-from FOLDER (the model's config.json) to copy "
+                     "one in")
+    if report.verified:
+        lines.append("Verified:    the output, re-read, equals the input as read (input checksums checked)")
+    lines.append(f"Time:        {report.seconds:.1f} s, peak memory {format_bytes(report.peak_rss_bytes)}")
+    return "\n".join(lines)
+
+
 READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
-SAFETENSORS_METADATA = {"format": "pt"}
-_TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
 
 
@@ -90,8 +166,8 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
         return _light_merge(opts)
     except _TorchPath as why:
         with _importing_torch():
-            from accelkit.merge import pipeline
-        report = pipeline.merge_checkpoint(opts)
+            from accelkit.merge import torch_merge
+        report = torch_merge.merge_with_torch(opts)
         report.notes.append(f"read with torch: {why}")
         return report
     finally:
@@ -107,8 +183,8 @@ def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: in
         return _light_inspect(opts)
     except _TorchPath:
         with _importing_torch():
-            from accelkit.merge import pipeline
-        return pipeline.inspect_checkpoint(input_path, tag, model_index)
+            from accelkit.merge import torch_merge
+        return torch_merge.inspect_with_torch(input_path, tag, model_index)
 
 
 @contextlib.contextmanager
@@ -133,12 +209,7 @@ def _light_inspect(opts: MergeOptions) -> MergeReport:
     reader = RecordReader()
     try:
         found, steps = _light_plan(opts, deepspeed_root, reader)
-        checks = [*found.checks]
-        signed = manifest.find(found.root)
-        if signed is not None:
-            if signed.step is not None:
-                steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
-            checks.append(manifest.unverified_line(signed))
+        checks = [*found.checks, *manifest.signed_checks(found.root, None, found.world_size, steps)]
         agreed = counters.cross_check(steps)
         if agreed:
             checks.append(agreed)
@@ -154,7 +225,7 @@ def _light_inspect(opts: MergeOptions) -> MergeReport:
 def _light_merge(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     output = opts.output
-    if output is None or output.suffix in _TORCH_SUFFIXES:
+    if output is None or output.suffix in TORCH_SUFFIXES:
         raise _TorchPath("no safetensors output")
     if opts.max_shard_size:
         raise _TorchPath("--max-shard-size was given")
@@ -263,12 +334,7 @@ def _may_tie(config: Path) -> bool:
 def _manifest_checks(found: light_dcp.DcpContents, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
     """The manifest's checks and the step counters' cross-check, as the torch path makes them (a DCP folder has no
     step counters of its own; a DeepSpeed checkpoint's come from light_deepspeed)."""
-    checks = []
-    signed = manifest.find(found.root)
-    if signed is not None:
-        if signed.step is not None:
-            steps.taken.insert(0, counters.Counted(float(signed.step), signed.path, "step"))
-        checks += manifest.verify_manifest(signed, [*found.files, *side_files], found.world_size)
+    checks = manifest.signed_checks(found.root, lambda: [*found.files, *side_files], found.world_size, steps)
     agreed = counters.cross_check(steps)
     if agreed:
         checks.append(agreed)
@@ -306,18 +372,11 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
     notify = opts.notify or (lambda message: None)
     staged = StagedOutput(output, is_dir=not to_file)
     with staged as temp:
-        for stale in staged.stale_removed:
-            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
         target = temp if to_file else temp / names[0]
-        try:
-            target.touch(exist_ok=False)  # prove the target is writable before judging its free space
-        except OSError as exc:
-            raise write_error(exc, output) from None
-        check_free_space(temp if not to_file else temp.parent, len(header) + data_bytes
-                         + sum(f.stat().st_size for f in side_files), output)
-        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {output}")
+        start_writing(staged, target, target.parent, len(header) + data_bytes
+                      + sum(f.stat().st_size for f in side_files), output, notify, report.tensors, report.bytes)
         with progress_bar(data_bytes, "merge", opts.progress) as bar:
-            _copy_tensors(found, target, header, reader, scan, output, bar.update)
+            _copy_tensors(found, target, header, reader, scan, opts.allow_nonfinite, output, bar.update)
         reader.finish()
         if opts.verify:
             with progress_bar(data_bytes, "verify", opts.progress) as bar:
@@ -329,11 +388,12 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
             if side_files:
                 notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
         staged.commit()
+    report.nonfinite = dict(scan.tensors)
+    if report.nonfinite:
+        notes.append(nonfinite_note(report.nonfinite))
     notes.append(_FAST)
-    report.checks.append(f"CRC-32 of {format_bytes(reader.checksum_bytes)} of zip records read "
-                         f"({reader.checksum_seconds:.2f} s)" if reader.checksum_bytes
-                         else "no zip records to checksum in this format")
-    report.checks.append(f"no NaN or inf in any floating-point tensor ({scan.seconds:.2f} s)")
+    report.checks.append(reader.checksum_line())
+    report.checks.append(scan_line(report.nonfinite, scan.seconds))
     report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
@@ -357,7 +417,7 @@ def _verify(found: light_dcp.DcpContents, target: Path, data_start: int, reader:
 
 
 def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, reader: RecordReader, scan: NonFiniteScan,
-                  label: Path, on_bytes: Callable[[int], None]) -> None:
+                  allow_nonfinite: bool, label: Path, on_bytes: Callable[[int], None]) -> None:
     """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
     page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the
     CPU's caches, and the same memory is written to the output (`_write_window`) by a writer thread while this one
@@ -382,11 +442,19 @@ def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, rea
             for tensor in found.tensors:
                 floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
                 for piece in tensor.pieces:
+                    bad = 0  # in the COUNTED_BYTES of the piece read so far, what a refusal counts in both paths
                     for begin in range(0, piece.nbytes, READ_BYTES):
                         view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
-                        if floating and scan.count(view, tensor.dtype):
+                        found = scan.count(view, tensor.dtype) if floating else 0
+                        if found:
+                            scan.found(tensor.name, found)
+                            bad += found
+                        end = min(begin + READ_BYTES, piece.nbytes)
+                        if bad and not allow_nonfinite and (end % COUNTED_BYTES == 0 or end == piece.nbytes):
                             view.release()
-                            raise _TorchPath(f"{tensor.name} holds non-finite values")
+                            raise refusal(tensor.name, bad, overflow=False)
+                        if end % COUNTED_BYTES == 0:
+                            bad = 0
                         future = writer.submit(_write_window, out, view, label)
                         future.view = view
                         pending.append(future)

@@ -18,11 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.merge.counters import Counted, FolderCounters
 from accelkit.merge.records import input_read_error
 
 MANIFEST_FILE = "accelkit-manifest.json"
@@ -87,6 +89,18 @@ def sha256_of(path: Path) -> str:
     except OSError as exc:
         raise input_read_error(exc, path) from None
     return digest.hexdigest()
+
+
+def signed_checks(root: Path, files: Callable[[], list[Path]] | None, world_size: int | None,
+                  steps: FolderCounters) -> list[str]:
+    """The manifest's check lines, in both paths: its hashes verified against `files()` (with no `files`, for
+    --inspect, only said to be there); its step joins the folder's step counters."""
+    signed = find(root)
+    if signed is None:
+        return []
+    if signed.step is not None:
+        steps.taken.insert(0, Counted(float(signed.step), signed.path, "step"))
+    return [unverified_line(signed)] if files is None else verify_manifest(signed, files(), world_size)
 
 
 def unverified_line(manifest: Manifest) -> str:

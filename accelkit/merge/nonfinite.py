@@ -14,6 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from accelkit.errors import AccelkitError
 
 MASK_ELEMENTS = 1024 * 1024
+# A refusal says how many values are non-finite in the COUNTED_BYTES of the tensor's segment where they were found
+# first: the torch path's piece, and a whole number of the torch-free path's windows, so both say the same count.
+COUNTED_BYTES = 16 * 1024 * 1024
 _NUMPY = {"float64": "float64", "float32": "float32", "float16": "float16"}
 _BITS = {"bfloat16": ("uint16", 0x7F80), "float8_e5m2": ("uint8", 0x7C), "float8_e4m3fn": ("uint8", 0x7F)}
 SCANNED = (*_NUMPY, *_BITS)
@@ -73,3 +76,15 @@ def refusal(name: str, bad: int, overflow: bool) -> NonFiniteError:
     return NonFiniteError(f"tensor {name!r} holds {bad} non-finite values (NaN or inf): the checkpoint is corrupt "
                           "(a flipped bit) or the run diverged",
                           hint="merge an earlier checkpoint, or pass --allow-nonfinite to write it anyway")
+
+
+def nonfinite_note(found: dict[str, int]) -> str:
+    """The report's note on the tensors written with non-finite values (--allow-nonfinite)."""
+    return (f"{len(found)} tensors hold non-finite values, written as they are "
+            f"(--allow-nonfinite): {', '.join(list(found)[:4])}")
+
+
+def scan_line(found: dict[str, int], seconds: float) -> str:
+    """The report's check line for the scan."""
+    return (f"no NaN or inf in any floating-point tensor ({seconds:.2f} s)" if not found
+            else "non-finite values found and accepted (--allow-nonfinite)")

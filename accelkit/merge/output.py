@@ -13,11 +13,12 @@ import contextlib
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
-from accelkit.fsio import refuse_overwrite, write_error
+from accelkit.fsio import StagedOutput, refuse_overwrite, write_error
 from accelkit.sizes import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 # safetensors metadata / index metadata key listing every file of a folder output (relative names)
 FILES_KEY = "accelkit_merge_files"
+# torch pickles: read as an input (loaded with weights_only), refused as an output
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 
 
 def _inside(child: Path, parent: Path) -> bool:
@@ -97,6 +100,21 @@ def check_free_space(measured_at: Path, needed: int, output: Path) -> None:
         raise AccelkitError(f"not enough disk space for {output}: the output needs {format_bytes(needed)}, "
                             f"{format_bytes(free)} are free in {output.parent}",
                             hint="free some space or write the output elsewhere")
+
+
+def start_writing(staged: StagedOutput, first_file: Path | None, measured_at: Path, needed: int, output: Path,
+                  notify: Callable[[str], None], tensors: int, nbytes: int) -> None:
+    """What a merge does once its output is staged, before its first byte: say which partial outputs of interrupted
+    merges were removed, prove the first file writable (before judging the free space), refuse without room."""
+    for stale in staged.stale_removed:
+        notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
+    if first_file is not None:
+        try:
+            first_file.touch(exist_ok=False)
+        except OSError as exc:
+            raise write_error(exc, output) from None
+    check_free_space(measured_at, needed, output)
+    notify(f"merging {tensors} tensors ({nbytes / 1e9:.2f} GB) into {output}")
 
 
 class _NoBar:

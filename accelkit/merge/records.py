@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelkit.errors import AccelkitError, clip
+from accelkit.sizes import format_bytes
 
 try:  # ISA-L's CRC-32 (the zip polynomial, carry-less multiply): several times zlib's; optional, same values
     from isal.isal_zlib import crc32
@@ -258,6 +259,11 @@ class RecordReader:
         self.checksum_bytes = 0  # bytes that went through CRC-32 (for the report)
         self.checksum_seconds = 0.0
 
+
+    def checksum_line(self) -> str:
+        """The report's check line for the CRC-32s taken."""
+        return (f"CRC-32 of {format_bytes(self.checksum_bytes)} of zip records read ({self.checksum_seconds:.2f} s)"
+                if self.checksum_bytes else "no zip records to checksum in this format")
     def _fd(self, path: Path) -> int:
         fd = self._fds.get(path)
         if fd is None:

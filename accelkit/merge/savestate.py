@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import dcp_layout
+from accelkit.merge import dcp
 from accelkit.merge.counters import Counted, FolderCounters
 from accelkit.merge.extras import RNG_FILE, TRAINER_RNG_FILE, TRAINER_STATE, listing
 from accelkit.merge.light_dcp import DISTCP
@@ -67,7 +67,7 @@ def check_save_state(folder: Path, world_size: int | None, reader: RecordReader,
         checks.append(_check_trainer_rng(folder, trainer_rng, world_size))
     trainer = _collect_trainer_state(folder / TRAINER_STATE, counters)
     optimizers = [p for p in listing(folder)
-                  if _OPTIMIZER_DCP.match(p.name) and (p / dcp_layout.METADATA_FILE).is_file()]
+                  if _OPTIMIZER_DCP.match(p.name) and (p / dcp.METADATA_FILE).is_file()]
     for path in sorted(optimizers):
         line = _check_optimizer_dcp(path, world_size, reader, counters)
         if line:
@@ -196,7 +196,7 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
                          counters: FolderCounters) -> str | None:
     """The optimizer's step counters agree across its rank files, and it was saved by as many ranks as the model;
     its largest step and its learning rates go to `counters`."""
-    metadata = dcp_layout.read_metadata(path)
+    metadata = dcp.read_metadata(path)
     ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := DISTCP.match(
         info.relative_path))}
     if world_size is not None and ranks and max(ranks) + 1 != world_size:

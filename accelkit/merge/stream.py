@@ -27,12 +27,12 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.merge import records
 from accelkit.merge.dtypes import name_of
-from accelkit.merge.nonfinite import NonFiniteScan, refusal
+from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, refusal
 from accelkit.merge.records import input_read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
 from accelkit.merge.writer import SafetensorsWriter, verify_output
 
-PIECE_BYTES = 16 * 1024 * 1024  # a multiple of every element size
+PIECE_BYTES = COUNTED_BYTES  # a multiple of every element size; the non-finite count of a refusal
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
 

@@ -39,6 +39,8 @@ def safetensors_header(tensors: Iterable[tuple[str, str, tuple[int, ...], int]],
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw
 
+SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
+
 
 def build_header(entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> bytes:
     return safetensors_header(((e.name, TABLE[name_of(e.dtype)].code, e.shape, e.nbytes) for e in entries), metadata)

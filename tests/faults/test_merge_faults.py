@@ -317,7 +317,7 @@ def test_deepspeed_global_steps_disagree_with_the_manifest(ckpts: Path, tmp_path
 # -- bit rot ------------------------------------------------------------------------------------------------------
 def test_dcp_flipped_bit_in_tensor_data(ckpts: Path, tmp_path: Path) -> None:
     """Before, this passed and --verify even reported the output bit-exact (it re-read the same rotten input)."""
-    from accelkit.merge.dcp_layout import read_metadata
+    from accelkit.merge.dcp import read_metadata
 
     src = copy_in(ckpts, "fsdp/dcp", tmp_path)
     item = max((i for i in read_metadata(src).storage_data.values() if i.relative_path == "__1_0.distcp"),

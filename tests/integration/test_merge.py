@@ -73,14 +73,14 @@ def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path:
     report says which path was taken (tests/unit/merge/test_light_deepspeed.py covers ZeRO further)."""
     import shutil
 
-    from accelkit.merge import MergeOptions, pipeline
+    from accelkit.merge import MergeOptions, torch_merge
     from accelkit.merge.light_run import merge_checkpoint
 
     src = ckpts / CASES[case][0]
     if case == "fsdp2-dcp":  # without the config.json above it, which ties the tiny Llama's weights
         src = Path(shutil.copytree(src, tmp_path / "dcp"))
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False))
-    pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False))
+    torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False))
     assert (tmp_path / "light.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
     assert not [note for note in light.notes if note.startswith("read with torch")], light.notes
     assert light.notes[-1].startswith("read without torch"), light.notes
@@ -176,14 +176,14 @@ def test_inspect_without_torch_reports_what_the_torch_path_reports(ckpts: Path, 
     without reading tensor data; a DCP folder whose config.json may tie weights goes to the torch path."""
     import shutil
 
-    from accelkit.merge import pipeline
+    from accelkit.merge import torch_merge
     from accelkit.merge.light_run import inspect_checkpoint
 
     src = ckpts / rel
     if rel == "fsdp/dcp":
         assert "read without torch" not in " ".join(inspect_checkpoint(src).notes)  # config.json above it
         src = Path(shutil.copytree(src, tmp_path / "dcp"))
-    light, heavy = inspect_checkpoint(src), pipeline.inspect_checkpoint(src)
+    light, heavy = inspect_checkpoint(src), torch_merge.inspect_with_torch(src)
     assert light.notes[-1].startswith("read without torch"), light.notes
     assert set(heavy.notes) <= set(light.notes)
     fields = ("format_name", "world_size", "tensors", "parameters", "bytes", "dtypes", "input_files", "input_bytes",

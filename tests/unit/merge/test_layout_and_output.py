@@ -46,7 +46,7 @@ def test_a_shard_longer_than_its_metadata_says(dcp_dir: Path) -> None:
 
 
 def test_metadata_never_runs_pickled_code(dcp_dir: Path) -> None:
-    from accelkit.merge.dcp_layout import read_metadata
+    from accelkit.merge.dcp import read_metadata
 
     (dcp_dir / ".metadata").write_bytes(pickle.dumps(print))
     with pytest.raises(AccelkitError, match="refers to builtins.print, which is not DCP metadata"):

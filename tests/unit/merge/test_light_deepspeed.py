@@ -18,9 +18,8 @@ import pytest
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import light_dcp, light_deepspeed, light_pickle, pipeline
-from accelkit.merge.light_run import merge_checkpoint
-from accelkit.merge.merge_request import MergeOptions
+from accelkit.merge import light_dcp, light_deepspeed, light_pickle, torch_merge
+from accelkit.merge.light_run import MergeOptions, merge_checkpoint
 from accelkit.merge.records import RecordReader
 
 OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
@@ -76,7 +75,7 @@ def _pickle_of(archive: bytes) -> bytes:
 def _both(src: Path, tmp_path: Path, **options):
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False,
                                           **options))
-    heavy = pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
+    heavy = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
                                                    **options))
     return light, heavy
 
@@ -174,7 +173,7 @@ def test_a_damaged_checkpoint_is_refused_with_the_torch_paths_message(merge_ckpt
         with pytest.raises(light_dcp.Unproven):
             light_deepspeed.plan(src, None, RecordReader())
     messages = []
-    for merge in (merge_checkpoint, pipeline.merge_checkpoint):
+    for merge in (merge_checkpoint, torch_merge.merge_with_torch):
         out = tmp_path / "out" / "merged.safetensors"
         with pytest.raises(AccelkitError) as caught:
             merge(MergeOptions(input=src, output=out, progress=False))
@@ -209,7 +208,7 @@ def test_the_cli_merges_zero_without_importing_torch(merge_ckpts: Path, tmp_path
                            str(out), "-q"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "read without torch" in proc.stdout
-    pipeline.merge_checkpoint(MergeOptions(input=merge_ckpts / "ds" / f"zero{stage}",
+    torch_merge.merge_with_torch(MergeOptions(input=merge_ckpts / "ds" / f"zero{stage}",
                                            output=tmp_path / "torch.safetensors", progress=False))
     assert out.read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
 

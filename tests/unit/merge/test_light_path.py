@@ -14,9 +14,8 @@ import torch
 from test_merge_synthetic import dcp_save, tiny_state, tree
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import light_pickle, pipeline
-from accelkit.merge.light_run import merge_checkpoint
-from accelkit.merge.merge_request import MergeOptions
+from accelkit.merge import light_pickle, torch_merge
+from accelkit.merge.light_run import MergeOptions, merge_checkpoint
 
 
 class _Payload:
@@ -53,7 +52,7 @@ def test_only_listed_names_are_built(tmp_path: Path) -> None:
 def _merge_both(src: Path, tmp_path: Path, **options) -> tuple[bytes, bytes, list[str]]:
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False,
                                           **options))
-    heavy = pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
+    heavy = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
                                               **options))
     assert "read without torch" not in " ".join(heavy.notes)
     return ((tmp_path / "light.safetensors").read_bytes(), (tmp_path / "torch.safetensors").read_bytes(),
@@ -78,7 +77,7 @@ def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
     src = dcp_save(tiny_state(), tmp_path / "run" / "dcp")
     (tmp_path / "run" / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": false}')
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "a", progress=False))
-    pipeline.merge_checkpoint(MergeOptions(input=src, output=tmp_path / "b", progress=False))
+    torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "b", progress=False))
     assert "read without torch" in " ".join(light.notes)
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
@@ -114,19 +113,37 @@ def test_what_the_light_path_does_not_do_goes_to_torch(tmp_path: Path, options: 
     assert f"read with torch: {why}" in report.notes
 
 
-def test_non_finite_values_are_reported_by_the_torch_path_once(tmp_path: Path) -> None:
+def test_non_finite_values_are_refused_or_written_without_going_to_torch(tmp_path: Path) -> None:
+    """Found while copying, non-finite values end the merge there (nothing left behind) or, with --allow-nonfinite,
+    are written as they are: the merge never starts again in the torch path."""
     state = tiny_state()
     state["norm.weight"][3] = float("nan")
     src = dcp_save(state, tmp_path / "dcp")
     told: list[str] = []
-    with pytest.raises(AccelkitError, match="non-finite"):
+    with pytest.raises(AccelkitError, match=r"tensor 'norm.weight' holds 1 non-finite values"):
         merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False,
                                       notify=told.append))
     assert len([m for m in told if m.startswith("merging")]) == 1, told
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dcp"]
-    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False,
-                                           allow_nonfinite=True))
-    assert report.nonfinite == {"norm.weight": 1} and "read with torch" in report.notes[-1]
+    light, heavy, notes = _merge_both(src, tmp_path, allow_nonfinite=True)
+    assert light == heavy
+    assert "read with torch" not in " ".join(notes) and notes[-2].startswith("1 tensors hold non-finite values")
+
+
+def test_both_paths_count_the_same_non_finite_values(tmp_path: Path) -> None:
+    """A refusal counts the values of the 16 MiB piece where the first were found, in windows of 2 MiB or whole:
+    two NaNs in two windows of the first piece are 2, a third in the next piece is not counted."""
+    big = torch.ones(5 * 1024 * 1024)  # 20 MiB of fp32: pieces of 16 and 4 MiB
+    for at in (1, 3 * 1024 * 1024 // 4 + 5, 4 * 1024 * 1024 + 7):
+        big[at] = float("inf")
+    src = dcp_save({"big": big}, tmp_path / "dcp")
+    said = []
+    for merge in (merge_checkpoint, torch_merge.merge_with_torch):
+        with pytest.raises(AccelkitError) as refused:
+            merge(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False))
+        said.append(refused.value.message)
+    assert said[0] == said[1] == "tensor 'big' holds 2 non-finite values (NaN or inf): the checkpoint is corrupt " \
+                                 "(a flipped bit) or the run diverged", said
 
 
 def test_a_corrupt_record_fails_with_the_torch_paths_message(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ def test_dcp_missing_truncated_and_stray_shards(inputs: Path, tmp_path: Path) ->
 
 
 def test_dcp_flipped_bit_is_caught_by_the_crc(inputs: Path, tmp_path: Path) -> None:
-    from accelkit.merge.dcp_layout import read_metadata
+    from accelkit.merge.dcp import read_metadata
     from accelkit.merge.records import TorchArchive
 
     src = inputs / "dcp"

@@ -1,9 +1,12 @@
-"""The merge itself: detect and check the input, plan the output, stream tensors into it, verify, rename.
+"""The torch path of the merge: recognise the format, open it with its reader, check, stream into safetensors.
 
-Order matters for trust: everything that can be checked before writing is (layout, consistency of the rank files
-and of the save_state files, the manifest's hashes); then the output is staged under a temporary name, written
-piece by piece with every record's CRC-32 and a non-finite scan on the way (see stream), the records read only in
-part are checked to their end, and only then is the output renamed into place.
+Called by light_run (merge_with_torch, inspect_with_torch) for what the torch-free merge does not read, decided
+before anything is written. Recognising a layout explains the decision (each branch adds a sentence; the most
+specific layouts first), so the user sees what was merged and why. Order matters for trust: everything that can be
+checked before writing is (layout, consistency of the rank files and of the save_state files, the manifest's
+hashes); then the output is staged under a temporary name, written piece by piece with every record's CRC-32 and a
+non-finite scan on the way (see stream), the records read only in part are checked to their end, and only then is
+the output renamed into place.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,30 +23,111 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, extras, manifest, savestate, single_file
-from accelkit.merge.detect import open_source
+from accelkit.merge import counters, dcp, deepspeed, extras, hf_sharded, manifest, savestate, torch_files
 from accelkit.merge.dtypes import CAST, TABLE, name_of
-from accelkit.merge.merge_request import MergeOptions, MergeReport, peak_rss_bytes
+from accelkit.merge.light_run import MergeOptions, MergeReport, peak_rss_bytes
+from accelkit.merge.nonfinite import nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,
+    TORCH_SUFFIXES,
     build_index,
-    check_free_space,
     check_paths,
     copy_side_files,
     parse_shard_size,
     plan_shards,
     progress_bar,
     shard_file_names,
+    start_writing,
 )
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
-from accelkit.merge.writer import build_header
-from accelkit.sizes import format_bytes
+from accelkit.merge.writer import SAFETENSORS_METADATA, build_header
+
+_ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
+
+SUPPORTED = (
+    "a torch DCP folder (.metadata + __*_*.distcp; or an Accelerate save_state folder with pytorch_model_fsdp_0/), "
+    "a DeepSpeed ZeRO checkpoint (folder with `latest`, or a tag folder with *_optim_states.pt), "
+    "HF sharded safetensors (*.safetensors.index.json), a .safetensors file, or a .bin/.pt/.pth state dict"
+)
+
+
+def _accelerate_model_dirs(path: Path) -> dict[int, Path]:
+    found = {}
+    for p in path.iterdir():
+        m = _ACCELERATE_FSDP.match(p.name)
+        if m and dcp.is_dcp_dir(p):
+            found[int(m.group(1))] = p
+    return found
+
+
+def open_source(path: Path, tag: str | None = None, model_index: int | None = None) -> CheckpointSource:
+    if not path.exists():
+        raise AccelkitError(f"input {path} does not exist", hint="pass the checkpoint folder or file to merge")
+    why: list[str] = []
+    source = _detect(path, tag, model_index, why)
+    source.notes[:0] = why
+    return source
+
+
+def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]) -> CheckpointSource:
+    if path.is_file():
+        if path.name.endswith(".safetensors.index.json"):
+            why.append(f"{path.name} is a safetensors index")
+            return hf_sharded.SafetensorsSource(path)
+        if path.suffix == ".safetensors":
+            why.append(f"{path.name} is a safetensors file")
+            return hf_sharded.SafetensorsSource(path)
+        if path.suffix in TORCH_SUFFIXES:
+            why.append(f"{path.name} is a torch state-dict file (loaded with weights_only=True)")
+            return torch_files.TorchFileSource(path)
+        raise AccelkitError(f"{path} is not a checkpoint file merge-ckpt reads", hint=f"supported: {SUPPORTED}")
+    if dcp.is_dcp_dir(path):
+        why.append(f"{path.name}/ holds {dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint")
+        return dcp.DCPSource(path)
+    models = _accelerate_model_dirs(path)
+    if models:
+        index = model_index if model_index is not None else 0
+        if index not in models:
+            raise AccelkitError(f"no pytorch_model_fsdp_{index}/ in {path}",
+                                hint=f"--model-index takes one of {sorted(models)}")
+        chosen = models[index]
+        how = "--model-index" if model_index is not None else "the first model"
+        extra = f" ({len(models)} models saved; pick another with --model-index)" if len(models) > 1 else ""
+        kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
+            "an Accelerate save_state folder"
+        why.append(f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}")
+        return dcp.DCPSource(chosen)
+    if model_index is not None:
+        raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",
+                            hint=f"{path} has no pytorch_model_fsdp_N/ folders")
+    if (path / "latest").is_file() or tag is not None or deepspeed.is_deepspeed_tag_dir(path):
+        why.append(f"{path.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)")
+        return deepspeed.DeepSpeedSource(path, tag)
+    # Accelerate's DeepSpeed save_state: <ckpt>/pytorch_model/ holds `latest` or the tag folders.
+    if (path / "pytorch_model").is_dir() and ((path / "pytorch_model" / "latest").is_file()
+                                              or deepspeed.is_deepspeed_tag_dir(path / "pytorch_model")):
+        why.append(f"{path.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
+        return deepspeed.DeepSpeedSource(path / "pytorch_model", tag)
+    if (index := hf_sharded.find_index(path)) is not None:
+        why.append(f"{path.name}/ holds {index.name}: HF sharded safetensors")
+        return hf_sharded.SafetensorsSource(path)
+    singles = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".safetensors")
+    if len(singles) == 1:
+        why.append(f"{path.name}/ holds one safetensors file, {singles[0].name}")
+        return hf_sharded.SafetensorsSource(singles[0])
+    bins = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES)
+    if len(bins) == 1:
+        why.append(f"{path.name}/ holds one torch state-dict file, {bins[0].name}")
+        return torch_files.TorchFileSource(bins[0])
+    listing = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:8]) or "nothing"
+    raise AccelkitError(f"{path} is not a checkpoint layout merge-ckpt knows (found: {listing})",
+                        hint=f"supported: {SUPPORTED}")
+
 
 _CASTS: dict[str, torch.dtype | None] = {choice: getattr(torch, name) if name else None
                                         for choice, name in CAST.items()}
-SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
 
 
 def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport:
@@ -58,17 +143,13 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
     """Open the input with every check its format and surroundings allow; the extra check lines."""
     source = open_source(opts.input, opts.tag, opts.model_index)
     try:
-        checks = []
-        found = manifest.find(source.root)  # first: when there is one, it says best what is wrong
         steps = source.step_counters
-        if found is not None and found.step is not None:
-            steps.taken.insert(0, counters.Counted(float(found.step), found.path, "step"))
-        if found is not None:
-            if hash_manifest:
-                _, side_files = extras.find_side_files(opts.input, opts.config_from)
-                checks += manifest.verify_manifest(found, [*source.files, *side_files], source.world_size)
-            else:
-                checks.append(manifest.unverified_line(found))
+
+        def read_files() -> list[Path]:
+            return [*source.files, *extras.find_side_files(opts.input, opts.config_from)[1]]
+
+        # first: when there is a manifest, it says best what is wrong
+        checks = manifest.signed_checks(source.root, read_files if hash_manifest else None, source.world_size, steps)
         folder = extras.find_save_state_dir(source.root)
         if folder is not None:
             checks += savestate.check_save_state(folder, source.world_size, source.reader, steps)
@@ -81,7 +162,7 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
         raise
 
 
-def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
+def inspect_with_torch(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
     """Describe a checkpoint (and check what can be checked without reading every byte); write nothing."""
     start = time.perf_counter()
     source, checks = _open_and_check(MergeOptions(input=input_path, tag=tag, model_index=model_index),
@@ -103,13 +184,13 @@ def _cast(entry: TensorEntry, dtype: torch.dtype | None) -> TensorEntry:
     return TensorEntry(entry.name, entry.shape, dtype)
 
 
-def merge_checkpoint(opts: MergeOptions) -> MergeReport:
+def merge_with_torch(opts: MergeOptions) -> MergeReport:
     start = time.perf_counter()
     if opts.output is None:
         raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
     dtype = _CASTS[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
-    if opts.output.suffix in single_file.SUFFIXES:
+    if opts.output.suffix in TORCH_SUFFIXES:
         raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",
                             hint=f"use -o {opts.output.with_suffix('.safetensors')} or a folder")
     if to_file and opts.max_shard_size:
@@ -195,18 +276,11 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
 
     staged = StagedOutput(opts.output, is_dir=not to_file)
     with staged as temp:
-        for stale in staged.stale_removed:
-            notify(f"removed {stale}: the partial output of an interrupted earlier merge (its process is gone)")
         files = [temp] if to_file else [temp / n for n in names]
-        if to_file:  # prove the target is writable before judging its free space
-            try:
-                temp.touch(exist_ok=False)
-            except OSError as exc:
-                raise write_error(exc, opts.output) from None
         needed = report.bytes + sum(len(build_header(shard, metadata)) for shard in plan) + sum(
             f.stat().st_size for f in side_files)
-        check_free_space(temp if not to_file else temp.parent, needed, opts.output)
-        notify(f"merging {report.tensors} tensors ({report.bytes / 1e9:.2f} GB) into {opts.output}")
+        start_writing(staged, temp if to_file else None, temp.parent if to_file else temp, needed, opts.output,
+                      notify, report.tensors, report.bytes)
         with progress_bar(report.bytes, "merge", opts.progress) as bar:
             stream.on_bytes = bar.update
             for shard_entries, file in zip(plan, files, strict=True):
@@ -228,14 +302,10 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
         staged.commit()
     report.nonfinite = dict(stream.scan.tensors)
     if report.nonfinite:
-        notes.append(f"{len(report.nonfinite)} tensors hold non-finite values, written as they are "
-                     f"(--allow-nonfinite): {', '.join(list(report.nonfinite)[:4])}")
+        notes.append(nonfinite_note(report.nonfinite))
     report.checksum_seconds, report.scan_seconds = source.reader.checksum_seconds, stream.scan.seconds
-    report.checks.append(f"CRC-32 of {format_bytes(source.reader.checksum_bytes)} of zip records read "
-                         f"({report.checksum_seconds:.2f} s)" if source.reader.checksum_bytes
-                         else "no zip records to checksum in this format")
-    report.checks.append(f"no NaN or inf in any floating-point tensor ({report.scan_seconds:.2f} s)"
-                         if not report.nonfinite else "non-finite values found and accepted (--allow-nonfinite)")
+    report.checks.append(source.reader.checksum_line())
+    report.checks.append(scan_line(report.nonfinite, report.scan_seconds))
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
     return report
