@@ -162,9 +162,8 @@ def test_every_export_is_imported_outside_its_package() -> None:
 # Module names that several packages use for the same role: `api.py` is a command as one call, `probe.py` the code a
 # feature runs inside each rank, `report.py` a command's printed report.
 SHARED_MODULE_ROLES = {"api.py", "probe.py", "report.py"}
-# Left to rename, each with how many modules may still share it: merge's pipeline.py beside plan's (merge's rewrite
-# renames it, then this is empty). accelkit/resources.py and bench/spec.py are one of a kind now.
-MODULE_NAMES_LEFT = {"pipeline.py": 2}
+# Left to rename, each with how many modules may still share it: none (merge's pipeline.py became torch_merge.py).
+MODULE_NAMES_LEFT: dict[str, int] = {}
 
 
 def test_module_names_are_unique_but_for_shared_roles() -> None:
