@@ -27,6 +27,8 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # build-nanogpt: a hand-made loader given the process rank reads its own part (was refused: the converter's
     # own shard of a helper's local, placed at module level before the Accelerator existed)
     "rank_sharded_loader": ([], {"wrapped", "samples", "side effects"}),
+    # makemore: an evaluation every 3 steps (`step % 3 == 0`) in an endless step-counted loop, reached by step 4
+    "eval_every": ([], {"wrapped", "samples", "metrics", "side effects"}),
 }
 
 

@@ -46,6 +46,7 @@ class Runs:
     evaluation_loops: tuple[int, ...] = ()  # lines of the original's loops over a loader that do not train
     steps: int = 0  # the check's --steps: optimizer steps of the converted run before it is stopped
     full_batch: bool = False  # the script trains on all its data every step (a graph): every rank sees all of it
+    evaluation_every: tuple[int, ...] = ()  # N of evaluations the script runs every N training steps
 
 
 def evaluate(runs: Runs) -> list[Verdict]:
@@ -427,7 +428,13 @@ def _no_evaluation(runs: Runs, rank0: Record) -> Verdict:
         return Verdict(name, SKIP, f"the script ended without running its evaluation loop (line {lines}) with these "
                                    "arguments: no metric to compare")
     needed = _steps_to_epoch_end(rank0)
-    if needed is not None and needed + 1 > runs.steps:
+    every = min(runs.evaluation_every, default=None)
+    if every is not None and every + 1 > runs.steps:
+        # `step % N == 0` with the counter at 0 on the first step: step N is the (N+1)-th optimizer step at most
+        fix = f"--steps {every + 1}"
+        why = (f"the script evaluates every {every} training steps (`% {every} == 0`), so the first evaluation "
+               f"comes by step {every + 1}")
+    elif needed is not None and needed + 1 > runs.steps:
         fix = f"--steps {needed + 1}"
         why = (f"an epoch is {needed} step(s) on each of the {runs.world} processes, so the first evaluation after "
                f"one comes at step {needed + 1}")

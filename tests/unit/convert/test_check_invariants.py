@@ -162,6 +162,9 @@ def test_an_evaluation_the_step_limit_stopped_before_fails_with_the_steps_that_r
     verdict = metrics(runs)
     assert verdict.status == FAIL and verdict.fix == "--steps 17", verdict
     assert "the script evaluates (loop at line 9)" in verdict.summary and "8 step(s)" in verdict.summary
+    every = metrics(Runs(original, [stopped, stopped], 2, False, evaluation_loops=(9,), steps=8,
+                         evaluation_every=(500,)))  # makemore: `step % 500 == 0`, its epoch 10**10 samples long
+    assert every.status == FAIL and every.fix == "--steps 501" and "every 500 training steps" in every.evidence[0]
     ended = Record(steps=_steps([0.1] * 8, per_epoch=16), reason="script end")  # evaluation not run with these args
     assert metrics(Runs(original, [ended, ended], 2, False, evaluation_loops=(9,), steps=8)).status == SKIP
     assert "no evaluation loop" in metrics(Runs(original, [stopped, stopped], 2, False, steps=8)).summary

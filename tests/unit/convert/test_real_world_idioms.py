@@ -516,3 +516,13 @@ def test_a_loader_made_with_the_process_rank_is_not_sharded_again_and_the_inner_
     assert any("sharded by the script itself" in f.action for f in result.report.found)
     assert not result.report.problems
     assert not find_concerns(result.code)
+
+
+def test_an_evaluation_every_n_steps_reports_its_cadence_for_the_check() -> None:
+    # makemore: `if step > 0 and step % 500 == 0: evaluate(...)` inside the training loop; the check's step hint
+    # was the length of its 10**10-sample "epoch"
+    source = (DATA / "convert" / "real_world" / "eval_every.py").read_text()
+    report = convert_source(source, filename="eval_every.py").report
+    assert report.evaluation_loops == [13] and report.evaluation_every == [3]
+    epochs = source.replace("    if step > 0 and step % 3 == 0:\n        print(", "    if step > 0:\n        print(")
+    assert convert_source(epochs, filename="eval_every.py").report.evaluation_every == []
