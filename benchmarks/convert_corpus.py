@@ -32,7 +32,8 @@ VERDICT = re.compile(r"^\s+(PASS|FAIL|SKIP)\s+(\w[\w ]*?)\s{2,}(.*)$")
 
 def _run(command: list[str], cwd: Path, timeout: int) -> tuple[int | None, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(STANDINS), os.environ.get("PYTHONPATH")])),
-           "ACCELKIT_CORPUS_SAMPLES": os.environ.get("ACCELKIT_CORPUS_SAMPLES", "96"), "NO_COLOR": "1"}
+           "ACCELKIT_CORPUS_SAMPLES": os.environ.get("ACCELKIT_CORPUS_SAMPLES", "96"), "NO_COLOR": "1",
+           "PATH": os.pathsep.join([str(STANDINS / "bin"), os.environ.get("PATH", "")])}  # `stty size`: no tty
     try:
         done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
