@@ -230,19 +230,26 @@ def _sharded_by_the_script(ctx: Context, loop: cst.CSTNode) -> tuple[str, cst.CS
     """The object the loop takes its batches from (`x, y = train_loader.next_batch()`) when the script builds it
     with the process rank (`DataLoaderLite(..., process_rank=ddp_rank, num_processes=ddp_world_size)`): each
     process already reads its own part, so sharding its data again would leave each a fraction of its share."""
-    ranks = {k for a in ctx.of_type(cst.Assign) for k, value, _ in bindings(a)
-             if value is not None and asks_the_rank(ctx, value)}
-    for call in ctx.descendants(loop):
-        if type(call) is not cst.Call or not isinstance(call.func, cst.Attribute):  # type: ignore[attr-defined]
-            continue
-        owner = dotted(call.func.value)  # type: ignore[attr-defined]
-        for assign in ctx.of_type(cst.Assign):
-            for key, value, _ in bindings(assign):
-                if key != owner or not isinstance(value, cst.Call):
-                    continue
-                if any(asks_the_rank(ctx, a.value) or isinstance(a.value, cst.Name) and a.value.value in ranks
-                       for a in value.args):
-                    return key, assign
+    owners = {dotted(c.func.value) for c in ctx.descendants(loop)  # type: ignore[attr-defined]
+              if type(c) is cst.Call and isinstance(c.func, cst.Attribute)}  # type: ignore[attr-defined]
+    owners.discard(None)
+    if not owners:
+        return None
+    bound: dict[str, list[tuple[cst.BaseExpression, cst.Assign]]] = {}
+    for a in ctx.of_type(cst.Assign):
+        for key, value, _ in bindings(a):
+            if value is not None:
+                bound.setdefault(key, []).append((value, a))  # type: ignore[arg-type]
+
+    def rank(arg: cst.BaseExpression) -> bool:
+        if isinstance(arg, cst.Name):
+            return any(asks_the_rank(ctx, value) for value, _ in bound.get(arg.value, []))
+        return asks_the_rank(ctx, arg)
+
+    for owner in sorted(owners):
+        for value, assign in bound.get(owner, []):
+            if isinstance(value, cst.Call) and any(rank(a.value) for a in value.args):
+                return owner, assign
     return None
 
 

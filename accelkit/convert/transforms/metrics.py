@@ -27,12 +27,19 @@ LOSS = re.compile(r"(loss|criterion)", re.I)
 def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     flow = Flow(ctx, facts)
     models = facts.of_kind("model")
+    calls: dict[str, list[cst.Call]] = {}  # by the called name's last part: who calls an evaluating function
+    for call in ctx.of_type(cst.Call):
+        func = call.func  # type: ignore[attr-defined]
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if name:
+            calls.setdefault(name, []).append(call)  # type: ignore[arg-type]
     for loop, batch_names in facts.loader_loops:
         training = flow.trains(loop) or any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"}
                                             for n in ctx.descendants(loop.body))
         if not training:  # `convert --check` must reach one to compare metrics
             plan.report.evaluation_loops.append(ctx.line(loop))
-            every = _steps_between_evaluations(ctx, flow, loop)
+            every = _steps_between_evaluations(ctx, flow, loop, calls)
             if every is not None:
                 plan.report.evaluation_every.append(every)
         if not training and not _sums_batch_means(ctx, loop) and _gather(ctx, plan, loop, batch_names, models):
@@ -40,7 +47,8 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
         _reduce_accumulators(ctx, facts, plan, loop, training, batch_names)
 
 
-def _steps_between_evaluations(ctx: Context, flow: Flow, loop: cst.For) -> int | None:
+def _steps_between_evaluations(ctx: Context, flow: Flow, loop: cst.For, calls: dict[str, list[cst.Call]]) \
+        -> int | None:
     """N of an evaluation run every N training steps: the loop (or the call of the function holding it) sits under
     `if ... step % N == 0` inside the loop that steps the optimizer (makemore: `if step > 0 and step % 500 == 0:
     evaluate(...)` in its `while True:` training loop), so `convert --check` can say how many steps reach it."""
@@ -48,8 +56,7 @@ def _steps_between_evaluations(ctx: Context, flow: Flow, loop: cst.For) -> int |
     function = ctx.function(loop)
     if function is not None:
         name = function.name.value
-        sites += [c for c in ctx.of_type(cst.Call)
-                  if (dotted(c.func) or "").split(".")[-1] == name and ctx.function(c) is not function]
+        sites += [c for c in calls.get(name, []) if ctx.function(c) is not function]
     for site in sites:
         for test in (a.test for a in ctx.ancestors(site) if isinstance(a, cst.If)):
             every = _modulo_zero(test)
