@@ -73,6 +73,9 @@ class Facts:
         return {k for k, v in self.kinds.items() if v == kind}
 
 
+VIEWS = {"module", "_orig_mod"}  # the inner model of a DDP/DataParallel wrapper, of torch.compile
+
+
 def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
     while (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
            and expr.func.attr.value in CHAIN_METHODS):
@@ -243,6 +246,25 @@ def _models_from_optimizers(ctx: Context, facts: Facts) -> None:
             if known and origin == "created" and classify(ctx, value, facts.model_classes) is None:
                 origin = "call"
             facts.created.append(Tracked(key, "model", value, ctx.parent(creation), creation, origin=origin))
+            owner = wrapper_of_view(value) if value is not None else None
+            if owner is not None and facts.kinds.get(owner) != "model":  # build-nanogpt's `raw_model`
+                facts.kinds[owner] = "model"
+                made = _last_assignment_before(ctx, ctx.parent(creation), owner)
+                if made is not None and not any(t.small is made for t in facts.created):
+                    made_value = next(v for k, v, _ in bindings(made) if k == owner)
+                    made_value = strip_chain(made_value) if made_value is not None else made_value
+                    facts.created.append(Tracked(owner, "model", made_value, ctx.parent(made), made,
+                                                 origin="alias" if dotted(made_value) is not None else "created"))
+
+
+def wrapper_of_view(value: cst.BaseExpression) -> str | None:
+    """`model` for the inner model the script takes from its wrapper (`model.module if ddp else model`,
+    `model._orig_mod`): the same parameters as `model`, which is what gets prepared."""
+    branches = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+    if not any(isinstance(b, cst.Attribute) and b.attr.value in VIEWS for b in branches):
+        return None
+    owners = {dotted(b.value if isinstance(b, cst.Attribute) and b.attr.value in VIEWS else b) for b in branches}
+    return owners.pop() if len(owners) == 1 and None not in owners else None
 
 
 def _last_assignment_before(ctx: Context, statement: cst.SimpleStatementLine, key: str):

@@ -60,6 +60,7 @@ class Report:
     iteration_based: bool = False  # training draws random batches (no epochs): progress is counted in steps
     advice: str = ""  # status "trainer": the one line saying how to launch the script as it is
     evaluation_loops: list[int] = field(default_factory=list)  # lines of loops over a loader that do not train
+    evaluation_every: list[int] = field(default_factory=list)  # N of evaluations run every N training steps
 
     def change(self, line: int, what: str, why: str) -> None:
         self.changes.append(Change(line, _shorten(what), why))
@@ -77,7 +78,7 @@ class Report:
         return Report(sorted(self.changes, key=lambda c: c.line), sorted(self.left_alone, key=lambda n: n.line),
                       self.status, sorted(self.problems, key=lambda p: p.line),
                       sorted(self.found, key=lambda f: (f.line, f.kind)), self.iteration_based, self.advice,
-                      sorted(self.evaluation_loops))
+                      sorted(self.evaluation_loops), sorted(self.evaluation_every))
 
     def format(self, script: str = "script") -> str:
         if self.status == "already-accelerate":

@@ -24,6 +24,11 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # pytorch/examples' VAE: a summed evaluation loss over 44 samples in batches of 8 on 2 ranks (the padded
     # last round counted twice was a metrics FAIL: 9.1430 where one process prints 8.3944)
     "summed_eval": ([], {"wrapped", "samples", "metrics", "side effects"}),
+    # build-nanogpt: a hand-made loader given the process rank reads its own part (was refused: the converter's
+    # own shard of a helper's local, placed at module level before the Accelerator existed)
+    "rank_sharded_loader": ([], {"wrapped", "samples", "side effects"}),
+    # makemore: an evaluation every 3 steps (`step % 3 == 0`) in an endless step-counted loop, reached by step 4
+    "eval_every": ([], {"wrapped", "samples", "metrics", "side effects"}),
 }
 
 

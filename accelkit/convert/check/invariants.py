@@ -46,6 +46,7 @@ class Runs:
     evaluation_loops: tuple[int, ...] = ()  # lines of the original's loops over a loader that do not train
     steps: int = 0  # the check's --steps: optimizer steps of the converted run before it is stopped
     full_batch: bool = False  # the script trains on all its data every step (a graph): every rank sees all of it
+    evaluation_every: tuple[int, ...] = ()  # N of evaluations the script runs every N training steps
 
 
 def evaluate(runs: Runs) -> list[Verdict]:
@@ -427,7 +428,13 @@ def _no_evaluation(runs: Runs, rank0: Record) -> Verdict:
         return Verdict(name, SKIP, f"the script ended without running its evaluation loop (line {lines}) with these "
                                    "arguments: no metric to compare")
     needed = _steps_to_epoch_end(rank0)
-    if needed is not None and needed + 1 > runs.steps:
+    every = min(runs.evaluation_every, default=None)
+    if every is not None and every + 1 > runs.steps:
+        # `step % N == 0` with the counter at 0 on the first step: step N is the (N+1)-th optimizer step at most
+        fix = f"--steps {every + 1}"
+        why = (f"the script evaluates every {every} training steps (`% {every} == 0`), so the first evaluation "
+               f"comes by step {every + 1}")
+    elif needed is not None and needed + 1 > runs.steps:
         fix = f"--steps {needed + 1}"
         why = (f"an epoch is {needed} step(s) on each of the {runs.world} processes, so the first evaluation after "
                f"one comes at step {needed + 1}")
@@ -540,7 +547,20 @@ def side_effects(runs: Runs) -> Verdict:
             writers[path].append(record.rank)
     shared = sorted(p for p, rs in writers.items() if len(rs) > 1)
     problems = [f"{p} written by ranks {', '.join(map(str, writers[p]))}" for p in shared[:5]]
+    printed = {line[2] for line in runs.original.lines} if runs.original is not None else set()
+    unedited: dict[str, list[str]] = defaultdict(list)
     for record in ranks[1:]:
+        # a process without an Accelerator cannot tell it is not the main one, and a module beside the script is not
+        # converted: a line from there that the original prints too is the original's own per-process output
+        # (torchrun's N processes print it N times as well), not something the conversion added; a line the
+        # original never prints was added by the conversion
+        added = [text for _, text in record.unedited_lines if text not in printed]
+        for why, text in record.unedited_lines:
+            if text in printed:
+                unedited[why].append(text)
+        if added:
+            problems.append(f"rank {record.rank} printed {len(added)} line(s) the original does not print, e.g. "
+                            f"{added[0][:80]!r}")
         if record.stdout_lines:
             first = record.lines[0] if record.lines else ["", "", ""]
             where = f" from {first[1]}" if first[1] else ""
@@ -562,4 +582,12 @@ def side_effects(runs: Runs) -> Verdict:
     if outside:
         evidence += (f"written outside the check's scratch folder, so the runs replaced them: "
                      f"{', '.join(outside[:5])}",)
-    return Verdict(name, PASS, summary + "; output on the main process only", evidence)
+    output = "; output on the main process only"
+    if unedited:
+        output = ("; the converted code's output on the main process only (the other ranks printed what the "
+                  "original prints on every process too, from code the conversion cannot gate)")
+        for why, texts in unedited.items():
+            where = f"from {why}" if why.endswith(".py") else why
+            evidence += (f"{len(texts)} line(s) printed on the other ranks {where}, as the original prints them on "
+                         f"every process (e.g. {texts[0][:80]!r}): not counted",)
+    return Verdict(name, PASS, summary + output, evidence)

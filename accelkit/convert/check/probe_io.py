@@ -17,6 +17,21 @@ from accelkit.ranks import is_user_file
 MAX_LINES = 20_000
 LIBRARY_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
 WRITE_MODES = set("wax+")
+MAX_UNEDITED = 200
+
+
+def _unedited() -> str:
+    """Why the line being printed comes from code the conversion could not gate ("" when it could): the process
+    has no Accelerator yet, so it cannot tell it is not the main one (an exec'd configurator at import), or the
+    print is in a module beside the script, which the conversion does not edit."""
+    state = sys.modules.get("accelerate.state")
+    if state is None or not getattr(state.PartialState, "_shared_state", None):
+        return "before its Accelerator existed"
+    frame = next(user_frames(3), None)
+    script = sys.argv[0] if sys.argv else ""
+    if frame is not None and script and os.path.abspath(frame.f_code.co_filename) != os.path.abspath(script):
+        return os.path.basename(frame.f_code.co_filename)
+    return ""
 
 
 class OutputTracker:
@@ -89,6 +104,11 @@ class OutputTracker:
             return
         if not from_script:
             return  # a library's log line (DeepSpeed's accelerator notice, warnings): not the script's output
+        why = _unedited()
+        if why:  # side_effects decides against the original's output whether the conversion added the line
+            if len(self.record.unedited_lines) < MAX_UNEDITED:
+                self.record.unedited_lines.append([why, text])
+            return
         self.record.stdout_lines += 1
         if len(self.record.lines) < 3:  # evidence of output on the other ranks
             self.record.lines.append(["", innermost_user_function(), text])

@@ -73,6 +73,9 @@ class Record:
     # [tag, function, text] of each stdout line: tag = last loader event ("0:1:end"), function = who printed it
     lines: list[list[str]] = field(default_factory=list)
     stdout_lines: int = 0
+    # other ranks: [why, text] of lines printed by code the conversion did not edit or gate: before this process
+    # had an Accelerator ("before its Accelerator existed"), or by a module beside the script ("model.py")
+    unedited_lines: list[list[str]] = field(default_factory=list)
     progress_writes: int = 0  # carriage-return writes to stderr (progress bars)
     files: dict[str, int] = field(default_factory=dict)  # path -> times this process wrote it
     backward_passes: int = 0

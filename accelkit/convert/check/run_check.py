@@ -140,7 +140,8 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
                        box.script.parent)
     full_batch = any(f.kind == "batches" and f.action.startswith("full batch") for f in result.report.found)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
-                iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch)
+                iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch,
+                tuple(result.report.evaluation_every))
     verdicts = [_ran(original, converted, options.processes, options.backend), *evaluate(runs),
                 _no_hang(original, converted, script.name, lines)]
     problems = [p.format() for p in result.report.problems] if converted_code is None else []

@@ -20,6 +20,7 @@ from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
+from accelkit.convert.transforms.distributed import asks_the_rank
 
 NOISE = {"torch.randn", "torch.rand", "torch.randint", "torch.randn_like", "torch.rand_like", "torch.randint_like",
          "torch.normal", "torch.bernoulli", "torch.multinomial", "torch.randperm", "numpy.random.randn",
@@ -133,6 +134,13 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         _seed_per_process(ctx, facts, flow, plan, loop, random_draws[0])
         plan.report.iteration_based = True
         return
+    own = _sharded_by_the_script(ctx, loop)
+    if own is not None:
+        name, bound = own
+        plan.report.found_item("batches", name, ctx.line(loop), f"sharded by the script itself: `{name}` is made "
+                                                                f"with the process rank (line {ctx.line(bound)}), "
+                                                                "which becomes accelerator.process_index")
+        return
     roots = _roots(ctx, facts, flow, loop)
     noise = _random_draws(ctx, facts, flow, loop, NOISE)
     if not roots and noise:  # fresh random inputs every step (`x = torch.randn(bs, d)` in a batch generator)
@@ -216,6 +224,33 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                        "(and equal shares keep every process at the same number of steps)")
     plan.report.found_item("batches", targets, ctx.line(loop), f"sharded by process index before training "
                                                                 f"(line {line})")
+
+
+def _sharded_by_the_script(ctx: Context, loop: cst.CSTNode) -> tuple[str, cst.CSTNode] | None:
+    """The object the loop takes its batches from (`x, y = train_loader.next_batch()`) when the script builds it
+    with the process rank (`DataLoaderLite(..., process_rank=ddp_rank, num_processes=ddp_world_size)`): each
+    process already reads its own part, so sharding its data again would leave each a fraction of its share."""
+    owners = {dotted(c.func.value) for c in ctx.descendants(loop)  # type: ignore[attr-defined]
+              if type(c) is cst.Call and isinstance(c.func, cst.Attribute)}  # type: ignore[attr-defined]
+    owners.discard(None)
+    if not owners:
+        return None
+    bound: dict[str, list[tuple[cst.BaseExpression, cst.Assign]]] = {}
+    for a in ctx.of_type(cst.Assign):
+        for key, value, _ in bindings(a):
+            if value is not None:
+                bound.setdefault(key, []).append((value, a))  # type: ignore[arg-type]
+
+    def rank(arg: cst.BaseExpression) -> bool:
+        if isinstance(arg, cst.Name):
+            return any(asks_the_rank(ctx, value) for value, _ in bound.get(arg.value, []))
+        return asks_the_rank(ctx, arg)
+
+    for owner in sorted(owners):
+        for value, assign in bound.get(owner, []):
+            if isinstance(value, cst.Call) and any(rank(a.value) for a in value.args):
+                return owner, assign
+    return None
 
 
 def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[str]:
@@ -411,6 +446,8 @@ def _shard_site(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode, funct
     limit = body.index(top)
     last = -1
     for i, line in enumerate(body[:limit]):
+        if isinstance(line, (cst.FunctionDef, cst.ClassDef)):
+            continue  # a local of a function defined here is not the block's data
         for node in ctx.descendants(line):
             if isinstance(node, (cst.Assign, cst.AnnAssign)) and any(k in roots for k, _, _ in bindings(node)):
                 last = i

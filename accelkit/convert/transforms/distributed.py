@@ -97,6 +97,16 @@ def _env_name(ctx: Context, node: cst.CSTNode) -> str | None:
     return None
 
 
+def asks_the_rank(ctx: Context, node: cst.CSTNode) -> bool:
+    """`node` reads this process's global rank: `os.environ["RANK"]` (or SLURM_PROCID) or `dist.get_rank()`."""
+    for n in [node, *ctx.descendants(node)]:
+        if _env_name(ctx, n) in {"RANK", "SLURM_PROCID"}:
+            return True
+        if isinstance(n, cst.Call) and "torch.distributed.get_rank" in ctx.qnames(n):
+            return True
+    return False
+
+
 def _environment(ctx: Context, plan: EditPlan) -> None:
     for node in ctx.of_type(cst.Subscript, cst.Call):
         name = _env_name(ctx, node)

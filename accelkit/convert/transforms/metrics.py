@@ -27,14 +27,62 @@ LOSS = re.compile(r"(loss|criterion)", re.I)
 def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     flow = Flow(ctx, facts)
     models = facts.of_kind("model")
+    calls: dict[str, list[cst.Call]] = {}  # by the called name's last part: who calls an evaluating function
+    for call in ctx.of_type(cst.Call):
+        func = call.func  # type: ignore[attr-defined]
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if name:
+            calls.setdefault(name, []).append(call)  # type: ignore[arg-type]
     for loop, batch_names in facts.loader_loops:
         training = flow.trains(loop) or any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"}
                                             for n in ctx.descendants(loop.body))
         if not training:  # `convert --check` must reach one to compare metrics
             plan.report.evaluation_loops.append(ctx.line(loop))
+            every = _steps_between_evaluations(ctx, flow, loop, calls)
+            if every is not None:
+                plan.report.evaluation_every.append(every)
         if not training and not _sums_batch_means(ctx, loop) and _gather(ctx, plan, loop, batch_names, models):
             continue
         _reduce_accumulators(ctx, facts, plan, loop, training, batch_names)
+
+
+def _steps_between_evaluations(ctx: Context, flow: Flow, loop: cst.For, calls: dict[str, list[cst.Call]]) \
+        -> int | None:
+    """N of an evaluation run every N training steps: the loop (or the call of the function holding it) sits under
+    `if ... step % N == 0` inside the loop that steps the optimizer (makemore: `if step > 0 and step % 500 == 0:
+    evaluate(...)` in its `while True:` training loop), so `convert --check` can say how many steps reach it."""
+    sites: list[cst.CSTNode] = [loop]
+    function = ctx.function(loop)
+    if function is not None:
+        name = function.name.value
+        sites += [c for c in calls.get(name, []) if ctx.function(c) is not function]
+    for site in sites:
+        for test in (a.test for a in ctx.ancestors(site) if isinstance(a, cst.If)):
+            every = _modulo_zero(test)
+            outer = flow.innermost_loop(site) if every is not None else None
+            if outer is not None and (flow.runs(outer, flow.optimizer_steps) or flow.trains(outer)):
+                return every
+    return None
+
+
+def _modulo_zero(test: cst.BaseExpression) -> int | None:
+    """N of `x % N == 0` in a test (alone or under `and`)."""
+    for node in [test, *_walk(test)]:
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and \
+                isinstance(node.comparisons[0].operator, cst.Equal) and \
+                isinstance(node.comparisons[0].comparator, cst.Integer) and \
+                node.comparisons[0].comparator.evaluated_value == 0 and \
+                isinstance(node.left, cst.BinaryOperation) and isinstance(node.left.operator, cst.Modulo) and \
+                isinstance(node.left.right, cst.Integer) and node.left.right.evaluated_value > 1:
+            return node.left.right.evaluated_value
+    return None
+
+
+def _walk(node: cst.CSTNode):
+    for child in node.children:
+        yield child
+        yield from _walk(child)
 
 
 def _sums_batch_means(ctx: Context, loop: cst.For) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, Tracked, bindings, models_of
+from accelkit.convert.analysis import Facts, Tracked, bindings, models_of, wrapper_of_view
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow, references
@@ -231,6 +231,10 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: 
                 _handed_over(ctx, plan, member, aliases, root)
                 continue
             kept.append(member)
+        for i, member in enumerate(kept):  # the wrapper is prepared, not the inner model the script took from it
+            owner = _view_of(ctx, member) if member.kind == "model" else None
+            if owner is not None:
+                kept[i] = Member(owner, "model", None)
         # the latest binding of each name in the block is the one prepared
         by_key: dict[str, Member] = {}
         for member in kept:
@@ -238,6 +242,15 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: 
                 by_key[member.key] = member
         group.members = list(by_key.values())
     return [g for g in groups.values() if any(m.item is not None for m in g.members)]
+
+
+def _view_of(ctx: Context, member: Member) -> str | None:
+    """The wrapper a model name was taken from (`raw_model = model.module if ddp else model`): that is prepared
+    (preparing the view too would wrap the same parameters in a second DDP)."""
+    values = [member.item.value] if member.item is not None else \
+        [v for a in ctx.of_type(cst.Assign) for k, v, p in bindings(a) if k == member.key and p is None]
+    owners = {wrapper_of_view(v) for v in values if v is not None} - {None, member.key}
+    return owners.pop() if len(owners) == 1 else None
 
 
 def _one_sided_branch(ctx: Context, item: Tracked, block: cst.CSTNode) -> cst.If | None:

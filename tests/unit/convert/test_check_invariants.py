@@ -136,6 +136,24 @@ def test_side_effects_one_writer_per_file_and_output_on_the_main_process() -> No
     assert side_effects(_runs(Record(files={"model.pt": 1}), [rank0, Record(rank=1)])).status == PASS
 
 
+def test_output_of_code_the_conversion_cannot_gate_counts_only_when_the_original_does_not_print_it() -> None:
+    # nanoGPT: its model.py (a module beside the script, not converted) prints "number of parameters" on every
+    # process, as the original does under torchrun; an exec'd configurator prints before the Accelerator exists
+    original = Record(lines=[["", "train.py:<module>", "Overriding: batch_size = 4"],
+                             ["", "model.py:GPT.__init__", "number of parameters: 0.03M"]])
+    rank0 = Record(rank=0)
+    quiet_here = Record(rank=1, unedited_lines=[["before its Accelerator existed", "Overriding: batch_size = 4"],
+                                                ["model.py", "number of parameters: 0.03M"]])
+    verdict = side_effects(_runs(original, [rank0, quiet_here]))
+    assert verdict.status == PASS, verdict
+    assert "the converted code's output on the main process only" in verdict.summary
+    assert any("1 line(s) printed on the other ranks from model.py" in e for e in verdict.evidence)
+    assert any("before its Accelerator existed" in e for e in verdict.evidence)
+    added = Record(rank=1, unedited_lines=[["model.py", "rank 1 ready"]])  # not the original's output
+    verdict = side_effects(_runs(original, [rank0, added]))
+    assert verdict.status == FAIL and "rank 1 printed 1 line(s) the original does not print" in verdict.evidence[0]
+
+
 def test_an_evaluation_the_step_limit_stopped_before_fails_with_the_steps_that_reach_it() -> None:
     """16 batches per epoch on each rank, stopped at 8 steps: the evaluation after the epoch comes at step 17."""
     stopped = Record(steps=_steps([0.1] * 8, per_epoch=16), reason="step limit")
@@ -144,6 +162,9 @@ def test_an_evaluation_the_step_limit_stopped_before_fails_with_the_steps_that_r
     verdict = metrics(runs)
     assert verdict.status == FAIL and verdict.fix == "--steps 17", verdict
     assert "the script evaluates (loop at line 9)" in verdict.summary and "8 step(s)" in verdict.summary
+    every = metrics(Runs(original, [stopped, stopped], 2, False, evaluation_loops=(9,), steps=8,
+                         evaluation_every=(500,)))  # makemore: `step % 500 == 0`, its epoch 10**10 samples long
+    assert every.status == FAIL and every.fix == "--steps 501" and "every 500 training steps" in every.evidence[0]
     ended = Record(steps=_steps([0.1] * 8, per_epoch=16), reason="script end")  # evaluation not run with these args
     assert metrics(Runs(original, [ended, ended], 2, False, evaluation_loops=(9,), steps=8)).status == SKIP
     assert "no evaluation loop" in metrics(Runs(original, [stopped, stopped], 2, False, steps=8)).summary

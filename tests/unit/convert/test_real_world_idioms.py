@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from helpers import DATA
+
 from accelkit.convert.codemod import convert_source
 from accelkit.convert.verify import find_concerns
 
@@ -499,3 +501,28 @@ def test_a_sum_of_batch_means_is_not_cut() -> None:
     result = convert(SUMMED_EVAL.replace("REDUCTION", "'mean'"))
     assert "remainder" not in result.code
     assert any("padded by Accelerate for an uneven split is counted too" in f.action for f in result.report.found)
+
+
+def test_a_loader_made_with_the_process_rank_is_not_sharded_again_and_the_inner_model_is_not_prepared() -> None:
+    # build-nanogpt: `DataLoaderLite(..., process_rank=ddp_rank, num_processes=ddp_world_size)` reads each rank's
+    # own part already; `raw_model = model.module if ddp else model` is the same parameters as `model`
+    source = (DATA / "convert" / "real_world" / "rank_sharded_loader.py").read_text()
+    result = convert_source(source, filename="rank_sharded_loader.py")
+    assert "shard" not in result.code.replace("sharded", "")
+    assert result.code.count("accelerator.prepare(") == 1
+    assert "model, optimizer = accelerator.prepare(model, optimizer)\n" in result.code
+    assert "raw_model = accelerator.unwrap_model(model) if ddp else model\n" in result.code
+    assert "process_rank=ddp_rank" in result.code and "ddp_rank = accelerator.process_index" in result.code
+    assert any("sharded by the script itself" in f.action for f in result.report.found)
+    assert not result.report.problems
+    assert not find_concerns(result.code)
+
+
+def test_an_evaluation_every_n_steps_reports_its_cadence_for_the_check() -> None:
+    # makemore: `if step > 0 and step % 500 == 0: evaluate(...)` inside the training loop; the check's step hint
+    # was the length of its 10**10-sample "epoch"
+    source = (DATA / "convert" / "real_world" / "eval_every.py").read_text()
+    report = convert_source(source, filename="eval_every.py").report
+    assert report.evaluation_loops == [13] and report.evaluation_every == [3]
+    epochs = source.replace("    if step > 0 and step % 3 == 0:\n        print(", "    if step > 0:\n        print(")
+    assert convert_source(epochs, filename="eval_every.py").report.evaluation_every == []

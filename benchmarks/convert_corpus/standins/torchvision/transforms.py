@@ -42,7 +42,40 @@ class _Identity:
 
 
 RandomHorizontalFlip = RandomVerticalFlip = ColorJitter = RandomRotation = _Identity
-RandomCrop = RandomResizedCrop = RandomAffine = AutoAugment = _Identity
+RandomResizedCrop = RandomAffine = AutoAugment = _Identity
+
+
+class Pad:
+    """Border of `padding` pixels (int: all sides; (lr, tb); (l, t, r, b)) filled with `fill`, as torchvision's."""
+
+    def __init__(self, padding, fill=0, padding_mode="constant"):
+        p = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+        self.padding = p * 2 if len(p) == 2 else p
+
+    def __call__(self, image):
+        left, top, right, bottom = self.padding
+        if isinstance(image, Image.Image):
+            array = np.asarray(image)
+            widths = ((top, bottom), (left, right)) + (((0, 0),) if array.ndim == 3 else ())
+            return Image.fromarray(np.pad(array, widths))
+        return torch.nn.functional.pad(image, (left, right, top, bottom))
+
+
+class RandomCrop:
+    """A crop of `size` (after the optional `padding`): the centre one, so the stand-in stays deterministic."""
+
+    def __init__(self, size, padding=None, *args, **kwargs):
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+        self.pad = Pad(padding) if padding else None
+
+    def __call__(self, image):
+        image = self.pad(image) if self.pad is not None else image
+        if isinstance(image, Image.Image):
+            width, height = image.size
+            top, left = (height - self.size[0]) // 2, (width - self.size[1]) // 2
+            return image.crop((left, top, left + self.size[1], top + self.size[0]))
+        top, left = (image.shape[-2] - self.size[0]) // 2, (image.shape[-1] - self.size[1]) // 2
+        return image[..., top:top + self.size[0], left:left + self.size[1]]
 
 
 class Resize:

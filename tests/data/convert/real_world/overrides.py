@@ -11,4 +11,5 @@ for arg in sys.argv[1:]:
     except (SyntaxError, ValueError):
         attempt = val
     assert type(attempt) == type(globals()[key]), f"{key}: {type(attempt)} is not {type(globals()[key])}"
+    print(f"Overriding: {key} = {attempt}")  # on every process, as nanoGPT's configurator.py does
     globals()[key] = attempt

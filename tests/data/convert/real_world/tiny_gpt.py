@@ -8,6 +8,8 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.head = nn.Linear(width, vocab)
+        # nanoGPT's model.py prints this on every process (the module is not converted, only the script)
+        print(f"number of parameters: {sum(p.numel() for p in self.parameters())}")
 
     def forward(self, idx, targets=None):
         logits = self.head(self.embed(idx))
