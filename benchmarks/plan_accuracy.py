@@ -35,7 +35,7 @@ PP 8 with 1F1B and Interleaved1F1B (published peak 82.5 and 72.7 GiB; tests/unit
 plan within 10%), and GPT-3 175B's 64 x 8 x 8 shape.
 
     python benchmarks/plan_accuracy.py [--ranks 2,4 | --ranks ''] [--nd-layouts tp2,hsdp2x2,fsdp4,fsdp2xtp2 | '']
-        [--pp-layouts pp2,fsdp2xpp2 | '']
+        [--pp-layouts pp2,pp2gpipe,fsdp2xpp2 | '']
 
 The last line reads `worst error: model states X%, activations Y%` (accelkit's plan against the measurement, the
 N-D and pipeline rows included).
@@ -191,11 +191,10 @@ def print_pp(results: list[tuple[str, list[dict], str]]) -> tuple[float, float]:
         arguments = dict(PP_FLAGS[name][0])
         backend, schedule = arguments.pop("backend"), arguments.pop("schedule")
         layout = nd.Layout(backend, Mesh(pp=2, **arguments), schedule=schedule, microbatches=PP_MICROBATCHES)
-        settings = {"gpu_memory": None, "seq_len": PP_SEQ, "micro_batch": micro_batch, "checkpointing": False,
-                    "optimizer": "adamw", "tp_plan": nd.LLAMA_TP_PLAN, "profile": profile, "compute_bytes": 4,
-                    "reduce_bytes": 4}
-        # every pipeline rank's row, not only the worst one row() returns (the function it takes the worst of)
-        planned = [nd._rank_row(layout, model, stage, *settings.values()) for stage in range(layout.mesh.pp)]
+        # every pipeline rank's row, not only the worst one row() returns (the function it takes the worst of):
+        # no GPU limit, no checkpointing (the template's pipeline runs none), AdamW, fp32 compute and reduction
+        planned = [nd._rank_row(layout, model, stage, None, PP_SEQ, micro_batch, False, "adamw", nd.LLAMA_TP_PLAN,
+                                profile, 4, 4) for stage in range(layout.mesh.pp)]
         planned_act = [r.activations for r in planned]
         if not ranks:
             print(f"{layout.describe():48} {layout.world:>2} | {'-':>24} | {'not run':>24} || {failure}")
