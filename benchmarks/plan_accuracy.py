@@ -20,18 +20,22 @@ installed versions cannot run (FSDP2 x TP with transformers >= 5.1) prints launc
 No peer estimates N-D layouts from a model (DeepSpeed's and Accelerate's estimators know no TP).
 
 Pipeline rows measured: the causal-lm template's own pipeline (templates/causal-lm/pipeline_parallel.py, its
-default 2-layer Llama, one AdamW per stage module) through `accelkit launch --cpu --pp-size 2`, pp 2 alone and
-dp_shard 2 x pp 2 (FSDP2 inside each stage group), one optimizer step; a probe (tests/data/nd/pp_states_probe.py)
-counts each rank's parameters, gradients and AdamW moments after the step (local shards), against the plan's
-model states of its pipeline rank that needs the most (nd.row: stages by layer, the embedding on the first, norm
-and head on the last, split by dp_shard). Activations are not measured for these rows.
+default 2-layer Llama, one AdamW per stage module) through `accelkit launch --cpu --pp-size 2 --microbatches 4`,
+pp 2 under 1F1B and GPipe and dp_shard 2 x pp 2 (FSDP2 inside each stage group) under 1F1B, one optimizer step.
+Two probes in every rank: tests/data/nd/pp_states_probe.py counts the rank's parameters, gradients and AdamW moments
+after the step (local shards), against the plan's model states of each pipeline rank (nd.row: stages by layer, the
+embedding on the first, norm and head on the last, split by dp_shard); tests/data/nd/pp_activations_probe.py
+tracks the tensors autograd saves for the backward during the schedule's step (each storage once, released when
+its backward frees it) and reports their peak, against the plan's in-flight activations of that pipeline rank
+(pipeline.py: 1F1B keeps p - r micro-batches, GPipe all m; the traced profile of the template's model, fp32, no
+checkpointing). The last stage's logits are held, not saved, so the probe reports them apart.
 
 Pipeline rows on paper (accelkit/plan/published.py): torchtitan's Llama 3.1 405B on 512 H100 as FSDP 8 x TP 8 x
 PP 8 with 1F1B and Interleaved1F1B (published peak 82.5 and 72.7 GiB; tests/unit/plan/test_pp_plan.py holds the
 plan within 10%), and GPT-3 175B's 64 x 8 x 8 shape.
 
     python benchmarks/plan_accuracy.py [--ranks 2,4 | --ranks ''] [--nd-layouts tp2,hsdp2x2,fsdp4,fsdp2xtp2 | '']
-        [--pp-layouts pp2,fsdp2xpp2 | '']
+        [--pp-layouts pp2,pp2gpipe,fsdp2xpp2 | '']
 
 The last line reads `worst error: model states X%, activations Y%` (accelkit's plan against the measurement, the
 N-D and pipeline rows included).
@@ -68,10 +72,17 @@ ND_FLAGS = {  # name: (Layout arguments, launch flags)
 
 TEMPLATE = REPO / "templates" / "causal-lm" / "train.py"
 PP_PROBE_DIR = REPO / "tests" / "data" / "nd"
+PP_MICROBATCHES = 4
 PP_FLAGS = {  # name: (Layout arguments without the pipeline, ConfigOptions of the launch)
-    "pp2": ({"backend": "ddp"}, {"backend": "ddp", "num_processes": 2, "pp_size": 2}),
-    "fsdp2xpp2": ({"backend": "fsdp", "dp_shard": 2}, {"backend": "fsdp", "num_processes": 4, "pp_size": 2}),
+    "pp2": ({"backend": "ddp", "schedule": "1F1B"},
+            {"backend": "ddp", "num_processes": 2, "pp_size": 2, "pp_schedule": "1f1b"}),
+    "pp2gpipe": ({"backend": "ddp", "schedule": "GPipe"},
+                 {"backend": "ddp", "num_processes": 2, "pp_size": 2, "pp_schedule": "gpipe"}),
+    "fsdp2xpp2": ({"backend": "fsdp", "dp_shard": 2, "schedule": "1F1B"},
+                  {"backend": "fsdp", "num_processes": 4, "pp_size": 2, "pp_schedule": "1f1b"}),
 }
+for _, _options in PP_FLAGS.values():
+    _options["microbatches"] = PP_MICROBATCHES
 PP_LAUNCH = """
 import json, sys
 from accelkit.configs import ConfigOptions
@@ -79,14 +90,18 @@ from accelkit.launch.launch_plan import LaunchTarget
 from accelkit.launch.request import LaunchRequest
 from accelkit.launch.supervised import run_request
 options, script, *args = json.loads(sys.argv[1]), *sys.argv[2:]
+probes = ("pp_states_probe", "pp_activations_probe")
 sys.exit(run_request(LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True,
-                                   options=ConfigOptions(**options), probes=("pp_states_probe",))))
+                                   options=ConfigOptions(**options), probes=probes)))
 """
-PP_ARGS = ("--max-steps", "1", "--block-size", "16", "--per-device-batch-size", "4", "--log-every", "1")
+PP_SEQ, PP_BATCH = 16, 4  # per data-parallel rank: 4 micro-batches of one sequence
+PP_ARGS = ("--max-steps", "1", "--block-size", str(PP_SEQ), "--per-device-batch-size", str(PP_BATCH),
+           "--log-every", "1")
 
 
 def run_pp(names: list[str], folder: Path) -> list[tuple[str, list[dict], str]]:
-    """(name, every rank's measured states, the launch's last lines when it failed) per pipeline layout."""
+    """(name, every rank's measured states with its peak saved activations, the launch's last lines when it failed)
+    per pipeline layout."""
     import os
 
     from accelkit.ranks.probes import read_results
@@ -103,56 +118,107 @@ def run_pp(names: list[str], folder: Path) -> list[tuple[str, list[dict], str]]:
                               cwd=work, env=env, timeout=900)
         print(f"  measured pipeline {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         ranks = read_results(work, "pp_states")
-        if proc.returncode != 0 or len(ranks) != PP_FLAGS[name][1]["num_processes"]:
+        peaks = {r["rank"]: r for r in read_results(work, "pp_activations")}
+        for r in ranks:
+            r["activations"] = peaks.get(r["rank"], {}).get("peak")
+            r["outputs_held"] = peaks.get(r["rank"], {}).get("outputs_held", 0)
+        if (proc.returncode != 0 or len(ranks) != PP_FLAGS[name][1]["num_processes"]
+                or any(r["activations"] is None for r in ranks)):
             results.append((name, [], " / ".join(proc.stderr.strip().splitlines()[-2:]) or "failed"))
             continue
         results.append((name, ranks, ""))
     return results
 
 
+TEMPLATE_SIZES = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128}  # its LlamaConfig
+
+
+def template_vocab() -> int:
+    """The causal-lm template's vocabulary: its byte-level tokenizer's."""
+    sys.path.insert(0, str(TEMPLATE.parent))
+    import train  # the template itself
+
+    return len(train.byte_level_tokenizer())
+
+
 def template_model():
-    """The causal-lm template's default model (its LlamaConfig, its byte-level tokenizer's vocabulary) for nd."""
+    """The causal-lm template's default model for nd."""
     from accelkit.plan import nd
 
-    sys.path.insert(0, str(TEMPLATE.parent))
-    import train  # the template itself: its tokenizer sets the vocabulary
-
-    return nd.Model.llama(layers=2, hidden=64, heads=4, kv_heads=2, vocab=len(train.byte_level_tokenizer()),
-                          intermediate=128)
+    return nd.Model.llama(vocab=template_vocab(), **TEMPLATE_SIZES)
 
 
-def print_pp(results: list[tuple[str, list[dict], str]]) -> float:
-    """The pipeline table; returns the worst model-state error of its measured rows."""
+def template_profile(micro_batch: int):
+    """The plan's activation profile of the template's model (accelkit/plan/activations/profile.py): traced with
+    and without checkpointing on the meta device, fp32 as the template's pipeline runs on CPU."""
+    from transformers import LlamaConfig
+
+    from accelkit.plan.activations.profile import traced
+    from accelkit.plan.models import ModelSpec, hf_build, hf_inputs, hf_step
+    from accelkit.plan.planner import compute_for
+
+    sizes = TEMPLATE_SIZES
+    config = LlamaConfig(vocab_size=template_vocab(), hidden_size=sizes["hidden"],
+                         intermediate_size=sizes["intermediate"], num_hidden_layers=sizes["layers"],
+                         num_attention_heads=sizes["heads"], num_key_value_heads=sizes["kv_heads"],
+                         max_position_embeddings=PP_SEQ)
+    spec = ModelSpec(label="causal-lm template", build=hf_build(config), inputs=hf_inputs, step=hf_step)
+    return traced(spec, compute_for("torch", "fp32"), micro_batch, PP_SEQ, "cpu")
+
+
+def print_pp(results: list[tuple[str, list[dict], str]]) -> tuple[float, float]:
+    """The pipeline table; returns the worst model-state and activation errors of its measured rows."""
     from accelkit.configs import Mesh
     from accelkit.plan import nd
 
     model = template_model()
+    micro_batch = PP_BATCH // PP_MICROBATCHES
+    profile = template_profile(micro_batch)
     print()
-    print(f"Pipeline layouts: model states of the pipeline rank that needs the most (bytes: parameters + gradients "
-          f"+ AdamW moments, fp32), planned vs measured after one optimizer step, the causal-lm template's "
-          f"{model.parameters:,}-parameter Llama, CPU ranks over gloo:")
-    header = f"{'layout':48} {'N':>2} | {'measured per pipeline rank':>26} | {'accelkit plan':>21}"
+    print(f"Pipeline layouts, the causal-lm template's {model.parameters:,}-parameter Llama, {PP_MICROBATCHES} "
+          f"micro-batches of {micro_batch} x {PP_SEQ} tokens, CPU ranks over gloo, fp32, one optimizer step. Model "
+          f"states (parameters + gradients + AdamW moments) and activations (the peak bytes of tensors saved for "
+          f"the backward alive at once during the step) per pipeline rank, the largest over its data-parallel "
+          f"ranks, vs the plan's (activations: its in-flight figure from the traced profile, {profile.layer:,} B a "
+          f"layer, {profile.rest:,} B outside the layers); pipeline rank 0 / rank 1:")
+    header = (f"{'layout':48} {'N':>2} | {'measured states per rank':>24} | {'planned states per rank':>24} || "
+              f"{'measured act. per rank':>24} | {'planned act. per rank':>22} | {'error per rank':>16}")
     print(header)
     print("-" * len(header))
-    worst = 0.0
+    worst_states = worst_act = 0.0
+    held = {}
     for name, ranks, failure in results:
-        arguments = PP_FLAGS[name][0]
-        layout = nd.Layout(arguments["backend"], Mesh(pp=2, **mesh_sizes(arguments)), microbatches=2)
-        row = nd.row(layout, model, gpus=layout.world, nodes=1, gpu_memory=None, seq_len=16, micro_batch=2,
-                     compute_bytes=4)
+        arguments = dict(PP_FLAGS[name][0])
+        backend, schedule = arguments.pop("backend"), arguments.pop("schedule")
+        layout = nd.Layout(backend, Mesh(pp=2, **arguments), schedule=schedule, microbatches=PP_MICROBATCHES)
+        # every pipeline rank's row, not only the worst one row() returns (the function it takes the worst of):
+        # no GPU limit, no checkpointing (the template's pipeline runs none), AdamW, fp32 compute and reduction
+        planned = [nd._rank_row(layout, model, stage, None, PP_SEQ, micro_batch, False, "adamw", nd.LLAMA_TP_PLAN,
+                                profile, 4, 4) for stage in range(layout.mesh.pp)]
+        planned_act = [r.activations for r in planned]
         if not ranks:
-            print(f"{layout.describe():48} {layout.world:>2} | {'-':>26} | {row.states:>10,} (not run)  {failure}")
+            print(f"{layout.describe():48} {layout.world:>2} | {'-':>24} | {'not run':>24} || {failure}")
             continue
         inner = layout.world // layout.mesh.pp  # the mesh is (pp, dp_shard, tp): a pipeline rank's ranks are adjacent
         per_stage = [max(sum(r["states"].values()) for r in ranks if r["rank"] // inner == stage)
                      for stage in range(layout.mesh.pp)]
-        measured = per_stage[row.worst_rank]
-        error = (row.states - measured) / measured
-        worst = max(worst, abs(error))
-        shown = " / ".join(f"{value:,}" for value in per_stage)
-        print(f"{layout.describe():48} {layout.world:>2} | {shown:>26} | {row.states:>10,} ({error:+7.1%}) "
-              f"rank {row.worst_rank}")
-    return worst
+        measured_act = [max(r["activations"] for r in ranks if r["rank"] // inner == stage)
+                        for stage in range(layout.mesh.pp)]
+        state_errors = [(r.states - seen) / seen for r, seen in zip(planned, per_stage, strict=True)]
+        worst_states = max(worst_states, *(abs(e) for e in state_errors))
+        act_errors = [(plan - seen) / seen for plan, seen in zip(planned_act, measured_act, strict=True)]
+        worst_act = max(worst_act, *(abs(e) for e in act_errors))
+        held[layout.describe()] = max(r["outputs_held"] for r in ranks)
+        print(f"{layout.describe():48} {layout.world:>2} | {' / '.join(f'{v:,}' for v in per_stage):>24} | "
+              f"{' / '.join(f'{r.states:,} ({e:+.1%})' for r, e in zip(planned, state_errors, strict=True)):>24} || "
+              f"{' / '.join(f'{v:,}' for v in measured_act):>24} | {' / '.join(f'{v:,}' for v in planned_act):>22} | "
+              f"{' / '.join(f'{e:+.1%}' for e in act_errors):>16}")
+    if held:
+        print("The last stage's outputs (logits) the schedule still holds when step() returns (torch keeps them to "
+              "merge unless given return_outputs=False; not saved for the backward, so not in the measured column; "
+              "the plan counts one micro-batch's under 1F1B, every one under GPipe): "
+              + "; ".join(f"{name} {value:,}" for name, value in held.items()))
+    return worst_states, worst_act
 
 
 def mesh_sizes(arguments: dict) -> dict:
@@ -358,7 +424,8 @@ def main() -> None:
     if nd_results:
         worst_states = max(worst_states, print_nd(nd_results))
     if pp_results:
-        worst_states = max(worst_states, print_pp(pp_results))
+        pp_states, pp_act = print_pp(pp_results)
+        worst_states, worst_act = max(worst_states, pp_states), max(worst_act, pp_act)
     print_published()
     print(f"worst error: model states {worst_states * 100:.2f}%, activations {worst_act * 100:.2f}%")
 
