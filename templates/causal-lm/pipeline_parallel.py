@@ -163,6 +163,10 @@ class Pipeline:
         kind = getattr(schedules, SCHEDULES[spec["schedule"]])
         stages = self.stages[0] if per_rank == 1 else self.stages
         self.schedule = kind(stages, n_microbatches=spec["microbatches"], loss_fn=loss_fn, scale_grads=False)
+        # step() below uses only the losses: without return_outputs=False (newer torch has it) the last stage keeps
+        # every micro-batch's logits until the step returns (measured: 4 micro-batches' worth held under 1F1B too)
+        self.keep_outputs = {} if "return_outputs" not in inspect.signature(self.schedule.step).parameters \
+            else {"return_outputs": False}
 
     def _tensor_parallel(self, module: StageModule) -> None:
         """Megatron-style TP over the tp dimension inside each decoder layer: the q/k/v and gate/up projections
@@ -204,6 +208,7 @@ class Pipeline:
         the microbatch losses the last stage computed, each already divided by the microbatches)."""
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        kwargs.update(self.keep_outputs)
         if self.has_first:
             self.schedule.step(input_ids, **kwargs)
         else:
