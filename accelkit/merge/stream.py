@@ -30,7 +30,7 @@ from accelkit.merge.dtypes import name_of
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, refusal
 from accelkit.merge.records import input_read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
-from accelkit.merge.writer import SafetensorsWriter, verify_output
+from accelkit.merge.writer import SafetensorsWriter, safetensors_header, verify_output
 
 PIECE_BYTES = COUNTED_BYTES  # a multiple of every element size; the non-finite count of a refusal
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
@@ -189,7 +189,7 @@ class TensorStream:
 
     def write_file(self, entries: list[TensorEntry], path: Path, metadata: dict[str, str], label: Path) -> None:
         """Write `entries` (output dtypes) to a new safetensors file at `path`."""
-        writer = SafetensorsWriter(path, entries, metadata, label=label)
+        writer = SafetensorsWriter(path, safetensors_header(entries, metadata), sum(e.nbytes for e in entries), label)
         appender = _Appender(writer)
 
         def scan_and_append(name: str, values: torch.Tensor, source_values: torch.Tensor, cast: bool,

@@ -23,41 +23,39 @@ from accelkit.merge.dtypes import TABLE, name_of
 from accelkit.merge.records import input_read_error, pread_into
 
 if TYPE_CHECKING:
+    from accelkit.merge.light_dcp import Tensor
     from accelkit.merge.source import TensorEntry
-
-def safetensors_header(tensors: Iterable[tuple[str, str, tuple[int, ...], int]],
-                       metadata: dict[str, str] | None = None) -> bytes:
-    """The header for (name, dtype code, shape, nbytes) of each tensor, in file order."""
-    header: dict[str, object] = {}
-    if metadata:
-        header["__metadata__"] = metadata
-    offset = 0
-    for name, code, shape, nbytes in tensors:
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw
 
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
 
 
-def build_header(entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> bytes:
-    return safetensors_header(((e.name, TABLE[name_of(e.dtype)].code, e.shape, e.nbytes) for e in entries), metadata)
+def safetensors_header(tensors: Iterable[TensorEntry | Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """The header for `tensors` in file order (either path's tensor model: a dtype is a torch dtype or its name)."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": TABLE[name_of(t.dtype)].code, "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
 
 
 class SafetensorsWriter:
-    """Write the data of `entries` to `path` in order, as consecutive `write` calls of any size.
+    """The one writer of both paths: `header`, then `data_bytes` of tensor data appended in order by consecutive
+    `write` calls of any size (or file to file, then `count`); `close` checks that every byte came.
 
     `label` is the path the user asked for: a failed write names it (and the real cause), never the temporary name.
     """
 
-    def __init__(self, path: Path, entries: list[TensorEntry], metadata: dict[str, str] | None = None,
-                 label: Path | None = None) -> None:
+    def __init__(self, path: Path, header: bytes, data_bytes: int, label: Path | None = None) -> None:
         self.path = path
         self.label = label or path
-        self.header = build_header(entries, metadata)
-        self.data_bytes = sum(e.nbytes for e in entries)
+        self.header = header
+        self.data_bytes = data_bytes
         self._written = 0
         try:
             # Never truncate an existing (empty, probed) file: ext4 then writes the whole file back on close.
