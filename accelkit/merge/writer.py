@@ -1,5 +1,6 @@
 """A streaming safetensors writer (no torch): header first, then the tensors' bytes in order, never a whole file in
-memory. Both paths write their headers here.
+memory. Both paths write their outputs here: bytes from memory, or byte ranges of an input file copied file to file
+in the kernel.
 
 The safetensors layout (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian unsigned
 header size N, then N bytes of UTF-8 JSON mapping each tensor name to {"dtype", "shape", "data_offsets": [begin,
@@ -10,6 +11,8 @@ are known before any byte is read, the header can be written first and the data 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import struct
@@ -57,6 +60,8 @@ class SafetensorsWriter:
         self.header = header
         self.data_bytes = data_bytes
         self._written = 0
+        self._kernel_copy = hasattr(os, "copy_file_range")
+        self._sources: dict[Path, int] = {}  # input files copied from, open until the writer closes
         try:
             # Never truncate an existing (empty, probed) file: ext4 then writes the whole file back on close.
             mode = "r+b" if path.exists() else "xb"
@@ -76,12 +81,37 @@ class SafetensorsWriter:
         self._written += done
         return done
 
-    def fileno(self) -> int:
-        """For bytes appended by someone else (a file-to-file copy): call `count` with how many."""
-        return self._file.fileno()
+    def append(self, data: memoryview, origin: tuple[Path, int] | None = None) -> None:
+        """Append `data`; when it is stored as it goes out at `origin` (file, offset), copy it file to file in the
+        kernel instead (a fifth of the cost of writing it from user memory), unless this file system cannot."""
+        if origin is not None and self._kernel_copy:
+            try:
+                self._copy(origin, len(data))
+                return
+            except _KernelCopyUnavailable:
+                self._kernel_copy = False  # e.g. across file systems: write every piece from memory
+        self.write(data)
 
-    def count(self, nbytes: int) -> None:
-        self._written += nbytes
+    def _copy(self, origin: tuple[Path, int], length: int) -> None:
+        path, offset = origin
+        if path not in self._sources:
+            try:
+                self._sources[path] = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise input_read_error(exc, path) from None
+        done = 0
+        while done < length:
+            try:
+                n = os.copy_file_range(self._sources[path], self._file.fileno(), length - done, offset + done)
+            except OSError as exc:
+                if exc.errno in _NO_KERNEL_COPY and done == 0:
+                    raise _KernelCopyUnavailable from None
+                raise self.error(exc) from None
+            if n == 0:
+                raise AccelkitError(f"{path} became shorter while it was being merged",
+                                    hint="do not modify a checkpoint while merging it")
+            done += n
+        self._written += length
 
     def error(self, exc: OSError) -> AccelkitError:
         return write_error(exc, self.label)
@@ -97,10 +127,21 @@ class SafetensorsWriter:
             self.abort()
 
     def abort(self) -> None:
+        for fd in self._sources.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._sources.clear()
         try:
             self._file.close()
         except OSError as exc:
             raise write_error(exc, self.label) from None
+
+
+class _KernelCopyUnavailable(Exception):
+    pass
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
 
 def verify_output(path: Path, data_start: int, expected: Iterable[tuple[str, memoryview]],
