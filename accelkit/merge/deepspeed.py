@@ -116,12 +116,6 @@ class DeepSpeedSource(CheckpointSource):
                                 hint="point at a checkpoint written by engine.save_checkpoint")
         return sd
 
-    def optim_archive(self, rank: int):
-        return self._optim[rank]
-
-    def model_archive(self, rank: int = 0):
-        return self._models[rank]
-
     def _rank_files(self) -> layout.ZeroRankFiles:
         """This checkpoint as the consistency checks read it (torch tensors, read through their CRC-32)."""
         world = self.world_size or 1

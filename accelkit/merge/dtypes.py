@@ -48,9 +48,3 @@ SCANNED = ("float64", "float32", "float16", "bfloat16")
 def name_of(dtype: object) -> str:
     """torch's name of a dtype object (`torch.float32` -> "float32"), without importing torch."""
     return str(dtype).removeprefix("torch.")
-
-
-def cast_target(dtype: str, cast: str) -> str:
-    """The dtype a tensor of `dtype` is written as under `--dtype cast`: floating-point ones cast, others kept."""
-    target = CAST[cast]
-    return target if target is not None and TABLE[dtype].floating else dtype

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
-from accelkit.fsio import StagedOutput, write_error
+from accelkit.fsio import StagedOutput
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
-from accelkit.merge.dtypes import CAST, SCANNED, TABLE
+from accelkit.merge.dtypes import CAST, SCANNED
 from accelkit.merge.light_pickle import Refused
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
 from accelkit.merge.output import (
@@ -49,7 +49,7 @@ from accelkit.merge.output import (
     start_writing,
 )
 from accelkit.merge.records import RecordReader
-from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header, verify_output
+from accelkit.merge.writer import SAFETENSORS_METADATA, SafetensorsWriter, safetensors_header, verify_output
 from accelkit.sizes import format_bytes
 
 
@@ -363,7 +363,7 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
     metadata = dict(SAFETENSORS_METADATA)
     if not to_file:
         metadata[FILES_KEY] = json.dumps(folder_files)
-    header = safetensors_header(((t.name, TABLE[t.dtype].code, t.shape, t.nbytes) for t in found.tensors), metadata)
+    header = safetensors_header(found.tensors, metadata)
     data_bytes = sum(t.nbytes for t in found.tensors)
     report = _planned_report(found, [*found.checks, *checks])
     report.output, report.output_files = output, list(names)
@@ -420,8 +420,8 @@ def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, rea
                   allow_nonfinite: bool, label: Path, on_bytes: Callable[[int], None]) -> None:
     """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
     page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the
-    CPU's caches, and the same memory is written to the output (`_write_window`) by a writer thread while this one
-    maps and checks the next window (both release the GIL: ISA-L, NumPy and os.write).
+    CPU's caches, and the same memory is written to the output (`_write_window`, through the torch path's writer) by
+    a writer thread while this one maps and checks the next window (both release the GIL: ISA-L, NumPy and os.write).
 
     Measured on the 2-core machine (a 435 MB item, medians of 9): the earlier two passes (read into a buffer for the
     checks, then `os.copy_file_range`) took 0.24 s, this one pass 0.18-0.19 s on one thread; the kernel copy alone
@@ -436,56 +436,47 @@ def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, rea
         finally:
             future.view.release()
 
+    out = SafetensorsWriter(target, header, sum(t.nbytes for t in found.tensors), label)
     try:
-        with open(target, "r+b", buffering=0) as out:
-            _write_all(out, header, label)
-            for tensor in found.tensors:
-                floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
-                for piece in tensor.pieces:
-                    bad = 0  # in the COUNTED_BYTES of the piece read so far, what a refusal counts in both paths
-                    for begin in range(0, piece.nbytes, READ_BYTES):
-                        view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
-                        found = scan.count(view, tensor.dtype) if floating else 0
-                        if found:
-                            scan.found(tensor.name, found)
-                            bad += found
-                        end = min(begin + READ_BYTES, piece.nbytes)
-                        if bad and not allow_nonfinite and (end % COUNTED_BYTES == 0 or end == piece.nbytes):
-                            view.release()
-                            raise refusal(tensor.name, bad, overflow=False)
-                        if end % COUNTED_BYTES == 0:
-                            bad = 0
-                        future = writer.submit(_write_window, out, view, label)
-                        future.view = view
-                        pending.append(future)
-                        while len(pending) >= WINDOWS_IN_FLIGHT:
-                            settle(pending.popleft())
-                    on_bytes(piece.nbytes)
-                while pending:
-                    settle(pending.popleft())
-    except OSError as exc:
-        raise write_error(exc, label) from None
+        for tensor in found.tensors:
+            floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
+            for piece in tensor.pieces:
+                bad = 0  # in the COUNTED_BYTES of the piece read so far, what a refusal counts in both paths
+                for begin in range(0, piece.nbytes, READ_BYTES):
+                    view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
+                    counted = scan.count(view, tensor.dtype) if floating else 0
+                    if counted:
+                        scan.found(tensor.name, counted)
+                        bad += counted
+                    end = min(begin + READ_BYTES, piece.nbytes)
+                    if bad and not allow_nonfinite and (end % COUNTED_BYTES == 0 or end == piece.nbytes):
+                        view.release()
+                        raise refusal(tensor.name, bad, overflow=False)
+                    if end % COUNTED_BYTES == 0:
+                        bad = 0
+                    future = writer.submit(_write_window, out, view)
+                    future.view = view
+                    pending.append(future)
+                    while len(pending) >= WINDOWS_IN_FLIGHT:
+                        settle(pending.popleft())
+                on_bytes(piece.nbytes)
+            while pending:
+                settle(pending.popleft())
+        out.close()
     finally:
         for future in pending:
             future.cancel()
-        writer.shutdown(wait=True)
+        writer.shutdown(wait=True)  # never close the file under a write in flight
         for future in pending:  # release() may be repeated; a view still exported elsewhere is left to the GC
             with contextlib.suppress(BufferError):
                 future.view.release()
+        with contextlib.suppress(AccelkitError):  # after close, nothing; after a failure, that error is the one told
+            out.abort()
 
 
 WINDOWS_IN_FLIGHT = 2  # measured as fast as 3 (CLI, medians of 7: 0.62 s both), 2 MB less resident
 
 
-def _write_window(out, view: memoryview, label: Path) -> None:
+def _write_window(out: SafetensorsWriter, view: memoryview) -> None:
     """Write checked bytes to the output (a seam for the tests that make writes go wrong)."""
-    _write_all(out, view, label)
-
-
-def _write_all(out, data, label: Path) -> None:
-    view, done = memoryview(data), 0
-    while done < len(view):
-        try:
-            done += out.write(view[done:])
-        except OSError as exc:
-            raise write_error(exc, label) from None
+    out.write(view)

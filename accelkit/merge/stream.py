@@ -6,8 +6,8 @@ appends it to the output, while this thread reads the next piece into the other 
 memory stays at two pieces whatever the size of the model or of its largest tensor.
 
 Bytes that are stored in a file exactly as they go out (no `--dtype` cast) are never copied into this process: the
-piece is mapped from the page cache (`mmap`), its CRC-32 and the non-finite scan read it there, and it is copied
-file to file by the kernel (`os.copy_file_range`), which costs a fifth of writing it from user memory. A merge of
+piece is mapped from the page cache (`mmap`), its CRC-32 and the non-finite scan read it there, and the writer copies
+it file to file in the kernel (`os.copy_file_range`), which costs a fifth of writing it from user memory. A merge of
 such a checkpoint touches every byte about as often as `cp` does, plus the two checks. Cast pieces, in-memory
 tensors, and file systems that cannot copy file to file go through the buffers.
 """
@@ -15,8 +15,6 @@ tensors, and file systems that cannot copy file to file go through the buffers.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,12 +26,10 @@ from accelkit.errors import AccelkitError
 from accelkit.merge import records
 from accelkit.merge.dtypes import name_of
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, refusal
-from accelkit.merge.records import input_read_error
 from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, pieces
-from accelkit.merge.writer import SafetensorsWriter, verify_output
+from accelkit.merge.writer import SafetensorsWriter, safetensors_header, verify_output
 
 PIECE_BYTES = COUNTED_BYTES  # a multiple of every element size; the non-finite count of a refusal
-_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
 
 class Buffers:
@@ -92,55 +88,6 @@ def _as_memoryview(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.numpy()) if tensor.numel() else memoryview(b"")
 
 
-class _Appender:
-    """Appends pieces to an output file: file to file in the kernel when a piece is stored as it goes out, else from
-    the buffer. Runs on the writer thread."""
-
-    def __init__(self, writer: SafetensorsWriter) -> None:
-        self.writer = writer
-        self.kernel_copy = hasattr(os, "copy_file_range")
-        self._fds: dict[Path, int] = {}
-
-    def append(self, data: memoryview, origin: tuple[Path, int] | None) -> None:
-        if origin is not None and self.kernel_copy:
-            try:
-                self._copy(origin, len(data))
-                return
-            except _KernelCopyUnavailable:
-                self.kernel_copy = False  # e.g. across file systems: write every piece from the buffer
-        self.writer.write(data)
-
-    def _copy(self, origin: tuple[Path, int], length: int) -> None:
-        path, offset = origin
-        if path not in self._fds:
-            try:
-                self._fds[path] = os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                raise input_read_error(exc, path) from None
-        done = 0
-        while done < length:
-            try:
-                n = os.copy_file_range(self._fds[path], self.writer.fileno(), length - done, offset + done)
-            except OSError as exc:
-                if exc.errno in _NO_KERNEL_COPY and done == 0:
-                    raise _KernelCopyUnavailable from None
-                raise self.writer.error(exc) from None
-            if n == 0:
-                raise AccelkitError(f"{path} became shorter while it was being merged",
-                                    hint="do not modify a checkpoint while merging it")
-            done += n
-        self.writer.count(length)
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-class _KernelCopyUnavailable(Exception):
-    pass
-
-
 class TensorStream:
     """Copies source tensors into output files (see the module docstring)."""
 
@@ -189,13 +136,12 @@ class TensorStream:
 
     def write_file(self, entries: list[TensorEntry], path: Path, metadata: dict[str, str], label: Path) -> None:
         """Write `entries` (output dtypes) to a new safetensors file at `path`."""
-        writer = SafetensorsWriter(path, entries, metadata, label=label)
-        appender = _Appender(writer)
+        writer = SafetensorsWriter(path, safetensors_header(entries, metadata), sum(e.nbytes for e in entries), label)
 
         def scan_and_append(name: str, values: torch.Tensor, source_values: torch.Tensor, cast: bool,
                             origin: tuple[Path, int] | None) -> None:
             self._scan(name, values, source_values, cast)
-            appender.append(_as_memoryview(values.view(torch.uint8)), origin)
+            writer.append(_as_memoryview(values.view(torch.uint8)), origin)
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-write") as pool:
             try:
@@ -222,8 +168,6 @@ class TensorStream:
                 with contextlib.suppress(AccelkitError):
                     writer.abort()
                 raise
-            finally:
-                appender.close()
 
     def verify_file(self, entries: list[TensorEntry], path: Path, data_start: int) -> None:
         """Re-read `path` and compare every byte with the source read again (cast the same way)."""

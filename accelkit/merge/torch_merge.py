@@ -42,7 +42,7 @@ from accelkit.merge.output import (
 )
 from accelkit.merge.source import CheckpointSource, TensorEntry
 from accelkit.merge.stream import TensorStream
-from accelkit.merge.writer import SAFETENSORS_METADATA, build_header
+from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header
 
 _ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
 
@@ -277,7 +277,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
     staged = StagedOutput(opts.output, is_dir=not to_file)
     with staged as temp:
         files = [temp] if to_file else [temp / n for n in names]
-        needed = report.bytes + sum(len(build_header(shard, metadata)) for shard in plan) + sum(
+        needed = report.bytes + sum(len(safetensors_header(shard, metadata)) for shard in plan) + sum(
             f.stat().st_size for f in side_files)
         start_writing(staged, temp if to_file else None, temp.parent if to_file else temp, needed, opts.output,
                       notify, report.tensors, report.bytes)
@@ -297,7 +297,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
             with progress_bar(report.bytes, "verify", opts.progress) as bar:
                 stream.on_bytes = bar.update
                 for shard_entries, file in zip(plan, files, strict=True):
-                    stream.verify_file(shard_entries, file, len(build_header(shard_entries, metadata)))
+                    stream.verify_file(shard_entries, file, len(safetensors_header(shard_entries, metadata)))
             report.verified = True
         staged.commit()
     report.nonfinite = dict(stream.scan.tensors)

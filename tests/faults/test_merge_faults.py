@@ -473,7 +473,7 @@ def test_a_real_write_failure_from_the_os(ckpts: Path, tmp_path: Path) -> None:
 def test_full_disk_mid_write_leaves_nothing(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
     """ENOSPC from the kernel in the middle of the output (in process: a real full disk cannot be timed)."""
     from accelkit.errors import AccelkitError
-    from accelkit.merge import MergeOptions, stream
+    from accelkit.merge import MergeOptions, writer
     from accelkit.merge.light_run import merge_checkpoint
 
     calls = []
@@ -481,11 +481,11 @@ def test_full_disk_mid_write_leaves_nothing(ckpts: Path, tmp_path: Path, monkeyp
     def no_space(self, data, origin):
         calls.append(origin)
         if len(calls) == 3:
-            raise self.writer.error(OSError(errno.ENOSPC, "No space left on device"))
+            raise self.error(OSError(errno.ENOSPC, "No space left on device"))
         return real(self, data, origin)
 
-    real = stream._Appender.append
-    monkeypatch.setattr(stream._Appender, "append", no_space)
+    real = writer.SafetensorsWriter.append
+    monkeypatch.setattr(writer.SafetensorsWriter, "append", no_space)
     out = tmp_path / "merged"
     with pytest.raises(AccelkitError, match="disk full"):
         merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero1", output=out, max_shard_size="20KB",

@@ -267,16 +267,16 @@ def test_force_replaces_an_existing_output_only_when_asked(ckpts: Path, tmp_path
 
 def test_verify_catches_an_output_that_differs(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
     from accelkit.errors import AccelkitError
-    from accelkit.merge import MergeOptions, stream
+    from accelkit.merge import MergeOptions, writer
     from accelkit.merge.light_run import merge_checkpoint
 
     def flip_first_byte(self, data, origin):
         data = bytearray(data)
         if data:
             data[0] ^= 0xFF
-        self.writer.write(memoryview(bytes(data)))
+        self.write(memoryview(bytes(data)))
 
-    monkeypatch.setattr(stream._Appender, "append", flip_first_byte)
+    monkeypatch.setattr(writer.SafetensorsWriter, "append", flip_first_byte)
     out = tmp_path / "bad.safetensors"
     with pytest.raises(AccelkitError, match="verification failed"):
         merge_checkpoint(MergeOptions(input=ckpts / "hf" / "hf", output=out, verify=True, progress=False))

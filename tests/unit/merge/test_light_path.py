@@ -92,14 +92,34 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
     light, heavy, notes = _merge_both(src, tmp_path, verify=True)
     assert light == heavy and "read with torch" not in " ".join(notes)
 
-    def write_zeros(out, view, label) -> None:
-        out.write(bytes(len(view)))
+    def write_zeros(out, view) -> None:
+        out.write(memoryview(bytes(len(view))))
 
     monkeypatch.setattr(light_run, "_write_window", write_zeros)
     out = tmp_path / "bad" / "merged.safetensors"
     with pytest.raises(AccelkitError, match="verification failed"):
         merge_checkpoint(MergeOptions(input=src, output=out, verify=True, progress=False))
     assert not out.parent.exists()
+
+
+def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch) -> None:
+    """Both paths write through one SafetensorsWriter, which checks on close that every planned byte came: a window
+    that never reaches the file fails the merge (without --verify) and leaves nothing behind."""
+    from accelkit.merge import light_run
+
+    src = dcp_save(tiny_state(), tmp_path / "dcp")
+    written = []
+
+    def drop_the_first(out, view) -> None:
+        if written:
+            out.write(view)
+        written.append(len(view))
+
+    monkeypatch.setattr(light_run, "_write_window", drop_the_first)
+    out = tmp_path / "short" / "merged.safetensors"
+    with pytest.raises(RuntimeError, match="bytes of tensor data were never written"):
+        merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
+    assert len(written) > 1 and not out.parent.exists()
 
 
 @pytest.mark.parametrize("options,why", [

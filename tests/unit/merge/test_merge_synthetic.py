@@ -265,18 +265,18 @@ def test_an_existing_output_needs_force_and_force_replaces_only_a_merge(inputs: 
 
 def test_a_full_disk_mid_write_leaves_nothing(inputs: Path, tmp_path: Path, monkeypatch) -> None:
     """ENOSPC from the kernel in the middle of the output (a real full disk cannot be timed)."""
-    from accelkit.merge import stream
+    from accelkit.merge import writer
 
     calls = []
-    real = stream._Appender.append
+    real = writer.SafetensorsWriter.append
 
     def no_space(self, data, origin):
         calls.append(origin)
         if len(calls) == 3:
-            raise self.writer.error(OSError(errno.ENOSPC, "No space left on device"))
+            raise self.error(OSError(errno.ENOSPC, "No space left on device"))
         return real(self, data, origin)
 
-    monkeypatch.setattr(stream._Appender, "append", no_space)
+    monkeypatch.setattr(writer.SafetensorsWriter, "append", no_space)
     out = tmp_path / "out" / "merged"
     out.parent.mkdir()
     refused(inputs / "hf", out, max_shard_size="4KB", match="disk full")
