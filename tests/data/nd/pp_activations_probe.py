@@ -10,6 +10,7 @@ peak is what the schedule keeps in flight, not the sum over the step.
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -81,6 +82,7 @@ def install() -> None:
     def wrap(owner) -> None:
         original = owner.step
 
+        @functools.wraps(original)  # the step keeps its signature: the template reads which keywords it takes
         def step(self, *args, **kwargs):
             if state["done"] or state["inside"]:  # the first step only; a subclass calling its base counts once
                 return original(self, *args, **kwargs)
