@@ -86,7 +86,7 @@ def _layout_places(options: Any, layouts: tuple[str, ...], num_processes: str | 
                    compare_backends: str | None) -> tuple[list[tuple[str, Any]], int]:
     """--layouts with --grad-compression: (backend, layout) per layout (--backend, else the layout's own) and the
     world size they share."""
-    from accelkit.bench.layouts import check_world_size, natural_backend, parse_layouts
+    from accelkit.bench.layouts import check_world_size, parse_layouts
     from accelkit.bench.spec import parse_int_list
 
     if compare_backends is not None:
@@ -106,7 +106,7 @@ def _layout_places(options: Any, layouts: tuple[str, ...], num_processes: str | 
                             hint="compare the pipeline without --grad-compression (accelkit bench --layouts ...)")
     sizes = parse_int_list(num_processes, "--num-processes") if num_processes is not None else None
     world = check_world_size(parsed, sizes, int(options.num_machines or 1))
-    return [(options.backend or natural_backend(layout), layout) for layout in parsed], world
+    return [(options.backend or layout.natural_backend, layout) for layout in parsed], world
 
 
 def _one_world_size(text: str | None) -> int:

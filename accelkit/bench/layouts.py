@@ -25,15 +25,6 @@ from accelkit.errors import AccelkitError
 EXAMPLE = 'e.g. --layouts "dp_shard=4;dp_shard=2,tp=2"'
 
 
-def natural_backend(mesh: Mesh) -> str:
-    """The backend that composes a layout: sp -> deepspeed (Ulysses); dp_shard or cp -> fsdp; else ddp."""
-    if mesh.sp > 1:
-        return "deepspeed"
-    if mesh.dp_shard > 1 or mesh.cp > 1:
-        return "fsdp"
-    return "ddp"
-
-
 def batch_replicas(mesh: Mesh) -> int:
     """Ranks that load the same batch: a tensor- or context-parallel group shares its batch (and Ulysses splits one
     batch's sequence), so samples and tokens are counted once per group. A pipeline's ranks each read the global

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelkit.bench.layouts import batch_replicas, natural_backend
+from accelkit.bench.layouts import batch_replicas
 from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
 
@@ -75,7 +75,7 @@ class BenchSpec:
             return []
         points: list[tuple[str | None, int, Mesh | None]]
         if self.layouts:
-            points = [(self.backends[0] or natural_backend(layout), layout.world, layout) for layout in self.layouts]
+            points = [(self.backends[0] or layout.natural_backend, layout.world, layout) for layout in self.layouts]
         else:
             points = [(backend, n, None) for backend in self.backends for n in self.world_sizes]
         runs = []

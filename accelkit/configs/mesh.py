@@ -67,6 +67,14 @@ class Mesh:
                     return "_".join(dim for dim, _ in run)
         return None
 
+    @property
+    def natural_backend(self) -> str:
+        """The backend that composes the mesh (bench's --layouts and plan's --layout choose by it): sp -> deepspeed
+        (Ulysses under ZeRO-3), dp_shard or cp -> fsdp (FSDP2), else ddp."""
+        if self.sp > 1:
+            return "deepspeed"
+        return "fsdp" if self.dp_shard > 1 or self.cp > 1 else "ddp"
+
     def option_values(self) -> dict[str, int]:
         """The ConfigOptions fields (--dp-shard-size, --pp-size ...) that ask for this mesh: the split dimensions."""
         return {f"{dim}_size": size for dim, size in self.sizes.items() if size > 1}

@@ -21,16 +21,8 @@ def parse_layout_option(text: str, schedule: str | None, microbatches: int | Non
     if mesh.sp > 1 and mesh.pp > 1:
         raise AccelkitError("--layout: pp does not compose with sp (Ulysses runs under DeepSpeed, the pipeline "
                             "under torch's mesh)", hint="split the sequence with cp instead, or drop pp")
-    return nd.Layout(_backend_of(mesh), mesh, schedule=name,
+    return nd.Layout(mesh.natural_backend, mesh, schedule=name,
                      microbatches=microbatches if microbatches is not None else default_microbatches(mesh.pp, name))
-
-
-def _backend_of(mesh: Mesh) -> str:
-    """The backend that composes a mesh (bench's --layouts choose alike): sp -> deepspeed (Ulysses under ZeRO-3),
-    dp_shard or cp -> fsdp (FSDP2), else ddp."""
-    if mesh.sp > 1:
-        return "deepspeed"
-    return "fsdp" if mesh.dp_shard > 1 or mesh.cp > 1 else "ddp"
 
 
 def check_world(layout: nd.Layout, gpus: int | None, nodes: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelkit.bench.layouts import batch_replicas, natural_backend, parse_layouts
+from accelkit.bench.layouts import batch_replicas, parse_layouts
 from accelkit.configs.mesh import Mesh
 from accelkit.errors import AccelkitError
 
@@ -45,7 +45,7 @@ def test_a_pipeline_is_the_outermost_mesh_dimension() -> None:
     assert layouts == (Mesh(dp_shard=4), Mesh(pp=2, dp_shard=2), Mesh(pp=2, tp=2))
     fsdp_pp, pp_tp = layouts[1], layouts[2]
     assert fsdp_pp.name == "dp_shard=2,pp=2" and fsdp_pp.slug == "pp2-dp_shard2" and fsdp_pp.world == 4
-    assert natural_backend(fsdp_pp) == "fsdp" and natural_backend(pp_tp) == "ddp"
+    assert fsdp_pp.natural_backend == "fsdp" and pp_tp.natural_backend == "ddp"
     assert fsdp_pp.dimension_of(2, 2) == "pp" and fsdp_pp.dimension_of(2, 1) == "dp_shard"
     assert pp_tp.dimension_of(2, 2) == "pp" and pp_tp.dimension_of(2, 1) == "tp"
     # every rank of the template's pipeline reads the global batch: samples are counted once per layout
