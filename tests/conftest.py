@@ -44,6 +44,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test leaves os.environ as it found it. In-process launcher code sets variables for the ranks it would
+    start (accelkit.launch.restarts: ACCELKIT_ATTEMPT); a leak reached a later Slurm job submitted from the same
+    worker, whose ranks then said attempt 2 without any restart (two CI failures)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def merge_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoints written once per session by the real tools (DeepSpeed ZeRO-1/2/3, FSDP2 + DCP, Accelerate's

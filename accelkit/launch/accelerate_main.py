@@ -20,6 +20,7 @@ from pathlib import Path
 from accelkit.errors import AccelkitError, report
 from accelkit.launch import failures
 from accelkit.launch.launch_dir import is_stalled, restore_user_tmpdir
+from accelkit.launch.restarts import forget_inherited_attempt
 from accelkit.ranks import WATCH_DIR_ENV
 
 
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
     restore_user_tmpdir(os.environ)  # the ranks get the user's TMPDIR back (see accelkit.launch.launch_dir)
+    forget_inherited_attempt(os.environ)
     # torchrun logs every failure and every rank it stops ("failed (exitcode: 1) local_rank: 0 ..."); this module
     # reports the failure itself, in one line.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)

@@ -39,6 +39,14 @@ _JOINED_ROUND = re.compile(r"has joined round (\d+) of the rendezvous")
 MEMBERSHIP_CAUSE = "another machine's ranks restarted"
 
 
+def forget_inherited_attempt(environ: dict[str, str] | os._Environ) -> None:
+    """Before a launch: ACCELKIT_ATTEMPT and ACCELKIT_RENDEZVOUS_ROUND are set by this launch's own reporter for the
+    ranks it starts. Inherited ones (an enclosing run's ranks, a shell that exported them) would number its attempts
+    and key its store wrongly."""
+    for name in (ATTEMPT_ENV, RENDEZVOUS_ROUND_ENV):
+        environ.pop(name, None)
+
+
 def is_peer_loss(error: str | None) -> bool:
     return bool(error) and any(marker in error for marker in PEER_LOSS_MARKERS)
 
@@ -79,9 +87,10 @@ class RestartReporter(logging.Handler):
     Two numbers, two jobs. The store keys the restarted ranks meet under are the c10d rendezvous round's
     (accelkit.ranks.restart_store): every machine's agent joins the same round, whether its own rank failed (a
     restart torchrun counts) or another machine's did (a membership change, which torchrun does not count), so the
-    keys agree across machines. The attempt said to people is 1 + the group restarts this agent made, either kind:
-    the round itself can move on with no restart at all (measured twice in CI: a requeued SLURM job's ranks started
-    in round 1 while nothing restarted)."""
+    keys agree across machines. The attempt said to people is 1 + the group restarts this agent made, either kind,
+    so every machine says the same number. Both variables are this reporter's alone: the launcher drops any it
+    inherited (`forget_inherited_attempt`), so a launch started from inside another run's environment counts from
+    1."""
 
     def __init__(self, watch_dir: Path | None, max_restarts: int, *, machine: int = 0, machines: int = 1,
                  node: str | None = None, board=None, stream=None) -> None:

@@ -126,12 +126,9 @@ def test_a_node_crash_is_named_and_the_requeued_job_resumes_to_the_same_weights(
     assert state == "COMPLETED", text
     assert "failed first" not in text, text
     assert re.search(r"resumed from \S+checkpoint-(\d+) at step \1", text), text
-    # Attempt 1, or 2 where the requeued job's first rendezvous took a second round (an agent joined late and the
-    # other restarted its ranks with it, said in its own line): numbered by the round, the same on both machines.
-    resumed = re.search(r"requeue 1 of the SLURM job, attempt (\d+): the ranks resumed from \S+checkpoint-\d+", text)
-    assert resumed, text
-    if resumed.group(1) != "1":
-        assert "restarting this machine's ranks with the others" in text, text
+    # No --max-restarts: the requeued run is attempt 1 of requeue 1, on both machines, whatever its environment held.
+    assert re.search(r"requeue 1 of the SLURM job, attempt 1: the ranks resumed from \S+checkpoint-\d+", text), text
+    assert "attempt 2" not in text and "restarting" not in text, text
     assert_same_final_weights(project, reference)
     cluster.wait_idle(120)
 

@@ -218,3 +218,17 @@ def test_a_machine_restarted_for_another_machines_failure_numbers_the_attempt_as
     assert summary == ["this run took 2 attempt(s):",
                        "  attempt 1: started; ended: rank 1 (pid 5) was killed by SIGKILL on node n2 (machine 1)",
                        "  attempt 2: resumed from out/checkpoint-20 (step 20); finished"]
+
+
+def test_a_launch_drops_attempt_numbers_it_inherited(tmp_path: Path) -> None:
+    """ACCELKIT_ATTEMPT and ACCELKIT_RENDEZVOUS_ROUND are the launch's own, for the ranks it starts: exported ones
+    (an enclosing run's, a shell's) would make a first attempt say attempt 2 and key its store by a stale round."""
+    from helpers import run_accelkit
+
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint('seen', os.environ.get('ACCELKIT_ATTEMPT'), "
+                      "os.environ.get('ACCELKIT_RENDEZVOUS_ROUND'))\n")
+    proc = run_accelkit("launch", "--cpu", "--num-processes", "1", str(script), cwd=tmp_path,
+                        env={"ACCELKIT_ATTEMPT": "2", "ACCELKIT_RENDEZVOUS_ROUND": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert "seen None None" in proc.stdout, proc.stdout + proc.stderr
