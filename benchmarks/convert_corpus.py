@@ -30,8 +30,9 @@ MAX_RAISED_STEPS = 1000  # a --steps hint of the check is followed up to this ma
 VERDICT = re.compile(r"^\s+(PASS|FAIL|SKIP)\s+(\w[\w ]*?)\s{2,}(.*)$")
 
 
-def _run(command: list[str], cwd: Path, timeout: int) -> tuple[int | None, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(STANDINS), os.environ.get("PYTHONPATH")])),
+def _run(command: list[str], cwd: Path, timeout: int, path: list[str] = ()) -> tuple[int | None, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(STANDINS),
+                                                                     os.environ.get("PYTHONPATH")])),
            "ACCELKIT_CORPUS_SAMPLES": os.environ.get("ACCELKIT_CORPUS_SAMPLES", "96"), "NO_COLOR": "1",
            "PATH": os.pathsep.join([str(STANDINS / "bin"), os.environ.get("PATH", "")])}  # `stty size`: no tty
     try:
@@ -49,8 +50,16 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
         row.update(outcome="missing", reason=made.why)
         return row
     converted = made.script.with_name(made.script.stem + "_accelerate.py")
+    root = out / entry["name"]
+    # the project's own package, as `pip install -e .` would put it on the path (minGPT's `mingpt`)
+    path = [str(root / folder) for folder in entry.get("pythonpath", [])]
     started = time.perf_counter()
-    code, text = _run([*ACCELKIT, "convert", str(made.script), "-o", str(converted)], made.cwd, 120)
+    for first in entry.get("convert_first", []):  # the file that trains, converted first, as the refusal says
+        code, text = _run([*ACCELKIT, "convert", str(root / first), "--in-place"], made.cwd, 120, path)
+        if code != 0:
+            row.update(outcome="refused", reason=f"{first}: {_refusal(text)}")
+            return row
+    code, text = _run([*ACCELKIT, "convert", str(made.script), "-o", str(converted)], made.cwd, 120, path)
     row["convert_s"] = round(time.perf_counter() - started, 2)
     if code == 0 and converted.exists():
         row["outcome"] = "converted"
@@ -68,12 +77,12 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
         return row
     started = time.perf_counter()
     code, text = _run([*ACCELKIT, "convert", "--check", str(made.script), "--converted", str(converted),
-                       "--steps", str(steps), "--", *made.args], made.cwd, timeout)
+                       "--steps", str(steps), "--", *made.args], made.cwd, timeout, path)
     raised = re.search(r"raise the limit: `accelkit convert --check --steps (\d+) ", text)
     if raised and int(raised.group(1)) <= MAX_RAISED_STEPS:  # the check's own limit stopped it: lift it once
         row["steps"] = int(raised.group(1))
         code, text = _run([*ACCELKIT, "convert", "--check", str(made.script), "--converted", str(converted),
-                           "--steps", raised.group(1), "--", *made.args], made.cwd, timeout)
+                           "--steps", raised.group(1), "--", *made.args], made.cwd, timeout, path)
     row["check_s"] = round(time.perf_counter() - started, 1)
     verdicts = {}
     for line in text.splitlines():

@@ -2,27 +2,46 @@
 
 A script that hands its model to `Trainer(...)` from a file of the same project trains nothing itself; converted
 alone it would train every process's own copy. Once that file is converted (it imports Accelerate and calls
-`prepare`), the model is prepared there, on every process, and the script needs nothing more. Only files under the
-script's folder count (`trainlib` -> `trainlib.py` or `trainlib/__init__.py`, `pkg.mod` -> `pkg/mod.py`); an
-installed package is never read. Parsed with `ast`, never imported.
+`prepare`), the model is prepared there, on every process, and the script needs nothing more. The project's own
+files count (`trainlib` -> `trainlib.py` or `trainlib/__init__.py`, `pkg.mod` -> `pkg/mod.py`), looked up where the
+script's run finds them: its folder, the folders on $PYTHONPATH, and the root of the project it sits in (a folder
+above it with setup.py, setup.cfg or pyproject.toml: `pip install -e .` puts that on the path; minGPT's
+`projects/chargpt/chargpt.py` imports `mingpt.trainer` from there). A package installed in site-packages is never
+read. Parsed with `ast`, never imported.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
+
+PROJECT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml")
+
+
+def import_roots(directory: Path) -> list[Path]:
+    """Where the script's run looks for the project's modules: its folder, $PYTHONPATH, its project's root."""
+    roots = [directory]
+    roots += [Path(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    for parent in directory.resolve().parents:
+        if any((parent / marker).is_file() for marker in PROJECT_MARKERS):
+            roots.append(parent)
+            break
+    return roots
 
 
 def defining_file(qualified: str, directory: Path | None) -> Path | None:
-    """The file under `directory` that defines `qualified` (a module, or a name in one: `trainlib.Trainer`)."""
+    """The project file that defines `qualified` (a module, or a name in one: `trainlib.Trainer`), found from the
+    script's `directory` as its run would find it."""
     if directory is None:
         return None
     parts = qualified.split(".")
-    for end in range(len(parts), 0, -1):
-        base = directory.joinpath(*parts[:end])
-        for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
-            if candidate.is_file():
-                return candidate
+    for root in import_roots(directory):
+        for end in range(len(parts), 0, -1):
+            base = root.joinpath(*parts[:end])
+            for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
     return None
 
 

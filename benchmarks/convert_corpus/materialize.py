@@ -103,6 +103,13 @@ def _chars(cwd: Path) -> None:
     (cwd / "input.txt").write_text("\n".join(" ".join(words[i:i + 12]) for i in range(0, len(words), 12)) + "\n")
 
 
+def _shakespeare_chars(cwd: Path) -> None:
+    """chargpt samples from the prompt "O God, O God!" at its evaluations: its characters are in the text."""
+    _chars(cwd)
+    with open(cwd / "input.txt", "a") as text:
+        text.write("O God, O God!\n")
+
+
 def _names(cwd: Path) -> None:
     letters = "abcdefghijklmnopqrstuvwxyz"
     rng = _rng()
@@ -148,8 +155,8 @@ def _cora(cwd: Path) -> None:
     (folder / "cora.cites").write_text("\n".join(edges) + "\n")
 
 
-STAND_INS = {"nanogpt": _nanogpt, "chars": _chars, "names": _names, "wikitext": _wikitext,
-             "yunjey-text": _yunjey_text, "sine": _sine, "cora": _cora}
+STAND_INS = {"nanogpt": _nanogpt, "chars": _chars, "shakespeare-chars": _shakespeare_chars, "names": _names,
+             "wikitext": _wikitext, "yunjey-text": _yunjey_text, "sine": _sine, "cora": _cora}
 
 
 def main(argv: list[str]) -> int:

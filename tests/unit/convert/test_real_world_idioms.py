@@ -455,6 +455,41 @@ def test_a_script_whose_imported_trainer_is_not_converted_is_still_refused(tmp_p
             result.report.problems[1].what
 
 
+def _package_above(root, trainer_code: str):
+    """minGPT's layout: the package at the project's root, the script in projects/<name>/ importing it."""
+    (root / "mylib").mkdir(parents=True)
+    (root / "mylib" / "__init__.py").write_text("")
+    (root / "mylib" / "trainer.py").write_text(trainer_code)
+    script_dir = root / "projects" / "demo"
+    script_dir.mkdir(parents=True)
+    return script_dir
+
+
+def test_a_converted_trainer_of_the_project_above_the_script_is_found(tmp_path, monkeypatch) -> None:
+    # minGPT: projects/chargpt/chargpt.py imports mingpt.trainer from the repository's root (`pip install -e .`);
+    # found through the project's setup.py above the script, once converted
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    converted = convert_source(UNCONVERTED_TRAINER, filename="trainer.py").code
+    script_dir = _package_above(tmp_path, converted)
+    source = textwrap.dedent(TRAINS_ELSEWHERE).lstrip()
+    refused = convert_source(source, filename="train.py", directory=script_dir)
+    assert refused.report.problems  # no project root marker yet: the package is not where the run looks
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='mylib')\n")
+    result = convert_source(source, filename="train.py", directory=script_dir)
+    assert not result.report.problems, [p.what for p in result.report.problems]
+    (tmp_path / "mylib" / "trainer.py").write_text(UNCONVERTED_TRAINER)  # before its conversion: still refused
+    again = convert_source(source, filename="train.py", directory=script_dir)
+    assert "training happens in imported code (`Trainer`, mylib.trainer.Trainer)" in again.report.problems[1].what
+
+
+def test_a_converted_trainer_on_pythonpath_is_found(tmp_path, monkeypatch) -> None:
+    converted = convert_source(UNCONVERTED_TRAINER, filename="trainer.py").code
+    script_dir = _package_above(tmp_path / "libs", converted)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "libs"))
+    result = convert_source(textwrap.dedent(TRAINS_ELSEWHERE).lstrip(), filename="train.py", directory=script_dir)
+    assert not result.report.problems, [p.what for p in result.report.problems]
+
+
 SUMMED_EVAL = """
     import torch
     import torch.nn.functional as F
