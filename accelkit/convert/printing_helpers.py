@@ -41,8 +41,9 @@ def only_prints(qualified: str, directory: Path | None) -> Path | None:
     if not module or directory is None:
         return None
     path = defining_file(module, directory)
-    if path is None or path.stem == function:
-        return None
+    base = directory.joinpath(*module.split("."))
+    if path not in (base.with_name(base.name + ".py"), base / "__init__.py"):
+        return None  # not the module itself (a package of the same name further up, or none)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

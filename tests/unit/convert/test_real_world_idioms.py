@@ -592,3 +592,17 @@ def test_only_a_helper_that_does_nothing_but_print_is_moved_to_the_main_process(
     assert not _gated(tmp_path, "def show(step, value):\n    x = step + 1\n")
     assert not _gated(tmp_path, printing, arg="next(it)")
     assert not _gated(tmp_path, printing, arg="accelerator.reduce(loss)")
+
+
+def test_a_printing_helper_in_a_package_of_the_project_is_found_by_its_module_path(tmp_path) -> None:
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text("")
+    (tmp_path / "tools" / "console.py").write_text("import sys\ndef show(step, value):\n"
+                                                   "    sys.stdout.write('%d %.3f\\r' % (step, value))\n")
+    script = HELPER_SCRIPT.replace("from helpers_mod import show", "from tools.console import show")
+    code = convert_source(script.replace("ARG", "loss.item()"), filename="train.py", directory=tmp_path).code
+    assert "if accelerator.is_local_main_process:\n        show(step, loss.item())" in code
+    # the same name from a module that is not the project's own (no tools/other.py): left alone
+    other = convert_source(script.replace("tools.console", "tools.other").replace("ARG", "loss.item()"),
+                           filename="train.py", directory=tmp_path).code
+    assert "is_local_main_process" not in other
