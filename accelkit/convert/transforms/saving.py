@@ -351,6 +351,7 @@ def _printing_helper_calls(ctx: Context, plan: EditPlan) -> None:
             continue
         plan.edit(statement, lambda u: cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(
             body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
+        plan.gated_output.append(statement)
         plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on the local main process only",
                            f"it only prints (it writes to the terminal and returns nothing, read in {files[0].name}, "
                            "which is not converted): drawn by N processes, its output comes N times")

@@ -606,3 +606,31 @@ def test_a_printing_helper_in_a_package_of_the_project_is_found_by_its_module_pa
     other = convert_source(script.replace("tools.console", "tools.other").replace("ARG", "loss.item()"),
                            filename="train.py", directory=tmp_path).code
     assert "is_local_main_process" not in other
+
+
+def test_a_printing_helper_called_at_import_time_stays_as_it_is_when_the_accelerator_is_made_in_main(tmp_path) -> None:
+    # like a module-level print: `accelerator` does not exist yet when the module is imported (a NameError)
+    (tmp_path / "ui.py").write_text("import sys\ndef banner(t):\n    sys.stdout.write('== %s ==\\n' % t)\n")
+    script = textwrap.dedent("""
+        import argparse
+        import torch
+        from ui import banner
+        banner("start")
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(3):
+                loss = model(torch.randn(4, 2)).sum()
+                loss.backward()
+                optimizer.step()
+                banner("step %d" % step)
+        if __name__ == "__main__":
+            main()
+    """).lstrip()
+    result = convert_source(script, filename="train.py", directory=tmp_path)
+    assert "\nbanner(\"start\")\n" in result.code and "    accelerator = Accelerator()" in result.code
+    assert "if accelerator.is_local_main_process:\n            banner(\"step %d\" % step)" in result.code
+    assert [c.line for c in result.report.changes if c.what.startswith("`banner(...)`")] == [14]
+    assert not find_concerns(result.code)
