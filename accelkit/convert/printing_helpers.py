@@ -30,6 +30,7 @@ FILLING_METHODS = {"append", "extend", "insert", "update", "add"}
 REFUSED_NODES = (ast.Yield, ast.YieldFrom, ast.Await, ast.Raise, ast.Try, ast.Assert, ast.With, ast.AsyncWith,
                  ast.Delete, ast.Import, ast.ImportFrom, ast.Nonlocal, ast.Lambda, ast.FunctionDef,
                  ast.AsyncFunctionDef, ast.ClassDef)
+NEW_OBJECTS = {"list", "dict", "set", "tuple", "str", "format", "repr", "sorted", "int", "float", "round"}
 FRESH_VALUES = (ast.Constant, ast.List, ast.Dict, ast.Set, ast.Tuple, ast.ListComp, ast.DictComp, ast.SetComp,
                 ast.JoinedStr, ast.BinOp, ast.UnaryOp)
 
@@ -82,6 +83,7 @@ class _Module:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
                     self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        self.tree = tree
         self.assigned_globals: set[str] = set()
         self.output = False  # some function reached writes to stdout or stderr
 
@@ -121,8 +123,9 @@ class _Module:
         name = self.qualified(call.func)
         if name in OUTPUT:
             self.output = True
-            # `print(..., file=log)`: a file, not the terminal (sys.stdout / sys.stderr are the terminal)
-            return all(k.arg != "file" or self.qualified(k.value) in {"sys.stdout", "sys.stderr"}
+            # `print(..., file=log)`: a file, not the terminal (sys.stdout / sys.stderr are); `**kw` may hold one
+            terminal = {"sys.stdout", "sys.stderr"}
+            return all(k.arg is not None and (k.arg != "file" or self.qualified(k.value) in terminal)
                        for k in call.keywords)
         if name in HARMLESS or (name and name.startswith(HARMLESS_MODULES)):
             return True
@@ -139,8 +142,9 @@ class _Module:
     def globals_read_only_by(self, functions: set[str]) -> bool:
         """The globals the printing functions rebind (a timestamp, a counter) are read by no other function of the
         module: on the other processes, where the calls no longer run, nothing else sees them differ."""
-        for name, node in self.functions.items():
-            if name in functions:
+        for node in self.tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in functions or \
+                    not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 continue
             if any(isinstance(n, ast.Name) and n.id in self.assigned_globals for n in ast.walk(node)):
                 return False
@@ -156,8 +160,7 @@ def _fresh_locals(function: ast.FunctionDef, declared: set[str]) -> set[str]:
             for target in node.targets:
                 for t in _flatten(target):
                     if isinstance(t, ast.Name):
-                        new = isinstance(node.value, (*FRESH_VALUES, ast.Call)) and len(node.targets) == 1 and \
-                            isinstance(target, ast.Name)
+                        new = _new_value(node.value) and len(node.targets) == 1 and isinstance(target, ast.Name)
                         bound[t.id] = bound.get(t.id, True) and new
         elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
             bound.setdefault(node.target.id, True)
@@ -169,6 +172,19 @@ def _fresh_locals(function: ast.FunctionDef, declared: set[str]) -> set[str]:
     params = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
     params |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
     return {name for name, new in bound.items() if new and name not in params and name not in declared}
+
+
+def _new_value(value: ast.expr) -> bool:
+    """A value made on the spot (a literal, arithmetic, `list(...)`, `' '.join(...)`), never an object someone else
+    holds (a parameter, a global, whatever a function returns)."""
+    if isinstance(value, FRESH_VALUES):
+        return True
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    if isinstance(func, ast.Name):
+        return func.id in NEW_OBJECTS
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Constant) and func.attr in READING_METHODS
 
 
 def _flatten(target: ast.expr) -> list[ast.expr]:

@@ -586,8 +586,13 @@ def test_only_a_helper_that_does_nothing_but_print_is_moved_to_the_main_process(
     assert not _gated(tmp_path, "def show(step, value):\n    if step > 5:\n        raise ValueError(step)\n"
                                 "    print(step)\n")
     assert not _gated(tmp_path, "def show(step, values):\n    values.append(step)\n    print(step)\n")
-    # its timing state is read by another function of the module: it must keep ticking on every process
+    assert not _gated(tmp_path, "def show(step, value, **kw):\n    print(step, **kw)\n")
+    # a container it did not make (a function's result may be shared state): filling it is not only printing
+    assert not _gated(tmp_path, "SEEN = []\ndef state():\n    return SEEN\ndef show(step, value):\n"
+                                "    seen = state()\n    seen.append(step)\n    print(step)\n")
+    # its timing state is read by another function or a class of the module: it must keep ticking on every process
     assert not _gated(tmp_path, printing + "\ndef since():\n    return time.time() - last\n")
+    assert not _gated(tmp_path, printing + "\nclass Timer:\n    def since(self):\n        return time.time() - last\n")
     # printing nothing at all, or an argument that advances an iterator or runs a collective: left alone
     assert not _gated(tmp_path, "def show(step, value):\n    x = step + 1\n")
     assert not _gated(tmp_path, printing, arg="next(it)")
