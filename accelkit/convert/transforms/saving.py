@@ -332,7 +332,7 @@ def _stream_writes(ctx: Context, plan: EditPlan) -> None:
 # what the arguments of a call made on one process may compute: nothing another process waits for (a collective)
 QUIET_CALLS = {"len", "int", "float", "str", "round", "min", "max", "abs", "sum", "format", "repr"}
 QUIET_METHODS = {"item", "format", "join", "mean", "sum", "size", "numel", "tolist", "detach", "cpu", "get_last_lr",
-                 "keys", "values", "items", "get"}
+                 "keys", "values", "items"}  # not `get`: a queue's blocks
 
 
 def _printing_helper_calls(ctx: Context, plan: EditPlan) -> None:
