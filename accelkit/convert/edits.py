@@ -32,6 +32,7 @@ class EditPlan:
         self.imports: list[str] = []  # names imported from accelerate besides Accelerator
         self.seeded: set[int] = set()  # statements already preceded by per-process seeds
         self.prints: list[cst.CSTNode] = []  # `print(...)` calls rewritten to `accelerator.print(...)`
+        self.gated_output: list[cst.CSTNode] = []  # output statements put under `if accelerator.is_local_main_process:`
         self.report = Report()
 
     def edit(self, node: cst.CSTNode, fn: Edit, uses_accelerator: bool = True) -> None:

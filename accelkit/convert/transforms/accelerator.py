@@ -71,8 +71,9 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
 
 
 def _keep_module_level_prints(ctx: Context, plan: EditPlan) -> None:
-    """The Accelerator is made inside a function: a `print` that runs at import time (module level, outside the
-    `__main__` block) stays a plain print, since `accelerator` does not exist yet there (a NameError on import)."""
+    """The Accelerator is made inside a function: a `print` (or a call of a helper that only prints) that runs at
+    import time (module level, outside the `__main__` block) stays as it is, since `accelerator` does not exist yet
+    there (a NameError on import)."""
     for call in plan.prints:
         top = ctx.top_statement_in(call, ctx.module)
         if top is None or not _executes(top) or ctx.main_guard(call) is not None:
@@ -81,6 +82,14 @@ def _keep_module_level_prints(ctx: Context, plan: EditPlan) -> None:
         plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not call]
         plan.report.changes[:] = [c for c in plan.report.changes if not (c.what.startswith("`print(...)`") and
                                                                          c.line == ctx.line(call))]
+    for statement in plan.gated_output:  # a helper that only prints, called at import time: the same
+        top = ctx.top_statement_in(statement, ctx.module)
+        if top is None or not _executes(top) or ctx.main_guard(statement) is not None:
+            continue
+        plan.edits.pop(statement, None)
+        plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not statement]
+        plan.report.changes[:] = [c for c in plan.report.changes if not (
+            c.what.endswith("now runs on the local main process only") and c.line == ctx.line(statement))]
 
 
 def _grad_compression_handler(plan: EditPlan, spec_text: str | None) -> list[str]:

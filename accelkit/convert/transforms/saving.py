@@ -8,6 +8,7 @@ import libcst as cst
 from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, accel, accel_call, dotted, walk
 from accelkit.convert.edits import EditPlan
+from accelkit.convert.printing_helpers import only_prints
 
 # nn.Module API that works the same on the wrapper DDP/FSDP returns (everything else needs the unwrapped model)
 WRAPPER_SAFE = {
@@ -36,6 +37,7 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     _directories(ctx, plan)
     _progress_bars(ctx, plan)
     _stream_writes(ctx, plan)
+    _printing_helper_calls(ctx, plan)
     _downloads(ctx, plan)
     _prints(ctx, facts, plan)
     _state_dicts(ctx, facts, plan)
@@ -325,6 +327,48 @@ def _stream_writes(ctx: Context, plan: EditPlan) -> None:
             body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
         plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on the local main process only",
                            "a progress line written by N processes is drawn N times over itself")
+
+
+# what the arguments of a call made on one process may compute: nothing another process waits for (a collective)
+QUIET_CALLS = {"len", "int", "float", "str", "round", "min", "max", "abs", "sum", "format", "repr"}
+QUIET_METHODS = {"item", "format", "join", "mean", "sum", "size", "numel", "tolist", "detach", "cpu", "get_last_lr",
+                 "keys", "values", "items"}  # not `get`: a queue's blocks
+
+
+def _printing_helper_calls(ctx: Context, plan: EditPlan) -> None:
+    """`progress_bar(i, len(loader), msg)` from the script's own `utils.py`, a function that only prints
+    (printing_helpers.py): that module is not converted, so the call itself runs on the local main process only."""
+    if ctx.directory is None:  # the script's folder is unknown: no module of its own to read
+        return
+    for call in ctx.of_type(cst.Call):
+        statement = ctx.statement(call)
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
+                not isinstance(statement.body[0], cst.Expr) or statement.body[0].value is not call:
+            continue  # only a call whose result is not used
+        files = [f for f in (only_prints(q, ctx.directory) for q in sorted(ctx.qnames(call))
+                             if not q.startswith("builtins.")) if f is not None]
+        if not files or _guarded(ctx, call) or ctx.suite_of(statement) is None or not _quiet_arguments(ctx, call):
+            continue
+        plan.edit(statement, lambda u: cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(
+            body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
+        plan.gated_output.append(statement)
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on the local main process only",
+                           f"it only prints (it writes to the terminal and returns nothing, read in {files[0].name}, "
+                           "which is not converted): drawn by N processes, its output comes N times")
+
+
+def _quiet_arguments(ctx: Context, call: cst.Call) -> bool:
+    """The call's arguments compute nothing the other processes need (no collective, no iterator advanced)."""
+    for node in ctx.descendants(call):
+        if type(node) is not cst.Call or node is call:
+            continue
+        func = node.func
+        if isinstance(func, cst.Name) and func.value in QUIET_CALLS:
+            continue
+        if isinstance(func, cst.Attribute) and func.attr.value in QUIET_METHODS:
+            continue
+        return False
+    return True
 
 
 FETCHES = {"shutil.unpack_archive", "urllib.request.urlretrieve", "torchvision.datasets.utils.download_url",

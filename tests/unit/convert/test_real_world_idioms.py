@@ -561,3 +561,116 @@ def test_an_evaluation_every_n_steps_reports_its_cadence_for_the_check() -> None
     assert report.evaluation_loops == [13] and report.evaluation_every == [3]
     epochs = source.replace("    if step > 0 and step % 3 == 0:\n        print(", "    if step > 0:\n        print(")
     assert convert_source(epochs, filename="eval_every.py").report.evaluation_every == []
+
+
+def test_a_progress_bar_from_the_scripts_own_module_is_drawn_by_the_local_main_process_only() -> None:
+    # kuangliu/pytorch-cifar: `progress_bar(...)` from its `utils.py` (not converted) writes sys.stdout on every
+    # process; --check's `side effects` failed on the other rank's bar lines
+    folder = DATA / "convert" / "real_world"
+    result = convert_source((folder / "progress_helper.py").read_text(), filename="progress_helper.py",
+                            directory=folder)
+    assert result.code.count("if accelerator.is_local_main_process:\n") == 2
+    assert "        if accelerator.is_local_main_process:\n            draw_bar(batch_idx, len(trainloader)" \
+        in result.code
+    gated = [c for c in result.report.changes if c.what.startswith("`draw_bar(...)` now runs on the local main")]
+    assert [c.line for c in gated] == [35, 47]
+    assert "terminal_bar.py" in gated[0].why
+    assert not result.report.problems
+    assert not find_concerns(result.code)
+
+
+HELPER_SCRIPT = """
+import torch
+from helpers_mod import show
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(4, 2)).sum()
+    loss.backward()
+    optimizer.step()
+    show(step, ARG)
+"""
+
+
+def _gated(tmp_path, helper: str, arg: str = "loss.item()") -> bool:
+    (tmp_path / "helpers_mod.py").write_text(textwrap.dedent(helper).lstrip())
+    code = convert_source(HELPER_SCRIPT.replace("ARG", arg), filename="train.py", directory=tmp_path).code
+    return "if accelerator.is_local_main_process:\n        show(" in code
+
+
+def test_only_a_helper_that_does_nothing_but_print_is_moved_to_the_main_process(tmp_path) -> None:
+    printing = """
+        import sys
+        import time
+        last = time.time()
+        def show(step, value):
+            global last
+            now = time.time()
+            parts = ["step %d" % step, " %.3f" % value]
+            parts.append(" (%.1fs)" % (now - last))
+            last = now
+            sys.stdout.write("".join(parts) + "\\n")
+    """
+    assert _gated(tmp_path, printing)
+    # a file written beside the print, a value returned, a tensor touched, a raise: it does more than print
+    assert not _gated(tmp_path, "def show(step, value):\n    print(step)\n    open('log.txt', 'a').write('x')\n")
+    assert not _gated(tmp_path, "def show(step, value):\n    print(step)\n    return value * 2\n")
+    assert not _gated(tmp_path, "def show(step, value, log=None):\n    print(step, file=log)\n")
+    assert _gated(tmp_path, "import sys\ndef show(step, value):\n    print(step, file=sys.stderr, flush=True)\n")
+    assert not _gated(tmp_path, "def show(step, value):\n    print(step)\n    value.mul_(2)\n")
+    assert not _gated(tmp_path, "def show(step, value):\n    if step > 5:\n        raise ValueError(step)\n"
+                                "    print(step)\n")
+    assert not _gated(tmp_path, "def show(step, values):\n    values.append(step)\n    print(step)\n")
+    assert not _gated(tmp_path, "def show(step, value, **kw):\n    print(step, **kw)\n")
+    # a container it did not make (a function's result may be shared state): filling it is not only printing
+    assert not _gated(tmp_path, "SEEN = []\ndef state():\n    return SEEN\ndef show(step, value):\n"
+                                "    seen = state()\n    seen.append(step)\n    print(step)\n")
+    # its timing state is read by another function or a class of the module: it must keep ticking on every process
+    assert not _gated(tmp_path, printing + "\ndef since():\n    return time.time() - last\n")
+    assert not _gated(tmp_path, printing + "\nclass Timer:\n    def since(self):\n        return time.time() - last\n")
+    # printing nothing at all, or an argument that advances an iterator or runs a collective: left alone
+    assert not _gated(tmp_path, "def show(step, value):\n    x = step + 1\n")
+    assert not _gated(tmp_path, printing, arg="next(it)")
+    assert not _gated(tmp_path, printing, arg="accelerator.reduce(loss)")
+
+
+def test_a_printing_helper_in_a_package_of_the_project_is_found_by_its_module_path(tmp_path) -> None:
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text("")
+    (tmp_path / "tools" / "console.py").write_text("import sys\ndef show(step, value):\n"
+                                                   "    sys.stdout.write('%d %.3f\\r' % (step, value))\n")
+    script = HELPER_SCRIPT.replace("from helpers_mod import show", "from tools.console import show")
+    code = convert_source(script.replace("ARG", "loss.item()"), filename="train.py", directory=tmp_path).code
+    assert "if accelerator.is_local_main_process:\n        show(step, loss.item())" in code
+    # the same name from a module that is not the project's own (no tools/other.py): left alone
+    other = convert_source(script.replace("tools.console", "tools.other").replace("ARG", "loss.item()"),
+                           filename="train.py", directory=tmp_path).code
+    assert "is_local_main_process" not in other
+
+
+def test_a_printing_helper_called_at_import_time_stays_as_it_is_when_the_accelerator_is_made_in_main(tmp_path) -> None:
+    # like a module-level print: `accelerator` does not exist yet when the module is imported (a NameError)
+    (tmp_path / "ui.py").write_text("import sys\ndef banner(t):\n    sys.stdout.write('== %s ==\\n' % t)\n")
+    script = textwrap.dedent("""
+        import argparse
+        import torch
+        from ui import banner
+        banner("start")
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(3):
+                loss = model(torch.randn(4, 2)).sum()
+                loss.backward()
+                optimizer.step()
+                banner("step %d" % step)
+        if __name__ == "__main__":
+            main()
+    """).lstrip()
+    result = convert_source(script, filename="train.py", directory=tmp_path)
+    assert "\nbanner(\"start\")\n" in result.code and "    accelerator = Accelerator()" in result.code
+    assert "if accelerator.is_local_main_process:\n            banner(\"step %d\" % step)" in result.code
+    assert [c.line for c in result.report.changes if c.what.startswith("`banner(...)`")] == [14]
+    assert not find_concerns(result.code)

@@ -23,7 +23,9 @@ class _Images(torch.utils.data.Dataset):
         self.data = rng.integers(0, 256, size=size, dtype=np.uint8)
         if self.channels == 1:  # torchvision keeps MNIST-like data as a uint8 tensor, CIFAR's as a numpy array
             self.data = torch.from_numpy(self.data)
-        self.targets = torch.as_tensor(rng.integers(0, self.classes_n, size=n))
+        # every class as often as the others, as in the real sets: a script that draws pairs of one class
+        # (pytorch/examples siamese_network) loops forever on a class that has a single example
+        self.targets = torch.as_tensor(rng.permutation(np.arange(n) % self.classes_n))
         self.classes = [str(i) for i in range(self.classes_n)]
         self.transform, self.target_transform = transform, target_transform
         self.root, self.train = root, train
