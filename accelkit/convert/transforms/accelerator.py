@@ -82,14 +82,14 @@ def _keep_module_level_prints(ctx: Context, plan: EditPlan) -> None:
         plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not call]
         plan.report.changes[:] = [c for c in plan.report.changes if not (c.what.startswith("`print(...)`") and
                                                                          c.line == ctx.line(call))]
-    for statement in plan.gated_output:  # a helper that only prints, called at import time: the same
+    for statement in plan.gated_output:  # a helper that only makes output, called at import time: the same
         top = ctx.top_statement_in(statement, ctx.module)
         if top is None or not _executes(top) or ctx.main_guard(statement) is not None:
             continue
         plan.edits.pop(statement, None)
         plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not statement]
         plan.report.changes[:] = [c for c in plan.report.changes if not (
-            c.what.endswith("now runs on the local main process only") and c.line == ctx.line(statement))]
+            c.what.endswith("main process only") and c.line == ctx.line(statement))]
 
 
 def _grad_compression_handler(plan: EditPlan, spec_text: str | None) -> list[str]:

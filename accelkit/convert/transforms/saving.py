@@ -8,7 +8,7 @@ import libcst as cst
 from accelkit.convert.analysis import Facts, bindings, inside_class
 from accelkit.convert.context import Context, accel, accel_call, dotted, walk
 from accelkit.convert.edits import EditPlan
-from accelkit.convert.printing_helpers import only_prints
+from accelkit.convert.output_helpers import output_only
 
 # nn.Module API that works the same on the wrapper DDP/FSDP returns (everything else needs the unwrapped model)
 WRAPPER_SAFE = {
@@ -37,7 +37,7 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     _directories(ctx, plan)
     _progress_bars(ctx, plan)
     _stream_writes(ctx, plan)
-    _printing_helper_calls(ctx, plan)
+    _output_helper_calls(ctx, plan)
     _downloads(ctx, plan)
     _prints(ctx, facts, plan)
     _state_dicts(ctx, facts, plan)
@@ -335,9 +335,11 @@ QUIET_METHODS = {"item", "format", "join", "mean", "sum", "size", "numel", "toli
                  "keys", "values", "items"}  # not `get`: a queue's blocks
 
 
-def _printing_helper_calls(ctx: Context, plan: EditPlan) -> None:
-    """`progress_bar(i, len(loader), msg)` from the script's own `utils.py`, a function that only prints
-    (printing_helpers.py): that module is not converted, so the call itself runs on the local main process only."""
+def _output_helper_calls(ctx: Context, plan: EditPlan) -> None:
+    """`progress_bar(i, len(loader), msg)` from the script's own `utils.py`, a function that only prints, or
+    `setup_logging(config)`, one that only writes bookkeeping files (output_helpers.py): that module is not
+    converted, so the call itself runs on one process: the local main one for the terminal, the main one for
+    files."""
     if ctx.directory is None:  # the script's folder is unknown: no module of its own to read
         return
     for call in ctx.of_type(cst.Call):
@@ -345,16 +347,22 @@ def _printing_helper_calls(ctx: Context, plan: EditPlan) -> None:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
                 not isinstance(statement.body[0], cst.Expr) or statement.body[0].value is not call:
             continue  # only a call whose result is not used
-        files = [f for f in (only_prints(q, ctx.directory) for q in sorted(ctx.qnames(call))
+        found = [f for f in (output_only(q, ctx.directory) for q in sorted(ctx.qnames(call))
                              if not q.startswith("builtins.")) if f is not None]
-        if not files or _guarded(ctx, call) or ctx.suite_of(statement) is None or not _quiet_arguments(ctx, call):
+        if not found or _guarded(ctx, call) or ctx.suite_of(statement) is None or not _quiet_arguments(ctx, call):
             continue
-        plan.edit(statement, lambda u: cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(
+        path, kind = found[0]
+        gate, who = ("is_main_process", "the main process") if kind == "files" else \
+            ("is_local_main_process", "the local main process")
+        plan.edit(statement, lambda u, gate=gate: cst.If(test=accel(gate), body=cst.IndentedBlock(
             body=[u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines))
         plan.gated_output.append(statement)
-        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on the local main process only",
-                           f"it only prints (it writes to the terminal and returns nothing, read in {files[0].name}, "
-                           "which is not converted): drawn by N processes, its output comes N times")
+        why = ("it only writes files and folders (read in {}, which is not converted): N processes would write the "
+               "same files at once") if kind == "files" else \
+            ("it only prints (it writes to the terminal and returns nothing, read in {}, which is not converted): "
+             "drawn by N processes, its output comes N times")
+        plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}(...)` now runs on {who} only",
+                           why.format(path.name))
 
 
 def _quiet_arguments(ctx: Context, call: cst.Call) -> bool:

@@ -634,6 +634,69 @@ def test_only_a_helper_that_does_nothing_but_print_is_moved_to_the_main_process(
     assert not _gated(tmp_path, printing, arg="accelerator.reduce(loss)")
 
 
+def _files_gated(tmp_path, helper: str, arg: str = "loss.item()") -> bool:
+    (tmp_path / "helpers_mod.py").write_text(textwrap.dedent(helper).lstrip())
+    code = convert_source(HELPER_SCRIPT.replace("ARG", arg), filename="train.py", directory=tmp_path).code
+    return "if accelerator.is_main_process:\n        show(" in code
+
+
+def test_a_helper_that_only_writes_bookkeeping_files_runs_on_the_main_process(tmp_path) -> None:
+    # minGPT's `setup_logging(config)` (mingpt/utils.py): a folder, `args.txt` and `config.json` written by every
+    # process at once; its config is turned into a dict by a method of the module's own class
+    bookkeeping = """
+        import os
+        import sys
+        import json
+        class Config:
+            def __init__(self, **kwargs):
+                self.__dict__.update(kwargs)
+            def to_dict(self):
+                return {k: v.to_dict() if isinstance(v, Config) else v for k, v in self.__dict__.items()}
+        def show(step, config):
+            work_dir = "out"
+            os.makedirs(work_dir, exist_ok=True)
+            with open(os.path.join(work_dir, "args.txt"), "w") as f:
+                f.write(" ".join(sys.argv))
+            with open(os.path.join(work_dir, "config.json"), "w") as f:
+                f.write(json.dumps(config.to_dict(), indent=4))
+            with open(os.path.join(work_dir, "steps.json"), "a") as log:
+                json.dump({"step": step}, log)
+                print("saved", step, file=log)
+    """
+    assert _files_gated(tmp_path, bookkeeping)
+    result = convert_source(HELPER_SCRIPT.replace("ARG", "loss.item()"), filename="train.py", directory=tmp_path)
+    gated = [c for c in result.report.changes if c.what == "`show(...)` now runs on the main process only"]
+    assert len(gated) == 1 and "only writes files and folders (read in helpers_mod.py" in gated[0].why
+    # a file read, a lock, a file opened for update, a handle the caller gave, a method that changes its object:
+    # it does more than write its own output
+    assert not _files_gated(tmp_path, "def show(step, value):\n    with open('log.txt') as f:\n"
+                                      "        print(f.read())\n")
+    assert not _files_gated(tmp_path, "import threading\nLOCK = threading.Lock()\ndef show(step, value):\n"
+                                      "    with LOCK:\n        print(step)\n")
+    assert not _files_gated(tmp_path, "def show(step, value):\n    with open('log.txt', 'r+') as f:\n"
+                                      "        f.write(str(step))\n")
+    assert not _files_gated(tmp_path, "import json\ndef show(step, value, log=None):\n    json.dump(step, log)\n")
+    assert not _files_gated(tmp_path, "class Box:\n    def bump(self):\n        self.n = 1\n"
+                                      "def show(step, value):\n    value.bump()\n    print(step)\n")
+    assert not _files_gated(tmp_path, "import os\ndef show(step, value):\n    os.remove('log.txt')\n")
+
+
+def test_a_bookkeeping_helper_of_the_project_above_the_script_is_found(tmp_path, monkeypatch) -> None:
+    # minGPT's layout: projects/chargpt/chargpt.py imports mingpt.utils from the repository's root (setup.py)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='tools')\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text("")
+    (tmp_path / "tools" / "logs.py").write_text("import os\ndef show(step, value):\n    os.makedirs('out', "
+                                                "exist_ok=True)\n    with open('out/args.txt', 'w') as f:\n"
+                                                "        f.write(str(step))\n")
+    script_dir = tmp_path / "projects" / "demo"
+    script_dir.mkdir(parents=True)
+    script = HELPER_SCRIPT.replace("from helpers_mod import show", "from tools.logs import show")
+    code = convert_source(script.replace("ARG", "loss.item()"), filename="train.py", directory=script_dir).code
+    assert "if accelerator.is_main_process:\n        show(step, loss.item())" in code
+
+
 def test_a_printing_helper_in_a_package_of_the_project_is_found_by_its_module_path(tmp_path) -> None:
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / "__init__.py").write_text("")

@@ -1,12 +1,16 @@
-"""Functions of the script's own modules that only print: a hand-made progress bar or log line, run on one process.
+"""Functions of the script's project that only make output: a hand-made progress bar or log line, a run's
+bookkeeping files; the call runs on one process.
 
-`from utils import progress_bar` then `progress_bar(i, len(loader), msg)`: the module beside the script is not
-converted, so on N processes the bar is drawn N times over itself (and `--check` rightly counts the other ranks'
-lines). A function qualifies only when reading it proves that printing is all it does: it writes through `print`,
-`sys.stdout` or `sys.stderr`, returns nothing, and otherwise only computes (builtins, `time`, `math`, string
-methods, containers it made itself, module functions that qualify the same way, module globals that only such
-functions read, e.g. the bar's last timestamp). Anything else (a file, a tensor, a collective, a raise) and it is
-left alone. Parsed with `ast`, never imported; only files under the script's folder are read (neighbours.py).
+`from utils import progress_bar` then `progress_bar(i, len(loader), msg)`: the module is not converted, so on N
+processes the bar is drawn N times over itself (and `--check` rightly counts the other ranks' lines); minGPT's
+`setup_logging(config)` writes `args.txt` and `config.json` from every process at once. A function qualifies only
+when reading it proves that output is all it does: it writes through `print`, `sys.stdout` or `sys.stderr`, or into
+files it opens for writing in a `with` (`f.write`, `json.dump(x, f)`, `print(..., file=f)`) and folders it makes,
+returns nothing, and otherwise only computes (builtins, `time`, `math`, `os.path`, `json.dumps`, string methods,
+containers it made itself, module functions and methods of the module's classes that qualify the same way, module
+globals that only such functions read, e.g. the bar's last timestamp). Anything else (a file read, a tensor, a
+collective, a raise) and it is left alone. Parsed with `ast`, never imported; only the project's files are read,
+where the run finds them (neighbours.py).
 """
 
 from __future__ import annotations
@@ -15,19 +19,23 @@ import ast
 from functools import lru_cache
 from pathlib import Path
 
-from accelkit.convert.neighbours import defining_file
+from accelkit.convert.neighbours import defining_file, import_roots
 
 OUTPUT = {"print", "sys.stdout.write", "sys.stdout.flush", "sys.stderr.write", "sys.stderr.flush"}
 HARMLESS = {"len", "int", "float", "str", "bool", "round", "min", "max", "abs", "range", "enumerate", "zip", "format",
             "repr", "sum", "any", "all", "isinstance", "list", "tuple", "dict", "set", "sorted", "reversed",
-            "divmod", "time.time", "time.perf_counter", "time.monotonic", "time.strftime", "time.localtime",
-            "datetime.datetime.now", "datetime.timedelta"}
-HARMLESS_MODULES = ("math.",)
+            "divmod", "json.dumps", "time.time", "time.perf_counter", "time.monotonic", "time.strftime",
+            "time.localtime", "datetime.datetime.now", "datetime.timedelta"}
+HARMLESS_MODULES = ("math.", "os.path.")
+FILE_OUTPUT = {"os.makedirs", "os.mkdir"}
+WRITING_MODES = set("wax")
+HANDLE_METHODS = {"write", "writelines", "flush"}
+READ_ONLY_METHODS = {"items", "keys", "values"}  # a mapping's views: on any object, they read
 # methods that read or build strings and containers; mutating ones only on containers the function made itself
 READING_METHODS = {"join", "format", "ljust", "rjust", "center", "strip", "rstrip", "lstrip", "split", "replace",
                    "upper", "lower", "startswith", "endswith", "zfill", "items", "keys", "values", "get", "copy"}
 FILLING_METHODS = {"append", "extend", "insert", "update", "add"}
-REFUSED_NODES = (ast.Yield, ast.YieldFrom, ast.Await, ast.Raise, ast.Try, ast.Assert, ast.With, ast.AsyncWith,
+REFUSED_NODES = (ast.Yield, ast.YieldFrom, ast.Await, ast.Raise, ast.Try, ast.Assert, ast.AsyncWith,
                  ast.Delete, ast.Import, ast.ImportFrom, ast.Nonlocal, ast.Lambda, ast.FunctionDef,
                  ast.AsyncFunctionDef, ast.ClassDef)
 NEW_OBJECTS = {"list", "dict", "set", "tuple", "str", "format", "repr", "sorted", "int", "float", "round"}
@@ -35,38 +43,43 @@ FRESH_VALUES = (ast.Constant, ast.List, ast.Dict, ast.Set, ast.Tuple, ast.ListCo
                 ast.JoinedStr, ast.BinOp, ast.UnaryOp)
 
 
-def only_prints(qualified: str, directory: Path | None) -> Path | None:
-    """The file of the script's folder whose top-level function `qualified` (`utils.progress_bar`) only prints, or
-    None when it is not such a function (or not one of the script's own files)."""
+def output_only(qualified: str, directory: Path | None) -> tuple[Path, str] | None:
+    """(the file, "files" or "terminal") when the project's top-level function `qualified` (`utils.progress_bar`)
+    only makes output: "files" when it writes any file (it then runs on the main process), else "terminal" (the
+    local main process); None when it does anything else, or is not one of the project's files."""
     module, _, function = qualified.rpartition(".")
     if not module or directory is None:
         return None
     path = defining_file(module, directory)
-    base = directory.joinpath(*module.split("."))
-    if path not in (base.with_name(base.name + ".py"), base / "__init__.py"):
+    modules = [root.joinpath(*module.split(".")) for root in import_roots(directory)]
+    if path is None or path not in [p for base in modules for p in (base.with_name(base.name + ".py"),
+                                                                       base / "__init__.py")]:
         return None  # not the module itself (a package of the same name further up, or none)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    return path if _printing_function(text, function) else None
+    kind = _output_kind(text, function)
+    return (path, kind) if kind else None
 
 
 @lru_cache(maxsize=64)
-def _printing_function(text: str, function: str) -> bool:
+def _output_kind(text: str, function: str) -> str | None:
     """Keyed by the module's text: a file edited between two conversions is read again."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
-        return False
+        return None
     reader = _Module(tree)
     node = reader.functions.get(function)
     if node is None or any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(node)):
-        return False  # its result may be used: it does more than print
+        return None  # its result may be used: it does more than make output
     seen: set[str] = set()
-    if not reader.qualifies(node, seen) or not reader.output:
-        return False
-    return reader.globals_read_only_by(seen)
+    if not reader.qualifies(node, seen) or not (reader.output or reader.files):
+        return None
+    if not reader.globals_read_only_by(seen):
+        return None
+    return "files" if reader.files else "terminal"
 
 
 class _Module:
@@ -86,6 +99,13 @@ class _Module:
         self.tree = tree
         self.assigned_globals: set[str] = set()
         self.output = False  # some function reached writes to stdout or stderr
+        self.files = False  # ... or writes a file or makes a folder
+        self.methods: dict[str, list[ast.FunctionDef]] = {}  # the module's classes' methods, by name
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        self.methods.setdefault(item.name, []).append(item)
 
     def qualified(self, func: ast.expr) -> str | None:
         parts = []
@@ -109,8 +129,13 @@ class _Module:
         declared = {name for n in ast.walk(function) if isinstance(n, ast.Global) for name in n.names}
         fresh = _fresh_locals(function, declared)
         self.assigned_globals |= declared
+        handles, opens = _writing_handles(function)
+        if handles is None:
+            return False  # a `with` that is not a file opened for writing
         for node in ast.walk(function):
-            if isinstance(node, ast.Call) and not self._call_allowed(node, fresh, seen):
+            if isinstance(node, ast.Call) and id(node) in opens:
+                self.files = True
+            elif isinstance(node, ast.Call) and not self._call_allowed(node, fresh, seen, handles):
                 return False
             targets = node.targets if isinstance(node, ast.Assign) else \
                 [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.comprehension)) else []
@@ -119,25 +144,51 @@ class _Module:
                     return False
         return True
 
-    def _call_allowed(self, call: ast.Call, fresh: set[str], seen: set[str]) -> bool:
+    def _call_allowed(self, call: ast.Call, fresh: set[str], seen: set[str], handles: set[str]) -> bool:
         name = self.qualified(call.func)
         if name in OUTPUT:
-            self.output = True
-            # `print(..., file=log)`: a file, not the terminal (sys.stdout / sys.stderr are); `**kw` may hold one
+            # `print(..., file=f)`: the terminal (sys.stdout / sys.stderr) or a file this function opened for
+            # writing; `**kw` may hold anything
             terminal = {"sys.stdout", "sys.stderr"}
-            return all(k.arg is not None and (k.arg != "file" or self.qualified(k.value) in terminal)
-                       for k in call.keywords)
+            if any(k.arg is None for k in call.keywords):
+                return False
+            target = next((k.value for k in call.keywords if k.arg == "file"), None)
+            if target is None or self.qualified(target) in terminal:
+                self.output = True
+                return True
+            self.files = isinstance(target, ast.Name) and target.id in handles
+            return self.files
+        if name in FILE_OUTPUT or (name == "json.dump" and _writes_to_handle(call, handles)):
+            self.files = True
+            return True
         if name in HARMLESS or (name and name.startswith(HARMLESS_MODULES)):
             return True
         if isinstance(call.func, ast.Name) and call.func.id in self.functions:
             return self.qualifies(self.functions[call.func.id], seen)
         if isinstance(call.func, ast.Attribute):
             owner, method = call.func.value, call.func.attr
+            if isinstance(owner, ast.Name) and owner.id in handles and method in HANDLE_METHODS:
+                self.files = True
+                return True
             if isinstance(owner, ast.Constant) and isinstance(owner.value, str) and method in READING_METHODS:
                 return True  # ' | '.join(parts), '{}'.format(x)
             if isinstance(owner, ast.Name) and owner.id in fresh and method in READING_METHODS | FILLING_METHODS:
                 return True
+            if method in READ_ONLY_METHODS:
+                return True
+            return self._pure_method(method, seen)
         return False
+
+    def _pure_method(self, method: str, seen: set[str]) -> bool:
+        """`config.to_dict()`: every method of that name in the module's classes only computes (it may return)."""
+        found = self.methods.get(method)
+        if not found:
+            return False
+        output, files = self.output, self.files
+        pure = all(self.qualifies(node, seen) for node in found)
+        if (self.output, self.files) != (output, files):
+            return False  # it makes output of its own: left alone (it could run anywhere)
+        return pure
 
     def globals_read_only_by(self, functions: set[str]) -> bool:
         """The globals the printing functions rebind (a timestamp, a counter) are read by no other function of the
@@ -149,6 +200,36 @@ class _Module:
             if any(isinstance(n, ast.Name) and n.id in self.assigned_globals for n in ast.walk(node)):
                 return False
         return True
+
+
+def _writing_handles(function: ast.FunctionDef) -> tuple[set[str] | None, set[int]]:
+    """The names bound by `with open(path, "w") as f:` in `function` and those `open` calls; (None, ...) when a
+    `with` holds anything else (a lock, a file opened for reading, a context of the caller's)."""
+    handles: set[str] = set()
+    opens: set[int] = set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.With):
+            continue
+        for item in node.items:
+            call = item.context_expr
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "open" and
+                    isinstance(item.optional_vars, ast.Name) and _writing_mode(call)):
+                return None, opens
+            handles.add(item.optional_vars.id)
+            opens.add(id(call))
+    return handles, opens
+
+
+def _writing_mode(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(WRITING_MODES & set(mode.value)) \
+        and "+" not in mode.value
+
+
+def _writes_to_handle(call: ast.Call, handles: set[str]) -> bool:
+    """`json.dump(obj, f)` with `f` a file the function opened for writing."""
+    target = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "fp"), None)
+    return isinstance(target, ast.Name) and target.id in handles
 
 
 def _fresh_locals(function: ast.FunctionDef, declared: set[str]) -> set[str]:
@@ -205,4 +286,4 @@ def _target_allowed(target: ast.expr, fresh: set[str], declared: set[str]) -> bo
     return isinstance(root, ast.Name) and root.id in fresh and isinstance(target, ast.Subscript)
 
 
-__all__ = ["only_prints"]
+__all__ = ["output_only"]
