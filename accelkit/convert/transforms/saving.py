@@ -56,7 +56,16 @@ def _saves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
         barriers = statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None \
             and not _runs_under_main_process_first(ctx, call, downloaded)
         branch = _per_process_branch(ctx, facts, statement) if barriers else None
-        if branch is not None:
+        caller = _caller_branch(ctx, facts, call) if barriers and branch is None else None
+        if caller is not None:
+            # `if self.local_rank == 0 and epoch % save_every == 0: self._save_snapshot(epoch)` (the DDP tutorials'
+            # Trainer): the function holding the save runs on some processes only; a barrier in it hangs
+            function, test = caller
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)` (no barrier: "
+                                               f"`{function}` is called under `if {test}:`)",
+                               "only the main process writes the file; the processes that skip that `if` would "
+                               "never reach a barrier in it (a hang)")
+        elif branch is not None:
             # `if val_loss < best: save(...)`: each process decides with its own value; a barrier there would
             # leave the processes that skip the branch waiting (a hang). accelerator.save writes on the main
             # process only, and needs no barrier to be right.
@@ -154,6 +163,35 @@ def _counter_or_constant(ctx: Context, name: str) -> bool:
                         (isinstance(value, cst.Name) and value.value not in {"True", "False", "None"}):
                     return False
     return seen
+
+
+def _caller_branch(ctx: Context, facts: Facts, node: cst.CSTNode, depth: int = 3) -> tuple[str, str] | None:
+    """(function, test) when the function around `node` is called (`name(...)`, `self.name(...)`), directly or
+    through up to `depth` functions, from under a rank guard or an `if` the processes may decide differently: its
+    body runs on some processes only."""
+    function = ctx.function(node)
+    if function is None or depth == 0:
+        return None
+    name = function.name.value
+    for site in ctx.of_type(cst.Call):
+        func = site.func
+        if not ((isinstance(func, cst.Name) and func.value == name)
+                or (isinstance(func, cst.Attribute) and func.attr.value == name
+                    and isinstance(func.value, cst.Name) and func.value.value in {"self", "cls"})):
+            continue
+        if any(a is function for a in ctx.ancestors(site)):
+            continue  # a recursive call
+        statement = ctx.statement(site) or site
+        for ancestor in ctx.ancestors(site):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+                break
+            if isinstance(ancestor, cst.If) and (any(w in ctx.code(ancestor.test) for w in RANK_WORDS)
+                                                 or _per_process_branch(ctx, facts, statement) is ancestor):
+                return name, ctx.code(ancestor.test)
+        outer = _caller_branch(ctx, facts, site, depth - 1)
+        if outer is not None:
+            return outer
+    return None
 
 
 def _state_dicts(ctx: Context, facts: Facts, plan: EditPlan) -> None:

@@ -526,3 +526,22 @@ def test_an_evaluation_every_n_steps_reports_its_cadence_for_the_check() -> None
     assert report.evaluation_loops == [13] and report.evaluation_every == [3]
     epochs = source.replace("    if step > 0 and step % 3 == 0:\n        print(", "    if step > 0:\n        print(")
     assert convert_source(epochs, filename="eval_every.py").report.evaluation_every == []
+
+
+def test_a_trainer_class_holding_the_loader_and_saving_under_a_rank_test_converts_without_a_hang() -> None:
+    # the DDP tutorials' multigpu_torchrun.py: `Trainer(model, loader, ...)` keeps the loader as self.train_data,
+    # calls `self.train_data.sampler.set_epoch(epoch)`, and saves in `_save_snapshot`, called only under
+    # `if self.local_rank == 0 and ...:`. Were: a false refusal (the loop's batches "from no DataLoader"), the
+    # set_epoch kept (AttributeError on 2 ranks), and barriers inside `_save_snapshot` (rank 1 never reaches them:
+    # a hang)
+    source = (DATA / "convert" / "real_world" / "torchrun_trainer.py").read_text()
+    result = convert_source(source, filename="torchrun_trainer.py")
+    assert not result.report.problems, [p.format() for p in result.report.problems]
+    assert "set_epoch" not in result.code
+    assert "wait_for_everyone" not in result.code
+    assert "accelerator.save(" in result.code
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code
+    assert any("`_save_snapshot` is called under `if self.local_rank == 0" in c.what for c in result.report.changes)
+    # the same save called outside any branch keeps its barriers
+    plain = source.replace("if self.local_rank == 0 and epoch % self.save_every == 0:", "if True:")
+    assert convert_source(plain, filename="torchrun_trainer.py").code.count("accelerator.wait_for_everyone()") == 2
