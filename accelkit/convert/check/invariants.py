@@ -213,7 +213,10 @@ def _aligned(step: Step, index: int, theirs: list[Step], runs: Runs) -> tuple[St
 def _original_steps_per_step(runs: Runs) -> float:
     """How many of the original's optimizer steps one step of the conversion covers: N (each rank trains on its own
     batch), fewer when each rank accumulates fewer backward passes per step than the original did: a script that
-    keeps its global batch fixed (build-nanogpt: `grad_accum_steps = total_batch_size // (B * T * world_size)`)."""
+    keeps its global batch fixed (build-nanogpt: `grad_accum_steps = total_batch_size // (B * T * world_size)`).
+    One on a full batch (every rank trains on all the data, as the original's every step does)."""
+    if runs.full_batch:
+        return 1
     ours = _backward_passes_per_step(runs.converted[0]) if runs.converted else None
     theirs = _backward_passes_per_step(runs.original) if runs.original is not None else None
     if not ours or not theirs:

@@ -428,15 +428,42 @@ def _downloads(ctx: Context, plan: EditPlan) -> None:
     written file): the main process downloads first, the others then find the files."""
     for statement in _download_statements(ctx):
         call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and _fetches(ctx, c))
-        plan.edit(statement, lambda u: cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
-                                                body=cst.IndentedBlock(body=[u.with_changes(leading_lines=[])]),
-                                                leading_lines=u.leading_lines))
-        what = "(..., download=...)" if any(a.keyword is not None and a.keyword.value == "download"
-                                            for a in call.args) else "(...)"
+        downloads = any(a.keyword is not None and a.keyword.value == "download" for a in call.args)
+        # an archive unpacked (or a file fetched) on every run, no `if not os.path.exists(...)` around it: after
+        # the main process, the others would unpack it again over the files the main process is reading
+        once = not downloads and not isinstance(statement, cst.If) and not _binds_names_used_elsewhere(ctx, statement)
+
+        def wrap(u: cst.CSTNode, once: bool = once) -> cst.With:
+            body = u.with_changes(leading_lines=[])
+            if once:
+                body = cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(body=[body]))
+            return cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
+                            body=cst.IndentedBlock(body=[body]), leading_lines=u.leading_lines)
+
+        plan.edit(statement, wrap)
+        what = "(..., download=...)" if downloads else "(...)"
+        if once:
+            plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}{what}` runs on the local main process "
+                                               "only, under `with accelerator.main_process_first():`",
+                               "it rewrites its files on every run: run again by the other processes, it would "
+                               "overwrite them while the main process reads them")
+            continue
         plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}{what}` runs under "
                                            "`with accelerator.main_process_first():`",
                            "N processes downloading into one folder at once race; the main process downloads "
                            "first, the others then read its files")
+
+
+def _binds_names_used_elsewhere(ctx: Context, statement: cst.CSTNode) -> bool:
+    """`path = urlretrieve(url, name)[0]`, then `open(path)`: the others need the name too, so they run it."""
+    inside = ctx.descendants(statement)
+    bound = {n.name.value for n in inside if isinstance(n, cst.AsName) and isinstance(n.name, cst.Name)}
+    bound |= {k for n in inside if isinstance(n, (cst.Assign, cst.AnnAssign)) for k, _, _ in bindings(n)}
+    if not bound:
+        return False
+    scope = ctx.function(statement) or ctx.module
+    inside_ids = {id(n) for n in inside}
+    return any(type(n) is cst.Name and n.value in bound and id(n) not in inside_ids for n in ctx.descendants(scope))
 
 
 def _prints(ctx: Context, facts: Facts, plan: EditPlan) -> None:

@@ -266,6 +266,11 @@ def test_a_script_that_keeps_its_global_batch_fixed_is_compared_step_for_step() 
     wrong = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs[:4])], backward_passes=8)
     verdict = learning_rates(_runs(original, [wrong, wrong]))
     assert verdict.status == FAIL and "(its step 3)" in verdict.summary
+    # a full batch (a graph, an LBFGS closure over the whole tensor): every step of the conversion is the original's
+    full = Runs(original, [fixed, fixed], 2, False, full_batch=True)
+    assert learning_rates(full).status == PASS
+    wrong_full = Runs(Record(steps=original.steps), [grows, grows], 2, False, full_batch=True)
+    assert learning_rates(wrong_full).status == FAIL
 
 
 def test_a_sparse_model_input_is_fingerprinted_by_its_rows() -> None:

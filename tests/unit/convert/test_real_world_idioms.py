@@ -545,3 +545,59 @@ def test_a_trainer_class_holding_the_loader_and_saving_under_a_rank_test_convert
     # the same save called outside any branch keeps its barriers
     plain = source.replace("if self.local_rank == 0 and epoch % self.save_every == 0:", "if True:")
     assert convert_source(plain, filename="torchrun_trainer.py").code.count("accelerator.wait_for_everyone()") == 2
+
+
+def test_a_full_batch_lbfgs_closure_is_left_whole() -> None:
+    # pytorch/examples' time_sequence_prediction: `optimizer.step(closure)` re-evaluates the closure over the whole
+    # training tensor; was: no training loop found (the backward is in the closure, handed to step, never called
+    # by name), nothing reported, and `--check` failed `samples` ("every rank trained on the same inputs")
+    source = (DATA / "convert" / "real_world" / "lbfgs_full_batch.py").read_text()
+    result = convert_source(source, filename="lbfgs_full_batch.py")
+    assert not result.report.problems, [p.format() for p in result.report.problems]
+    assert "shard" not in result.code and "net, optimizer = accelerator.prepare(net, optimizer)" in result.code
+    full = [f for f in result.report.found if f.kind == "batches"]
+    assert len(full) == 1 and full[0].action.startswith("full batch") and full[0].name == "input, target"
+    assert "`optimizer.step(closure)`" in full[0].action
+
+
+def test_an_archive_unpacked_on_every_run_is_unpacked_by_the_main_process_alone() -> None:
+    # pytorch/examples' gcn: `with requests.get(url) as f: tarfile.open(fileobj=f.raw).extractall()` on every run;
+    # was: under main_process_first only, so the others unpacked it again over the files the main process was
+    # already reading (a crash on 2 ranks: "too many indices for array")
+    result = convert("""
+        import tarfile
+        import requests
+        import torch
+        def main():
+            with requests.get("https://example.org/cora.tgz", stream=True) as tgz_file:
+                with tarfile.open(fileobj=tgz_file.raw, mode="r:gz") as tgz:
+                    tgz.extractall()
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.load("cora/x.pt")
+            for _ in range(3):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+        main()
+    """)
+    assert ("    with accelerator.main_process_first():\n        if accelerator.is_local_main_process:\n"
+            "            with requests.get(") in result.code
+    # decided by `if not os.path.exists(...)`, or binding a name used afterwards: every process runs it, after the
+    # main process (the others find the files, or need the name)
+    guarded = convert("""
+        import os, tarfile
+        import torch
+        def main():
+            if not os.path.exists("data"):
+                with tarfile.open("data.tgz") as tgz:
+                    tgz.extractall()
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                loss = model(torch.ones(4, 2)).sum()
+                loss.backward()
+                opt.step()
+        main()
+    """)
+    assert "main_process_first" in guarded.code and "is_local_main_process" not in guarded.code
