@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings, inside_class
@@ -185,7 +187,7 @@ def _caller_branch(ctx: Context, facts: Facts, node: cst.CSTNode, depth: int = 3
         for ancestor in ctx.ancestors(site):
             if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
                 break
-            if isinstance(ancestor, cst.If) and (any(w in ctx.code(ancestor.test) for w in RANK_WORDS)
+            if isinstance(ancestor, cst.If) and (_rank_test(ctx, ancestor.test)
                                                  or _per_process_branch(ctx, facts, statement) is ancestor):
                 return name, ctx.code(ancestor.test)
         outer = _caller_branch(ctx, facts, site, depth - 1)
@@ -274,10 +276,23 @@ def _writing_with(ctx: Context, node: cst.CSTNode) -> cst.With | None:
 
 
 def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
-    """Already inside `if accelerator.is_main_process:`, `if rank == 0:` or similar."""
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in RANK_WORDS):
-            return True
+    """Already inside `if accelerator.is_main_process:`, `if rank == 0:`, `if self.gpu_id == 0:` or similar."""
+    return any(isinstance(a, cst.If) and _rank_test(ctx, a.test) for a in ctx.ancestors(node))
+
+
+RANK_READ = re.compile(r"""LOCAL_RANK|["']RANK["']|SLURM_PROCID|SLURM_LOCALID|get_rank|get_local_rank|process_index""")
+
+
+def _rank_test(ctx: Context, test: cst.BaseExpression) -> bool:
+    """The test names the rank (`rank == 0`, `is_main_process`), or reads a name bound to it: `self.gpu_id == 0`
+    with `self.gpu_id = int(os.environ["LOCAL_RANK"])` (the DDP tutorials' Trainer)."""
+    if any(w in ctx.code(test) for w in RANK_WORDS):
+        return True
+    names = {dotted(n) for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+    for node in ctx.of_type(cst.Assign, cst.AnnAssign):
+        for key, value, _ in bindings(node):
+            if key in names and value is not None and RANK_READ.search(ctx.code(value)):
+                return True
     return False
 
 

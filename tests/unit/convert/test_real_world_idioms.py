@@ -542,6 +542,14 @@ def test_a_trainer_class_holding_the_loader_and_saving_under_a_rank_test_convert
     assert "accelerator.save(" in result.code
     assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code
     assert any("`_save_snapshot` is called under `if self.local_rank == 0" in c.what for c in result.report.changes)
+    # the tutorial's own names: `self.gpu_id = int(os.environ["LOCAL_RANK"])`, `if self.gpu_id == 0 and ...:` (no
+    # "rank" in the test: the name is bound to the rank)
+    gpu_id = source.replace("self.local_rank", "self.gpu_id")
+    assert "wait_for_everyone" not in convert_source(gpu_id, filename="torchrun_trainer.py").code
+    inline = gpu_id.replace("                self._save_snapshot(epoch)", "                torch.save(epoch, 'e.pt')")
+    code = convert_source(inline, filename="torchrun_trainer.py").code
+    assert ("            if self.gpu_id == 0 and epoch % self.save_every == 0:\n"
+            "                accelerator.save(epoch, 'e.pt')\n") in code
     # the same save called outside any branch keeps its barriers
     plain = source.replace("if self.local_rank == 0 and epoch % self.save_every == 0:", "if True:")
     assert convert_source(plain, filename="torchrun_trainer.py").code.count("accelerator.wait_for_everyone()") == 2
