@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import weakref
 
 import libcst as cst
 
@@ -175,12 +176,7 @@ def _caller_branch(ctx: Context, facts: Facts, node: cst.CSTNode, depth: int = 3
     if function is None or depth == 0:
         return None
     name = function.name.value
-    for site in ctx.of_type(cst.Call):
-        func = site.func
-        if not ((isinstance(func, cst.Name) and func.value == name)
-                or (isinstance(func, cst.Attribute) and func.attr.value == name
-                    and isinstance(func.value, cst.Name) and func.value.value in {"self", "cls"})):
-            continue
+    for site in _calls_named(ctx, name):
         if any(a is function for a in ctx.ancestors(site)):
             continue  # a recursive call
         statement = ctx.statement(site) or site
@@ -283,17 +279,37 @@ def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
 RANK_READ = re.compile(r"""LOCAL_RANK|["']RANK["']|SLURM_PROCID|SLURM_LOCALID|get_rank|get_local_rank|process_index""")
 
 
+# per parsed script, computed once: the names bound to the rank, the script's calls by the name they call
+_RANK_BOUND: weakref.WeakKeyDictionary[Context, set[str]] = weakref.WeakKeyDictionary()
+_CALLS_BY_NAME: weakref.WeakKeyDictionary[Context, dict[str, list[cst.Call]]] = weakref.WeakKeyDictionary()
+
+
 def _rank_test(ctx: Context, test: cst.BaseExpression) -> bool:
     """The test names the rank (`rank == 0`, `is_main_process`), or reads a name bound to it: `self.gpu_id == 0`
     with `self.gpu_id = int(os.environ["LOCAL_RANK"])` (the DDP tutorials' Trainer)."""
     if any(w in ctx.code(test) for w in RANK_WORDS):
         return True
-    names = {dotted(n) for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
-    for node in ctx.of_type(cst.Assign, cst.AnnAssign):
-        for key, value, _ in bindings(node):
-            if key in names and value is not None and RANK_READ.search(ctx.code(value)):
-                return True
-    return False
+    bound = _RANK_BOUND.get(ctx)
+    if bound is None:
+        bound = _RANK_BOUND[ctx] = {key for node in ctx.of_type(cst.Assign, cst.AnnAssign)
+                                    for key, value, _ in bindings(node)
+                                    if value is not None and RANK_READ.search(ctx.code(value))}
+    return bool(bound) and any(dotted(n) in bound for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute)))
+
+
+def _calls_named(ctx: Context, name: str) -> list[cst.Call]:
+    """`name(...)` and `self.name(...)` / `cls.name(...)` calls of the script."""
+    calls = _CALLS_BY_NAME.get(ctx)
+    if calls is None:
+        calls = _CALLS_BY_NAME[ctx] = {}
+        for call in ctx.of_type(cst.Call):
+            func = call.func
+            if isinstance(func, cst.Name):
+                calls.setdefault(func.value, []).append(call)
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and \
+                    func.value.value in {"self", "cls"}:
+                calls.setdefault(func.attr.value, []).append(call)
+    return calls.get(name, [])
 
 
 def _file_writes(ctx: Context, facts: Facts, plan: EditPlan) -> None:
