@@ -23,16 +23,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "convert_corpus"))
-from materialize import STANDINS, load_manifest, materialize  # noqa: E402
+from materialize import STANDINS, Materialized, load_manifest, materialize  # noqa: E402
 
 ACCELKIT = [sys.executable, "-m", "accelkit"]
 MAX_RAISED_STEPS = 1000  # a --steps hint of the check is followed up to this many steps (makemore: 501)
 VERDICT = re.compile(r"^\s+(PASS|FAIL|SKIP)\s+(\w[\w ]*?)\s{2,}(.*)$")
 
 
-def _run(command: list[str], cwd: Path, timeout: int, path: list[str] = ()) -> tuple[int | None, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(STANDINS),
-                                                                     os.environ.get("PYTHONPATH")])),
+def _run(command: list[str], cwd: Path, timeout: int, made: Materialized | None = None) -> tuple[int | None, str]:
+    extra = dict(made.env) if made else {}  # the manifest's `env`; its PYTHONPATH (opt-in stand-ins) goes first
+    standins = str(STANDINS) if made is None or made.torchvision else None
+    path = [extra.pop("PYTHONPATH", None), standins, os.environ.get("PYTHONPATH")]
+    env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(filter(None, path)),
            "ACCELKIT_CORPUS_SAMPLES": os.environ.get("ACCELKIT_CORPUS_SAMPLES", "96"), "NO_COLOR": "1",
            "PATH": os.pathsep.join([str(STANDINS / "bin"), os.environ.get("PATH", "")])}  # `stty size`: no tty
     try:
@@ -50,16 +52,14 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
         row.update(outcome="missing", reason=made.why)
         return row
     converted = made.script.with_name(made.script.stem + "_accelerate.py")
-    root = out / entry["name"]
-    # the project's own package, as `pip install -e .` would put it on the path (minGPT's `mingpt`)
-    path = [str(root / folder) for folder in entry.get("pythonpath", [])]
     started = time.perf_counter()
     for first in entry.get("convert_first", []):  # the file that trains, converted first, as the refusal says
-        code, text = _run([*ACCELKIT, "convert", str(root / first), "--in-place"], made.cwd, 120, path)
+        code, text = _run([*ACCELKIT, "convert", str(out / entry["name"] / first), "--in-place"], made.cwd, 120,
+                          made)
         if code != 0:
             row.update(outcome="refused", reason=f"{first}: {_refusal(text)}")
             return row
-    code, text = _run([*ACCELKIT, "convert", str(made.script), "-o", str(converted)], made.cwd, 120, path)
+    code, text = _run([*ACCELKIT, "convert", str(made.script), "-o", str(converted)], made.cwd, 120, made)
     row["convert_s"] = round(time.perf_counter() - started, 2)
     if code == 0 and converted.exists():
         row["outcome"] = "converted"
@@ -77,12 +77,12 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
         return row
     started = time.perf_counter()
     code, text = _run([*ACCELKIT, "convert", "--check", str(made.script), "--converted", str(converted),
-                       "--steps", str(steps), "--", *made.args], made.cwd, timeout, path)
+                       "--steps", str(steps), "--", *made.args], made.cwd, timeout, made)
     raised = re.search(r"raise the limit: `accelkit convert --check --steps (\d+) ", text)
     if raised and int(raised.group(1)) <= MAX_RAISED_STEPS:  # the check's own limit stopped it: lift it once
         row["steps"] = int(raised.group(1))
         code, text = _run([*ACCELKIT, "convert", "--check", str(made.script), "--converted", str(converted),
-                           "--steps", raised.group(1), "--", *made.args], made.cwd, timeout, path)
+                           "--steps", raised.group(1), "--", *made.args], made.cwd, timeout, made)
     row["check_s"] = round(time.perf_counter() - started, 1)
     verdicts = {}
     for line in text.splitlines():
@@ -93,7 +93,7 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
                 row.setdefault("fails", []).append(f"{match.group(2).strip()}: {match.group(3)[:300]}")
     row["verdicts"] = verdicts
     row["check"] = "timeout" if code is None else "PASS" if code == 0 else "FAIL"
-    original_failed = re.search(r"original, 1 process: exit status \d+: (.*)", text)
+    original_failed = re.search(r"original, 1 process[^:]*: exit status \d+: (.*)", text)
     if row["check"] == "FAIL" and original_failed:  # the script itself does not run here: nothing to compare
         row["check"] = "original fails"
         row["reason"] = f"the original fails on 1 CPU process here: {original_failed.group(1)[:200]}"

@@ -544,17 +544,23 @@ def models_of(ctx: Context, facts: Facts, optimizer: Tracked) -> list[str]:
 
 
 def _loaders_into_parameters(ctx: Context, facts: Facts) -> None:
-    """`evaluate(model, test_loader)` with `def evaluate(net, data)`: inside, `data` is a DataLoader too."""
+    """`evaluate(model, test_loader)` with `def evaluate(net, data)`: inside, `data` is a DataLoader too. So is
+    `train_data` of `Trainer(model, loader, ...)` with `def __init__(self, model, train_data, ...)`, and then the
+    `self.train_data` it keeps (the DDP tutorials' Trainer)."""
     functions: dict[str, list[cst.FunctionDef]] = {}
     for function in ctx.of_type(cst.FunctionDef):
         functions.setdefault(function.name.value, []).append(function)
+    constructors = {c.name.value: f for c in ctx.of_type(cst.ClassDef) for f in c.body.body
+                    if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"}
+    into_constructor = False
     for call in ctx.of_type(cst.Call):
         func = call.func
         name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
             else None
-        for function in functions.get(name or "", []):
+        constructor = constructors.get(name or "") if isinstance(func, cst.Name) else None
+        for function in [constructor] if constructor is not None else functions.get(name or "", []):
             params = [p.name.value for p in function.params.params]
-            if params and params[0] == "self" and isinstance(func, cst.Attribute):
+            if params and params[0] == "self" and (isinstance(func, cst.Attribute) or function is constructor):
                 params = params[1:]
             for position, arg in enumerate(call.args):
                 if facts.kind(arg.value) != "loader":
@@ -563,3 +569,6 @@ def _loaders_into_parameters(ctx: Context, facts: Facts) -> None:
                     params[position] if position < len(params) else None
                 if param and param not in facts.kinds:
                     facts.kinds[param] = "loader"
+                    into_constructor |= function is constructor
+    if into_constructor:
+        _propagate_aliases(ctx, facts)  # `self.train_data = train_data`

@@ -12,7 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
 STANDINS = HERE / "standins"  # put on PYTHONPATH: an offline torchvision with random datasets
+# stand-ins that would shadow an installed package (requests) or that few scripts need: on their PYTHONPATH only,
+# named by the manifest's `standins`
+OPT_IN = HERE / "opt_in"
+OFFLINE_ENV = "ACCELKIT_CORPUS_OFFLINE_DIR"  # where opt_in/requests finds the files it serves for URLs
 MIRRORS = Path(os.environ.get("ACCELKIT_CORPUS_MIRRORS", "/work/.mirror"))
 MAX_FILES = 400  # files copied from a script's tree at most
 MAX_BYTES = 400_000
@@ -33,6 +37,10 @@ class Materialized:
     args: list[str]
     needs: list[str]
     why: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # the manifest's `env`, opt-in stand-ins on PYTHONPATH
+    # the torchvision stand-in on PYTHONPATH; off for scripts that import transformers, which takes any importable
+    # torchvision for the real one and imports far more of it
+    torchvision: bool = True
 
 
 def load_manifest() -> list[dict]:
@@ -73,9 +81,19 @@ def materialize(entry: dict, out: Path) -> Materialized:
         target.write_bytes(text)
     script = folder / entry["path"]
     cwd = script.parent
+    offline = folder / "_offline"  # beside the script's tree, not in it: what the stand-ins serve as downloads
     if entry.get("data"):
-        STAND_INS[entry["data"]](cwd)
-    return Materialized(name, script, cwd, entry["args"], entry["needs"])
+        STAND_INS[entry["data"]](cwd, offline)
+    env = dict(entry.get("env", {}))
+    # the project's own package first (minGPT's `mingpt`, as `pip install -e .` puts it), then opt-in stand-ins
+    path = [str(folder / p) for p in entry.get("pythonpath", [])]
+    if entry.get("standins"):
+        path += [str(OPT_IN / n) for n in entry["standins"]]
+        env[OFFLINE_ENV] = str(offline)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return Materialized(name, script, cwd, entry["args"], entry["needs"], env=env,
+                        torchvision=entry.get("torchvision", True))
 
 
 # -- offline stand-ins for data: small random data in the files and formats the scripts read ---------------------
@@ -83,7 +101,7 @@ def _rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
-def _nanogpt(cwd: Path) -> None:
+def _nanogpt(cwd: Path, offline: Path) -> None:
     folder = cwd / "data" / "shakespeare_char"
     folder.mkdir(parents=True, exist_ok=True)
     chars = sorted(set("abcdefghijklmnopqrstuvwxyz \n.,"))
@@ -98,26 +116,26 @@ def _words(n: int) -> list[str]:
     return [vocab[i] for i in _rng().integers(0, len(vocab), size=n)]
 
 
-def _chars(cwd: Path) -> None:
+def _chars(cwd: Path, offline: Path) -> None:
     words = _words(6000)
     (cwd / "input.txt").write_text("\n".join(" ".join(words[i:i + 12]) for i in range(0, len(words), 12)) + "\n")
 
 
-def _shakespeare_chars(cwd: Path) -> None:
+def _shakespeare_chars(cwd: Path, offline: Path) -> None:
     """chargpt samples from the prompt "O God, O God!" at its evaluations: its characters are in the text."""
-    _chars(cwd)
+    _chars(cwd, offline)
     with open(cwd / "input.txt", "a") as text:
         text.write("O God, O God!\n")
 
 
-def _names(cwd: Path) -> None:
+def _names(cwd: Path, offline: Path) -> None:
     letters = "abcdefghijklmnopqrstuvwxyz"
     rng = _rng()
     names = ["".join(letters[j] for j in rng.integers(0, 26, size=rng.integers(3, 9))) for _ in range(1500)]
     (cwd / "names.txt").write_text("\n".join(names) + "\n")
 
 
-def _wikitext(cwd: Path) -> None:
+def _wikitext(cwd: Path, offline: Path) -> None:
     folder = cwd / "data" / "wikitext-2"
     folder.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", 4000), ("valid", 800), ("test", 800)):
@@ -125,13 +143,13 @@ def _wikitext(cwd: Path) -> None:
         (folder / f"{split}.txt").write_text("\n".join(" ".join(words[i:i + 10]) for i in range(0, n, 10)) + "\n")
 
 
-def _yunjey_text(cwd: Path) -> None:
+def _yunjey_text(cwd: Path, offline: Path) -> None:
     (cwd / "data").mkdir(exist_ok=True)
     words = _words(6000)
     (cwd / "data" / "train.txt").write_text("\n".join(" ".join(words[i:i + 10]) for i in range(0, 6000, 10)) + "\n")
 
 
-def _sine(cwd: Path) -> None:
+def _sine(cwd: Path, offline: Path) -> None:
     import torch
 
     rng = _rng()
@@ -139,11 +157,11 @@ def _sine(cwd: Path) -> None:
     torch.save(np.sin(x / 20.0).astype("float64"), cwd / "traindata.pt")
 
 
-def _cora(cwd: Path) -> None:
-    folder = cwd / "cora"
-    folder.mkdir(exist_ok=True)
+def _cora_files(folder: Path, nodes: int) -> None:
+    """cora.content (id, binary features, class) and cora.cites (id pairs), LINQS's tab-separated layout."""
+    folder.mkdir(parents=True, exist_ok=True)
     rng = _rng()
-    ids = rng.choice(100_000, size=120, replace=False)
+    ids = rng.choice(100_000, size=nodes, replace=False)
     classes = ["Theory", "Neural_Networks", "Rule_Learning"]
     rows = []
     for node in ids:
@@ -151,12 +169,73 @@ def _cora(cwd: Path) -> None:
         features[rng.integers(0, 24)] = 1  # no empty row
         rows.append("\t".join([str(node), *map(str, features), classes[rng.integers(0, 3)]]))
     (folder / "cora.content").write_text("\n".join(rows) + "\n")
-    edges = [f"{ids[a]}\t{ids[b]}" for a, b in rng.integers(0, len(ids), size=(300, 2)) if a != b]
+    edges = [f"{ids[a]}\t{ids[b]}" for a, b in rng.integers(0, len(ids), size=(nodes * 3, 2)) if a != b]
     (folder / "cora.cites").write_text("\n".join(edges) + "\n")
 
 
+def _cora(cwd: Path, offline: Path) -> None:
+    _cora_files(cwd / "cora", 120)
+
+
+def _cora_download(cwd: Path, offline: Path) -> None:
+    """LINQS's cora.tgz (a `cora/` folder), served by the opt-in `requests` stand-in; 1,800 nodes because
+    pytorch/examples' gcn keeps the first 1,500 of a permutation for test and validation."""
+    import tarfile
+
+    _cora_files(offline / "cora", 1800)
+    with tarfile.open(offline / "cora.tgz", "w:gz") as tgz:
+        tgz.add(offline / "cora", arcname="cora")
+
+
+def _save_images(folder: Path, count: int, size: tuple[int, int], seed: int) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        pixels = rng.integers(0, 256, size=(*size, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:04d}.jpg")
+
+
+def _bsds300(cwd: Path, offline: Path) -> None:
+    """BSDS300's layout (dataset/BSDS300/images/train|test/*.jpg) with random images just over the 256-pixel crop
+    pytorch/examples' super_resolution takes (the real ones are 481x321)."""
+    images = cwd / "dataset" / "BSDS300" / "images"
+    _save_images(images / "train", 32, (260, 260), 1)
+    _save_images(images / "test", 8, (260, 260), 2)
+
+
+def _style_image(cwd: Path, offline: Path) -> None:
+    """A random style image (the ImageFolder content images come from the torchvision stand-in)."""
+    _save_images(cwd / "data" / "images", 4, (64, 64), 3)
+    from PIL import Image
+
+    Image.fromarray(_rng().integers(0, 256, size=(64, 64, 3), dtype=np.uint8)).save(cwd / "style.jpg")
+
+
+def _fineweb(cwd: Path, offline: Path) -> None:
+    """build-nanogpt's edu_fineweb10B shards (uint16 GPT-2 token ids, .npy) and a HellaSwag val file of a few
+    examples in its jsonl layout, so its every-250-steps evaluation at step 0 reads no download."""
+    shards = cwd / "edu_fineweb10B"
+    shards.mkdir(exist_ok=True)
+    rng = _rng()
+    for name, n in (("edufineweb_val_000000", 20_000), ("edufineweb_train_000001", 40_000),
+                    ("edufineweb_train_000002", 40_000)):
+        np.save(shards / f"{name}.npy", rng.integers(0, 50_257, size=n, dtype=np.uint16))
+    folder = cwd / "hellaswag"
+    folder.mkdir(exist_ok=True)
+    lines = []
+    for i in range(8):
+        words = _words(40)
+        lines.append(json.dumps({"ind": i, "ctx": " ".join(words[:12]), "label": int(rng.integers(0, 4)),
+                                 "endings": [" ".join(words[12 + 7 * k:19 + 7 * k]) for k in range(4)],
+                                 "split": "val"}))
+    (folder / "hellaswag_val.jsonl").write_text("\n".join(lines) + "\n")
+
+
 STAND_INS = {"nanogpt": _nanogpt, "chars": _chars, "shakespeare-chars": _shakespeare_chars, "names": _names,
-             "wikitext": _wikitext, "yunjey-text": _yunjey_text, "sine": _sine, "cora": _cora}
+             "wikitext": _wikitext, "yunjey-text": _yunjey_text, "sine": _sine, "cora": _cora,
+             "cora-download": _cora_download, "bsds300": _bsds300, "style-image": _style_image, "fineweb": _fineweb}
 
 
 def main(argv: list[str]) -> int:

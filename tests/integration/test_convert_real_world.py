@@ -32,6 +32,11 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # kuangliu/pytorch-cifar: a progress bar from the project's own module (not converted) drawn after every batch
     # (was a side effects FAIL: rank 1 drew it too); the bar is now drawn by the local main process only
     "progress_helper": ([], {"wrapped", "samples", "metrics", "side effects"}),
+    # the DDP tutorials' multigpu_torchrun.py: a torchrun-only original (KeyError 'LOCAL_RANK' on a plain run),
+    # checked under a 1-process torchrun environment; its Trainer's snapshot save under `if local_rank == 0` hung
+    "torchrun_trainer": (["2", "1"], {"wrapped", "lr", "samples", "side effects"}),
+    # time_sequence_prediction: full-batch LBFGS through `optimizer.step(closure)`, left whole on every rank
+    "lbfgs_full_batch": (["--steps", "2"], {"wrapped", "lr", "samples", "side effects"}),
 }
 
 
@@ -63,3 +68,8 @@ def test_the_reproduced_idiom_converts_and_passes_its_check_on_two_ranks(name: s
     assert "FAIL" not in verdicts.values(), text
     for invariant in {"ran", "weights", "no hang", *SCRIPTS[name][1]}:
         assert verdicts.get(invariant) == "PASS", f"{invariant}: {verdicts}\n{text}"
+
+
+def test_a_torchrun_only_original_runs_under_a_one_process_torchrun_environment(checked) -> None:
+    code, text = checked["torchrun_trainer"]
+    assert "original on 1 process under a 1-process torchrun environment" in text, text

@@ -204,10 +204,29 @@ def _aligned(step: Step, index: int, theirs: list[Step], runs: Runs) -> tuple[St
                 return match, (f"epoch {number + 1}, batch {match.progress[2]} of {match.progress[3]}; here batch "  # type: ignore[index]
                                f"{taken} of {length} on each process")
             return None, ""
-    target_index = index if runs.iteration_based else runs.world * (index - 1) + 1
+    target_index = index if runs.iteration_based else round(_original_steps_per_step(runs) * (index - 1)) + 1
     if target_index <= len(theirs):
         return theirs[target_index - 1], f"its step {target_index}"
     return None, ""
+
+
+def _original_steps_per_step(runs: Runs) -> float:
+    """How many of the original's optimizer steps one step of the conversion covers: N (each rank trains on its own
+    batch), fewer when each rank accumulates fewer backward passes per step than the original did: a script that
+    keeps its global batch fixed (build-nanogpt: `grad_accum_steps = total_batch_size // (B * T * world_size)`).
+    One on a full batch (every rank trains on all the data, as the original's every step does)."""
+    if runs.full_batch:
+        return 1
+    ours = _backward_passes_per_step(runs.converted[0]) if runs.converted else None
+    theirs = _backward_passes_per_step(runs.original) if runs.original is not None else None
+    if not ours or not theirs:
+        return runs.world
+    return runs.world * ours / theirs
+
+
+def _backward_passes_per_step(record: Record) -> float | None:
+    clock = [s for s in record.steps if s.is_clock and s.optimizer >= 0]
+    return record.backward_passes / len(clock) if clock and record.backward_passes else None
 
 
 # -- each sample seen once per epoch across ranks ---------------------------------------------------------------

@@ -206,7 +206,10 @@ def _count_rows(rows: dict[str, int], batch: Any) -> int:
 def _row_hashes(tensor) -> list[str]:
     import torch
 
-    flat = tensor.detach().to("cpu").contiguous().reshape(tensor.shape[0], -1)
+    tensor = tensor.detach().to("cpu")
+    if tensor.layout != torch.strided:  # a sparse input (a graph's features or adjacency): hashed by its values
+        tensor = tensor.to_dense()
+    flat = tensor.contiguous().reshape(tensor.shape[0], -1)
     if flat.dtype == torch.bfloat16:
         flat = flat.float()
     return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in flat.numpy()]

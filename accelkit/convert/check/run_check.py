@@ -12,6 +12,7 @@ from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, e
 from accelkit.convert.check.lines import ConvertedLines
 from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
 from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
+from accelkit.convert.check.torchrun_env import needs_launcher, one_process_env
 from accelkit.errors import AccelkitError
 from accelkit.shellwords import command_line
 
@@ -35,6 +36,7 @@ class CheckOutcome:
     original: RunResult | None = None
     converted: RunResult | None = None
     conversion_problems: list[str] = field(default_factory=list)
+    torchrun: bool = False  # the original ran under a 1-process torchrun environment (torchrun_env.py)
 
     @property
     def passed(self) -> bool:
@@ -67,7 +69,8 @@ class CheckOutcome:
     def raise_unless_passed(self, script: Path, args: list[str], steps: int) -> None:
         """Raise the one error that says why the check did not pass: the original's own failure first, then a check
         that checked nothing, then a limit of the check (with the flag that lifts it), then the conversion's faults."""
-        rerun = command_line("python", script, *args)
+        rerun = (command_line("torchrun", "--nproc-per-node", "1", script, *args) if self.torchrun
+                 else command_line("python", script, *args))
         if self.original_failure is not None:
             raise AccelkitError(f"the original {script.name} itself failed on 1 process ({self.original_failure}); "
                                 "the check compares the conversion with a working original",
@@ -135,30 +138,34 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         box.remove()
         replay = converted_spec_probe_dir(scratch)
         box = tree.materialize(scratch.root / "sandbox-original")
+        launcher_env = one_process_env() if needs_launcher(source) else None  # torchrun-style: 1-process torchrun
         original = run(original_spec(scratch, box, script, args, options.processes * options.steps,
-                                     options.processes, replay, options.stall_seconds, options.timeout),
-                       box.script.parent)
+                                     options.processes, replay, options.stall_seconds, options.timeout,
+                                     launcher_env), box.script.parent)
     full_batch = any(f.kind == "batches" and f.action.startswith("full batch") for f in result.report.found)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
                 iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch,
                 tuple(result.report.evaluation_every))
-    verdicts = [_ran(original, converted, options.processes, options.backend), *evaluate(runs),
+    verdicts = [_ran(original, converted, options.processes, options.backend, launcher_env is not None),
+                *evaluate(runs),
                 _no_hang(original, converted, script.name, lines)]
     problems = [p.format() for p in result.report.problems] if converted_code is None else []
-    return CheckOutcome(script.name, verdicts, original, converted, problems)
+    return CheckOutcome(script.name, verdicts, original, converted, problems, launcher_env is not None)
 
 
 def converted_spec_probe_dir(scratch: Scratch) -> Path:
     return scratch.root / "probe-converted"
 
 
-def _ran(original: RunResult, converted: RunResult, world: int, backend: str = "ddp") -> Verdict:
+def _ran(original: RunResult, converted: RunResult, world: int, backend: str = "ddp",
+         torchrun: bool = False) -> Verdict:
     name = "ran"
+    one = "1 process under a 1-process torchrun environment" if torchrun else "1 process"
     evidence = []
     if converted.status not in (0, None):
         evidence.append(f"converted, {world} processes: exit status {converted.status}: {_last_error(converted)}")
     if original.status not in (0, None):
-        evidence.append(f"original, 1 process: exit status {original.status}: {_last_error(original)}")
+        evidence.append(f"original, {one}: exit status {original.status}: {_last_error(original)}")
     if len(converted.records) < world and converted.status == 0:
         evidence.append(f"only {len(converted.records)} of {world} ranks reported")
     if evidence:
@@ -171,7 +178,7 @@ def _ran(original: RunResult, converted: RunResult, world: int, backend: str = "
                        ("an empty script, one without a model and optimizer, or arguments that make it skip "
                         "training",))
     steps = max((len([s for s in r.steps if s.optimizer >= 0]) for r in converted.records), default=0)
-    return Verdict(name, PASS, f"original on 1 process ({original.seconds:.1f} s), converted on {world} CPU ranks "
+    return Verdict(name, PASS, f"original on {one} ({original.seconds:.1f} s), converted on {world} CPU ranks "
                                f"({backend.upper()}, {steps} optimizer step(s), {converted.seconds:.1f} s)")
 
 

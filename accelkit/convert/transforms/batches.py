@@ -52,7 +52,8 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
                 _seed_per_process(ctx, facts, flow, plan, loop, noise[0], "noise tensors")
             continue
         done.add(id(loop))
-        _convert_loop(ctx, facts, flow, plan, loop)
+        step = _closure_step(ctx, backward)
+        _convert_loop(ctx, facts, flow, plan, loop, (step, ctx.function(backward)) if step is not None else None)
 
 
 def _reached(flow: Flow, loop: cst.CSTNode, depth: int = 3) -> list[cst.FunctionDef]:
@@ -85,10 +86,32 @@ def _batch_loop(ctx: Context, flow: Flow, backward: cst.Call) -> cst.For | cst.W
         func = call.func
         name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
             else None
-        if name == function.name.value:
+        # called, or handed over as an LBFGS closure (`optimizer.step(closure)`) that the step calls
+        if name == function.name.value or _closure_step(ctx, backward) is call:
             outer = flow.innermost_loop(call)
             if outer is not None:
                 return outer
+    return None
+
+
+def _whole_in_closure(ctx: Context, closure: cst.FunctionDef, roots: list[str]) -> list[str]:
+    """The data the closure trains on, when it takes them whole (no slice of them in it); [] otherwise."""
+    used = {n.value for n in ctx.descendants(closure) if type(n) is cst.Name}
+    whole = [r for r in roots if r in used]
+    cut = any(isinstance(n, cst.Subscript) and dotted(n.value) in whole for n in ctx.descendants(closure))
+    return [] if cut else whole
+
+
+def _closure_step(ctx: Context, backward: cst.Call) -> cst.Call | None:
+    """`optimizer.step(closure)` when the backward runs in `closure` (LBFGS: the step evaluates it several times and
+    decides its line search on the loss it returns)."""
+    function = ctx.function(backward)
+    if function is None:
+        return None
+    for call in ctx.of_type(cst.Call):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "step" and any(
+                isinstance(a.value, cst.Name) and a.value.value == function.name.value for a in call.args):
+            return call
     return None
 
 
@@ -126,7 +149,8 @@ def _iterator_of_loader(ctx: Context, facts: Facts, key: str) -> bool:
     return False
 
 
-def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode) -> None:
+def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode,
+                  closure: tuple[cst.Call, cst.FunctionDef] | None = None) -> None:
     function = ctx.function(loop)
     random_draws = _random_draws(ctx, facts, flow, loop, RANDOM_INDEX)
     where = f"the training loop at line {ctx.line(loop)}"
@@ -156,6 +180,16 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                             "wrap the data in a torch.utils.data.DataLoader (TensorDataset for tensors) and add it "
                             "to accelerator.prepare(...), or shard it by accelerator.process_index")
         plan.report.found_item("batches", "", ctx.line(loop), "NOT sharded: source not found")
+        return
+    whole = _whole_in_closure(ctx, closure[1], roots) if closure is not None else []
+    if closure is not None and whole:
+        # the whole tensors each step, through a closure the optimizer re-evaluates (LBFGS): sharded, each process
+        # would decide the line search on its own part's loss and take a different number of evaluations (a hang)
+        names = ", ".join(f"`{r}`" for r in whole)
+        plan.report.found_item("batches", ", ".join(whole), ctx.line(loop),
+                               f"full batch: every step trains on all of {names} through "
+                               f"`{ctx.code(closure[0])}`, so it is left whole; every process computes the same "
+                               "gradient and line search (correct, no speed-up from more processes)")
         return
     if _fixed_selections(ctx, flow, loop, roots):
         names = ", ".join(f"`{r}`" for r in roots)

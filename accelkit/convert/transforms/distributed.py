@@ -160,10 +160,12 @@ def _samplers(ctx: Context, plan: EditPlan) -> None:
             if arg.keyword is not None and arg.keyword.value == "sampler" and dotted(arg.value) in named:
                 _sampler_argument(ctx, plan, call, named[dotted(arg.value)])  # type: ignore[index]
         func = call.func
-        # `sampler.set_epoch(e)`, and `loader.sampler.set_epoch(e)`: the loader's sampler is no longer distributed
-        # (a prepared loader's plain sampler has no set_epoch: an AttributeError on the first epoch)
+        # `sampler.set_epoch(e)`, and `loader.sampler.set_epoch(e)` / `self.train_data.sampler.set_epoch(e)` (a
+        # Trainer holding the loader): the loader's sampler is no longer distributed (a prepared loader's plain
+        # sampler has no set_epoch: an AttributeError on the first epoch)
         if isinstance(func, cst.Attribute) and func.attr.value == "set_epoch" and (
-                dotted(func.value) in named or (dotted(func.value) or "").endswith(".sampler")):
+                dotted(func.value) in named or (isinstance(func.value, cst.Attribute)
+                                                and func.value.attr.value == "sampler")):
             small = _call_statement(ctx, call)
             if small is not None:
                 plan.remove(small)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+import weakref
+
 import libcst as cst
 
 from accelkit.convert.analysis import Facts, bindings, inside_class
@@ -58,7 +61,16 @@ def _saves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
         barriers = statement is not None and not _guarded(ctx, call) and ctx.suite_of(statement) is not None \
             and not _runs_under_main_process_first(ctx, call, downloaded)
         branch = _per_process_branch(ctx, facts, statement) if barriers else None
-        if branch is not None:
+        caller = _caller_branch(ctx, facts, call) if barriers and branch is None else None
+        if caller is not None:
+            # `if self.local_rank == 0 and epoch % save_every == 0: self._save_snapshot(epoch)` (the DDP tutorials'
+            # Trainer): the function holding the save runs on some processes only; a barrier in it hangs
+            function, test = caller
+            plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)` (no barrier: "
+                                               f"`{function}` is called under `if {test}:`)",
+                               "only the main process writes the file; the processes that skip that `if` would "
+                               "never reach a barrier in it (a hang)")
+        elif branch is not None:
             # `if val_loss < best: save(...)`: each process decides with its own value; a barrier there would
             # leave the processes that skip the branch waiting (a hang). accelerator.save writes on the main
             # process only, and needs no barrier to be right.
@@ -158,6 +170,30 @@ def _counter_or_constant(ctx: Context, name: str) -> bool:
     return seen
 
 
+def _caller_branch(ctx: Context, facts: Facts, node: cst.CSTNode, depth: int = 3) -> tuple[str, str] | None:
+    """(function, test) when the function around `node` is called (`name(...)`, `self.name(...)`), directly or
+    through up to `depth` functions, from under a rank guard or an `if` the processes may decide differently: its
+    body runs on some processes only."""
+    function = ctx.function(node)
+    if function is None or depth == 0:
+        return None
+    name = function.name.value
+    for site in _calls_named(ctx, name):
+        if any(a is function for a in ctx.ancestors(site)):
+            continue  # a recursive call
+        statement = ctx.statement(site) or site
+        for ancestor in ctx.ancestors(site):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+                break
+            if isinstance(ancestor, cst.If) and (_rank_test(ctx, ancestor.test)
+                                                 or _per_process_branch(ctx, facts, statement) is ancestor):
+                return name, ctx.code(ancestor.test)
+        outer = _caller_branch(ctx, facts, site, depth - 1)
+        if outer is not None:
+            return outer
+    return None
+
+
 def _state_dicts(ctx: Context, facts: Facts, plan: EditPlan) -> None:
     """`model.state_dict()` (or `model.module.state_dict()`) read under a rank guard: under FSDP and DeepSpeed
     ZeRO-3 the full state dict is gathered from every process, so the process that asks alone waits forever. The
@@ -238,11 +274,44 @@ def _writing_with(ctx: Context, node: cst.CSTNode) -> cst.With | None:
 
 
 def _guarded(ctx: Context, node: cst.CSTNode) -> bool:
-    """Already inside `if accelerator.is_main_process:`, `if rank == 0:` or similar."""
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.If) and any(w in ctx.code(ancestor.test) for w in RANK_WORDS):
-            return True
-    return False
+    """Already inside `if accelerator.is_main_process:`, `if rank == 0:`, `if self.gpu_id == 0:` or similar."""
+    return any(isinstance(a, cst.If) and _rank_test(ctx, a.test) for a in ctx.ancestors(node))
+
+
+RANK_READ = re.compile(r"""LOCAL_RANK|["']RANK["']|SLURM_PROCID|SLURM_LOCALID|get_rank|get_local_rank|process_index""")
+
+
+# per parsed script, computed once: the names bound to the rank, the script's calls by the name they call
+_RANK_BOUND: weakref.WeakKeyDictionary[Context, set[str]] = weakref.WeakKeyDictionary()
+_CALLS_BY_NAME: weakref.WeakKeyDictionary[Context, dict[str, list[cst.Call]]] = weakref.WeakKeyDictionary()
+
+
+def _rank_test(ctx: Context, test: cst.BaseExpression) -> bool:
+    """The test names the rank (`rank == 0`, `is_main_process`), or reads a name bound to it: `self.gpu_id == 0`
+    with `self.gpu_id = int(os.environ["LOCAL_RANK"])` (the DDP tutorials' Trainer)."""
+    if any(w in ctx.code(test) for w in RANK_WORDS):
+        return True
+    bound = _RANK_BOUND.get(ctx)
+    if bound is None:
+        bound = _RANK_BOUND[ctx] = {key for node in ctx.of_type(cst.Assign, cst.AnnAssign)
+                                    for key, value, _ in bindings(node)
+                                    if value is not None and RANK_READ.search(ctx.code(value))}
+    return bool(bound) and any(dotted(n) in bound for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute)))
+
+
+def _calls_named(ctx: Context, name: str) -> list[cst.Call]:
+    """`name(...)` and `self.name(...)` / `cls.name(...)` calls of the script."""
+    calls = _CALLS_BY_NAME.get(ctx)
+    if calls is None:
+        calls = _CALLS_BY_NAME[ctx] = {}
+        for call in ctx.of_type(cst.Call):
+            func = call.func
+            if isinstance(func, cst.Name):
+                calls.setdefault(func.value, []).append(call)
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and \
+                    func.value.value in {"self", "cls"}:
+                calls.setdefault(func.attr.value, []).append(call)
+    return calls.get(name, [])
 
 
 def _file_writes(ctx: Context, facts: Facts, plan: EditPlan) -> None:
@@ -442,15 +511,42 @@ def _downloads(ctx: Context, plan: EditPlan) -> None:
     written file): the main process downloads first, the others then find the files."""
     for statement in _download_statements(ctx):
         call = next(c for c in ctx.descendants(statement) if type(c) is cst.Call and _fetches(ctx, c))
-        plan.edit(statement, lambda u: cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
-                                                body=cst.IndentedBlock(body=[u.with_changes(leading_lines=[])]),
-                                                leading_lines=u.leading_lines))
-        what = "(..., download=...)" if any(a.keyword is not None and a.keyword.value == "download"
-                                            for a in call.args) else "(...)"
+        downloads = any(a.keyword is not None and a.keyword.value == "download" for a in call.args)
+        # an archive unpacked (or a file fetched) on every run, no `if not os.path.exists(...)` around it: after
+        # the main process, the others would unpack it again over the files the main process is reading
+        once = not downloads and not isinstance(statement, cst.If) and not _binds_names_used_elsewhere(ctx, statement)
+
+        def wrap(u: cst.CSTNode, once: bool = once) -> cst.With:
+            body = u.with_changes(leading_lines=[])
+            if once:
+                body = cst.If(test=accel("is_local_main_process"), body=cst.IndentedBlock(body=[body]))
+            return cst.With(items=[cst.WithItem(accel_call("main_process_first"))],
+                            body=cst.IndentedBlock(body=[body]), leading_lines=u.leading_lines)
+
+        plan.edit(statement, wrap)
+        what = "(..., download=...)" if downloads else "(...)"
+        if once:
+            plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}{what}` runs on the local main process "
+                                               "only, under `with accelerator.main_process_first():`",
+                               "it rewrites its files on every run: run again by the other processes, it would "
+                               "overwrite them while the main process reads them")
+            continue
         plan.report.change(ctx.line(call), f"`{ctx.code(call.func)}{what}` runs under "
                                            "`with accelerator.main_process_first():`",
                            "N processes downloading into one folder at once race; the main process downloads "
                            "first, the others then read its files")
+
+
+def _binds_names_used_elsewhere(ctx: Context, statement: cst.CSTNode) -> bool:
+    """`path = urlretrieve(url, name)[0]`, then `open(path)`: the others need the name too, so they run it."""
+    inside = ctx.descendants(statement)
+    bound = {n.name.value for n in inside if isinstance(n, cst.AsName) and isinstance(n.name, cst.Name)}
+    bound |= {k for n in inside if isinstance(n, (cst.Assign, cst.AnnAssign)) for k, _, _ in bindings(n)}
+    if not bound:
+        return False
+    scope = ctx.function(statement) or ctx.module
+    inside_ids = {id(n) for n in inside}
+    return any(type(n) is cst.Name and n.value in bound and id(n) not in inside_ids for n in ctx.descendants(scope))
 
 
 def _prints(ctx: Context, facts: Facts, plan: EditPlan) -> None:

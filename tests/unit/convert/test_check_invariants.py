@@ -250,3 +250,37 @@ def test_the_probe_tells_an_evaluation_that_draws_random_numbers() -> None:
     proc = subprocess.run([sys.executable, "-c", PROBED_PASSES], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[False, True]", proc.stdout + proc.stderr
+
+
+def test_a_script_that_keeps_its_global_batch_fixed_is_compared_step_for_step() -> None:
+    # build-nanogpt: grad_accum_steps = total_batch_size // (B * T * world): 2 backward passes a step on 1
+    # process, 1 on each of 2 ranks, so the conversion's step k is the original's step k (a warm-up lr per step)
+    lrs = [0.1 * (i + 1) for i in range(8)]
+    original = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs)], backward_passes=16)
+    fixed = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs[:4])], backward_passes=4)
+    verdict = learning_rates(_runs(original, [fixed, fixed]))
+    assert verdict.status == PASS, verdict.summary
+    # the same accumulation on every process: the global batch grows with N, step k is the original's 2k - 1
+    grows = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs[::2])], backward_passes=8)
+    assert learning_rates(_runs(original, [grows, grows])).status == PASS
+    wrong = Record(steps=[Step(i + 1, 0, True, [lr], "d") for i, lr in enumerate(lrs[:4])], backward_passes=8)
+    verdict = learning_rates(_runs(original, [wrong, wrong]))
+    assert verdict.status == FAIL and "(its step 3)" in verdict.summary
+    # a full batch (a graph, an LBFGS closure over the whole tensor): every step of the conversion is the original's
+    full = Runs(original, [fixed, fixed], 2, False, full_batch=True)
+    assert learning_rates(full).status == PASS
+    wrong_full = Runs(Record(steps=original.steps), [grows, grows], 2, False, full_batch=True)
+    assert learning_rates(wrong_full).status == FAIL
+
+
+def test_a_sparse_model_input_is_fingerprinted_by_its_rows() -> None:
+    # pytorch/examples' gcn: the features of a graph as a sparse COO tensor; the probe's `.contiguous()` raised
+    # "unsupported memory format option Contiguous" in the original, and the check blamed the original
+    import torch
+
+    from accelkit.convert.check.probe_data import fingerprint_rows
+
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 1.0]])
+    from_sparse = fingerprint_rows(Record(), (dense.to_sparse(),))
+    assert from_sparse == fingerprint_rows(Record(), (dense,))
+    assert from_sparse[0] == from_sparse[2] != from_sparse[1]

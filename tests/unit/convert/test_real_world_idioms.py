@@ -737,3 +737,86 @@ def test_a_printing_helper_called_at_import_time_stays_as_it_is_when_the_acceler
     assert "if accelerator.is_local_main_process:\n            banner(\"step %d\" % step)" in result.code
     assert [c.line for c in result.report.changes if c.what.startswith("`banner(...)`")] == [14]
     assert not find_concerns(result.code)
+
+
+def test_a_trainer_class_holding_the_loader_and_saving_under_a_rank_test_converts_without_a_hang() -> None:
+    # the DDP tutorials' multigpu_torchrun.py: `Trainer(model, loader, ...)` keeps the loader as self.train_data,
+    # calls `self.train_data.sampler.set_epoch(epoch)`, and saves in `_save_snapshot`, called only under
+    # `if self.local_rank == 0 and ...:`. Were: a false refusal (the loop's batches "from no DataLoader"), the
+    # set_epoch kept (AttributeError on 2 ranks), and barriers inside `_save_snapshot` (rank 1 never reaches them:
+    # a hang)
+    source = (DATA / "convert" / "real_world" / "torchrun_trainer.py").read_text()
+    result = convert_source(source, filename="torchrun_trainer.py")
+    assert not result.report.problems, [p.format() for p in result.report.problems]
+    assert "set_epoch" not in result.code
+    assert "wait_for_everyone" not in result.code
+    assert "accelerator.save(" in result.code
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code
+    assert any("`_save_snapshot` is called under `if self.local_rank == 0" in c.what for c in result.report.changes)
+    # the tutorial's own names: `self.gpu_id = int(os.environ["LOCAL_RANK"])`, `if self.gpu_id == 0 and ...:` (no
+    # "rank" in the test: the name is bound to the rank)
+    gpu_id = source.replace("self.local_rank", "self.gpu_id")
+    assert "wait_for_everyone" not in convert_source(gpu_id, filename="torchrun_trainer.py").code
+    inline = gpu_id.replace("                self._save_snapshot(epoch)", "                torch.save(epoch, 'e.pt')")
+    code = convert_source(inline, filename="torchrun_trainer.py").code
+    assert ("            if self.gpu_id == 0 and epoch % self.save_every == 0:\n"
+            "                accelerator.save(epoch, 'e.pt')\n") in code
+    # the same save called outside any branch keeps its barriers
+    plain = source.replace("if self.local_rank == 0 and epoch % self.save_every == 0:", "if True:")
+    assert convert_source(plain, filename="torchrun_trainer.py").code.count("accelerator.wait_for_everyone()") == 2
+
+
+def test_a_full_batch_lbfgs_closure_is_left_whole() -> None:
+    # pytorch/examples' time_sequence_prediction: `optimizer.step(closure)` re-evaluates the closure over the whole
+    # training tensor; was: no training loop found (the backward is in the closure, handed to step, never called
+    # by name), nothing reported, and `--check` failed `samples` ("every rank trained on the same inputs")
+    source = (DATA / "convert" / "real_world" / "lbfgs_full_batch.py").read_text()
+    result = convert_source(source, filename="lbfgs_full_batch.py")
+    assert not result.report.problems, [p.format() for p in result.report.problems]
+    assert "shard" not in result.code and "net, optimizer = accelerator.prepare(net, optimizer)" in result.code
+    full = [f for f in result.report.found if f.kind == "batches"]
+    assert len(full) == 1 and full[0].action.startswith("full batch") and full[0].name == "input, target"
+    assert "`optimizer.step(closure)`" in full[0].action
+
+
+def test_an_archive_unpacked_on_every_run_is_unpacked_by_the_main_process_alone() -> None:
+    # pytorch/examples' gcn: `with requests.get(url) as f: tarfile.open(fileobj=f.raw).extractall()` on every run;
+    # was: under main_process_first only, so the others unpacked it again over the files the main process was
+    # already reading (a crash on 2 ranks: "too many indices for array")
+    result = convert("""
+        import tarfile
+        import requests
+        import torch
+        def main():
+            with requests.get("https://example.org/cora.tgz", stream=True) as tgz_file:
+                with tarfile.open(fileobj=tgz_file.raw, mode="r:gz") as tgz:
+                    tgz.extractall()
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.load("cora/x.pt")
+            for _ in range(3):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+        main()
+    """)
+    assert ("    with accelerator.main_process_first():\n        if accelerator.is_local_main_process:\n"
+            "            with requests.get(") in result.code
+    # decided by `if not os.path.exists(...)`, or binding a name used afterwards: every process runs it, after the
+    # main process (the others find the files, or need the name)
+    guarded = convert("""
+        import os, tarfile
+        import torch
+        def main():
+            if not os.path.exists("data"):
+                with tarfile.open("data.tgz") as tgz:
+                    tgz.extractall()
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                loss = model(torch.ones(4, 2)).sum()
+                loss.backward()
+                opt.step()
+        main()
+    """)
+    assert "main_process_first" in guarded.code and "is_local_main_process" not in guarded.code

@@ -37,6 +37,53 @@ class _SmallResNet(nn.Module):
         return self.fc(self.avgpool(x).flatten(1))
 
 
+class _VGG(nn.Module):
+    """VGG's `features` exactly as torchvision builds them (3x3 convolutions and ReLUs, max-pools between the
+    blocks: scripts slice them by index, fast-neural-style's `features[:23]` ends at relu4_3), random weights (no
+    download: a check of such a script proves data-parallel equivalence, not what pretrained features give), and a
+    small head instead of the 120M-parameter classifier."""
+
+    def __init__(self, config, num_classes=1000, **kwargs):
+        super().__init__()
+        layers, channels = [], 3
+        for width in config:
+            if width == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [nn.Conv2d(channels, width, kernel_size=3, padding=1), nn.ReLU(inplace=True)]
+                channels = width
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(channels, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.avgpool(self.features(x)))
+
+
+_VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+_VGG19 = [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M"]
+
+
+def _vgg(config):
+    def build(**kwargs):
+        kwargs.pop("pretrained", None)
+        kwargs.pop("weights", None)
+        return _VGG(config, **kwargs)
+    return build
+
+
+class _Weights:
+    """`VGG16_Weights.IMAGENET1K_V1` and the like: a name to pass as `weights=` (the stand-in loads none)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __getattr__(self, item):
+        if item.startswith("_"):
+            raise AttributeError(item)
+        return f"{self.name}.{item}"
+
+
 def _factory(**kwargs):
     kwargs.pop("pretrained", None)
     kwargs.pop("weights", None)
@@ -50,9 +97,12 @@ def _resnet(**kwargs):
 
 
 resnet18 = resnet34 = resnet50 = resnet101 = _resnet
-vgg16 = vgg19 = alexnet = mobilenet_v2 = _factory
+vgg16, vgg19 = _vgg(_VGG16), _vgg(_VGG19)
+alexnet = mobilenet_v2 = _factory
 __all__ = ["resnet18", "resnet34", "resnet50", "resnet101", "vgg16", "vgg19", "alexnet", "mobilenet_v2"]
 
 
 def __getattr__(name):
+    if name.endswith("_Weights"):
+        return _Weights(name)
     return _factory
