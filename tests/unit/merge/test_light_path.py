@@ -126,11 +126,24 @@ def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch
     ({"dtype": "bf16"}, "--dtype bf16 casts"),
     ({"max_shard_size": "1KB"}, "--max-shard-size was given"),
 ])
-def test_what_the_light_path_does_not_do_goes_to_torch(tmp_path: Path, options: dict, why: str) -> None:
+def test_what_the_light_path_does_not_do_goes_on_with_torch(tmp_path: Path, options: dict, why: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch path goes on from what the light path recognised and proved: it neither recognises the format again
+    nor reopens the folder, and writes the bytes the torch path alone writes."""
     src = dcp_save(tiny_state(), tmp_path / "dcp")
-    out = tmp_path / ("merged" if "max_shard_size" in options else "merged.safetensors")
-    report = merge_checkpoint(MergeOptions(input=src, output=out, progress=False, **options))
+    name = "merged" if "max_shard_size" in options else "merged.safetensors"
+    alone = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "alone" / name, progress=False,
+                                                      **options))
+
+    def again(*args, **kwargs):
+        raise AssertionError("the merge started again")
+
+    monkeypatch.setattr(torch_merge, "detect", again)
+    monkeypatch.setattr(torch_merge, "open_source", again)
+    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / name, progress=False, **options))
     assert f"read with torch: {why}" in report.notes
+    assert report.checks[:-2] == alone.checks[:-2] and report.notes[:-1] == alone.notes
+    assert [*tree(tmp_path / name).values()] == [*tree(tmp_path / "alone" / name).values()]
 
 
 def test_non_finite_values_are_refused_or_written_without_going_to_torch(tmp_path: Path) -> None:
