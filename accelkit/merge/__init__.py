@@ -1,8 +1,8 @@
 """`accelkit merge-ckpt`: merge sharded checkpoints (DCP, DeepSpeed ZeRO, HF shards) into safetensors, streaming.
 
 The entry point is `run_merge` (the command as one call, a CommandResult) over `merge_checkpoint` (and
-`inspect_checkpoint`) in light_run, beside what a merge is asked and reports (MergeOptions, MergeReport). The
-request is checked and the format recognised once there (check_request, detect); then the merge is made without
+`inspect_checkpoint`) in api.py, beside what a merge is asked and reports (MergeOptions, MergeReport). The
+request is checked and the format recognised once there (check_merge_request, detect); then the merge is made without
 torch when every tensor is a byte range of the input (DCP row blocks proven by light_dcp, DeepSpeed ZeRO partitions
 by light_deepspeed, their pickles read by the restricted unpicklers of light_pickle); else, decided before anything
 is written, the torch path goes on from what was found (torch_merge.merge_with_torch: the detected format opened
@@ -21,6 +21,6 @@ from __future__ import annotations
 from accelkit.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "MergeOptions": "light_run",
-    "run_merge": "light_run",
+    "MergeOptions": "api",
+    "run_merge": "api",
 })

@@ -1,7 +1,7 @@
 """The torch path of the merge: open the recognised format with its reader, check, stream into safetensors.
 
-Called by light_run (merge_with_torch, inspect_with_torch) for what the torch-free merge does not read, decided
-before anything is written, with what light_run found: the format (detect: its note says why, so the user sees what
+Called by api.py (merge_with_torch, inspect_with_torch) for what the torch-free merge does not read, decided
+before anything is written, with what it found: the format (detect: its note says why, so the user sees what
 was merged), and the proven byte ranges when the torch-free proof was made (ProvenSource: nothing is opened or checked
 again). Order matters for trust: everything that can be checked before writing is (layout, consistency of the rank
 files and of the save_state files, the manifest's hashes); then the output is staged under a temporary name, written
@@ -23,8 +23,8 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, dcp, deepspeed, extras, hf_sharded, manifest, savestate, torch_files
+from accelkit.merge.api import Detected, MergeOptions, MergeReport, check_merge_request, detect, peak_rss_bytes
 from accelkit.merge.dtypes import CAST, TABLE, name_of
-from accelkit.merge.light_run import Detected, MergeOptions, MergeReport, check_request, detect, peak_rss_bytes
 from accelkit.merge.nonfinite import nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
@@ -42,7 +42,7 @@ from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header
 
 
 def open_source(detected: Detected) -> CheckpointSource:
-    """The reader of the format recognised (light_run.detect), with why it was recognised as its first note."""
+    """The reader of the format recognised (api.detect), with why it was recognised as its first note."""
     if detected.kind == "dcp":
         source: CheckpointSource = dcp.DCPSource(detected.path)
     elif detected.kind == "deepspeed":
@@ -123,7 +123,7 @@ def merge_with_torch(opts: MergeOptions, detected: Detected | None = None, max_b
     found, if it was made (merge_checkpoint); or, called alone, checking, recognising and opening them first."""
     start = time.perf_counter()
     if detected is None:
-        max_bytes = check_request(opts)
+        max_bytes = check_merge_request(opts)
         detected = detect(opts.input, opts.tag, opts.model_index)
     assert opts.output is not None
     dtype = _CASTS[opts.dtype]

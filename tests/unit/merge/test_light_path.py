@@ -15,7 +15,7 @@ from test_merge_synthetic import dcp_save, tiny_state, tree
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import light_pickle, torch_merge
-from accelkit.merge.light_run import MergeOptions, merge_checkpoint
+from accelkit.merge.api import MergeOptions, merge_checkpoint
 
 
 class _Payload:
@@ -86,7 +86,7 @@ def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
 def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> None:
     """--verify re-reads the output and compares it with the input: same bytes as the torch path when the writes
     are right, and a refusal (nothing left behind) when they are not."""
-    from accelkit.merge import light_run
+    from accelkit.merge import api
 
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     light, heavy, notes = _merge_both(src, tmp_path, verify=True)
@@ -95,7 +95,7 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
     def write_zeros(out, view) -> None:
         out.write(memoryview(bytes(len(view))))
 
-    monkeypatch.setattr(light_run, "_write_window", write_zeros)
+    monkeypatch.setattr(api, "_write_window", write_zeros)
     out = tmp_path / "bad" / "merged.safetensors"
     with pytest.raises(AccelkitError, match="verification failed"):
         merge_checkpoint(MergeOptions(input=src, output=out, verify=True, progress=False))
@@ -105,7 +105,7 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
 def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch) -> None:
     """Both paths write through one SafetensorsWriter, which checks on close that every planned byte came: a window
     that never reaches the file fails the merge (without --verify) and leaves nothing behind."""
-    from accelkit.merge import light_run
+    from accelkit.merge import api
 
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     written = []
@@ -115,7 +115,7 @@ def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch
             out.write(view)
         written.append(len(view))
 
-    monkeypatch.setattr(light_run, "_write_window", drop_the_first)
+    monkeypatch.setattr(api, "_write_window", drop_the_first)
     out = tmp_path / "short" / "merged.safetensors"
     with pytest.raises(RuntimeError, match="bytes of tensor data were never written"):
         merge_checkpoint(MergeOptions(input=src, output=out, progress=False))

@@ -9,7 +9,7 @@ scan), in one pass: each window of a data record is mapped from the page cache, 
 there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
 byte.
 
-The request is checked (check_request) and the input's format recognised (detect) once, here, before either path
+The request is checked (check_merge_request) and the input's format recognised (detect) once, here, before either path
 runs. Everything else goes on in the torch path (torch_merge, a plain call) from what was found, and says why in the
 report's notes; when the byte ranges were proven and only the output needs torch (a cast, shards, tied weights), it
 copies those ranges as they are, without opening or checking the input again. What goes to torch: other
@@ -162,7 +162,7 @@ def run_merge(opts: MergeOptions) -> CommandResult:
 def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     """Merge `opts.input` into `opts.output`, in one pass: the request is checked and the format recognised once, then
     the merge is made without torch when the layout allows it, else it goes on with torch from what was found."""
-    max_bytes = check_request(opts)
+    max_bytes = check_merge_request(opts)
     detected = detect(opts.input, opts.tag, opts.model_index)
     collecting = gc.isenabled()
     gc.disable()  # the merge makes no cycles; collections while unpickling metadata cost more than they find
@@ -192,7 +192,7 @@ def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: in
         return torch_merge.inspect_with_torch(input_path, tag, model_index, detected, why.proven)
 
 
-def check_request(opts: MergeOptions) -> int | None:
+def check_merge_request(opts: MergeOptions) -> int | None:
     """The refusals of a merge request that need no look inside the input, in the order a user meets them; the
     `--max-shard-size` in bytes (None for one file)."""
     output = opts.output
@@ -325,7 +325,7 @@ def _light_inspect(opts: MergeOptions, detected: Detected) -> MergeReport:
 def _light_merge(opts: MergeOptions, detected: Detected) -> MergeReport:
     start = time.perf_counter()
     output = opts.output
-    assert output is not None  # check_request refused a merge without one
+    assert output is not None  # check_merge_request refused a merge without one
     shards = "--max-shard-size was given" if opts.max_shard_size else None
     try:
         _light_input(opts, detected)
