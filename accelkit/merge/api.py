@@ -464,7 +464,6 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
     data_bytes = sum(t.nbytes for t in found.tensors)
     report = _planned_report(found, [*found.checks, *checks])
     report.output, report.output_files = output, list(names)
-    notes = report.notes
     report.open_seconds = time.perf_counter() - start
     notify = opts.notify or (lambda message: None)
     staged = StagedOutput(output, is_dir=not to_file)
@@ -481,16 +480,22 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
             report.verified = True
         if not to_file:
             copy_side_files(temp, side_files, output)
-            report.copied = [f.name for f in side_files]
-            if side_files:
-                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
         staged.commit()
+    return finish_report(report, [] if to_file else side_files, side_folder, reader, scan, start, _FAST)
+
+
+def finish_report(report: MergeReport, copied: list[Path], side_folder: Path | None, reader: RecordReader,
+                  scan: NonFiniteScan, start: float, *last_notes: str) -> MergeReport:
+    """What both paths end a merge's report with: the side files copied, the non-finite values accepted, the CRC-32s
+    taken and the scan, the time and the memory."""
+    report.copied = [f.name for f in copied]
+    if copied:
+        report.notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
     report.nonfinite = dict(scan.tensors)
     if report.nonfinite:
-        notes.append(nonfinite_note(report.nonfinite))
-    notes.append(_FAST)
-    report.checks.append(reader.checksum_line())
-    report.checks.append(scan_line(report.nonfinite, scan.seconds))
+        report.notes.append(nonfinite_note(report.nonfinite))
+    report.notes += last_notes
+    report.checks += [reader.checksum_line(), scan_line(report.nonfinite, scan.seconds)]
     report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()

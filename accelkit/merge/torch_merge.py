@@ -23,9 +23,16 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, dcp, deepspeed, extras, hf_sharded, manifest, savestate, torch_files
-from accelkit.merge.api import Detected, MergeOptions, MergeReport, check_merge_request, detect, peak_rss_bytes
+from accelkit.merge.api import (
+    Detected,
+    MergeOptions,
+    MergeReport,
+    check_merge_request,
+    detect,
+    finish_report,
+    peak_rss_bytes,
+)
 from accelkit.merge.dtypes import CAST, TABLE, name_of
-from accelkit.merge.nonfinite import nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,
@@ -218,9 +225,6 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
         source.finish()
         if not to_file:
             _write_folder_extras(temp, plan, names, side_files, opts.output, folder_files)
-            report.copied = [f.name for f in side_files]
-            if side_files:
-                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
             if len(plan) > 1:
                 report.output_files.append(INDEX_FILE)
         if opts.verify:
@@ -230,15 +234,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
                     stream.verify_file(shard_entries, file, len(safetensors_header(shard_entries, metadata)))
             report.verified = True
         staged.commit()
-    report.nonfinite = dict(stream.scan.tensors)
-    if report.nonfinite:
-        notes.append(nonfinite_note(report.nonfinite))
-    report.checksum_seconds, report.scan_seconds = source.reader.checksum_seconds, stream.scan.seconds
-    report.checks.append(source.reader.checksum_line())
-    report.checks.append(scan_line(report.nonfinite, report.scan_seconds))
-    report.seconds = time.perf_counter() - start
-    report.peak_rss_bytes = peak_rss_bytes()
-    return report
+    return finish_report(report, [] if to_file else side_files, side_folder, source.reader, stream.scan, start)
 
 
 def _write_folder_extras(temp: Path, plan: list[list[TensorEntry]], names: list[str], side_files: list[Path],
