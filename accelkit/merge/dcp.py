@@ -184,12 +184,6 @@ def cached_reader(path: Path, metadata):
     return CachedMetadataReader(path, metadata)
 
 
-
-
-def is_dcp_dir(path: Path) -> bool:
-    return path.is_dir() and (path / METADATA_FILE).is_file()
-
-
 class DCPSource(CheckpointSource):
     def __init__(self, path: Path) -> None:
         super().__init__(format_name="torch DCP (torch.distributed.checkpoint)", root=path, ties_from_config=True)
@@ -207,7 +201,6 @@ class DCPSource(CheckpointSource):
         self.files = [*self.layout.files, path / METADATA_FILE]
         self.world_size = self.layout.world_size
         self.checks.extend(self.layout.checks)
-
 
     def segments(self, name: str) -> list[Segment]:
         fqn = self._out_to_fqn[name]

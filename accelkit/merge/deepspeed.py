@@ -31,7 +31,7 @@ from accelkit.merge.source import CheckpointSource, Segment, TensorEntry
 from accelkit.merge.torch_files import materialise, open_archive, peek_flat, tensor_segments
 
 _OPTIM, _ZERO3_MODEL, ZERO12_MODEL_FILE = layout.OPTIM, layout.ZERO3_MODEL, layout.ZERO12_MODEL_FILE
-is_deepspeed_tag_dir, resolve_tag_dir, _ranked = layout.is_deepspeed_tag_dir, layout.resolve_tag_dir, layout.ranked
+resolve_tag_dir, _ranked = layout.resolve_tag_dir, layout.ranked
 _enum_value, _world_size = layout.enum_value, layout.world_size
 
 

@@ -63,20 +63,6 @@ def read_archive(path: Path) -> _Archive:
     return _Archive(path, load_deepspeed_pickle(pickled), data)
 
 
-def find_checkpoint(path: Path, tag: str | None) -> Path | None:
-    """The folder holding `latest` or the tag folders, as torch_merge finds a DeepSpeed checkpoint; None when not one or
-    when the folder cannot be read (the torch path then says what is wrong)."""
-    try:
-        if (path / "latest").is_file() or tag is not None or layout.is_deepspeed_tag_dir(path):
-            return path
-        inner = path / "pytorch_model"  # Accelerate's DeepSpeed save_state
-        if inner.is_dir() and ((inner / "latest").is_file() or layout.is_deepspeed_tag_dir(inner)):
-            return inner
-    except OSError:
-        return None
-    return None
-
-
 def plan(path: Path, tag: str | None, reader: RecordReader) -> tuple[DcpContents, FolderCounters]:
     """Where every byte of the merged fp32 weights is, and the step counters read (see the module docstring)."""
     try:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 _DATA_RECORD = re.compile(r"(^|/)data/\d+$")  # tensor storages; every other record is the pickle or a version
 _CHUNK = 8 * 1024 * 1024
 CHECK_CRC = True  # benchmarks/merge.py turns the checks off to measure what they cost; nothing else does
-SCAN_NONFINITE = True  # the same, for the non-finite scan of both merge paths (stream, light_run)
+SCAN_NONFINITE = True  # the same, for the non-finite scan of both merge paths (stream, api.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,7 +205,7 @@ class TorchArchive:
 
     @classmethod
     def _open(cls, path: Path, fd: int, start: int, length: int, safe_globals: list) -> TorchArchive:
-        import torch  # here, not at the top: the torch-free merge path (see light_run) reads records too
+        import torch  # here, not at the top: the torch-free merge path (see api.py) reads records too
 
         window = Window(fd, start, length, path)
         if not zipfile.is_zipfile(window):

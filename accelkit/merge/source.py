@@ -145,3 +145,19 @@ class CheckpointSource:
     @property
     def entry_by_name(self) -> dict[str, TensorEntry]:
         return {e.name: e for e in self.entries}
+
+
+class ProvenSource(CheckpointSource):
+    """What the torch-free proof found (light_dcp, light_deepspeed: every tensor a sequence of checked byte ranges),
+    read by the torch path when the merge needs torch for something else (a cast, shards, weights the model's config
+    may tie): nothing is opened or checked again."""
+
+    def __init__(self, found, steps: FolderCounters, ties_from_config: bool) -> None:
+        super().__init__(format_name=found.format_name, root=found.root, world_size=found.world_size,
+                         entries=[TensorEntry(t.name, t.shape, getattr(torch, t.dtype)) for t in found.tensors],
+                         aliases=dict(found.aliases), notes=list(found.notes), checks=list(found.checks),
+                         files=list(found.files), ties_from_config=ties_from_config, step_counters=steps)
+        self._pieces = {t.name: t.pieces for t in found.tensors}
+
+    def segments(self, name: str) -> list[Segment]:
+        return [record_segment(self.reader, p.record, p.start, p.nbytes) for p in self._pieces[name]]

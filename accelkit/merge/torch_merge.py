@@ -1,12 +1,12 @@
-"""The torch path of the merge: recognise the format, open it with its reader, check, stream into safetensors.
+"""The torch path of the merge: open the recognised format with its reader, check, stream into safetensors.
 
-Called by light_run (merge_with_torch, inspect_with_torch) for what the torch-free merge does not read, decided
-before anything is written. Recognising a layout explains the decision (each branch adds a sentence; the most
-specific layouts first), so the user sees what was merged and why. Order matters for trust: everything that can be
-checked before writing is (layout, consistency of the rank files and of the save_state files, the manifest's
-hashes); then the output is staged under a temporary name, written piece by piece with every record's CRC-32 and a
-non-finite scan on the way (see stream), the records read only in part are checked to their end, and only then is
-the output renamed into place.
+Called by api.py (merge_with_torch, inspect_with_torch) for what the torch-free merge does not read, decided
+before anything is written, with what it found: the format (detect: its note says why, so the user sees what
+was merged), and the proven byte ranges when the torch-free proof was made (ProvenSource: nothing is opened or checked
+again). Order matters for trust: everything that can be checked before writing is (layout, consistency of the rank
+files and of the save_state files, the manifest's hashes); then the output is staged under a temporary name, written
+piece by piece with every record's CRC-32 and a non-finite scan on the way (see stream), the records read only in
+part are checked to their end, and only then is the output renamed into place.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,106 +23,43 @@ import torch
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
 from accelkit.merge import counters, dcp, deepspeed, extras, hf_sharded, manifest, savestate, torch_files
+from accelkit.merge.api import (
+    Detected,
+    MergeOptions,
+    MergeReport,
+    check_merge_request,
+    detect,
+    finish_report,
+    peak_rss_bytes,
+)
 from accelkit.merge.dtypes import CAST, TABLE, name_of
-from accelkit.merge.light_run import MergeOptions, MergeReport, peak_rss_bytes
-from accelkit.merge.nonfinite import nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
     INDEX_FILE,
-    TORCH_SUFFIXES,
     build_index,
-    check_paths,
     copy_side_files,
-    parse_shard_size,
     plan_shards,
     progress_bar,
     shard_file_names,
     start_writing,
 )
-from accelkit.merge.source import CheckpointSource, TensorEntry
+from accelkit.merge.source import CheckpointSource, ProvenSource, TensorEntry
 from accelkit.merge.stream import TensorStream
 from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header
 
-_ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
 
-SUPPORTED = (
-    "a torch DCP folder (.metadata + __*_*.distcp; or an Accelerate save_state folder with pytorch_model_fsdp_0/), "
-    "a DeepSpeed ZeRO checkpoint (folder with `latest`, or a tag folder with *_optim_states.pt), "
-    "HF sharded safetensors (*.safetensors.index.json), a .safetensors file, or a .bin/.pt/.pth state dict"
-)
-
-
-def _accelerate_model_dirs(path: Path) -> dict[int, Path]:
-    found = {}
-    for p in path.iterdir():
-        m = _ACCELERATE_FSDP.match(p.name)
-        if m and dcp.is_dcp_dir(p):
-            found[int(m.group(1))] = p
-    return found
-
-
-def open_source(path: Path, tag: str | None = None, model_index: int | None = None) -> CheckpointSource:
-    if not path.exists():
-        raise AccelkitError(f"input {path} does not exist", hint="pass the checkpoint folder or file to merge")
-    why: list[str] = []
-    source = _detect(path, tag, model_index, why)
-    source.notes[:0] = why
+def open_source(detected: Detected) -> CheckpointSource:
+    """The reader of the format recognised (api.detect), with why it was recognised as its first note."""
+    if detected.kind == "dcp":
+        source: CheckpointSource = dcp.DCPSource(detected.path)
+    elif detected.kind == "deepspeed":
+        source = deepspeed.DeepSpeedSource(detected.path, detected.tag)
+    elif detected.kind == "safetensors":
+        source = hf_sharded.SafetensorsSource(detected.path)
+    else:
+        source = torch_files.TorchFileSource(detected.path)
+    source.notes.insert(0, detected.why)
     return source
-
-
-def _detect(path: Path, tag: str | None, model_index: int | None, why: list[str]) -> CheckpointSource:
-    if path.is_file():
-        if path.name.endswith(".safetensors.index.json"):
-            why.append(f"{path.name} is a safetensors index")
-            return hf_sharded.SafetensorsSource(path)
-        if path.suffix == ".safetensors":
-            why.append(f"{path.name} is a safetensors file")
-            return hf_sharded.SafetensorsSource(path)
-        if path.suffix in TORCH_SUFFIXES:
-            why.append(f"{path.name} is a torch state-dict file (loaded with weights_only=True)")
-            return torch_files.TorchFileSource(path)
-        raise AccelkitError(f"{path} is not a checkpoint file merge-ckpt reads", hint=f"supported: {SUPPORTED}")
-    if dcp.is_dcp_dir(path):
-        why.append(f"{path.name}/ holds {dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint")
-        return dcp.DCPSource(path)
-    models = _accelerate_model_dirs(path)
-    if models:
-        index = model_index if model_index is not None else 0
-        if index not in models:
-            raise AccelkitError(f"no pytorch_model_fsdp_{index}/ in {path}",
-                                hint=f"--model-index takes one of {sorted(models)}")
-        chosen = models[index]
-        how = "--model-index" if model_index is not None else "the first model"
-        extra = f" ({len(models)} models saved; pick another with --model-index)" if len(models) > 1 else ""
-        kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
-            "an Accelerate save_state folder"
-        why.append(f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}")
-        return dcp.DCPSource(chosen)
-    if model_index is not None:
-        raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",
-                            hint=f"{path} has no pytorch_model_fsdp_N/ folders")
-    if (path / "latest").is_file() or tag is not None or deepspeed.is_deepspeed_tag_dir(path):
-        why.append(f"{path.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)")
-        return deepspeed.DeepSpeedSource(path, tag)
-    # Accelerate's DeepSpeed save_state: <ckpt>/pytorch_model/ holds `latest` or the tag folders.
-    if (path / "pytorch_model").is_dir() and ((path / "pytorch_model" / "latest").is_file()
-                                              or deepspeed.is_deepspeed_tag_dir(path / "pytorch_model")):
-        why.append(f"{path.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
-        return deepspeed.DeepSpeedSource(path / "pytorch_model", tag)
-    if (index := hf_sharded.find_index(path)) is not None:
-        why.append(f"{path.name}/ holds {index.name}: HF sharded safetensors")
-        return hf_sharded.SafetensorsSource(path)
-    singles = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".safetensors")
-    if len(singles) == 1:
-        why.append(f"{path.name}/ holds one safetensors file, {singles[0].name}")
-        return hf_sharded.SafetensorsSource(singles[0])
-    bins = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES)
-    if len(bins) == 1:
-        why.append(f"{path.name}/ holds one torch state-dict file, {bins[0].name}")
-        return torch_files.TorchFileSource(bins[0])
-    listing = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:8]) or "nothing"
-    raise AccelkitError(f"{path} is not a checkpoint layout merge-ckpt knows (found: {listing})",
-                        hint=f"supported: {SUPPORTED}")
 
 
 _CASTS: dict[str, torch.dtype | None] = {choice: getattr(torch, name) if name else None
@@ -139,9 +75,11 @@ def _report(source: CheckpointSource, entries: list[TensorEntry]) -> MergeReport
         input_bytes=sum(f.stat().st_size for f in files), checks=list(source.checks))
 
 
-def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[CheckpointSource, list[str]]:
-    """Open the input with every check its format and surroundings allow; the extra check lines."""
-    source = open_source(opts.input, opts.tag, opts.model_index)
+def _open_and_check(opts: MergeOptions, detected: Detected, hash_manifest: bool,
+                    proven: tuple | None = None) -> tuple[CheckpointSource, list[str]]:
+    """Open the input with every check its format and surroundings allow (or go on from what the torch-free proof
+    found and checked); the extra check lines."""
+    source = ProvenSource(*proven) if proven else open_source(detected)
     try:
         steps = source.step_counters
 
@@ -162,11 +100,13 @@ def _open_and_check(opts: MergeOptions, hash_manifest: bool) -> tuple[Checkpoint
         raise
 
 
-def inspect_with_torch(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
+def inspect_with_torch(input_path: Path, tag: str | None = None, model_index: int | None = None,
+                       detected: Detected | None = None, proven: tuple | None = None) -> MergeReport:
     """Describe a checkpoint (and check what can be checked without reading every byte); write nothing."""
     start = time.perf_counter()
-    source, checks = _open_and_check(MergeOptions(input=input_path, tag=tag, model_index=model_index),
-                                     hash_manifest=False)
+    detected = detected or detect(input_path, tag, model_index)
+    source, checks = _open_and_check(MergeOptions(input=input_path, tag=tag, model_index=model_index), detected,
+                                     hash_manifest=False, proven=proven)
     try:
         report = _report(source, source.entries)
         report.checks += checks
@@ -184,22 +124,19 @@ def _cast(entry: TensorEntry, dtype: torch.dtype | None) -> TensorEntry:
     return TensorEntry(entry.name, entry.shape, dtype)
 
 
-def merge_with_torch(opts: MergeOptions) -> MergeReport:
+def merge_with_torch(opts: MergeOptions, detected: Detected | None = None, max_bytes: int | None = None,
+                     proven: tuple | None = None) -> MergeReport:
+    """The merge with torch, going on from the request checked, the format recognised and what the torch-free proof
+    found, if it was made (merge_checkpoint); or, called alone, checking, recognising and opening them first."""
     start = time.perf_counter()
-    if opts.output is None:
-        raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
+    if detected is None:
+        max_bytes = check_merge_request(opts)
+        detected = detect(opts.input, opts.tag, opts.model_index)
+    assert opts.output is not None
     dtype = _CASTS[opts.dtype]
     to_file = opts.output.suffix == ".safetensors"
-    if opts.output.suffix in TORCH_SUFFIXES:
-        raise AccelkitError(f"merge-ckpt writes safetensors, not {opts.output.suffix} pickles",
-                            hint=f"use -o {opts.output.with_suffix('.safetensors')} or a folder")
-    if to_file and opts.max_shard_size:
-        raise AccelkitError("--max-shard-size needs a folder output",
-                            hint=f"use -o {opts.output.with_suffix('')}/ to get shards and an index")
-    max_bytes = parse_shard_size(opts.max_shard_size) if opts.max_shard_size else None
-    check_paths(opts.input, opts.output, opts.force)
     with lean_process():
-        source, checks = _open_and_check(opts, hash_manifest=True)
+        source, checks = _open_and_check(opts, detected, hash_manifest=True, proven=proven)
         try:
             report = _merge(source, opts, dtype, to_file, max_bytes, start)
         finally:
@@ -288,9 +225,6 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
         source.finish()
         if not to_file:
             _write_folder_extras(temp, plan, names, side_files, opts.output, folder_files)
-            report.copied = [f.name for f in side_files]
-            if side_files:
-                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
             if len(plan) > 1:
                 report.output_files.append(INDEX_FILE)
         if opts.verify:
@@ -300,15 +234,7 @@ def _merge(source: CheckpointSource, opts: MergeOptions, dtype: torch.dtype | No
                     stream.verify_file(shard_entries, file, len(safetensors_header(shard_entries, metadata)))
             report.verified = True
         staged.commit()
-    report.nonfinite = dict(stream.scan.tensors)
-    if report.nonfinite:
-        notes.append(nonfinite_note(report.nonfinite))
-    report.checksum_seconds, report.scan_seconds = source.reader.checksum_seconds, stream.scan.seconds
-    report.checks.append(source.reader.checksum_line())
-    report.checks.append(scan_line(report.nonfinite, report.scan_seconds))
-    report.seconds = time.perf_counter() - start
-    report.peak_rss_bytes = peak_rss_bytes()
-    return report
+    return finish_report(report, [] if to_file else side_files, side_folder, source.reader, stream.scan, start)
 
 
 def _write_folder_extras(temp: Path, plan: list[list[TensorEntry]], names: list[str], side_files: list[Path],

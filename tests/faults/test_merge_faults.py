@@ -474,7 +474,7 @@ def test_full_disk_mid_write_leaves_nothing(ckpts: Path, tmp_path: Path, monkeyp
     """ENOSPC from the kernel in the middle of the output (in process: a real full disk cannot be timed)."""
     from accelkit.errors import AccelkitError
     from accelkit.merge import MergeOptions, writer
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     calls = []
 

@@ -53,7 +53,7 @@ def assert_bit_identical(got: dict[str, torch.Tensor], expected: dict[str, torch
 @pytest.mark.parametrize("case", list(CASES))
 def test_merge_is_bit_identical_to_the_producers_state_dict(ckpts: Path, tmp_path: Path, case: str) -> None:
     from accelkit.merge import MergeOptions
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     src, expected = (ckpts / p for p in CASES[case])
     before = tree_hash(src)
@@ -74,7 +74,7 @@ def test_the_torch_free_path_writes_the_torch_paths_bytes(ckpts: Path, tmp_path:
     import shutil
 
     from accelkit.merge import MergeOptions, torch_merge
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     src = ckpts / CASES[case][0]
     if case == "fsdp2-dcp":  # without the config.json above it, which ties the tiny Llama's weights
@@ -94,7 +94,7 @@ def test_a_bf16_zero_checkpoint_merges_to_its_fp32_masters(ckpts: Path, tmp_path
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from accelkit.merge import MergeOptions
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     src = ckpts / "ds" / f"zero{stage}_bf16"
     assert next((src / "global_step2").glob("bf16_zero_pp_rank_0_*optim_states.pt"))
@@ -114,7 +114,7 @@ def test_a_bf16_zero_checkpoint_merges_to_its_fp32_masters(ckpts: Path, tmp_path
 
 def test_a_config_that_ties_weights_goes_to_the_torch_path(ckpts: Path, tmp_path: Path) -> None:
     from accelkit.merge import MergeOptions
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "dcp", output=tmp_path / "out", progress=False))
     assert "config.json may tie weights (the model class says which)" in report.notes[-1]
@@ -145,7 +145,7 @@ def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path
 
 def merge_to(src: Path, out: Path) -> Path:
     from accelkit.merge import MergeOptions
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
     return out
@@ -177,7 +177,7 @@ def test_inspect_without_torch_reports_what_the_torch_path_reports(ckpts: Path, 
     import shutil
 
     from accelkit.merge import torch_merge
-    from accelkit.merge.light_run import inspect_checkpoint
+    from accelkit.merge.api import inspect_checkpoint
 
     src = ckpts / rel
     if rel == "fsdp/dcp":
@@ -204,7 +204,7 @@ def test_inspect_writes_nothing(ckpts: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_dtype_casts_floating_tensors(ckpts: Path, tmp_path: Path, dtype: str, torch_dtype: torch.dtype) -> None:
     from accelkit.merge import MergeOptions
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     out = tmp_path / "cast.safetensors"
     report = merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero3", output=out, dtype=dtype, verify=True,
@@ -245,7 +245,7 @@ def test_sharded_output_loads_with_from_pretrained_and_gives_same_logits(ckpts: 
 
 def test_deepspeed_folder_output_is_a_pretrained_folder(ckpts: Path, tmp_path: Path) -> None:
     from accelkit.merge import MergeOptions
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     out = tmp_path / "zero2-merged"
     report = merge_checkpoint(MergeOptions(input=ckpts / "ds" / "zero2", output=out, progress=False))
@@ -268,7 +268,7 @@ def test_force_replaces_an_existing_output_only_when_asked(ckpts: Path, tmp_path
 def test_verify_catches_an_output_that_differs(ckpts: Path, tmp_path: Path, monkeypatch) -> None:
     from accelkit.errors import AccelkitError
     from accelkit.merge import MergeOptions, writer
-    from accelkit.merge.light_run import merge_checkpoint
+    from accelkit.merge.api import merge_checkpoint
 
     def flip_first_byte(self, data, origin):
         data = bytearray(data)

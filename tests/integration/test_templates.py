@@ -216,7 +216,7 @@ def test_launch_on_two_cpu_ranks(runs: TemplateRuns, template: str, backend: str
     if backend != "ddp":
         # The sharded save_state folder merges into a from_pretrained-ready folder holding the same weights.
         from accelkit.merge import MergeOptions
-        from accelkit.merge.light_run import merge_checkpoint
+        from accelkit.merge.api import merge_checkpoint
 
         merged = tmp_path / "merged"
         report = merge_checkpoint(MergeOptions(input=checkpoint, output=merged, verify=True, progress=False))

@@ -19,7 +19,7 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import light_dcp, light_deepspeed, light_pickle, torch_merge
-from accelkit.merge.light_run import MergeOptions, merge_checkpoint
+from accelkit.merge.api import MergeOptions, merge_checkpoint
 from accelkit.merge.records import RecordReader
 
 OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"

@@ -15,7 +15,7 @@ from test_merge_synthetic import dcp_save, tiny_state, tree
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import light_pickle, torch_merge
-from accelkit.merge.light_run import MergeOptions, merge_checkpoint
+from accelkit.merge.api import MergeOptions, merge_checkpoint
 
 
 class _Payload:
@@ -86,7 +86,7 @@ def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
 def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> None:
     """--verify re-reads the output and compares it with the input: same bytes as the torch path when the writes
     are right, and a refusal (nothing left behind) when they are not."""
-    from accelkit.merge import light_run
+    from accelkit.merge import api
 
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     light, heavy, notes = _merge_both(src, tmp_path, verify=True)
@@ -95,7 +95,7 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
     def write_zeros(out, view) -> None:
         out.write(memoryview(bytes(len(view))))
 
-    monkeypatch.setattr(light_run, "_write_window", write_zeros)
+    monkeypatch.setattr(api, "_write_window", write_zeros)
     out = tmp_path / "bad" / "merged.safetensors"
     with pytest.raises(AccelkitError, match="verification failed"):
         merge_checkpoint(MergeOptions(input=src, output=out, verify=True, progress=False))
@@ -105,7 +105,7 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
 def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch) -> None:
     """Both paths write through one SafetensorsWriter, which checks on close that every planned byte came: a window
     that never reaches the file fails the merge (without --verify) and leaves nothing behind."""
-    from accelkit.merge import light_run
+    from accelkit.merge import api
 
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     written = []
@@ -115,7 +115,7 @@ def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch
             out.write(view)
         written.append(len(view))
 
-    monkeypatch.setattr(light_run, "_write_window", drop_the_first)
+    monkeypatch.setattr(api, "_write_window", drop_the_first)
     out = tmp_path / "short" / "merged.safetensors"
     with pytest.raises(RuntimeError, match="bytes of tensor data were never written"):
         merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
@@ -126,11 +126,24 @@ def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch
     ({"dtype": "bf16"}, "--dtype bf16 casts"),
     ({"max_shard_size": "1KB"}, "--max-shard-size was given"),
 ])
-def test_what_the_light_path_does_not_do_goes_to_torch(tmp_path: Path, options: dict, why: str) -> None:
+def test_what_the_light_path_does_not_do_goes_on_with_torch(tmp_path: Path, options: dict, why: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch path goes on from what the light path recognised and proved: it neither recognises the format again
+    nor reopens the folder, and writes the bytes the torch path alone writes."""
     src = dcp_save(tiny_state(), tmp_path / "dcp")
-    out = tmp_path / ("merged" if "max_shard_size" in options else "merged.safetensors")
-    report = merge_checkpoint(MergeOptions(input=src, output=out, progress=False, **options))
+    name = "merged" if "max_shard_size" in options else "merged.safetensors"
+    alone = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "alone" / name, progress=False,
+                                                      **options))
+
+    def again(*args, **kwargs):
+        raise AssertionError("the merge started again")
+
+    monkeypatch.setattr(torch_merge, "detect", again)
+    monkeypatch.setattr(torch_merge, "open_source", again)
+    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / name, progress=False, **options))
     assert f"read with torch: {why}" in report.notes
+    assert report.checks[:-2] == alone.checks[:-2] and report.notes[:-1] == alone.notes
+    assert [*tree(tmp_path / name).values()] == [*tree(tmp_path / "alone" / name).values()]
 
 
 def test_non_finite_values_are_refused_or_written_without_going_to_torch(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import MergeOptions
-from accelkit.merge.light_run import inspect_checkpoint, merge_checkpoint
+from accelkit.merge.api import inspect_checkpoint, merge_checkpoint
 
 
 def tiny_state(seed: int = 0) -> dict[str, torch.Tensor]:

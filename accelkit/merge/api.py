@@ -1,4 +1,4 @@
-"""The merge's entry: what it is asked (MergeOptions) and reports (MergeReport), and the merge without torch.
+"""The merge's entry: what it is asked and reports (MergeOptions, MergeReport), the input recognised once, no torch.
 
 Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
 million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
@@ -9,7 +9,10 @@ scan), in one pass: each window of a data record is mapped from the page cache, 
 there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
 byte.
 
-Everything else goes to the torch path (torch_merge, a plain call), which says why in the report's notes: other
+The request is checked (check_merge_request) and the input's format recognised (detect) once, here, before either path
+runs. Everything else goes on in the torch path (torch_merge, a plain call) from what was found, and says why in the
+report's notes; when the byte ranges were proven and only the output needs torch (a cast, shards, tied weights), it
+copies those ranges as they are, without opening or checking the input again. What goes to torch: other
 formats, layouts it cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its
 optimizer and RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model
 class needs transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own
@@ -21,10 +24,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import gc
 import json
 import math
+import re
 import resource
 import sys
 import time
@@ -37,6 +40,7 @@ from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput
 from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
+from accelkit.merge.deepspeed_layout import is_deepspeed_tag_dir
 from accelkit.merge.dtypes import CAST, SCANNED
 from accelkit.merge.light_pickle import Refused
 from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
@@ -45,6 +49,7 @@ from accelkit.merge.output import (
     TORCH_SUFFIXES,
     check_paths,
     copy_side_files,
+    parse_shard_size,
     progress_bar,
     start_writing,
 )
@@ -137,7 +142,12 @@ _SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer'
 
 
 class _TorchPath(Exception):
-    """Why this merge goes to the torch path."""
+    """Why this merge goes to the torch path; with what the proof found when it was made (the torch path then goes
+    on from it: the proven byte ranges and checks, the step counters, whether the model's config may tie weights)."""
+
+    def __init__(self, why: str, proven: tuple | None = None) -> None:
+        super().__init__(why)
+        self.proven = proven
 
 
 def run_merge(opts: MergeOptions) -> CommandResult:
@@ -150,24 +160,18 @@ def run_merge(opts: MergeOptions) -> CommandResult:
 
 
 def merge_checkpoint(opts: MergeOptions) -> MergeReport:
-    """Merge `opts.input` into `opts.output`: without torch when the layout allows it, else with the torch path."""
-    told: set[str] = set()
-    notify = opts.notify or (lambda message: None)
-
-    def notify_once(message: str) -> None:  # a merge that went to the torch path half way says nothing twice
-        if message not in told:
-            told.add(message)
-            notify(message)
-
-    opts = dataclasses.replace(opts, notify=notify_once)
+    """Merge `opts.input` into `opts.output`, in one pass: the request is checked and the format recognised once, then
+    the merge is made without torch when the layout allows it, else it goes on with torch from what was found."""
+    max_bytes = check_merge_request(opts)
+    detected = detect(opts.input, opts.tag, opts.model_index)
     collecting = gc.isenabled()
     gc.disable()  # the merge makes no cycles; collections while unpickling metadata cost more than they find
     try:
-        return _light_merge(opts)
+        return _light_merge(opts, detected)
     except _TorchPath as why:
         with _importing_torch():
             from accelkit.merge import torch_merge
-        report = torch_merge.merge_with_torch(opts)
+        report = torch_merge.merge_with_torch(opts, detected, max_bytes, why.proven)
         report.notes.append(f"read with torch: {why}")
         return report
     finally:
@@ -179,12 +183,108 @@ def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: in
     """`--inspect`: describe the input and make the checks that need no full read, without torch when the light
     merge could read it (the same report as the torch path's, with a note saying so), else with the torch path."""
     opts = MergeOptions(input=input_path, tag=tag, model_index=model_index)
+    detected = detect(input_path, tag, model_index)
     try:
-        return _light_inspect(opts)
-    except _TorchPath:
+        return _light_inspect(opts, detected)
+    except _TorchPath as why:
         with _importing_torch():
             from accelkit.merge import torch_merge
-        return torch_merge.inspect_with_torch(input_path, tag, model_index)
+        return torch_merge.inspect_with_torch(input_path, tag, model_index, detected, why.proven)
+
+
+def check_merge_request(opts: MergeOptions) -> int | None:
+    """The refusals of a merge request that need no look inside the input, in the order a user meets them; the
+    `--max-shard-size` in bytes (None for one file)."""
+    output = opts.output
+    if output is None:
+        raise AccelkitError("no output given", hint="pass -o OUTPUT (or --inspect to only look)")
+    if output.suffix in TORCH_SUFFIXES:
+        raise AccelkitError(f"merge-ckpt writes safetensors, not {output.suffix} pickles",
+                            hint=f"use -o {output.with_suffix('.safetensors')} or a folder")
+    if output.suffix == ".safetensors" and opts.max_shard_size:
+        raise AccelkitError("--max-shard-size needs a folder output",
+                            hint=f"use -o {output.with_suffix('')}/ to get shards and an index")
+    max_bytes = parse_shard_size(opts.max_shard_size) if opts.max_shard_size else None
+    check_paths(opts.input, output, opts.force)
+    return max_bytes
+
+
+SUPPORTED = (
+    "a torch DCP folder (.metadata + __*_*.distcp; or an Accelerate save_state folder with pytorch_model_fsdp_0/), "
+    "a DeepSpeed ZeRO checkpoint (folder with `latest`, or a tag folder with *_optim_states.pt), "
+    "HF sharded safetensors (*.safetensors.index.json), a .safetensors file, or a .bin/.pt/.pth state dict"
+)
+_ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What the input is, recognised once from its names: the format, the file or folder its reader opens (with the
+    DeepSpeed tag asked for), why, and whether a save_state or Trainer folder holds it."""
+
+    kind: str  # "dcp", "deepspeed", "safetensors" (a file or an index) or "torch_file"
+    path: Path
+    why: str
+    tag: str | None = None
+    wrapped: bool = False
+
+
+def detect(path: Path, tag: str | None = None, model_index: int | None = None) -> Detected:
+    """Recognise the input's format from its names, the most specific layouts first."""
+    if not path.exists():
+        raise AccelkitError(f"input {path} does not exist", hint="pass the checkpoint folder or file to merge")
+    if path.is_file():
+        if path.name.endswith(".safetensors.index.json"):
+            return Detected("safetensors", path, f"{path.name} is a safetensors index")
+        if path.suffix == ".safetensors":
+            return Detected("safetensors", path, f"{path.name} is a safetensors file")
+        if path.suffix in TORCH_SUFFIXES:
+            return Detected("torch_file", path,
+                            f"{path.name} is a torch state-dict file (loaded with weights_only=True)")
+        raise AccelkitError(f"{path} is not a checkpoint file merge-ckpt reads", hint=f"supported: {SUPPORTED}")
+    if _is_dcp_dir(path):
+        return Detected("dcp", path, f"{path.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP "
+                                     "checkpoint")
+    models = {int(m.group(1)): p for p in path.iterdir()
+              if (m := _ACCELERATE_FSDP.match(p.name)) and _is_dcp_dir(p)}
+    if models:
+        index = model_index if model_index is not None else 0
+        if index not in models:
+            raise AccelkitError(f"no pytorch_model_fsdp_{index}/ in {path}",
+                                hint=f"--model-index takes one of {sorted(models)}")
+        chosen = models[index]
+        how = "--model-index" if model_index is not None else "the first model"
+        extra = f" ({len(models)} models saved; pick another with --model-index)" if len(models) > 1 else ""
+        kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
+            "an Accelerate save_state folder"
+        return Detected("dcp", chosen, f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}", wrapped=True)
+    if model_index is not None:
+        raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",
+                            hint=f"{path} has no pytorch_model_fsdp_N/ folders")
+    if (path / "latest").is_file() or tag is not None or is_deepspeed_tag_dir(path):
+        return Detected("deepspeed", path, f"{path.name}/ is a DeepSpeed checkpoint (latest file / "
+                                           "*_optim_states.pt)", tag)
+    # Accelerate's DeepSpeed save_state: <ckpt>/pytorch_model/ holds `latest` or the tag folders.
+    inner = path / "pytorch_model"
+    if inner.is_dir() and ((inner / "latest").is_file() or is_deepspeed_tag_dir(inner)):
+        return Detected("deepspeed", inner, f"{path.name}/ is an Accelerate save_state folder with a DeepSpeed "
+                                            "checkpoint in pytorch_model/", tag)
+    indexes = sorted(path.glob("*.safetensors.index.json"))
+    if indexes:
+        return Detected("safetensors", path, f"{path.name}/ holds {indexes[0].name}: HF sharded safetensors")
+    singles = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".safetensors")
+    if len(singles) == 1:
+        return Detected("safetensors", singles[0], f"{path.name}/ holds one safetensors file, {singles[0].name}")
+    bins = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TORCH_SUFFIXES)
+    if len(bins) == 1:
+        return Detected("torch_file", bins[0], f"{path.name}/ holds one torch state-dict file, {bins[0].name}")
+    listing = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:8]) or "nothing"
+    raise AccelkitError(f"{path} is not a checkpoint layout merge-ckpt knows (found: {listing})",
+                        hint=f"supported: {SUPPORTED}")
+
+
+def _is_dcp_dir(path: Path) -> bool:
+    return path.is_dir() and (path / light_dcp.METADATA_FILE).is_file()
 
 
 @contextlib.contextmanager
@@ -203,12 +303,12 @@ def _importing_torch():
             gc.enable()
 
 
-def _light_inspect(opts: MergeOptions) -> MergeReport:
+def _light_inspect(opts: MergeOptions, detected: Detected) -> MergeReport:
     start = time.perf_counter()
-    deepspeed_root = _light_input(opts)
+    _light_input(opts, detected)
     reader = RecordReader()
     try:
-        found, steps = _light_plan(opts, deepspeed_root, reader)
+        found, steps = _light_plan(opts, detected, reader)
         checks = [*found.checks, *manifest.signed_checks(found.root, None, found.world_size, steps)]
         agreed = counters.cross_check(steps)
         if agreed:
@@ -222,93 +322,90 @@ def _light_inspect(opts: MergeOptions) -> MergeReport:
     return report
 
 
-def _light_merge(opts: MergeOptions) -> MergeReport:
+def _light_merge(opts: MergeOptions, detected: Detected) -> MergeReport:
     start = time.perf_counter()
     output = opts.output
-    if output is None or output.suffix in TORCH_SUFFIXES:
-        raise _TorchPath("no safetensors output")
-    if opts.max_shard_size:
-        raise _TorchPath("--max-shard-size was given")
-    deepspeed_root = _light_input(opts)
-    check_paths(opts.input, output, opts.force)
+    assert output is not None  # check_merge_request refused a merge without one
+    shards = "--max-shard-size was given" if opts.max_shard_size else None
+    try:
+        _light_input(opts, detected)
+    except _TorchPath as why:
+        raise _TorchPath(shards or str(why)) from None
     scan = NonFiniteScan()  # imports NumPy beside the checks
     reader = RecordReader()
     try:
-        found, steps = _light_plan(opts, deepspeed_root, reader)
+        try:
+            found, steps = _light_plan(opts, detected, reader)
+        except _TorchPath as why:
+            raise _TorchPath(shards or str(why), why.proven) from None
+        proven = (found, steps, detected.kind == "dcp")
+        if shards:
+            raise _TorchPath(shards, proven)
         if opts.dtype != "keep" and any(t.dtype in SCANNED and t.dtype != CAST[opts.dtype]
                                         for t in found.tensors):
-            raise _TorchPath(f"--dtype {opts.dtype} casts")
+            raise _TorchPath(f"--dtype {opts.dtype} casts", proven)
         side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
         try:
             checks = _manifest_checks(found, side_files, steps)
         except AccelkitError as exc:
-            if deepspeed_root is None:
+            if detected.kind != "deepspeed":
                 raise
             raise _TorchPath(f"a check failed ({exc.message})") from None
         to_file = output.suffix == ".safetensors"
         configless = not any(f.name == extras.CONFIG_FILE for f in side_files)
         if not to_file and configless and extras.tie_candidates([t.name for t in found.tensors]):
             raise _TorchPath("a folder output without config.json: whether the output embedding is tied is read "
-                             "from the values")
+                             "from the values", proven)
         return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
     finally:
         reader.close()
 
 
-def _light_input(opts: MergeOptions) -> Path | None:
-    """Whether the input is one the light path may read, from its names alone: the DeepSpeed checkpoint folder, or
-    None for a DCP folder; anything else raises _TorchPath."""
+def _light_input(opts: MergeOptions, detected: Detected) -> None:
+    """Whether the light path reads this input: a DCP folder of its own or a DeepSpeed checkpoint; else _TorchPath."""
     if opts.model_index is not None:
         raise _TorchPath("--model-index was given")
     if not opts.input.is_dir():
         raise _TorchPath("only checkpoint folders are read without torch")
-    names = _names(opts.input)
-    is_dcp = (opts.input / light_dcp.METADATA_FILE).is_file()
-    if not is_dcp and any(name.startswith("pytorch_model_fsdp_") for name in names):
+    if detected.kind != "dcp" and any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
         raise _TorchPath(_SAVE_STATE)
-    deepspeed_root = None if is_dcp else light_deepspeed.find_checkpoint(opts.input, opts.tag)
-    if not is_dcp and deepspeed_root is None:
+    if detected.wrapped:
+        raise _TorchPath(_SAVE_STATE)
+    if detected.kind not in ("dcp", "deepspeed"):
         raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
-    if opts.tag and is_dcp:
+    if opts.tag and detected.kind == "dcp":
         raise _TorchPath("--tag was given")
-    return deepspeed_root
 
 
-def _light_plan(opts: MergeOptions, deepspeed_root: Path | None,
+def _light_plan(opts: MergeOptions, detected: Detected,
                 reader: RecordReader) -> tuple[light_dcp.DcpContents, counters.FolderCounters]:
     """Every tensor as byte ranges of the input, with the format's own checks made, and the folder's step counters."""
-    if deepspeed_root is not None:
-        return _deepspeed_plan(opts, deepspeed_root, reader)
-    found = _dcp_plan(opts)
-    _, side_files = extras.find_side_files(opts.input, opts.config_from)
-    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
-    if config is not None and _may_tie(config):
-        raise _TorchPath(f"{config} may tie weights (the model class says which)")
-    return found, counters.FolderCounters()
-
-
-def _dcp_plan(opts: MergeOptions) -> light_dcp.DcpContents:
-    root = opts.input
+    if detected.kind == "deepspeed":
+        return _deepspeed_plan(detected, reader)
+    root = detected.path
     if extras.find_save_state_dir(root) is not None:
         raise _TorchPath(_SAVE_STATE)
     try:
         found = light_dcp.plan(root)
     except (Refused, light_dcp.Unproven) as exc:
         raise _TorchPath(f"the layout is not plain row blocks ({exc})") from None
-    found.notes.insert(0, f"{root.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP checkpoint")
-    return found
+    found.notes.insert(0, detected.why)
+    _, side_files = extras.find_side_files(opts.input, opts.config_from)
+    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
+    if config is not None and _may_tie(config):
+        raise _TorchPath(f"{config} may tie weights (the model class says which)",
+                         (found, counters.FolderCounters(), True))
+    return found, counters.FolderCounters()
 
 
-def _deepspeed_plan(opts: MergeOptions, root: Path, reader: RecordReader):
+def _deepspeed_plan(detected: Detected, reader: RecordReader):
     try:
-        found, steps = light_deepspeed.plan(root, opts.tag, reader)
+        found, steps = light_deepspeed.plan(detected.path, detected.tag, reader)
     except (Refused, light_dcp.Unproven) as exc:
         raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
     if extras.find_save_state_dir(found.root) is not None:
         raise _TorchPath(_SAVE_STATE)
-    why = (f"{opts.input.name}/ is a DeepSpeed checkpoint (latest file / *_optim_states.pt)" if root == opts.input
-           else f"{opts.input.name}/ is an Accelerate save_state folder with a DeepSpeed checkpoint in pytorch_model/")
-    found.notes.insert(0, why)
+    found.notes.insert(0, detected.why)
     return found, steps
 
 
@@ -367,7 +464,6 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
     data_bytes = sum(t.nbytes for t in found.tensors)
     report = _planned_report(found, [*found.checks, *checks])
     report.output, report.output_files = output, list(names)
-    notes = report.notes
     report.open_seconds = time.perf_counter() - start
     notify = opts.notify or (lambda message: None)
     staged = StagedOutput(output, is_dir=not to_file)
@@ -384,16 +480,22 @@ def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], 
             report.verified = True
         if not to_file:
             copy_side_files(temp, side_files, output)
-            report.copied = [f.name for f in side_files]
-            if side_files:
-                notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
         staged.commit()
+    return finish_report(report, [] if to_file else side_files, side_folder, reader, scan, start, _FAST)
+
+
+def finish_report(report: MergeReport, copied: list[Path], side_folder: Path | None, reader: RecordReader,
+                  scan: NonFiniteScan, start: float, *last_notes: str) -> MergeReport:
+    """What both paths end a merge's report with: the side files copied, the non-finite values accepted, the CRC-32s
+    taken and the scan, the time and the memory."""
+    report.copied = [f.name for f in copied]
+    if copied:
+        report.notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
     report.nonfinite = dict(scan.tensors)
     if report.nonfinite:
-        notes.append(nonfinite_note(report.nonfinite))
-    notes.append(_FAST)
-    report.checks.append(reader.checksum_line())
-    report.checks.append(scan_line(report.nonfinite, scan.seconds))
+        report.notes.append(nonfinite_note(report.nonfinite))
+    report.notes += last_notes
+    report.checks += [reader.checksum_line(), scan_line(report.nonfinite, scan.seconds)]
     report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
