@@ -24,6 +24,9 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # pytorch/examples' VAE: a summed evaluation loss over 44 samples in batches of 8 on 2 ranks (the padded
     # last round counted twice was a metrics FAIL: 9.1430 where one process prints 8.3944)
     "summed_eval": ([], {"wrapped", "samples", "metrics", "side effects"}),
+    # minGPT's projects: `setup_logging(config)` from the project's own module writes a folder, args.txt and
+    # config.json (was a side effects FAIL: every rank wrote them); now written by the main process only
+    "bookkeeping_helper": ([], {"wrapped", "samples", "side effects"}),
     # build-nanogpt: a hand-made loader given the process rank reads its own part (was refused: the converter's
     # own shard of a helper's local, placed at module level before the Accelerator existed)
     "rank_sharded_loader": ([], {"wrapped", "samples", "side effects"}),
