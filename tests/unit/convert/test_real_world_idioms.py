@@ -592,10 +592,10 @@ for step in range(3):
 """
 
 
-def _gated(tmp_path, helper: str, arg: str = "loss.item()") -> bool:
+def _gated(tmp_path, helper: str, arg: str = "loss.item()", gate: str = "is_local_main_process") -> bool:
     (tmp_path / "helpers_mod.py").write_text(textwrap.dedent(helper).lstrip())
     code = convert_source(HELPER_SCRIPT.replace("ARG", arg), filename="train.py", directory=tmp_path).code
-    return "if accelerator.is_local_main_process:\n        show(" in code
+    return f"if accelerator.{gate}:\n        show(" in code
 
 
 def test_only_a_helper_that_does_nothing_but_print_is_moved_to_the_main_process(tmp_path) -> None:
@@ -634,10 +634,8 @@ def test_only_a_helper_that_does_nothing_but_print_is_moved_to_the_main_process(
     assert not _gated(tmp_path, printing, arg="accelerator.reduce(loss)")
 
 
-def _files_gated(tmp_path, helper: str, arg: str = "loss.item()") -> bool:
-    (tmp_path / "helpers_mod.py").write_text(textwrap.dedent(helper).lstrip())
-    code = convert_source(HELPER_SCRIPT.replace("ARG", arg), filename="train.py", directory=tmp_path).code
-    return "if accelerator.is_main_process:\n        show(" in code
+def _files_gated(tmp_path, helper: str) -> bool:
+    return _gated(tmp_path, helper, gate="is_main_process")
 
 
 def test_a_helper_that_only_writes_bookkeeping_files_runs_on_the_main_process(tmp_path) -> None:
