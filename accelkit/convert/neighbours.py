@@ -23,26 +23,40 @@ def import_roots(directory: Path) -> list[Path]:
     """Where the script's run looks for the project's modules: its folder, $PYTHONPATH, its project's root."""
     roots = [directory]
     roots += [Path(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    for parent in directory.resolve().parents:
-        if any((parent / marker).is_file() for marker in PROJECT_MARKERS):
-            roots.append(parent)
-            break
-    return roots
+    root = _project_root(directory)
+    return roots + [root] if root is not None else roots
 
 
-def defining_file(qualified: str, directory: Path | None) -> Path | None:
-    """The project file that defines `qualified` (a module, or a name in one: `trainlib.Trainer`), found from the
-    script's `directory` as its run would find it."""
-    if directory is None:
-        return None
+def _project_root(directory: Path) -> Path | None:
+    """The nearest folder above `directory` with a project marker."""
+    return next((parent for parent in directory.resolve().parents
+                 if any((parent / marker).is_file() for marker in PROJECT_MARKERS)), None)
+
+
+def _find(qualified: str, directory: Path) -> tuple[Path, bool] | None:
+    """(the file, whether it is the module `qualified` itself rather than a module or package above it)."""
     parts = qualified.split(".")
     for root in import_roots(directory):
         for end in range(len(parts), 0, -1):
             base = root.joinpath(*parts[:end])
             for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
                 if candidate.is_file():
-                    return candidate
+                    return candidate, end == len(parts)
     return None
+
+
+def defining_file(qualified: str, directory: Path | None) -> Path | None:
+    """The project file that defines `qualified` (a module, or a name in one: `trainlib.Trainer`), found from the
+    script's `directory` as its run would find it."""
+    found = _find(qualified, directory) if directory is not None else None
+    return found[0] if found else None
+
+
+def module_file(module: str, directory: Path | None) -> Path | None:
+    """The project file of the module `module` itself (`tools.console` -> tools/console.py); None when only a
+    module or package above it is found (`tools.py`), or nothing."""
+    found = _find(module, directory) if directory is not None else None
+    return found[0] if found and found[1] else None
 
 
 def prepares_itself(path: Path) -> bool:

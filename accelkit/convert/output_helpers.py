@@ -19,7 +19,7 @@ import ast
 from functools import lru_cache
 from pathlib import Path
 
-from accelkit.convert.neighbours import defining_file, import_roots
+from accelkit.convert.neighbours import module_file
 
 OUTPUT = {"print", "sys.stdout.write", "sys.stdout.flush", "sys.stderr.write", "sys.stderr.flush"}
 HARMLESS = {"len", "int", "float", "str", "bool", "round", "min", "max", "abs", "range", "enumerate", "zip", "format",
@@ -50,11 +50,9 @@ def output_only(qualified: str, directory: Path | None) -> tuple[Path, str] | No
     module, _, function = qualified.rpartition(".")
     if not module or directory is None:
         return None
-    path = defining_file(module, directory)
-    modules = [root.joinpath(*module.split(".")) for root in import_roots(directory)]
-    if path is None or path not in [p for base in modules for p in (base.with_name(base.name + ".py"),
-                                                                       base / "__init__.py")]:
-        return None  # not the module itself (a package of the same name further up, or none)
+    path = module_file(module, directory)  # not a package of the same name further up
+    if path is None:
+        return None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

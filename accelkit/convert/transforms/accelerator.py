@@ -74,22 +74,14 @@ def _keep_module_level_prints(ctx: Context, plan: EditPlan) -> None:
     """The Accelerator is made inside a function: a `print` (or a call of a helper that only prints) that runs at
     import time (module level, outside the `__main__` block) stays as it is, since `accelerator` does not exist yet
     there (a NameError on import)."""
-    for call in plan.prints:
-        top = ctx.top_statement_in(call, ctx.module)
-        if top is None or not _executes(top) or ctx.main_guard(call) is not None:
+    for node, gated in [*((call, False) for call in plan.prints), *((s, True) for s in plan.gated_output)]:
+        top = ctx.top_statement_in(node, ctx.module)
+        if top is None or not _executes(top) or ctx.main_guard(node) is not None:
             continue
-        plan.edits.pop(call, None)
-        plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not call]
-        plan.report.changes[:] = [c for c in plan.report.changes if not (c.what.startswith("`print(...)`") and
-                                                                         c.line == ctx.line(call))]
-    for statement in plan.gated_output:  # a helper that only makes output, called at import time: the same
-        top = ctx.top_statement_in(statement, ctx.module)
-        if top is None or not _executes(top) or ctx.main_guard(statement) is not None:
-            continue
-        plan.edits.pop(statement, None)
-        plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not statement]
-        plan.report.changes[:] = [c for c in plan.report.changes if not (
-            c.what.endswith("main process only") and c.line == ctx.line(statement))]
+        plan.edits.pop(node, None)
+        plan.accelerator_uses[:] = [n for n in plan.accelerator_uses if n is not node]
+        plan.report.changes[:] = [c for c in plan.report.changes if c.line != ctx.line(node) or not (
+            c.what.endswith("main process only") if gated else c.what.startswith("`print(...)`"))]
 
 
 def _grad_compression_handler(plan: EditPlan, spec_text: str | None) -> list[str]:
