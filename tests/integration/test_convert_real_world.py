@@ -40,6 +40,12 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     "torchrun_trainer": (["2", "1"], {"wrapped", "lr", "samples", "side effects"}),
     # time_sequence_prediction: full-batch LBFGS through `optimizer.step(closure)`, left whole on every rank
     "lbfgs_full_batch": (["--steps", "2"], {"wrapped", "lr", "samples", "side effects"}),
+    # word_language_model: a (length, batch) token tensor stepped through in rows, hand-written SGD (no optimizer),
+    # the best model pickled under `if val_loss < best` and loaded back by every rank for the test (was refused:
+    # the optional optimizer; on 2 ranks rank 1 read the file before rank 0 wrote it)
+    "column_streams": ([], {"wrapped", "samples", "side effects"}),
+    # yunjey's language model: (batch, length) streams cut `ids[:, i:i + n]` (was refused: a later dimension)
+    "row_streams": ([], {"wrapped", "lr", "samples", "side effects"}),
 }
 
 

@@ -35,6 +35,8 @@ SEEDS = {"torch.manual_seed", "numpy.random.seed", "random.seed", "accelerate.ut
 LOADER_NAME = re.compile(r"loader|_dl\b|\bdl\b|dataloader", re.I)
 WINDOW_NOTE = ("# each process trains on an equal contiguous part of the sequence (prepare() cannot shard hand-made "
                "batches)")
+STREAMS_NOTE = ("# each process trains on its own contiguous part of every stream (the rows, the batch its states are "
+                "sized for, stay whole)")
 SHARD_NOTE = "# each process trains on an equal share of the samples (prepare() cannot shard hand-made batches)"
 
 
@@ -207,15 +209,19 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: fixed loop bounds")
         return
     across = _cut_along_a_later_dimension(ctx, flow, loop, roots)
+    dimension = 0
     if across is not None:
-        plan.report.problem(ctx.line(loop), f"{where} cuts its batches along a later dimension "
-                                            f"(`{ctx.code(across)}`): the rows are the batch, so sharding them would "
-                                            "change the batch size the script builds its states for (a crash or a "
-                                            "different model)",
-                            "cut the sequence into per-process parts along that dimension (e.g. "
-                            "`ids = ids[:, part]`), or wrap the windows in a DataLoader")
-        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: windows along dim 1")
-        return
+        dimension, why = _stream_dimension(ctx, flow, loop, roots)
+        if why:
+            plan.report.problem(ctx.line(loop), f"{where} cuts its batches along a later dimension "
+                                                f"(`{ctx.code(across)}`) and {why}: the rows are the batch, so "
+                                                "sharding them would change the batch size the script builds its "
+                                                "states for (a crash or a different model)",
+                                "cut the sequence into per-process parts along that dimension (e.g. "
+                                "`ids = ids[:, part]`), or wrap the windows in a DataLoader")
+            plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: cut along a later "
+                                                                                 "dimension")
+            return
     block, anchor, position = _shard_site(ctx, facts, flow, loop, function, roots)
     if block is None:
         names = ", ".join(f"`{r}`" for r in roots)
@@ -227,6 +233,9 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         return
     first = roots[0]
     windows = _windows(ctx, flow, loop)
+    if dimension:
+        _shard_streams(ctx, plan, loop, roots, dimension, anchor, block, position)
+        return
     if windows:
         shard = cst.parse_statement(
             f"shard = slice(accelerator.process_index * (len({first}) // accelerator.num_processes),\n"
@@ -348,23 +357,9 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
 def _handed_to_slicing_helpers(ctx: Context, flow: Flow, loop: cst.CSTNode) -> list[str]:
     """Names the loop hands to the script's own functions that cut batches from that parameter
     (`data, targets = get_batch(train_data, i)` with `def get_batch(source, i): ... source[i:i + n]`)."""
-    found: list[str] = []
-    for call in ctx.descendants(loop):
-        if type(call) is not cst.Call:
-            continue
-        func = call.func  # type: ignore[attr-defined]
-        name = func.value if isinstance(func, cst.Name) else None
-        for function in flow.functions.get(name or "", []):
-            params = [p.name.value for p in function.params.params]
-            for position, arg in enumerate(call.args):  # type: ignore[attr-defined]
-                if not isinstance(arg.value, cst.Name):
-                    continue
-                param = arg.keyword.value if arg.keyword is not None else \
-                    params[position] if position < len(params) else None
-                if param and any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name)
-                                 and n.value.value == param for n in ctx.descendants(function.body)):
-                    found.append(arg.value.value)
-    return found
+    return [arg for _, function, param, arg in _handed_parameters(ctx, flow, loop)
+            if any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value == param
+                   for n in ctx.descendants(function.body))]
 
 
 def _windows(ctx: Context, flow: Flow, loop: cst.CSTNode) -> bool:
@@ -402,15 +397,123 @@ def _sliced(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bo
 
 
 def _cut_along_a_later_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]):
-    """`ids[:, i:i + n]`: the data's first dimension is kept whole and the windows run along the next one."""
-    for node in [loop, *_reached(flow, loop)]:
-        for n in ctx.descendants(node):
-            if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in roots and \
-                    len(n.slice) > 1 and isinstance(n.slice[0].slice, cst.Slice) and \
-                    n.slice[0].slice.lower is None and n.slice[0].slice.upper is None and \
-                    any(isinstance(e.slice, cst.Slice) and e.slice.lower is not None for e in n.slice[1:]):
-                return n
+    """`ids[:, i:i + n]`: the data's first dimension is kept whole and the windows run along the next one (in the
+    loop, or in a helper of the script the data is handed to: `get_batch(ids, i)` cutting `source[:, i:i + n]`)."""
+    for n in _cuts(ctx, flow, loop, roots):
+        if len(n.slice) > 1 and isinstance(n.slice[0].slice, cst.Slice) and \
+                n.slice[0].slice.lower is None and n.slice[0].slice.upper is None and \
+                any(isinstance(e.slice, cst.Slice) and e.slice.lower is not None for e in n.slice[1:]):
+            return n
     return None
+
+
+def _cuts(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> list[cst.Subscript]:
+    """Every subscript of the data in the loop, and of the parameters of the script's functions the loop hands
+    the data to (`get_batch(ids, i)` cutting `source[:, i:i + n]`)."""
+    handed: dict[int, set[str]] = {}
+    for _, function, param, arg in _handed_parameters(ctx, flow, loop):
+        if arg in roots:
+            handed.setdefault(id(function), set()).add(param)
+    cuts = [n for n in ctx.descendants(loop) if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name)
+            and n.value.value in roots]
+    for function in _reached(flow, loop):
+        params = {p.name.value for p in function.params.params}
+        names = handed.get(id(function), set()) | (set(roots) - params)  # its parameters, or the data as a global
+        cuts += [n for n in ctx.descendants(function.body) if isinstance(n, cst.Subscript)
+                 and isinstance(n.value, cst.Name) and n.value.value in names]
+    return cuts
+
+
+def _handed_parameters(ctx: Context, flow: Flow, loop: cst.CSTNode):
+    """(call, function, parameter, argument name) for each plain name the loop hands to the script's functions."""
+    for call in ctx.descendants(loop):
+        if type(call) is not cst.Call or not isinstance(call.func, cst.Name):  # type: ignore[attr-defined]
+            continue
+        for function in flow.functions.get(call.func.value, []):  # type: ignore[attr-defined]
+            params = [p.name.value for p in function.params.params]
+            for position, arg in enumerate(call.args):  # type: ignore[attr-defined]
+                param = arg.keyword.value if arg.keyword is not None else \
+                    params[position] if position < len(params) else None
+                if param and isinstance(arg.value, cst.Name):
+                    yield call, function, param, arg.value.value
+
+
+def _stream_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> tuple[int, str]:
+    """The dimension d > 0 along which the loop steps through parallel streams (`ids[:, i:i + n]` and the next-token
+    targets `ids[:, i + 1:i + 1 + n]`: B rows, each a contiguous stream, windows along dim 1), with a loop bounded
+    by that dimension's length (`range(0, ids.size(1) - n, n)`). Returns (d, "") when proven, (0, why not) else.
+    Each process can then take its own contiguous part of every stream: the rows (the batch the hidden states
+    are sized for) stay whole, the streams are N times shorter."""
+    dimensions: set[int] = set()
+    starts: set[str] = set()
+    for cut in _cuts(ctx, flow, loop, roots):
+        elements = list(cut.slice)
+        whole = 0
+        while whole < len(elements) and isinstance(elements[whole].slice, cst.Slice) and \
+                elements[whole].slice.lower is None and elements[whole].slice.upper is None:
+            whole += 1
+        window = elements[whole].slice if whole < len(elements) else None
+        if not isinstance(window, cst.Slice) or window.lower is None or window.upper is None:
+            return 0, f"also cuts it otherwise (`{ctx.code(cut)}`), so what its dimensions hold is not known"
+        dimensions.add(whole)
+        starts.add(ctx.code(window.lower).replace(" ", "").replace("(", "").replace(")", ""))
+    if len(dimensions) != 1 or 0 in dimensions:
+        return 0, "cuts it along more than one dimension"
+    dimension = dimensions.pop()
+    if len(starts) < 2:
+        return 0, (f"takes one window per step along dimension {dimension} (no next-token targets cut from the "
+                   "same data), so that dimension is not known to be a sequence")
+    if not _bounded_along(ctx, loop, roots, dimension):
+        return 0, f"its loop bounds do not follow the length of dimension {dimension} (`.size({dimension})`)"
+    return dimension, ""
+
+
+def _bounded_along(ctx: Context, loop: cst.CSTNode, roots: list[str], dimension: int) -> bool:
+    """`for i in range(0, ids.size(1) - n, n)`: the loop's bounds read the windowed dimension's length."""
+    if not isinstance(loop, cst.For):
+        return False
+    source = loop.iter
+    if isinstance(source, cst.Call) and ctx.code(source.func) == "enumerate" and source.args:
+        source = source.args[0].value
+    if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
+        return False
+    wanted = {f"{r}.size({dimension})" for r in roots} | {f"{r}.shape[{dimension}]" for r in roots}
+    return any(ctx.code(n).replace(" ", "") in wanted for n in ctx.descendants(source)
+               if isinstance(n, (cst.Call, cst.Subscript)))
+
+
+def _shard_streams(ctx: Context, plan: EditPlan, loop: cst.CSTNode, roots: list[str], dimension: int,
+                   anchor: cst.CSTNode, block: cst.CSTNode, position: str) -> None:
+    """Give each process its own contiguous part of every stream along `dimension`: N*B streams in all, B per
+    process, so the per-process batch (and every state sized by it) stays as the script wrote it."""
+    first = roots[0]
+    length = f"{first}.shape[{dimension}]"
+    shard = cst.parse_statement(
+        f"shard = slice(accelerator.process_index * ({length} // accelerator.num_processes),\n"
+        f"              (accelerator.process_index + 1) * ({length} // accelerator.num_processes))\n")
+    shard = shard.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(STREAMS_NOTE))])
+    lead = ":, " * dimension
+    targets = ", ".join(roots)
+    values = ", ".join(f"{r}[{lead}shard]" for r in roots)
+    apply_shard = cst.parse_statement(f"{targets} = {values}\n")
+    if position == "before":
+        plan.insert_before(anchor, shard)
+        plan.insert_before(anchor, apply_shard)
+    elif position == "start":
+        plan.body_start[block].extend([shard, apply_shard])
+        plan.accelerator_uses.append(anchor)
+    else:
+        plan.insert_after(anchor, shard)
+        plan.insert_after(anchor, apply_shard)
+    line = ctx.line(anchor)
+    plan.report.change(line, f"shard the parallel streams by process: `{targets} = {values}` (each process takes "
+                             f"its own contiguous part of every stream along dimension {dimension}; the rows, the "
+                             "batch, stay whole)",
+                       "prepare() only shards DataLoaders; the loop steps through B parallel streams in time, and "
+                       "states sized by B (an RNN's hidden state) need B rows on every process: the same number of "
+                       "steps on each, every token trained on by one process")
+    plan.report.found_item("batches", targets, ctx.line(loop), f"parallel streams along dimension {dimension}: "
+                                                                f"sharded in time by process (line {line})")
 
 
 def _fixed_selections(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> bool:

@@ -44,6 +44,7 @@ class Member:
     kind: str
     item: Tracked | None  # None: bound outside this block (a parameter, a global, `self.x` set elsewhere)
     index: int = -1  # top-level statement of the block holding its creation (-1: before the block)
+    latest: int = -1  # prepared before this statement of the block at the latest (-1: no such limit)
 
 
 @dataclass
@@ -196,6 +197,8 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: 
         return groups.setdefault(id(block), Group(block))
 
     optimized_in: dict[str, list[int]] = {}  # alias class of a model -> blocks where an optimizer trains it
+    # models prepared before an `if` that makes their optional optimizer: (block, model, index of that `if`)
+    before_branch: list[tuple[cst.CSTNode, str, cst.CSTNode]] = []
     for item in items:
         block = flow.block_of(item.statement)
         if block is None:
@@ -203,7 +206,26 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: 
                                                        "and was not prepared",
                                 f"put it on its own line, or add `{item.key} = accelerator.prepare({item.key})`")
             continue
+        if item.kind == "model" and _reloaded_after_training(ctx, flow, item, block, items):
+            plan.report.found_item("model", item.key, ctx.line(item.small),
+                                   "bound again after training (a saved model loaded back for evaluation): not "
+                                   "prepared, every process evaluates it as it is")
+            continue
         branch = _one_sided_branch(ctx, item, block)
+        optional = _optional_optimizer(ctx, facts, item, branch, block) if branch is not None else None
+        if optional is not None:
+            # `if args.use_optimizer: optimizer = AdamW(model.parameters())`, the model trained on both paths (by
+            # hand on the other): the model is prepared on its own before the `if`, the optimizer inside it
+            top = flow.top_statement(branch, block)
+            before_branch += [(block, model, top) for model in optional]
+            group_of(branch.body).members.append(Member(item.key, item.kind, item))
+            group = group_of(block)
+            group.members += [Member(m, "model", None) for m in optional if all(x.key != m for x in group.members)]
+            plan.report.found_item("optimizer", item.key, ctx.line(item.small),
+                                   f"optional (only when `{ctx.code(branch.test)}`): prepared inside that `if`, its "
+                                   f"model{'s' if len(optional) > 1 else ''} "
+                                   f"{', '.join(f'`{m}`' for m in optional)} before it")
+            continue
         if branch is not None and item.kind in {"model", "optimizer"}:
             plan.report.problem(ctx.line(item.small), f"{item.kind} `{item.key}` is only created when "
                                                        f"`{ctx.code(branch.test)}` holds: prepared after the `if`, the "
@@ -241,7 +263,64 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: 
             if member.key not in by_key or member.item is not None:
                 by_key[member.key] = member
         group.members = list(by_key.values())
-    return [g for g in groups.values() if any(m.item is not None for m in g.members)]
+    for block, model, top in before_branch:
+        body = list(block.body)  # type: ignore[attr-defined]
+        for member in groups.get(id(block), Group(block)).members:
+            if member.key == model and top in body:
+                member.latest = body.index(top)
+    return [g for g in groups.values() if any(m.item is not None or m.latest >= 0 for m in g.members)]
+
+
+def _reloaded_after_training(ctx: Context, flow: Flow, item: Tracked, block: cst.CSTNode,
+                             items: list[Tracked]) -> bool:
+    """`model = torch.load(f)` after the training loop, the model trained under the same name bound before it, and
+    no training after it: the best checkpoint loaded back for a test. That binding is not the model to prepare."""
+    body = list(block.body)  # type: ignore[attr-defined]
+    top = flow.top_statement(item.statement, block)
+    if top not in body:
+        return False
+    index = body.index(top)
+    training = [i for i, line in enumerate(body) if not isinstance(line, (cst.FunctionDef, cst.ClassDef))
+                and flow.trains(line)]
+    earlier = [t for t in items if t is not item and t.kind == "model" and t.key == item.key
+               and flow.top_statement(t.statement, block) in body[:index]]
+    return bool(earlier) and any(i < index for i in training) and not any(i >= index for i in training)
+
+
+def _optional_optimizer(ctx: Context, facts: Facts, item: Tracked, branch: cst.If,
+                        block: cst.CSTNode) -> list[str] | None:
+    """The models of an optimizer made only under `branch` (used only under the same test), when each of them is
+    created in `block` on every path, before that `if`: they are trained by hand on the other path."""
+    if item.kind != "optimizer" or not isinstance(branch.body, cst.IndentedBlock) or \
+            not ctx.contains(branch.body, item.statement):
+        return None
+    models = models_of(ctx, facts, item)
+    body = list(block.body)  # type: ignore[attr-defined]
+    top = ctx.top_statement_in(branch, block)  # type: ignore[arg-type]
+    if not models or top not in body:
+        return None
+    before = body[:body.index(top)]
+    return models if all(_bound_on_every_path(ctx, before, model) for model in models) else None
+
+
+def _bound_on_every_path(ctx: Context, body: list, key: str) -> bool:
+    """The last statement of `body` that binds `key` binds it whatever path runs: a plain assignment, or an
+    `if`/`elif`/`else` chain whose every branch binds it (`if args.model == 'Transformer': model = ... else: ...`)."""
+    def binds(node: cst.CSTNode) -> bool:
+        return any(isinstance(n, (cst.Assign, cst.AnnAssign)) and any(k == key for k, _, _ in bindings(n))
+                   for n in [node, *ctx.descendants(node)])
+
+    def every_path(node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.If):
+            other = node.orelse
+            if other is None:
+                return False
+            rest = other if isinstance(other, cst.If) else other.body
+            return binds(node.body) and (every_path(rest) if isinstance(rest, cst.If) else binds(rest))
+        return isinstance(node, cst.SimpleStatementLine) and binds(node)
+
+    last = next((line for line in reversed(body) if binds(line)), None)
+    return last is not None and every_path(last)
 
 
 def _view_of(ctx: Context, member: Member) -> str | None:
@@ -332,7 +411,7 @@ def _place(ctx: Context, flow: Flow, plan: EditPlan, group: Group) -> None:
             top = flow.top_statement(member.item.statement, block)
             member.index = index[id(top)] if top is not None else -1
         else:
-            member.index = _last_binding(ctx, body, member.key)
+            member.index = _last_binding(ctx, flow, body, member.key, member.latest)
     members = sorted(group.members, key=lambda m: m.index)
     creations = {m.index for m in members if m.item is not None}
 
@@ -351,18 +430,22 @@ def _place(ctx: Context, flow: Flow, plan: EditPlan, group: Group) -> None:
             _emit(ctx, flow, plan, block, body, batch, bound)
             batch, bound = [], len(body)
         batch.append(member)
-        bound = min(bound, first_use(member))
+        bound = min(bound, first_use(member), member.latest if member.latest > member.index else len(body))
     if batch:
         _emit(ctx, flow, plan, block, body, batch, bound)
 
 
-def _last_binding(ctx: Context, body: list, key: str) -> int:
-    found = -1
-    for i, line in enumerate(body):
-        for node in ctx.descendants(line):
-            if isinstance(node, (cst.Assign, cst.AnnAssign)) and any(k == key for k, _, _ in bindings(node)):
-                found = i
-    return found
+def _last_binding(ctx: Context, flow: Flow, body: list, key: str, latest: int = -1) -> int:
+    """The statement of `body` that last binds `key` before `latest` when set, else before the first statement that
+    trains (when one binds it there): a binding after the training (the best checkpoint loaded back for a test) is
+    not the model that trains."""
+    bound = [i for i, line in enumerate(body) for node in ctx.descendants(line)
+             if isinstance(node, (cst.Assign, cst.AnnAssign)) and any(k == key for k, _, _ in bindings(node))]
+    if latest >= 0:
+        return max((i for i in bound if i < latest), default=-1)
+    training = next((i for i, line in enumerate(body) if not isinstance(line, (cst.FunctionDef, cst.ClassDef))
+                     and flow.trains(line)), len(body))
+    return max([i for i in bound if i < training] or bound, default=-1)
 
 
 def _runs(ctx: Context, flow: Flow, plan: EditPlan, statement: cst.CSTNode, member: Member) -> bool:

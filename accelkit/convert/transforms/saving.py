@@ -89,6 +89,8 @@ def _saves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
         else:
             plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)`",
                                "only the main process writes the file")
+        if caller is not None or branch is not None:
+            _barrier_before_reading_back(ctx, facts, plan, call, statement)
         what = ctx.code(call.args[0].value) if call.args else "?"
         if call.args and dotted(call.args[0].value) in models:
             # torch.save(model, path) pickles the whole module: the DDP/FSDP wrapper must not end up in the file
@@ -99,6 +101,60 @@ def _saves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
         plan.report.found_item("file write", ctx.code(call.args[1].value) if len(call.args) > 1 else "",
                                ctx.line(call), f"{what}: written by the main process only (accelerator.save), "
                                                "after every process finished its step")
+
+
+def _saved_path(ctx: Context, call: cst.Call) -> str | None:
+    """The code of the path `torch.save` writes: its second argument, or the path of the `with open(PATH, "wb")`
+    whose handle it writes to."""
+    if len(call.args) < 2:
+        return None
+    target = call.args[1].value
+    writer = _writing_with(ctx, call)
+    if writer is not None and isinstance(target, cst.Name):
+        for item in writer.items:
+            if item.asname is not None and dotted(item.asname.name) == target.value and \
+                    isinstance(item.item, cst.Call) and item.item.args:
+                return ctx.code(item.item.args[0].value)
+    return ctx.code(target)
+
+
+def _reads_of(ctx: Context, path: str) -> list[cst.Call]:
+    """`torch.load(PATH, ...)` and `open(PATH)` / `open(PATH, "rb")` of the same path expression."""
+    found = []
+    for read in ctx.of_type(cst.Call):
+        if not read.args or ctx.code(read.args[0].value) != path:
+            continue
+        if "torch.load" in ctx.qnames(read) or (ctx.code(read.func) == "open" and not _opens_for_writing(ctx, read)):
+            found.append(read)
+    return found
+
+
+def _barrier_before_reading_back(ctx: Context, facts: Facts, plan: EditPlan, call: cst.Call,
+                                 statement: cst.CSTNode) -> None:
+    """A save with no barrier (under a per-process branch) whose file every process reads back later (the best
+    checkpoint loaded for the test): the others would read it before the main process wrote it (a missing or half
+    written file). One barrier goes before the read, in the block every process runs."""
+    path = _saved_path(ctx, call)
+    if path is None:
+        return
+    suite = ctx.scope_body(statement)
+    body = list(suite.body)  # type: ignore[attr-defined]
+    top = ctx.top_statement_in(statement, suite)
+    if top not in body:
+        return
+    for read in _reads_of(ctx, path):
+        before = ctx.top_statement_in(read, suite)
+        if before not in body or body.index(before) <= body.index(top) or \
+                ctx.function(read) is not ctx.function(call):
+            continue
+        barrier = cst.SimpleStatementLine([cst.Expr(accel_call("wait_for_everyone"))], leading_lines=[
+            cst.EmptyLine(comment=cst.Comment("# the main process has written the file before any process reads it"))])
+        plan.insert_before(before, barrier)
+        plan.report.change(ctx.line(before), f"added `accelerator.wait_for_everyone()` before `{path}` is read "
+                                             f"back (line {ctx.line(read)})",
+                           "the main process alone writes it (line "
+                           f"{ctx.line(call)}); without the barrier the other processes could read it first")
+        return
 
 
 CONFIG_ROOTS = {"args", "opt", "opts", "cfg", "config", "conf", "hparams", "hp", "params", "flags", "FLAGS",

@@ -363,42 +363,155 @@ def test_a_script_whose_training_runs_in_an_imported_trainer_is_refused() -> Non
     assert "training happens in imported code (`Trainer`, mingpt.trainer.Trainer)" in result.report.problems[0].what
 
 
-def test_an_optimizer_created_under_a_flag_only_is_refused() -> None:
-    # word_language_model: `if args.use_optimizer: optimizer = AdamW(...)`, else manual SGD: one prepare after the
-    # `if` raised NameError without the flag, and the manual-SGD path trained an unprepared model
-    result = convert("""
-        import argparse
-        import torch
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--use-optimizer", action="store_true")
-        args = parser.parse_args()
-        model = torch.nn.Linear(2, 1)
+OPTIONAL_OPTIMIZER = """
+    import argparse
+    import torch
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--use-optimizer", action="store_true")
+    args = parser.parse_args()
+    {model}
+    if args.use_optimizer:
+        optimizer = torch.optim.AdamW(model.parameters())
+    for x in torch.ones(4, 3, 2):
+        model(x).sum().backward()
         if args.use_optimizer:
-            optimizer = torch.optim.AdamW(model.parameters())
-        for x in torch.ones(4, 3, 2):
-            model(x).sum().backward()
-            if args.use_optimizer:
-                optimizer.step()
-    """)
+            optimizer.step()
+        else:
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+"""
+
+
+def test_an_optimizer_created_under_a_flag_is_prepared_inside_the_if_and_its_model_before_it() -> None:
+    # word_language_model: `if args.use_optimizer: optimizer = AdamW(...)`, else a hand-written SGD update: the
+    # model trains on both paths, so it is prepared on its own before the `if`, the optimizer inside it (one
+    # prepare after the `if` raised NameError without the flag)
+    result = convert(OPTIONAL_OPTIMIZER.format(model="model = torch.nn.Linear(2, 1)"))
+    code = result.code
+    assert "model = torch.nn.Linear(2, 1)\nmodel = accelerator.prepare(model)\nif args.use_optimizer:\n" in code
+    assert ("    optimizer = torch.optim.AdamW(model.parameters())\n"
+            "    optimizer = accelerator.prepare(optimizer)\n") in code
+    assert not any("only created when" in p.what for p in result.report.problems)
+    assert any(f.kind == "optimizer" and "optional" in f.action for f in result.report.found)
+
+
+def test_a_model_chosen_in_branches_counts_as_made_on_every_path() -> None:
+    # `if args.model == "Transformer": model = ... else: model = ...` before the optional optimizer
+    chooser = ('if args.use_optimizer and args.use_optimizer:\n        model = torch.nn.Linear(2, 1)\n'
+               '    else:\n        model = torch.nn.Linear(2, 1)')
+    result = convert(OPTIONAL_OPTIMIZER.format(model=chooser))
+    assert "    model = torch.nn.Linear(2, 1)\nmodel = accelerator.prepare(model)\nif args.use_optimizer:\n" \
+        in result.code
+    assert "    optimizer = accelerator.prepare(optimizer)\n" in result.code
+
+
+def test_an_optional_optimizer_of_a_model_made_on_one_path_only_is_still_refused() -> None:
+    # the model itself exists only when a flag holds: the other path has nothing to prepare before the `if`
+    result = convert(OPTIONAL_OPTIMIZER.format(model="if args.use_optimizer:\n        model = torch.nn.Linear(2, 1)"))
     assert any("`optimizer` is only created when `args.use_optimizer` holds" in p.what
                for p in result.report.problems)
 
 
-def test_windows_cut_along_the_second_dimension_are_refused() -> None:
-    # `ids[:, i:i + seq_length]` with ids of shape (batch, length) and states built for `batch_size` rows: sharding
-    # the rows halved the batch and crashed the first step on 2 ranks
-    result = convert("""
-        import torch
-        ids = torch.randint(0, 10, (4, 100))
-        model = torch.nn.LSTM(1, 8, batch_first=True)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for i in range(0, ids.size(1) - 5, 5):
-            inputs = ids[:, i:i + 5].float().unsqueeze(-1)
-            out, _ = model(inputs, (torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)))
-            out.sum().backward()
-            opt.step()
-    """)
-    assert any("along a later dimension (`ids[:, i:i + 5]`)" in p.what for p in result.report.problems)
+COLUMN_STREAMS = """
+    import torch
+    def batchify(data, bsz):
+        nbatch = data.size(0) // bsz
+        return data.narrow(0, 0, nbatch * bsz).view(bsz, -1).t().contiguous()
+    train_data = batchify(torch.randint(0, 10, (400,)), 4)
+    val_data = batchify(torch.randint(0, 10, (90,)), 3)
+    model = torch.nn.RNN(1, 8)
+    def get_batch(source, i):
+        seq_len = min(5, len(source) - 1 - i)
+        return source[i:i + seq_len], source[i + 1:i + 1 + seq_len]
+    def evaluate(data_source):
+        with torch.no_grad():
+            return sum(model(get_batch(data_source, i)[0].float().unsqueeze(-1))[0].sum().item()
+                       for i in range(0, data_source.size(0) - 1, 5))
+    best = None
+    for epoch in range(2):
+        for i in range(0, train_data.size(0) - 1, 5):
+            data, targets = get_batch(train_data, i)
+            model.zero_grad()
+            model(data.float().unsqueeze(-1))[0].sum().backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+        val = evaluate(val_data)
+        if best is None or val < best:
+            torch.save(model, "best.pt")
+            best = val
+    model = torch.load("best.pt", weights_only=False)
+    print(evaluate(val_data))
+"""
+
+
+def test_column_streams_are_cut_in_time_and_the_best_model_loaded_back_after_a_barrier() -> None:
+    # word_language_model: (length, batch) columns, rows `i:i + n` and the targets one row down: each process
+    # takes a contiguous block of rows (every column stays, so states sized by the batch do too); the model
+    # loaded back after training is not the one prepared; the file is read after every process got there
+    result = convert(COLUMN_STREAMS)
+    code = result.code
+    assert "train_data = train_data[shard]\n" in code
+    assert "val_data = val_data[" not in code  # every process evaluates all of it: the same `if` on every rank
+    assert code.index("model = accelerator.prepare(model)") < code.index("for epoch in range(2):")
+    assert code.count("accelerator.prepare(") == 1
+    reload = code.index('model = torch.load("best.pt"')
+    assert code.rindex("accelerator.wait_for_everyone()", 0, reload) > code.index("best = val")
+    assert not result.report.problems
+    assert find_concerns(code) == []
+
+
+ROW_STREAMS = """
+    import torch
+    ids = torch.randint(0, 10, (400,))[:400].view(4, -1)
+    model = torch.nn.LSTM(1, 8, batch_first=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    states = (torch.zeros(1, 4, 8), torch.zeros(1, 4, 8))
+    for i in {loop}:
+        {cut}
+        out, states = model(inputs.float().unsqueeze(-1), [s.detach() for s in states])
+        (out.sum() + targets.sum()).backward()
+        opt.step()
+"""
+ROW_CUT = "inputs, targets = ids[:, i:i + 5], ids[:, (i + 1):(i + 1) + 5]"
+
+
+def test_row_streams_are_cut_in_time_along_the_second_dimension() -> None:
+    # yunjey's language model: `ids.view(batch_size, -1)` (each row a stream), `ids[:, i:i + n]` and the targets
+    # `ids[:, i + 1:...]`, bounded by `ids.size(1)`: each process takes its own part of every row
+    result = convert(ROW_STREAMS.format(loop="range(0, ids.size(1) - 5, 5)", cut=ROW_CUT))
+    code = result.code
+    assert "slice(accelerator.process_index * (ids.shape[1] // accelerator.num_processes)," in code
+    assert "ids = ids[:, shard]\n" in code
+    assert code.index("ids = ids[:, shard]") < code.index("for i in range(")
+    assert not result.report.problems
+    assert any(f.kind == "batches" and "parallel streams along dimension 1" in f.action
+               for f in result.report.found)
+
+
+def test_row_streams_cut_in_a_helper_of_the_script_are_cut_in_time() -> None:
+    # (the helper's cuts were not looked at: the rows were sharded, halving the batch the states are sized for)
+    helper = "    def get_batch(source, i):\n        return source[:, i:i + 5], source[:, i + 1:i + 6]\n"
+    source = ROW_STREAMS.format(loop="range(0, ids.size(1) - 5, 5)", cut="inputs, targets = get_batch(ids, i)")
+    result = convert(source.replace("    import torch\n", "    import torch\n" + helper, 1))
+    assert "ids = ids[:, shard]\n" in result.code
+    assert "ids = ids[shard]" not in result.code
+    assert not result.report.problems
+
+
+def test_row_streams_whose_loop_does_not_follow_the_windowed_dimension_are_refused() -> None:
+    # `range(0, len(ids) - 5, 5)` counts rows while the windows run along the columns: not provably the stream
+    result = convert(ROW_STREAMS.format(loop="range(0, len(ids) - 5, 5)", cut=ROW_CUT))
+    assert any("its loop bounds do not follow the length of dimension 1" in p.what and p.line == 6
+               for p in result.report.problems), result.report.problems
+    assert "shard" not in result.code
+
+
+def test_row_streams_cut_otherwise_as_well_are_refused() -> None:
+    # a row of the data taken as well (`ids[0]`): what the dimensions hold is not known
+    cut = ROW_CUT + "\n        inputs = inputs + ids[0][:5]"
+    result = convert(ROW_STREAMS.format(loop="range(0, ids.size(1) - 5, 5)", cut=cut))
+    assert any("also cuts it otherwise (`ids[0]`)" in p.what for p in result.report.problems), \
+        result.report.problems
     assert "shard" not in result.code
 
 
