@@ -381,8 +381,37 @@ def _fingerprints(runs: Runs) -> Verdict:
                                    "the hand-made batches are not sharded across processes (or random batches are "
                                    "drawn with the same seed on every process)",
                        (f"{union} distinct training inputs over {len(ranks)} ranks",))
+    shared = None if runs.iteration_based else _rows_on_several_ranks(runs)
+    if shared is not None and shared[0] * SHARED_ROWS_ALLOWED[1] > shared[1] * SHARED_ROWS_ALLOWED[0]:
+        return Verdict(name, FAIL, f"{shared[0]} of the {shared[1]} distinct training samples (rows of the model's "
+                                   "input) were trained on by more than one rank: the hand-made batches overlap "
+                                   "across processes (the data is reordered or offset per rank, not split)",
+                       ("within each rank, no row was fed at two different steps",))
     return Verdict(name, PASS, f"no DataLoader: the ranks trained on different inputs at {len(compared) - len(same)} "
                                f"of {len(compared)} steps ({union} distinct inputs)")
+
+
+# rows of the training inputs trained on by two ranks that still pass as split data (a row that happens to recur)
+SHARED_ROWS_ALLOWED = (1, 10)
+
+
+def _rows_on_several_ranks(runs: Runs) -> tuple[int, int] | None:
+    """(rows trained on by more than one rank, distinct rows) for hand-made batches whose rows identify samples:
+    within each rank, no row is fed at two different steps (a step fed again whole, the next epoch of unshuffled
+    data, counts once). None when one is (a vocabulary's few values per row, reshuffled epochs): then a row on
+    two ranks proves nothing."""
+    ranks: dict[str, set[int]] = defaultdict(set)
+    for rank, record in enumerate(runs.converted):
+        seen: dict[str, str] = {}  # row -> the step (its digest) that fed it
+        for digest, rows in zip(record.step_inputs, record.step_rows, strict=False):
+            for row in rows:
+                if seen.setdefault(row, digest) != digest:
+                    return None
+        for row in seen:
+            ranks[row].add(rank)
+    if not ranks:
+        return None
+    return sum(1 for owners in ranks.values() if len(owners) > 1), len(ranks)
 
 
 # -- metrics equal to the one-process value ---------------------------------------------------------------------

@@ -36,6 +36,8 @@ from accelkit.ranks import WATCH_DIR_ENV, is_user_file
 from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
+MAX_STEPS_WITH_ROWS = 64  # steps whose input rows are kept one by one (the check runs a few steps)
+MAX_ROWS_PER_STEP = 4096
 
 
 class CheckProbe:
@@ -173,13 +175,20 @@ class CheckProbe:
         index = self._index(optimizer)
         self.loaders.on_step()
         if event.is_clock:
-            self.record.step_inputs.append(step_digest(self.step_keys))
-            self.step_keys = []
+            self._note_step_inputs()
         self.record.steps.append(Step(
             number=event.clock_steps, optimizer=index, is_clock=event.is_clock,
             lrs=[float(group["lr"]) for group in optimizer.param_groups],
             digest=digest(optimizer_params(optimizer)), before=self.pending_before.pop(index, None),
             progress=self.loaders.progress()))
+
+    def _note_step_inputs(self) -> None:
+        """The inputs of the clock step that just ended: one hash for all of them, and the rows themselves for the
+        first steps (which samples each rank trained on, for hand-made batches)."""
+        self.record.step_inputs.append(step_digest(self.step_keys))
+        if len(self.record.step_rows) < MAX_STEPS_WITH_ROWS:
+            self.record.step_rows.append(self.step_keys[:MAX_ROWS_PER_STEP])
+        self.step_keys = []
 
     def _backward(self) -> None:
         """Scripts that update weights by hand have no optimizer step: each backward pass is their step."""
@@ -187,8 +196,7 @@ class CheckProbe:
         if self.optimizer_index:
             return
         self.loaders.on_step()
-        self.record.step_inputs.append(step_digest(self.step_keys))
-        self.step_keys = []
+        self._note_step_inputs()
         params = [p for model in self.models for p in model.parameters()]
         self.record.steps.append(Step(number=self.record.backward_passes, optimizer=-1, is_clock=True, lrs=[],
                                       digest=digest(params), progress=self.loaders.progress()))

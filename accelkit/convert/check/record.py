@@ -70,6 +70,7 @@ class Record:
     passes: list[Pass] = field(default_factory=list)
     fingerprints: dict[str, int] = field(default_factory=dict)  # training inputs (a hash per row) -> times fed
     step_inputs: list[str] = field(default_factory=list)  # per clock step: a hash of the inputs it trained on
+    step_rows: list[list[str]] = field(default_factory=list)  # the first clock steps: the hash of each input row
     # [tag, function, text] of each stdout line: tag = last loader event ("0:1:end"), function = who printed it
     lines: list[list[str]] = field(default_factory=list)
     stdout_lines: int = 0

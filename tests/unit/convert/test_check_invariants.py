@@ -105,6 +105,28 @@ def test_samples_without_a_dataloader_compare_the_inputs_of_each_step() -> None:
     assert verdict.status == PASS and "different inputs at 4 of 4 steps" in verdict.summary
 
 
+def test_hand_made_batches_that_overlap_across_ranks_fail_samples() -> None:
+    # issue #31 (token streams): ranks that train on different inputs at every step can still train on the same
+    # samples (the data reordered or offset per rank, not split): caught when the rows identify samples
+    def rank(number: int, *steps: range) -> Record:
+        rows = [[f"r{i}" for i in step] for step in steps]
+        return Record(rank=number, step_inputs=[f"s{step.start}" for step in steps], step_rows=rows)
+
+    offset = [rank(0, range(0, 4), range(4, 8)), rank(1, range(2, 6), range(6, 10))]
+    verdict = samples(_runs(Record(), offset))
+    assert verdict.status == FAIL and "6 of the 10 distinct training samples" in verdict.summary
+    assert samples(_runs(Record(), [rank(0, range(0, 4), range(4, 8)),
+                                    rank(1, range(8, 12), range(12, 16))])).status == PASS
+    # the next epoch of unshuffled data feeds the same steps again: counted once
+    again = [rank(0, range(0, 4), range(4, 8), range(0, 4)), rank(1, range(2, 6), range(6, 10), range(2, 6))]
+    assert samples(_runs(Record(), again)).status == FAIL
+    assert samples(_runs(Record(), [rank(0, range(0, 10)), rank(1, range(9, 19))])).status == PASS  # 1 of 19
+    # a row fed at two different steps of one rank: rows are no sample identities (a small vocabulary)
+    recurring = [rank(0, range(0, 4), range(3, 7)), rank(1, range(2, 6), range(6, 10))]
+    assert samples(_runs(Record(), recurring)).status == PASS
+    assert samples(_runs(Record(), offset, iteration_based=True)).status == PASS  # random batches may meet
+
+
 def _evaluated(lines: list[str], returned=None, replayed: bool = True) -> Record:
     record = Record(passes=[Pass(0, 0, 4, 16, 4, list(range(16)), batches=4, steps=0, complete=True,
                                  owner="train.py:test")],
