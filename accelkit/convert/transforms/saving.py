@@ -89,8 +89,8 @@ def _saves(ctx: Context, facts: Facts, plan: EditPlan) -> None:
         else:
             plan.report.change(ctx.line(call), "`torch.save(...)` -> `accelerator.save(...)`",
                                "only the main process writes the file")
-        if caller is not None or branch is not None:
-            _barrier_before_reading_back(ctx, facts, plan, call, statement)
+        if branch is not None and _caller_branch(ctx, facts, call) is None:
+            _barrier_before_reading_back(ctx, plan, call, statement)
         what = ctx.code(call.args[0].value) if call.args else "?"
         if call.args and dotted(call.args[0].value) in models:
             # torch.save(model, path) pickles the whole module: the DDP/FSDP wrapper must not end up in the file
@@ -129,11 +129,11 @@ def _reads_of(ctx: Context, path: str) -> list[cst.Call]:
     return found
 
 
-def _barrier_before_reading_back(ctx: Context, facts: Facts, plan: EditPlan, call: cst.Call,
-                                 statement: cst.CSTNode) -> None:
-    """A save with no barrier (under a per-process branch) whose file every process reads back later (the best
-    checkpoint loaded for the test): the others would read it before the main process wrote it (a missing or half
-    written file). One barrier goes before the read, in the block every process runs."""
+def _barrier_before_reading_back(ctx: Context, plan: EditPlan, call: cst.Call, statement: cst.CSTNode) -> None:
+    """A save with no barrier (under a per-process branch, in code every process runs) whose file every process
+    reads back later in the same function (the best checkpoint loaded for the test): the others would read it
+    before the main process wrote it (a missing or half written file). One barrier goes before the read, at the
+    level of the function (or module) body, outside any branch."""
     path = _saved_path(ctx, call)
     if path is None:
         return

@@ -931,3 +931,39 @@ def test_an_archive_unpacked_on_every_run_is_unpacked_by_the_main_process_alone(
         main()
     """)
     assert "main_process_first" in guarded.code and "is_local_main_process" not in guarded.code
+
+
+BEST_SAVED_IN = """
+    import os
+    import torch
+    def fit(model, opt, path):
+        best = None
+        for step in range(4):
+            loss = model(torch.randn(8, 2)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            if best is None or loss.item() < best:
+                best = loss.item()
+                torch.save(model.state_dict(), path)
+        model.load_state_dict(torch.load(path))
+    def main():
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        {call}
+    main()
+"""
+
+
+def test_a_best_checkpoint_read_back_in_the_same_function_waits_for_the_main_process() -> None:
+    # the save runs under a per-process `if` (no barrier there: a hang), the read after the loop on every process
+    code = convert(BEST_SAVED_IN.format(call='fit(model, opt, "best.pt")')).code
+    barrier = code.index("    accelerator.wait_for_everyone()\n    accelerator.unwrap_model(model).load_state_dict(")
+    assert barrier > code.index("accelerator.save(")
+    assert code.count("wait_for_everyone") == 1
+
+
+def test_no_barrier_before_the_read_back_when_only_some_processes_run_the_function() -> None:
+    # `fit` called under a rank test: a barrier in it would wait forever for the processes that skip it
+    code = convert(BEST_SAVED_IN.format(call='if int(os.environ.get("RANK", 0)) == 0:\n            fit(model, opt, '
+                                             '"best.pt")')).code
+    assert "wait_for_everyone" not in code
