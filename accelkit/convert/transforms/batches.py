@@ -445,7 +445,7 @@ def _stream_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[s
     Each process can then take its own contiguous part of every stream: the rows (the batch the hidden states
     are sized for) stay whole, the streams are N times shorter."""
     dimensions: set[int] = set()
-    starts: set[str] = set()
+    starts: dict[str, set[str]] = {}  # per name cut: the windows' starts
     for cut in _cuts(ctx, flow, loop, roots):
         elements = list(cut.slice)
         whole = 0
@@ -456,11 +456,12 @@ def _stream_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[s
         if not isinstance(window, cst.Slice) or window.lower is None or window.upper is None:
             return 0, f"also cuts it otherwise (`{ctx.code(cut)}`), so what its dimensions hold is not known"
         dimensions.add(whole)
-        starts.add(ctx.code(window.lower).replace(" ", "").replace("(", "").replace(")", ""))
+        starts.setdefault(cut.value.value, set()).add(  # type: ignore[attr-defined]
+            ctx.code(window.lower).replace(" ", "").replace("(", "").replace(")", ""))
     if len(dimensions) != 1 or 0 in dimensions:
         return 0, "cuts it along more than one dimension"
     dimension = dimensions.pop()
-    if len(starts) < 2:
+    if not any(len(found) > 1 for found in starts.values()):
         return 0, (f"takes one window per step along dimension {dimension} (no next-token targets cut from the "
                    "same data), so that dimension is not known to be a sequence")
     if not _bounded_along(ctx, loop, roots, dimension):

@@ -506,6 +506,17 @@ def test_row_streams_whose_loop_does_not_follow_the_windowed_dimension_are_refus
     assert "shard" not in result.code
 
 
+def test_inputs_and_labels_cut_along_the_second_dimension_at_one_start_are_refused() -> None:
+    # `x[:, i:i + n]` and `y[:, i:i + n]`: two names, one start each: no next-token targets, so dimension 1 may hold
+    # the samples (a column-major layout), not time
+    cut = "inputs, targets = ids[:, i:i + 5], labels[:, i:i + 5]"
+    source = ROW_STREAMS.format(loop="range(0, ids.size(1) - 5, 5)", cut=cut)
+    result = convert(source.replace("    model = ", "    labels = torch.randn(4, 100)\n    model = ", 1))
+    assert any("takes one window per step along dimension 1" in p.what for p in result.report.problems), \
+        result.report.problems
+    assert "shard" not in result.code
+
+
 def test_row_streams_cut_otherwise_as_well_are_refused() -> None:
     # a row of the data taken as well (`ids[0]`): what the dimensions hold is not known
     cut = ROW_CUT + "\n        inputs = inputs + ids[0][:5]"
