@@ -518,11 +518,13 @@ def test_a_summed_evaluation_loss_cuts_the_padded_samples_of_the_last_batch() ->
     result = convert(SUMMED_EVAL.replace("REDUCTION", "'sum'"))
     lines = [line.strip() for line in result.code.splitlines()]
     start = lines.index("for i, (data, _) in enumerate(test_loader):")
-    assert lines[start + 2:start + 6] == [
+    assert lines[start + 2:start + 8] == [
+        "keep = len(data)",
         "if accelerator.gradient_state.end_of_dataloader and accelerator.gradient_state.remainder > 0:",
         "keep = min(max(accelerator.gradient_state.remainder - accelerator.process_index * len(data), 0), "
         "len(data))",
-        "data, _ = data[:keep], _[:keep]",
+        "data, _ = data[:max(keep, 1)], _[:max(keep, 1)]",
+        "if keep > 0:",
         "test_loss += loss_function(model(data), data).item()"], result.code
     assert 'test_loss = accelerator.reduce(torch.as_tensor(test_loss, device=accelerator.device), "sum").item()' \
         in result.code
@@ -530,10 +532,28 @@ def test_a_summed_evaluation_loss_cuts_the_padded_samples_of_the_last_batch() ->
     assert not result.report.problems
 
 
-def test_a_sum_of_batch_means_is_not_cut() -> None:
-    # `reduction='mean'` in the loss function: each term is a batch mean, an empty batch would be nan; the sum
-    # stays as it was (reduced after the loop), the report says the padding is counted
+def test_a_sum_of_batch_means_is_cut_and_skips_empty_batches() -> None:
+    # pytorch/examples' siamese network: `test_loss += criterion(outputs, targets).item()` sums batch *means*;
+    # the repeated samples of the last round were counted (4 terms where one process has 3); cut to the real
+    # share, an empty batch (mean nan) adds nothing, so the terms are the one-process run's batches
     result = convert(SUMMED_EVAL.replace("REDUCTION", "'mean'"))
+    lines = [line.strip() for line in result.code.splitlines()]
+    start = lines.index("for i, (data, _) in enumerate(test_loader):")
+    assert lines[start + 5:start + 9] == [
+        "data, _ = data[:max(keep, 1)], _[:max(keep, 1)]",
+        "if keep > 0:",
+        "test_loss += loss_function(model(data), data).item()",
+        'test_loss = accelerator.reduce(torch.as_tensor(test_loss, device=accelerator.device), "sum").item()'], \
+        result.code
+    assert any("each sample counted once" in f.action for f in result.report.found)
+    assert not result.report.problems
+
+
+def test_a_sum_of_batch_means_sharing_its_line_is_left_and_reported() -> None:
+    source = SUMMED_EVAL.replace("REDUCTION", "'mean'").replace(
+        "test_loss += loss_function(model(data), data).item()",
+        "test_loss += loss_function(model(data), data).item(); seen = 1")
+    result = convert(source)
     assert "remainder" not in result.code
     assert any("padded by Accelerate for an uneven split is counted too" in f.action for f in result.report.found)
 
