@@ -127,6 +127,34 @@ def classify(ctx: Context, expr: cst.BaseExpression, model_classes: set[str]) ->
     return None
 
 
+ENVIRONMENT_MAKERS = {"gym.make", "gymnasium.make", "gymnasium.make_vec", "gym.vector.make",
+                      "gym.vector.SyncVectorEnv", "gym.vector.AsyncVectorEnv", "gymnasium.vector.SyncVectorEnv",
+                      "gymnasium.vector.AsyncVectorEnv"}
+
+
+def environments(ctx: Context, model_classes: set[str]) -> set[str]:
+    """Names bound to a reinforcement-learning environment, whose `step(action)` hands out the training data: made
+    by gym/gymnasium, or an instance of one of the script's classes with `reset` and `step` methods."""
+    classes = {c.name.value for c in ctx.of_type(cst.ClassDef) if c.name.value not in model_classes and
+               {"reset", "step"} <= {f.name.value for f in c.body.body if isinstance(f, cst.FunctionDef)}}
+    found = set()
+    for small in ctx.of_type(cst.Assign):
+        for key, value, _ in bindings(small):
+            if isinstance(value, cst.Call) and (ctx.qnames(value) & ENVIRONMENT_MAKERS or
+                                                dotted(value.func) in classes):
+                found.add(key)
+    return found
+
+
+def environment_call(ctx: Context, node: cst.CSTNode, envs: set[str], methods=("step",)) -> cst.Call | None:
+    """The first `env.step(...)` (or another of `methods`) of an environment in `node`."""
+    for call in ctx.descendants(node):
+        if type(call) is cst.Call and isinstance(call.func, cst.Attribute) and \
+                call.func.attr.value in methods and dotted(call.func.value) in envs:  # type: ignore[attr-defined]
+            return call  # type: ignore[return-value]
+    return None
+
+
 def inside_class(ctx: Context, node: cst.CSTNode, classes: set[str]) -> bool:
     """True inside the code of a model class (its layers are not models to prepare)."""
     return any(isinstance(a, cst.ClassDef) and a.name.value in classes for a in ctx.ancestors(node))

@@ -838,3 +838,78 @@ def test_an_archive_unpacked_on_every_run_is_unpacked_by_the_main_process_alone(
         main()
     """)
     assert "main_process_first" in guarded.code and "is_local_main_process" not in guarded.code
+
+
+GYM_REINFORCE = """
+import gymnasium as gym
+import torch
+import torch.nn as nn
+from torch.distributions import Categorical
+
+env = gym.make('CartPole-v1')
+env.reset(seed=SEED)
+torch.manual_seed(SEED)
+policy = nn.Sequential(nn.Linear(4, 2), nn.Softmax(dim=1))
+optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+
+
+def finish_episode(log_probs, rewards):
+    returns = []
+    R = 0
+    for r in rewards[::-1]:
+        R = r + 0.99 * R
+        returns.insert(0, R)
+    returns = torch.tensor(returns)
+    loss = torch.cat([-p * R for p, R in zip(log_probs, returns)]).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def main():
+    running = 10
+    for episode in range(1000):
+        state, _ = env.reset()
+        log_probs, rewards = [], []
+        for t in range(1, 500):
+            m = Categorical(policy(torch.from_numpy(state).float().unsqueeze(0)))
+            action = m.sample()
+            log_probs.append(m.log_prob(action))
+            state, reward, terminated, truncated, _ = env.step(action.item())
+            rewards.append(reward)
+            if terminated or truncated:
+                break
+        running = 0.05 * sum(rewards) + 0.95 * running
+        finish_episode(log_probs, rewards)
+        if running > env.spec.reward_threshold:
+            break
+
+
+if __name__ == '__main__':
+    main()
+"""
+
+
+def test_episodes_of_a_gym_environment_are_played_per_process_and_the_solved_stop_is_taken_together() -> None:
+    # pytorch/examples' reinforce.py was refused: `torch.tensor(returns)` of finish_episode's own list was taken for
+    # hand-made batches "bound at module level"
+    result = convert(GYM_REINFORCE.replace("SEED", "543"))
+    assert not result.report.problems, result.report.problems
+    code = result.code
+    assert "policy, optimizer = accelerator.prepare(policy, optimizer)" in code
+    assert "    if accelerator.process_index > 0:\n        torch.manual_seed(543 + accelerator.process_index)\n" \
+           "        env.reset(seed=543 + accelerator.process_index)\n" in code, code
+    # the episode ends on its own `terminated` on each process (a trigger there would be called a different number
+    # of times per process: a hang); the stop on the running reward is collective
+    assert "            if terminated or truncated:\n                break\n" in code, code
+    assert code.count("accelerator.check_trigger()") == 1
+    assert "        if running > env.spec.reward_threshold:\n            accelerator.set_trigger()\n" in code
+    assert any(f.kind == "batches" and "episodes of the environment `env`" in f.action for f in result.report.found)
+    assert not find_concerns(code)
+
+
+def test_unseeded_episodes_still_draw_their_actions_apart() -> None:
+    # torch starts every process from the same default seed: the sampled actions would be the same everywhere
+    result = convert(GYM_REINFORCE.replace("env.reset(seed=SEED)\ntorch.manual_seed(SEED)\n", ""))
+    assert "torch.manual_seed(torch.initial_seed() + accelerator.process_index)" in result.code, result.code
+    assert "env.reset(seed=" not in result.code
