@@ -64,6 +64,9 @@ class Facts:
     factories: dict[str, list[str | None]] = field(default_factory=dict)  # function -> kind per returned position
     optimizer_models: dict[int, list[str]] = field(default_factory=dict)  # id(optimizer Tracked) -> model names
     accelerator_devices: set[str] = field(default_factory=set)  # names set to `accelerator.device` by the conversion
+    # `DataLoader(...)` made where it is used, bound to no name: a loop's iterable, or an argument of the script's
+    # own function or class (`Trainer(model, DataLoader(ds, batch_size=8), opt)`); prepared where it is made
+    inline_loaders: list[cst.Call] = field(default_factory=list)
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)
@@ -349,8 +352,11 @@ def _find_devices_and_loops(ctx: Context, facts: Facts) -> None:
                     target = cst.Tuple(elements=target.elements[1:])
             else:
                 target = node.target
-            if facts.kind(source) == "loader":
+            inline = isinstance(source, cst.Call) and classify(ctx, source, facts.model_classes) == "loader"
+            if facts.kind(source) == "loader" or inline:
                 facts.loader_loops.append((node, {n.value for n in walk(target) if isinstance(n, cst.Name)}))
+            if inline and source not in facts.inline_loaders:
+                facts.inline_loaders.append(source)  # type: ignore[arg-type]
             continue
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in {"to", "cuda"} and node.args \
@@ -591,8 +597,11 @@ def _loaders_into_parameters(ctx: Context, facts: Facts) -> None:
             if params and params[0] == "self" and (isinstance(func, cst.Attribute) or function is constructor):
                 params = params[1:]
             for position, arg in enumerate(call.args):
-                if facts.kind(arg.value) != "loader":
+                inline = isinstance(arg.value, cst.Call) and classify(ctx, arg.value, facts.model_classes) == "loader"
+                if facts.kind(arg.value) != "loader" and not inline:
                     continue
+                if inline and arg.value not in facts.inline_loaders:
+                    facts.inline_loaders.append(arg.value)  # type: ignore[arg-type]
                 param = arg.keyword.value if arg.keyword is not None else \
                     params[position] if position < len(params) else None
                 if param and param not in facts.kinds:

@@ -48,6 +48,9 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # pytorch/examples' reinforce.py / actor_critic.py: episodes of an environment, no DataLoader (was refused for a
     # `torch.tensor(returns)` of a helper's own list taken for data); the stop on the running reward would hang
     "policy_gradient": ([], {"wrapped", "samples", "side effects"}),
+    # DataLoaders bound to no name: handed to a Trainer built and run in one statement (was a false refusal) and to
+    # an evaluation function
+    "inline_loaders": ([], {"wrapped", "samples", "metrics", "side effects"}),
 }
 
 

@@ -85,6 +85,19 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     for group in groups:
         _place(ctx, flow, plan, group)
     _inventory(ctx, facts, plan, items)
+    for loader in facts.inline_loaders:
+        _prepare_inline(ctx, plan, loader)
+
+
+def _prepare_inline(ctx: Context, plan: EditPlan, loader: cst.Call) -> None:
+    """`for x, y in DataLoader(ds, ...):` or `train(model, DataLoader(ds, ...))`: the loader has no name to prepare
+    with the model, so it is prepared where it is made. Left unprepared, every process would train on all of it."""
+    plan.edit(loader, lambda u: cst.Call(func=cst.parse_expression("accelerator.prepare"), args=[cst.Arg(u)]))
+    line = ctx.line(loader)
+    plan.report.change(line, f"`{ctx.code(loader.func)}(...)` -> `accelerator.prepare({ctx.code(loader.func)}(...))` "
+                             "where it is made", "a DataLoader bound to no name cannot be prepared with the model; "
+                                                 "unprepared, every process would iterate all of it")
+    plan.report.found_item("dataloader", ctx.code(loader.func), line, "made inline: prepared where it is made")
 
 
 def _imported_trainer(ctx: Context) -> cst.Call | None:
@@ -312,9 +325,11 @@ def _handed_over(ctx: Context, plan: EditPlan, member: Member, aliases: dict[str
 
 def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
     """`self.model = model` in the block: the object lives on as `self.model` (what other methods train), so that
-    is the name to prepare."""
+    is the name to prepare. Only in the block's own function: a class of a module-level script stores its
+    `__init__` argument, which is no name of the module (`self` is not defined there)."""
+    scope = block if isinstance(block, cst.FunctionDef) else ctx.function(block)
     for node in ctx.descendants(block):
-        if isinstance(node, cst.Assign):
+        if isinstance(node, cst.Assign) and ctx.function(node) is scope:
             for target, value, position in bindings(node):
                 if position is None and target.startswith("self.") and value is not None and \
                         dotted(_strip(value)) == key:

@@ -913,3 +913,82 @@ def test_unseeded_episodes_still_draw_their_actions_apart() -> None:
     result = convert(GYM_REINFORCE.replace("env.reset(seed=SEED)\ntorch.manual_seed(SEED)\n", ""))
     assert "torch.manual_seed(torch.initial_seed() + accelerator.process_index)" in result.code, result.code
     assert "env.reset(seed=" not in result.code
+
+
+INLINE_LOOP = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+dataset = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(2):
+    for step, (x, y) in enumerate(DataLoader(dataset, batch_size=8, shuffle=True)):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_dataloader_made_in_the_loop_header_is_prepared_where_it_is_made() -> None:
+    # it was left unprepared and the conversion said nothing: every process trained on all of the data
+    result = convert(INLINE_LOOP)
+    assert "for step, (x, y) in enumerate(accelerator.prepare(DataLoader(dataset, batch_size=8, shuffle=True))):" \
+        in result.code, result.code
+    assert any(f.kind == "dataloader" and "made inline" in f.action for f in result.report.found)
+    assert not result.report.problems
+
+
+def test_a_dataloader_handed_inline_to_a_trainer_is_prepared_not_refused() -> None:
+    # `Trainer(model, DataLoader(...), optimizer).train(2)`: "batches that do not come from a DataLoader" (false)
+    source = INLINE_LOOP.split("for epoch")[0] + """
+class Trainer:
+    def __init__(self, model, data, optimizer):
+        self.model = model
+        self.data = data
+        self.optimizer = optimizer
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            for x, y in self.data:
+                self.optimizer.zero_grad()
+                F.mse_loss(self.model(x), y).backward()
+                self.optimizer.step()
+
+
+Trainer(model, DataLoader(dataset, batch_size=8), optimizer).train(2)
+"""
+    result = convert(source)
+    assert not result.report.problems, result.report.problems
+    assert "Trainer(model, accelerator.prepare(DataLoader(dataset, batch_size=8)), optimizer).train(2)" in result.code
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in result.code
+
+
+def test_a_module_level_script_with_a_trainer_class_prepares_its_own_names_not_self() -> None:
+    # the class's `self.model = model` was taken for the module's name of the model: `model, self.model, ... =
+    # accelerator.prepare(model, self.model, ...)` at module level, a NameError on every process
+    source = INLINE_LOOP.split("for epoch")[0] + """
+class Trainer:
+    def __init__(self, model, data, optimizer):
+        self.model = model
+        self.data = data
+        self.optimizer = optimizer
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            for x, y in self.data:
+                self.optimizer.zero_grad()
+                F.mse_loss(self.model(x), y).backward()
+                self.optimizer.step()
+
+
+loader = DataLoader(dataset, batch_size=8)
+Trainer(model, loader, optimizer).train(2)
+"""
+    result = convert(source)
+    assert "self.model" not in result.code.split("class Trainer")[0] + result.code.split("loader = ")[-1]
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code, result.code
+    assert not find_concerns(result.code)
