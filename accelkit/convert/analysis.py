@@ -67,6 +67,7 @@ class Facts:
     # `DataLoader(...)` made where it is used, bound to no name: a loop's iterable, or an argument of the script's
     # own function or class (`Trainer(model, DataLoader(ds, batch_size=8), opt)`); prepared where it is made
     inline_loaders: list[cst.Call] = field(default_factory=list)
+    in_containers: list[tuple[str, str, cst.Call]] = field(default_factory=list)  # (container, kind, creation)
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)
@@ -237,6 +238,9 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
                 continue  # `model.head = nn.Linear(...)` changes a model, it does not make a new one
         if value is None:
             continue
+        if key is not None and isinstance(value, (cst.List, cst.Tuple, cst.ListComp, cst.Dict, cst.DictComp)):
+            _unnamed_in_container(ctx, facts, key, value, model_classes)
+            continue
         kind = classify(ctx, value, model_classes)
         if kind == "dataparallel":
             call = strip_chain(value)
@@ -251,6 +255,21 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
         if key is not None:
             facts.kinds.setdefault(key, kind)
         facts.created.append(Tracked(key or "", kind, strip_chain(value), line, small, key is None))
+
+
+def _unnamed_in_container(ctx: Context, facts: Facts, key: str, value: cst.BaseExpression,
+                          model_classes: set[str]) -> None:
+    """`nets = [Net(), Net(bn=True)]`, `opts = [Adam(n.parameters()) for n in nets]`: models or optimizers made
+    inside a container have no name to prepare them by. Layers gathered for a model (`nn.Sequential(*layers)`,
+    `nn.ModuleList(blocks)`) are parts of that model, not models of their own."""
+    for call in ctx.of_type(cst.Call):
+        if any(dotted(a.value) == key for a in call.args) and classify(ctx, call, model_classes) == "model":
+            return
+    for node in ctx.descendants(value):
+        kind = classify(ctx, node, model_classes) if isinstance(node, cst.Call) else None
+        if kind in {"model", "optimizer"}:
+            facts.in_containers.append((key, kind, node))  # type: ignore[arg-type]
+            return
 
 
 def _models_from_optimizers(ctx: Context, facts: Facts) -> None:

@@ -116,9 +116,12 @@ def _closure_step(ctx: Context, backward: cst.Call) -> cst.Call | None:
 
 
 def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
-    """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one."""
-    if any(loop is known for known, _ in facts.loader_loops):
-        return True
+    """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one; or it runs inside a loop over
+    a DataLoader in the same function (`for b_x, b_y in loader: for net, opt in zip(nets, optimizers): ...`)."""
+    function = ctx.function(loop)
+    for outer in [loop, *(a for a in ctx.ancestors(loop) if isinstance(a, cst.For) and ctx.function(a) is function)]:
+        if any(outer is known for known, _ in facts.loader_loops):
+            return True
     if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
         return True
     for node in ctx.descendants(loop):  # `batch = batch_loader.next()`: a wrapper of a DataLoader (makemore)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, Tracked, bindings, models_of, wrapper_of_view
+from accelkit.convert.analysis import Facts, Tracked, assign_parts, bindings, models_of, wrapper_of_view
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow, references
@@ -87,6 +87,13 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     _inventory(ctx, facts, plan, items)
     for loader in facts.inline_loaders:
         _prepare_inline(ctx, plan, loader)
+    for container, kind, creation in facts.in_containers:
+        if flow.backward_calls:
+            plan.report.problem(ctx.line(creation), f"{kind}s made inside a container (`{container}`, line "
+                                                    f"{ctx.line(creation)}) have no name to prepare them by: "
+                                                    "converted, every process would train its own copy",
+                                f"bind each {kind} to a name, prepare them (model and optimizer together), then "
+                                f"build `{container}` from the prepared names")
 
 
 def _prepare_inline(ctx: Context, plan: EditPlan, loader: cst.Call) -> None:
@@ -449,6 +456,38 @@ def _runs_parameter(ctx: Context, flow: Flow, function: cst.FunctionDef, call: c
     return False
 
 
+def _rebuild_containers(ctx: Context, plan: EditPlan, lines: list, batch: list[Member], add) -> None:
+    """`nets = [net_sgd, net_adam]` written between the objects' creation and their prepare holds the unprepared
+    objects, and the loop trains through it (every process its own copy): the list is made again from the
+    prepared names, right after the prepare. A container the conversion cannot rebuild is reported."""
+    keys = {m.key for m in batch}
+    for line in lines:
+        if not isinstance(line, cst.SimpleStatementLine):
+            continue
+        for small in line.body:
+            value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign)) else None
+            literals = [n for n in (ctx.descendants(value) if value is not None else [])
+                        if isinstance(n, (cst.List, cst.Tuple, cst.Set, cst.Dict))
+                        and any(dotted(getattr(e, "value", e)) in keys for e in n.elements)]
+            if not literals:
+                continue
+            target, _ = assign_parts(small)
+            simple = target is not None and isinstance(value, (cst.List, cst.Tuple)) and value in literals and \
+                all(dotted(e.value) for e in value.elements)
+            held = [dotted(getattr(e, "value", e)) for n in literals for e in n.elements
+                    if dotted(getattr(e, "value", e)) in keys]
+            if not simple:
+                plan.report.problem(ctx.line(small), f"`{', '.join(held)}` put in a container at line "
+                                                     f"{ctx.line(small)} before it is prepared: the container "
+                                                     "would hold the unprepared object",
+                                    "build the container after the objects are prepared (or prepare them first)")
+                continue
+            add(cst.SimpleStatementLine([small.deep_clone()]))
+            plan.report.change(ctx.line(small), f"`{ctx.code(small)}` made again after the prepare",
+                               f"it holds {', '.join(f'`{k}`' for k in held)}, taken before the prepare: without "
+                               "it the script would train the unprepared objects")
+
+
 def _emit(ctx: Context, flow: Flow, plan: EditPlan, block: cst.CSTNode, body: list, batch: list[Member],
           bound: int) -> None:
     batch = sorted(batch, key=lambda m: (KIND_ORDER.index(m.kind), m.index))
@@ -475,6 +514,10 @@ def _emit(ctx: Context, flow: Flow, plan: EditPlan, block: cst.CSTNode, body: li
     kinds = ", ".join(f"{m.key} ({m.kind})" for m in batch)
     plan.report.change(anchor_line, f"added `{names} = accelerator.prepare({names})` {when} in {where}: {kinds}",
                        WHY)
+    end = bound if bound < len(body) else body.index(anchor) + 1
+    _rebuild_containers(ctx, plan, body[min(m.index for m in batch) + 1:end], batch,
+                        (lambda s: plan.insert_before(body[bound], s)) if bound < len(body) else
+                        (lambda s: plan.insert_after(anchor, s)))
     function = ctx.function(body[0]) if body else None
     for member in batch:
         plan.prepared[member.key] = f"line {anchor_line} ({where})"

@@ -992,3 +992,46 @@ Trainer(model, loader, optimizer).train(2)
     assert "self.model" not in result.code.split("class Trainer")[0] + result.code.split("loader = ")[-1]
     assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code, result.code
     assert not find_concerns(result.code)
+
+
+MODEL_LISTS = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+NETS
+for x, y in loader:
+    for net, opt in zip(nets, optimizers):
+        loss = nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_models_compared_in_a_list_are_prepared_and_the_list_made_again() -> None:
+    # MorvanZhou's 306_optimizer.py: the lists were built before the prepare and held the unprepared models (every
+    # process trained its own copies, and the conversion said nothing); the inner zip loop also read as "batches
+    # that do not come from a DataLoader" (it runs inside the loop over the loader)
+    nets = ("net_a = nn.Linear(4, 1)\nnet_b = nn.Linear(4, 1)\nnets = [net_a, net_b]\n"
+            "opt_a = torch.optim.SGD(net_a.parameters(), lr=0.1)\nopt_b = torch.optim.Adam(net_b.parameters())\n"
+            "optimizers = [opt_a, opt_b]\n")
+    result = convert(MODEL_LISTS.replace("NETS\n", nets))
+    assert not result.report.problems, result.report.problems
+    prepared = "net_a, net_b, opt_a, opt_b, loader = accelerator.prepare(net_a, net_b, opt_a, opt_b, loader)\n"
+    assert prepared + "nets = [net_a, net_b]\noptimizers = [opt_a, opt_b]\n" in result.code, result.code
+
+
+def test_models_made_inside_a_list_are_refused_with_the_line_but_layers_for_a_model_are_not() -> None:
+    # MorvanZhou's 504_batch_normalization.py: `nets = [Net(), Net(bn=True)]` was "converted" with nothing prepared
+    nets = ("nets = [nn.Linear(4, 1), nn.Linear(4, 1)]\n"
+            "optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]\n")
+    result = convert(MODEL_LISTS.replace("NETS\n", nets))
+    assert [p.line for p in result.report.problems] == [6, 7], result.report.problems
+    assert "models made inside a container (`nets`, line 6)" in result.report.problems[0].what
+    assert "optimizers made inside a container (`optimizers`, line 7)" in result.report.problems[1].what
+    layers = ("layers = [nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)]\nmodel = nn.Sequential(*layers)\n"
+              "nets, optimizers = [model], [torch.optim.SGD(model.parameters(), lr=0.1)]\n")
+    result = convert(MODEL_LISTS.replace("NETS\n", layers))
+    assert not any("`layers`" in p.what for p in result.report.problems), result.report.problems
