@@ -13,6 +13,7 @@ them). Nothing is downloaded. The third-party scripts are never copied into this
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -71,9 +72,10 @@ def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -
         row["reason"] = _refusal(text)
     if row["outcome"] != "converted" or not check:
         return row
-    if made.needs:
+    missing = [n for n in made.needs if importlib.util.find_spec(n.split()[0]) is None]
+    if missing:  # a package this environment lacks (`pip install gymnasium` runs pe-reinforce), or data
         row["check"] = "not run"
-        row["reason"] = "needs " + ", ".join(made.needs)
+        row["reason"] = "needs " + ", ".join(missing)
         return row
     started = time.perf_counter()
     code, text = _run([*ACCELKIT, "convert", "--check", str(made.script), "--converted", str(converted),

@@ -64,6 +64,10 @@ class Facts:
     factories: dict[str, list[str | None]] = field(default_factory=dict)  # function -> kind per returned position
     optimizer_models: dict[int, list[str]] = field(default_factory=dict)  # id(optimizer Tracked) -> model names
     accelerator_devices: set[str] = field(default_factory=set)  # names set to `accelerator.device` by the conversion
+    # `DataLoader(...)` made where it is used, bound to no name: a loop's iterable, or an argument of the script's
+    # own function or class (`Trainer(model, DataLoader(ds, batch_size=8), opt)`); prepared where it is made
+    inline_loaders: list[cst.Call] = field(default_factory=list)
+    in_containers: list[tuple[str, str, cst.Call]] = field(default_factory=list)  # (container, kind, creation)
 
     def kind(self, expr: cst.BaseExpression) -> str | None:
         key = dotted(expr)
@@ -124,6 +128,34 @@ def classify(ctx: Context, expr: cst.BaseExpression, model_classes: set[str]) ->
             return "model"
         if q in model_classes:
             return "model"
+    return None
+
+
+ENVIRONMENT_MAKERS = {"gym.make", "gymnasium.make", "gymnasium.make_vec", "gym.vector.make",
+                      "gym.vector.SyncVectorEnv", "gym.vector.AsyncVectorEnv", "gymnasium.vector.SyncVectorEnv",
+                      "gymnasium.vector.AsyncVectorEnv"}
+
+
+def environments(ctx: Context, model_classes: set[str]) -> set[str]:
+    """Names bound to a reinforcement-learning environment, whose `step(action)` hands out the training data: made
+    by gym/gymnasium, or an instance of one of the script's classes with `reset` and `step` methods."""
+    classes = {c.name.value for c in ctx.of_type(cst.ClassDef) if c.name.value not in model_classes and
+               {"reset", "step"} <= {f.name.value for f in c.body.body if isinstance(f, cst.FunctionDef)}}
+    found = set()
+    for small in ctx.of_type(cst.Assign):
+        for key, value, _ in bindings(small):
+            if isinstance(value, cst.Call) and (ctx.qnames(value) & ENVIRONMENT_MAKERS or
+                                                dotted(value.func) in classes):
+                found.add(key)
+    return found
+
+
+def environment_call(ctx: Context, node: cst.CSTNode, envs: set[str], methods=("step",)) -> cst.Call | None:
+    """The first `env.step(...)` (or another of `methods`) of an environment in `node`."""
+    for call in ctx.descendants(node):
+        if type(call) is cst.Call and isinstance(call.func, cst.Attribute) and \
+                call.func.attr.value in methods and dotted(call.func.value) in envs:  # type: ignore[attr-defined]
+            return call  # type: ignore[return-value]
     return None
 
 
@@ -206,6 +238,9 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
                 continue  # `model.head = nn.Linear(...)` changes a model, it does not make a new one
         if value is None:
             continue
+        if key is not None and isinstance(value, (cst.List, cst.Tuple, cst.ListComp, cst.Dict, cst.DictComp)):
+            _unnamed_in_container(ctx, facts, key, value, model_classes)
+            continue
         kind = classify(ctx, value, model_classes)
         if kind == "dataparallel":
             call = strip_chain(value)
@@ -220,6 +255,21 @@ def _find_creations(ctx: Context, facts: Facts, model_classes: set[str]) -> None
         if key is not None:
             facts.kinds.setdefault(key, kind)
         facts.created.append(Tracked(key or "", kind, strip_chain(value), line, small, key is None))
+
+
+def _unnamed_in_container(ctx: Context, facts: Facts, key: str, value: cst.BaseExpression,
+                          model_classes: set[str]) -> None:
+    """`nets = [Net(), Net(bn=True)]`, `opts = [Adam(n.parameters()) for n in nets]`: models or optimizers made
+    inside a container have no name to prepare them by. Layers gathered for a model (`nn.Sequential(*layers)`,
+    `nn.ModuleList(blocks)`) are parts of that model, not models of their own."""
+    for call in ctx.of_type(cst.Call):
+        if any(dotted(a.value) == key for a in call.args) and classify(ctx, call, model_classes) == "model":
+            return
+    for node in ctx.descendants(value):
+        kind = classify(ctx, node, model_classes) if isinstance(node, cst.Call) else None
+        if kind in {"model", "optimizer"}:
+            facts.in_containers.append((key, kind, node))  # type: ignore[arg-type]
+            return
 
 
 def _models_from_optimizers(ctx: Context, facts: Facts) -> None:
@@ -321,8 +371,11 @@ def _find_devices_and_loops(ctx: Context, facts: Facts) -> None:
                     target = cst.Tuple(elements=target.elements[1:])
             else:
                 target = node.target
-            if facts.kind(source) == "loader":
+            inline = isinstance(source, cst.Call) and classify(ctx, source, facts.model_classes) == "loader"
+            if facts.kind(source) == "loader" or inline:
                 facts.loader_loops.append((node, {n.value for n in walk(target) if isinstance(n, cst.Name)}))
+            if inline and source not in facts.inline_loaders:
+                facts.inline_loaders.append(source)  # type: ignore[arg-type]
             continue
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in {"to", "cuda"} and node.args \
@@ -563,8 +616,11 @@ def _loaders_into_parameters(ctx: Context, facts: Facts) -> None:
             if params and params[0] == "self" and (isinstance(func, cst.Attribute) or function is constructor):
                 params = params[1:]
             for position, arg in enumerate(call.args):
-                if facts.kind(arg.value) != "loader":
+                inline = isinstance(arg.value, cst.Call) and classify(ctx, arg.value, facts.model_classes) == "loader"
+                if facts.kind(arg.value) != "loader" and not inline:
                     continue
+                if inline and arg.value not in facts.inline_loaders:
+                    facts.inline_loaders.append(arg.value)  # type: ignore[arg-type]
                 param = arg.keyword.value if arg.keyword is not None else \
                     params[position] if position < len(params) else None
                 if param and param not in facts.kinds:

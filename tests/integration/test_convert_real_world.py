@@ -46,6 +46,17 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     "column_streams": ([], {"wrapped", "samples", "side effects"}),
     # yunjey's language model: (batch, length) streams cut `ids[:, i:i + n]` (was refused: a later dimension)
     "row_streams": ([], {"wrapped", "lr", "samples", "side effects"}),
+    # pytorch/examples' siamese network: a sum of per-batch mean losses over a test set whose pairs are drawn with
+    # Python's `random` (was a metrics FAIL: the repeated last batch was counted, 0.0734 where one process printed
+    # 0.0550; then a crash when cut to an empty batch: `view(size(0), -1)`; then a FAIL on the draws: the check
+    # looked at torch's generator only)
+    "random_pairs_eval": ([], {"wrapped", "samples", "metrics", "side effects"}),
+    # pytorch/examples' reinforce.py / actor_critic.py: episodes of an environment, no DataLoader (was refused for a
+    # `torch.tensor(returns)` of a helper's own list taken for data); the stop on the running reward would hang
+    "policy_gradient": ([], {"wrapped", "samples", "side effects"}),
+    # DataLoaders bound to no name: handed to a Trainer built and run in one statement (was a false refusal) and to
+    # an evaluation function
+    "inline_loaders": ([], {"wrapped", "samples", "metrics", "side effects"}),
 }
 
 
@@ -82,3 +93,22 @@ def test_the_reproduced_idiom_converts_and_passes_its_check_on_two_ranks(name: s
 def test_a_torchrun_only_original_runs_under_a_one_process_torchrun_environment(checked) -> None:
     code, text = checked["torchrun_trainer"]
     assert "original on 1 process under a 1-process torchrun environment" in text, text
+
+
+def test_episodes_end_on_their_own_and_the_stop_on_the_running_reward_is_taken_together(tmp_path: Path) -> None:
+    # each process plays its own episodes (different lengths: the episode's own `break` stays per process) and one
+    # process passes the threshold first: without the trigger it left the loop while the other waited in the next
+    # all-reduce (the 2-rank run hung)
+    shutil.copy(REAL_WORLD / "policy_gradient.py", tmp_path)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    converted = subprocess.run([sys.executable, "-m", "accelkit", "convert", "policy_gradient.py", "-o", "pg.py"],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    assert "accelerator.check_trigger()" in (tmp_path / "pg.py").read_text()
+    assert "if terminated or truncated:\n                break" in (tmp_path / "pg.py").read_text()
+    run = subprocess.run([sys.executable, "-m", "accelkit", "launch", "--cpu", "--num-processes", "2", "pg.py", "--",
+                          "--threshold", "9", "--max-episodes", "40"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    episodes = [line for line in run.stdout.splitlines() if line.startswith("Episode ")]
+    assert 1 <= len(episodes) < 40, run.stdout

@@ -11,6 +11,7 @@ or without workers) tells which dataset indices the sampler handed out, whatever
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -264,7 +265,16 @@ def _with_replacement(loader) -> bool:
 
 
 def _rng_digest() -> str:
-    """A digest of torch's default CPU generator: it changes when anything draws from it."""
+    """A digest of the global generators a dataset draws from (torch's default CPU generator, Python's `random`,
+    numpy's legacy `np.random`): it changes when anything draws from one of them (pytorch/examples' siamese test
+    set picks its pairs with `random.randint` in `__getitem__`)."""
+    import random
+
     import torch
 
-    return hashlib.sha1(torch.random.get_rng_state().numpy().tobytes()).hexdigest()
+    digest = hashlib.sha1(torch.random.get_rng_state().numpy().tobytes())
+    digest.update(repr(random.getstate()).encode())
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        digest.update(repr(numpy.random.get_state(legacy=True)).encode())
+    return digest.hexdigest()

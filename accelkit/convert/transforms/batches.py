@@ -16,7 +16,7 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, bindings, inside_class
+from accelkit.convert.analysis import Facts, bindings, environment_call, environments, inside_class
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
@@ -118,9 +118,12 @@ def _closure_step(ctx: Context, backward: cst.Call) -> cst.Call | None:
 
 
 def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
-    """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one."""
-    if any(loop is known for known, _ in facts.loader_loops):
-        return True
+    """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one; or it runs inside a loop over
+    a DataLoader in the same function (`for b_x, b_y in loader: for net, opt in zip(nets, optimizers): ...`)."""
+    function = ctx.function(loop)
+    for outer in [loop, *(a for a in ctx.ancestors(loop) if isinstance(a, cst.For) and ctx.function(a) is function)]:
+        if any(outer is known for known, _ in facts.loader_loops):
+            return True
     if isinstance(loop, cst.For) and LOADER_NAME.search(ctx.code(loop.iter)):
         return True
     for node in ctx.descendants(loop):  # `batch = batch_loader.next()`: a wrapper of a DataLoader (makemore)
@@ -154,6 +157,8 @@ def _iterator_of_loader(ctx: Context, facts: Facts, key: str) -> bool:
 def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode,
                   closure: tuple[cst.Call, cst.FunctionDef] | None = None) -> None:
     function = ctx.function(loop)
+    if _plays_episodes(ctx, facts, flow, plan, loop):
+        return
     random_draws = _random_draws(ctx, facts, flow, loop, RANDOM_INDEX)
     where = f"the training loop at line {ctx.line(loop)}"
     if random_draws:
@@ -269,6 +274,33 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                                                 f"(line {line})")
 
 
+def _plays_episodes(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode) -> bool:
+    """Reinforcement learning: the loop's data are episodes of an environment (`state, reward, ... =
+    env.step(action)`, REINFORCE, actor-critic). There is nothing to shard: each process plays its own episodes
+    (its torch, numpy and `random` streams, and the environment's, seeded apart) and the gradient is averaged over
+    the N processes' episodes, as a DataLoader's global batch grows N times."""
+    envs = environments(ctx, facts.model_classes)
+    step = None
+    for node in [loop, *_reached(flow, loop)] if envs else []:
+        step = environment_call(ctx, node, envs)
+        if step is not None:
+            break
+    if step is None:
+        return False
+    env = dotted(step.func.value)  # type: ignore[attr-defined]
+    reseed = [f"{ctx.code(c.func)}(seed={ctx.code(a.value)} + accelerator.process_index)"
+              for c in ctx.of_type(cst.Call) if ctx.line(c) < ctx.line(loop) and c is environment_call(ctx, c, {env},
+                                                                                                   ("reset",))
+              for a in c.args if a.keyword is not None and a.keyword.value == "seed"][-1:]
+    _seed_per_process(ctx, facts, flow, plan, loop, step, "episodes", reseed)
+    plan.report.found_item("batches", env, ctx.line(loop),
+                           f"episodes of the environment `{env}` (`{ctx.code(step)}`, line {ctx.line(step)}): each "
+                           "process plays its own and the gradient is averaged over the N processes' episodes; "
+                           "progress is counted in steps")
+    plan.report.iteration_based = True
+    return True
+
+
 def _sharded_by_the_script(ctx: Context, loop: cst.CSTNode) -> tuple[str, cst.CSTNode] | None:
     """The object the loop takes its batches from (`x, y = train_loader.next_batch()`) when the script builds it
     with the process rank (`DataLoaderLite(..., process_rank=ddp_rank, num_processes=ddp_world_size)`): each
@@ -325,8 +357,8 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
                     continue  # `cfg["lr"]`, `shape[0]`: not a batch cut from data
                 add(n.value.value)
             elif isinstance(n, cst.Call) and ctx.qnames(n) & TO_TENSOR and n.args and \
-                    isinstance(n.args[0].value, cst.Name):
-                add(n.args[0].value.value)
+                    isinstance(n.args[0].value, cst.Name) and n.args[0].value.value not in params:
+                add(n.args[0].value.value)  # not a helper's own list (`returns = torch.tensor(returns)`)
             elif isinstance(n, cst.Call) and dotted(n.func) in models:  # full batch: `model(x)`
                 # and the targets beside it in the same statement: `loss = criterion(model(x), y)`
                 statement = ctx.small_statement(n) or n
@@ -610,7 +642,7 @@ def _shard_site(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode, funct
 
 
 def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode,
-                      draw: cst.Call, what: str = "batches") -> None:
+                      draw: cst.Call, what: str = "batches", reseed: list[str] | None = None) -> None:
     """Each process gets its own random stream before training. torch starts every process from the same default
     seed (seeded or not, every rank would draw the same batches or noise); numpy and `random` seed themselves from
     the OS unless the script seeds them."""
@@ -626,8 +658,9 @@ def _seed_per_process(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, lo
         calls[ctx.code(call.func)] = ctx.code(call.args[0].value)
     added = [f"{func}({value} + accelerator.process_index)" for func, value in calls.items()]
     seeds_torch = any(ctx.qnames(c) & (SEEDS - {"numpy.random.seed", "random.seed"}) for c in seeds)
-    if not seeds_torch and "torch" in ctx.code(draw.func):
+    if not seeds_torch and ("torch" in ctx.code(draw.func) or what == "episodes"):  # actions sampled by torch
         added.append("torch.manual_seed(torch.initial_seed() + accelerator.process_index)")
+    added += reseed or []  # an environment seeded by the script (`env.reset(seed=args.seed)`)
     if not added:
         plan.report.found_item(what, "", line, f"random {what} drawn per process (the script does not seed its "
                                                "random generator, so each process already draws its own)")

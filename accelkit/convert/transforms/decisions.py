@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, bindings
+from accelkit.convert.analysis import Facts, bindings, environment_call, environments
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
@@ -43,6 +43,8 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
             exit_ = _exit_of(node)
             if exit_ is None or not (_names(ctx, node.test) & tainted):
                 continue
+            if not isinstance(exit_, cst.Return) and not flow.trains(flow.innermost_loop(node)):
+                continue  # it leaves a loop that does not train (an episode ending on its own `done`): per process
             seen.add(id(node))
             _collective(ctx, plan, node, exit_)
 
@@ -67,14 +69,23 @@ def _per_process_values(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNod
             target = target.elements[1]  # `step` of `for step, batch in enumerate(loader)` counts alike everywhere
         tainted |= {n.value for n in ctx.descendants(target) if type(n) is cst.Name}
     # what each assignment reads, runs and is guarded by, read once: the propagation below repeats over them
+    envs = environments(ctx, facts.model_classes)  # each process plays its own episodes: rewards are its own
     assigns = []
     for node in ctx.descendants(scope):
         if not isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) or node.value is None:
             continue
-        runs_model = any(isinstance(c, cst.Call) and dotted(c.func) in models for c in ctx.descendants(node.value))
+        runs_model = any(isinstance(c, cst.Call) and dotted(c.func) in models for c in ctx.descendants(node.value)) \
+            or environment_call(ctx, node.value, envs, ("step", "reset")) is not None
         guards = [_names(ctx, a.test) for a in ctx.ancestors(node) if isinstance(a, cst.If)]
         assigns.append((node, runs_model, guards, _names(ctx, node.value)))
+    # `rewards.append(reward)`: a container filled with per-process values holds them too
+    fills = [(dotted(c.func.value), _names(ctx, c)) for c in ctx.descendants(scope)  # type: ignore[attr-defined]
+             if type(c) is cst.Call and isinstance(c.func, cst.Attribute) and  # type: ignore[attr-defined]
+             c.func.attr.value in {"append", "extend", "insert", "add", "update"}]  # type: ignore[attr-defined]
     for _ in range(4):
+        for owner, reads in fills:
+            if owner and reads & tainted:
+                tainted.add(owner)
         for node, runs_model, guards, reads in assigns:
             if runs_model or reads & tainted or any(guard & tainted for guard in guards):
                 if isinstance(node, cst.AugAssign):

@@ -225,7 +225,7 @@ def _reduce_accumulators(ctx: Context, facts: Facts, plan: EditPlan, loop: cst.F
                                        "all processes (accelerator.reduce)",
                        "each process only saw its shard of the loader; the value read after the loop must cover "
                        "every process's share")
-    trimmed = not training and not _sums_batch_means(ctx, loop) and _cut_padding(ctx, plan, loop, batch_names)
+    trimmed = not training and _cut_padding(ctx, plan, loop, batch_names, names)
     plan.report.found_item("metric", ", ".join(names), ctx.line(loop),
                            "summed across processes after the loop, each sample counted once (the samples "
                            "Accelerate repeats to even out the last batches are cut off first)" if trimmed else
@@ -269,14 +269,19 @@ def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: EditPlan, after
 
 
 
-def _cut_padding(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str]) -> bool:
+def _cut_padding(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str], accumulators: list[str]) \
+        -> bool:
     """An evaluation loop that sums per-sample values (`test_loss += F.mse_loss(..., reduction='sum').item()`, a
-    loss the model returns, a correct count) over a prepared loader: when the dataset does not split into whole
-    batches on every process, Accelerate completes the last batches with samples from the start, and the sum would
-    count them twice. `gradient_state.remainder` is the number of real samples in that last round, laid out by
-    rank (what `gather_for_metrics` keeps): each process cuts its last batch to its real share before anything is
-    computed from it. The forward still runs on every process (an empty batch where the share is 0), so a sharded
-    model (FSDP) meets every collective. Only batches unpacked into names in the loop header are cut."""
+    loss the model returns, a correct count) or per-batch means (siamese: `test_loss += criterion(out, y).item()`)
+    over a prepared loader: when the dataset does not split into whole batches on every process, Accelerate
+    completes the last batches with samples from the start, and the sum would count them twice.
+    `gradient_state.remainder` is the number of real samples in that last round, laid out by rank (what
+    `gather_for_metrics` keeps): each process cuts its last batch to its real share before anything is computed
+    from it, and a process whose share is 0 adds nothing. Each process's batches are the one-process run's batches
+    (dealt round-robin), so both kinds of sum come out as on one process. The forward still runs on every process,
+    on one sample at least (`x.view(x.size(0), -1)` fails on an empty batch), so a sharded model (FSDP) meets every
+    collective. Only batches unpacked into names in the loop header are cut, and only when every increment of the
+    accumulators is a line of its own (it goes under `if keep > 0:`)."""
     target = loop.target
     if isinstance(target, cst.Tuple) and isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "enumerate" \
             and len(target.elements) == 2:
@@ -286,17 +291,39 @@ def _cut_padding(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[s
     names = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
     if len(names) != len(target.elements) or not set(names) <= batch_names:
         return False  # nested structures (`(x, (y, z))`) or starred names: left as they are
+    increments = _increment_lines(ctx, loop, accumulators)
+    if not increments:
+        return False  # an increment shares its line with other statements: left as it is (reported)
+    for line in increments:
+        plan.edit(line, lambda u: cst.If(test=cst.parse_expression("keep > 0"),
+                                         body=cst.IndentedBlock([u.with_changes(leading_lines=[])]),
+                                         leading_lines=u.leading_lines))
     state = "accelerator.gradient_state"
+    first = names[0]
+    count = cst.parse_statement(f"keep = len({first})\n").with_changes(leading_lines=[cst.EmptyLine(
+        comment=cst.Comment("# the last batches of an uneven split are completed with repeated samples: "
+                            "count each sample once"))])
     cut = cst.parse_statement(
         f"if {state}.end_of_dataloader and {state}.remainder > 0:\n"
-        f"    keep = min(max({state}.remainder - accelerator.process_index * len({names[0]}), 0), len({names[0]}))\n"
-        f"    {', '.join(names)} = {', '.join(f'{n}[:keep]' for n in names)}\n")
-    cut = cut.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-        "# the last batches of an uneven split are completed with repeated samples: count each sample once"))])
-    plan.body_start[loop.body].append(cut)
+        f"    keep = min(max({state}.remainder - accelerator.process_index * len({first}), 0), len({first}))\n"
+        f"    {', '.join(names)} = {', '.join(f'{n}[:max(keep, 1)]' for n in names)}\n")
+    plan.body_start[loop.body] += [count, cut]
     plan.accelerator_uses.append(loop)
     plan.report.change(ctx.line(loop), f"cut the repeated samples off the last batch of the evaluation loop "
-                                       f"(`{', '.join(names)}` to this process's real share)",
-                       "the loop sums per-sample values; Accelerate pads the last batches to an even split with "
-                       "samples from the start of the dataset, which the sum would count twice")
+                                       f"(`{', '.join(names)}` to this process's real share; a process with none "
+                                       "adds nothing)",
+                       "the loop sums per-sample values or batch means; Accelerate pads the last batches to an even "
+                       "split with samples from the start of the dataset, which the sum would count twice")
     return True
+
+
+def _increment_lines(ctx: Context, loop: cst.For, accumulators: list[str]) -> list[cst.SimpleStatementLine]:
+    """The lines of the loop that add to the accumulators, each a line of its own ([] when one is not)."""
+    lines = []
+    for node in ctx.descendants(loop.body):
+        if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name) and node.target.value in accumulators:
+            line = ctx.parent(node)
+            if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
+                return []
+            lines.append(line)
+    return lines

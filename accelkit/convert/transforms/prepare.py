@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, Tracked, bindings, models_of, wrapper_of_view
+from accelkit.convert.analysis import Facts, Tracked, assign_parts, bindings, models_of, wrapper_of_view
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow, references
@@ -86,6 +86,26 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     for group in groups:
         _place(ctx, flow, plan, group)
     _inventory(ctx, facts, plan, items)
+    for loader in facts.inline_loaders:
+        _prepare_inline(ctx, plan, loader)
+    for container, kind, creation in facts.in_containers:
+        if flow.backward_calls:
+            plan.report.problem(ctx.line(creation), f"{kind}s made inside a container (`{container}`, line "
+                                                    f"{ctx.line(creation)}) have no name to prepare them by: "
+                                                    "converted, every process would train its own copy",
+                                f"bind each {kind} to a name, prepare them (model and optimizer together), then "
+                                f"build `{container}` from the prepared names")
+
+
+def _prepare_inline(ctx: Context, plan: EditPlan, loader: cst.Call) -> None:
+    """`for x, y in DataLoader(ds, ...):` or `train(model, DataLoader(ds, ...))`: the loader has no name to prepare
+    with the model, so it is prepared where it is made. Left unprepared, every process would train on all of it."""
+    plan.edit(loader, lambda u: cst.Call(func=cst.parse_expression("accelerator.prepare"), args=[cst.Arg(u)]))
+    line = ctx.line(loader)
+    plan.report.change(line, f"`{ctx.code(loader.func)}(...)` -> `accelerator.prepare({ctx.code(loader.func)}(...))` "
+                             "where it is made", "a DataLoader bound to no name cannot be prepared with the model; "
+                                                 "unprepared, every process would iterate all of it")
+    plan.report.found_item("dataloader", ctx.code(loader.func), line, "made inline: prepared where it is made")
 
 
 def _imported_trainer(ctx: Context) -> cst.Call | None:
@@ -391,9 +411,11 @@ def _handed_over(ctx: Context, plan: EditPlan, member: Member, aliases: dict[str
 
 def _stored_alias(ctx: Context, block: cst.CSTNode, key: str) -> str | None:
     """`self.model = model` in the block: the object lives on as `self.model` (what other methods train), so that
-    is the name to prepare."""
+    is the name to prepare. Only in the block's own function: a class of a module-level script stores its
+    `__init__` argument, which is no name of the module (`self` is not defined there)."""
+    scope = block if isinstance(block, cst.FunctionDef) else ctx.function(block)
     for node in ctx.descendants(block):
-        if isinstance(node, cst.Assign):
+        if isinstance(node, cst.Assign) and ctx.function(node) is scope:
             for target, value, position in bindings(node):
                 if position is None and target.startswith("self.") and value is not None and \
                         dotted(_strip(value)) == key:
@@ -517,6 +539,38 @@ def _runs_parameter(ctx: Context, flow: Flow, function: cst.FunctionDef, call: c
     return False
 
 
+def _rebuild_containers(ctx: Context, plan: EditPlan, lines: list, batch: list[Member], add) -> None:
+    """`nets = [net_sgd, net_adam]` written between the objects' creation and their prepare holds the unprepared
+    objects, and the loop trains through it (every process its own copy): the list is made again from the
+    prepared names, right after the prepare. A container the conversion cannot rebuild is reported."""
+    keys = {m.key for m in batch}
+    for line in lines:
+        if not isinstance(line, cst.SimpleStatementLine):
+            continue
+        for small in line.body:
+            value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign)) else None
+            literals = [n for n in (ctx.descendants(value) if value is not None else [])
+                        if isinstance(n, (cst.List, cst.Tuple, cst.Set, cst.Dict))
+                        and any(dotted(getattr(e, "value", e)) in keys for e in n.elements)]
+            if not literals:
+                continue
+            target, _ = assign_parts(small)
+            simple = target is not None and isinstance(value, (cst.List, cst.Tuple)) and value in literals and \
+                all(dotted(e.value) for e in value.elements)
+            held = [dotted(getattr(e, "value", e)) for n in literals for e in n.elements
+                    if dotted(getattr(e, "value", e)) in keys]
+            if not simple:
+                plan.report.problem(ctx.line(small), f"`{', '.join(held)}` put in a container at line "
+                                                     f"{ctx.line(small)} before it is prepared: the container "
+                                                     "would hold the unprepared object",
+                                    "build the container after the objects are prepared (or prepare them first)")
+                continue
+            add(cst.SimpleStatementLine([small.deep_clone()]))
+            plan.report.change(ctx.line(small), f"`{ctx.code(small)}` made again after the prepare",
+                               f"it holds {', '.join(f'`{k}`' for k in held)}, taken before the prepare: without "
+                               "it the script would train the unprepared objects")
+
+
 def _emit(ctx: Context, flow: Flow, plan: EditPlan, block: cst.CSTNode, body: list, batch: list[Member],
           bound: int) -> None:
     batch = sorted(batch, key=lambda m: (KIND_ORDER.index(m.kind), m.index))
@@ -543,6 +597,10 @@ def _emit(ctx: Context, flow: Flow, plan: EditPlan, block: cst.CSTNode, body: li
     kinds = ", ".join(f"{m.key} ({m.kind})" for m in batch)
     plan.report.change(anchor_line, f"added `{names} = accelerator.prepare({names})` {when} in {where}: {kinds}",
                        WHY)
+    end = bound if bound < len(body) else body.index(anchor) + 1
+    _rebuild_containers(ctx, plan, body[min(m.index for m in batch) + 1:end], batch,
+                        (lambda s: plan.insert_before(body[bound], s)) if bound < len(body) else
+                        (lambda s: plan.insert_after(anchor, s)))
     function = ctx.function(body[0]) if body else None
     for member in batch:
         plan.prepared[member.key] = f"line {anchor_line} ({where})"

@@ -642,11 +642,13 @@ def test_a_summed_evaluation_loss_cuts_the_padded_samples_of_the_last_batch() ->
     result = convert(SUMMED_EVAL.replace("REDUCTION", "'sum'"))
     lines = [line.strip() for line in result.code.splitlines()]
     start = lines.index("for i, (data, _) in enumerate(test_loader):")
-    assert lines[start + 2:start + 6] == [
+    assert lines[start + 2:start + 8] == [
+        "keep = len(data)",
         "if accelerator.gradient_state.end_of_dataloader and accelerator.gradient_state.remainder > 0:",
         "keep = min(max(accelerator.gradient_state.remainder - accelerator.process_index * len(data), 0), "
         "len(data))",
-        "data, _ = data[:keep], _[:keep]",
+        "data, _ = data[:max(keep, 1)], _[:max(keep, 1)]",
+        "if keep > 0:",
         "test_loss += loss_function(model(data), data).item()"], result.code
     assert 'test_loss = accelerator.reduce(torch.as_tensor(test_loss, device=accelerator.device), "sum").item()' \
         in result.code
@@ -654,10 +656,28 @@ def test_a_summed_evaluation_loss_cuts_the_padded_samples_of_the_last_batch() ->
     assert not result.report.problems
 
 
-def test_a_sum_of_batch_means_is_not_cut() -> None:
-    # `reduction='mean'` in the loss function: each term is a batch mean, an empty batch would be nan; the sum
-    # stays as it was (reduced after the loop), the report says the padding is counted
+def test_a_sum_of_batch_means_is_cut_and_skips_empty_batches() -> None:
+    # pytorch/examples' siamese network: `test_loss += criterion(outputs, targets).item()` sums batch *means*;
+    # the repeated samples of the last round were counted (4 terms where one process has 3); cut to the real
+    # share, an empty batch (mean nan) adds nothing, so the terms are the one-process run's batches
     result = convert(SUMMED_EVAL.replace("REDUCTION", "'mean'"))
+    lines = [line.strip() for line in result.code.splitlines()]
+    start = lines.index("for i, (data, _) in enumerate(test_loader):")
+    assert lines[start + 5:start + 9] == [
+        "data, _ = data[:max(keep, 1)], _[:max(keep, 1)]",
+        "if keep > 0:",
+        "test_loss += loss_function(model(data), data).item()",
+        'test_loss = accelerator.reduce(torch.as_tensor(test_loss, device=accelerator.device), "sum").item()'], \
+        result.code
+    assert any("each sample counted once" in f.action for f in result.report.found)
+    assert not result.report.problems
+
+
+def test_a_sum_of_batch_means_sharing_its_line_is_left_and_reported() -> None:
+    source = SUMMED_EVAL.replace("REDUCTION", "'mean'").replace(
+        "test_loss += loss_function(model(data), data).item()",
+        "test_loss += loss_function(model(data), data).item(); seen = 1")
+    result = convert(source)
     assert "remainder" not in result.code
     assert any("padded by Accelerate for an uneven split is counted too" in f.action for f in result.report.found)
 
@@ -978,3 +998,200 @@ def test_no_barrier_before_the_read_back_when_only_some_processes_run_the_functi
     code = convert(BEST_SAVED_IN.format(call='if int(os.environ.get("RANK", 0)) == 0:\n            fit(model, opt, '
                                              '"best.pt")')).code
     assert "wait_for_everyone" not in code
+
+
+GYM_REINFORCE = """
+import gymnasium as gym
+import torch
+import torch.nn as nn
+from torch.distributions import Categorical
+
+env = gym.make('CartPole-v1')
+env.reset(seed=SEED)
+torch.manual_seed(SEED)
+policy = nn.Sequential(nn.Linear(4, 2), nn.Softmax(dim=1))
+optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+
+
+def finish_episode(log_probs, rewards):
+    returns = []
+    R = 0
+    for r in rewards[::-1]:
+        R = r + 0.99 * R
+        returns.insert(0, R)
+    returns = torch.tensor(returns)
+    loss = torch.cat([-p * R for p, R in zip(log_probs, returns)]).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def main():
+    running = 10
+    for episode in range(1000):
+        state, _ = env.reset()
+        log_probs, rewards = [], []
+        for t in range(1, 500):
+            m = Categorical(policy(torch.from_numpy(state).float().unsqueeze(0)))
+            action = m.sample()
+            log_probs.append(m.log_prob(action))
+            state, reward, terminated, truncated, _ = env.step(action.item())
+            rewards.append(reward)
+            if terminated or truncated:
+                break
+        running = 0.05 * sum(rewards) + 0.95 * running
+        finish_episode(log_probs, rewards)
+        if running > env.spec.reward_threshold:
+            break
+
+
+if __name__ == '__main__':
+    main()
+"""
+
+
+def test_episodes_of_a_gym_environment_are_played_per_process_and_the_solved_stop_is_taken_together() -> None:
+    # pytorch/examples' reinforce.py was refused: `torch.tensor(returns)` of finish_episode's own list was taken for
+    # hand-made batches "bound at module level"
+    result = convert(GYM_REINFORCE.replace("SEED", "543"))
+    assert not result.report.problems, result.report.problems
+    code = result.code
+    assert "policy, optimizer = accelerator.prepare(policy, optimizer)" in code
+    assert "    if accelerator.process_index > 0:\n        torch.manual_seed(543 + accelerator.process_index)\n" \
+           "        env.reset(seed=543 + accelerator.process_index)\n" in code, code
+    # the episode ends on its own `terminated` on each process (a trigger there would be called a different number
+    # of times per process: a hang); the stop on the running reward is collective
+    assert "            if terminated or truncated:\n                break\n" in code, code
+    assert code.count("accelerator.check_trigger()") == 1
+    assert "        if running > env.spec.reward_threshold:\n            accelerator.set_trigger()\n" in code
+    assert any(f.kind == "batches" and "episodes of the environment `env`" in f.action for f in result.report.found)
+    assert not find_concerns(code)
+
+
+def test_unseeded_episodes_still_draw_their_actions_apart() -> None:
+    # torch starts every process from the same default seed: the sampled actions would be the same everywhere
+    result = convert(GYM_REINFORCE.replace("env.reset(seed=SEED)\ntorch.manual_seed(SEED)\n", ""))
+    assert "torch.manual_seed(torch.initial_seed() + accelerator.process_index)" in result.code, result.code
+    assert "env.reset(seed=" not in result.code
+
+
+INLINE_LOOP = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+dataset = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(2):
+    for step, (x, y) in enumerate(DataLoader(dataset, batch_size=8, shuffle=True)):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_dataloader_made_in_the_loop_header_is_prepared_where_it_is_made() -> None:
+    # it was left unprepared and the conversion said nothing: every process trained on all of the data
+    result = convert(INLINE_LOOP)
+    assert "for step, (x, y) in enumerate(accelerator.prepare(DataLoader(dataset, batch_size=8, shuffle=True))):" \
+        in result.code, result.code
+    assert any(f.kind == "dataloader" and "made inline" in f.action for f in result.report.found)
+    assert not result.report.problems
+
+
+def test_a_dataloader_handed_inline_to_a_trainer_is_prepared_not_refused() -> None:
+    # `Trainer(model, DataLoader(...), optimizer).train(2)`: "batches that do not come from a DataLoader" (false)
+    source = INLINE_LOOP.split("for epoch")[0] + """
+class Trainer:
+    def __init__(self, model, data, optimizer):
+        self.model = model
+        self.data = data
+        self.optimizer = optimizer
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            for x, y in self.data:
+                self.optimizer.zero_grad()
+                F.mse_loss(self.model(x), y).backward()
+                self.optimizer.step()
+
+
+Trainer(model, DataLoader(dataset, batch_size=8), optimizer).train(2)
+"""
+    result = convert(source)
+    assert not result.report.problems, result.report.problems
+    assert "Trainer(model, accelerator.prepare(DataLoader(dataset, batch_size=8)), optimizer).train(2)" in result.code
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in result.code
+
+
+def test_a_module_level_script_with_a_trainer_class_prepares_its_own_names_not_self() -> None:
+    # the class's `self.model = model` was taken for the module's name of the model: `model, self.model, ... =
+    # accelerator.prepare(model, self.model, ...)` at module level, a NameError on every process
+    source = INLINE_LOOP.split("for epoch")[0] + """
+class Trainer:
+    def __init__(self, model, data, optimizer):
+        self.model = model
+        self.data = data
+        self.optimizer = optimizer
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            for x, y in self.data:
+                self.optimizer.zero_grad()
+                F.mse_loss(self.model(x), y).backward()
+                self.optimizer.step()
+
+
+loader = DataLoader(dataset, batch_size=8)
+Trainer(model, loader, optimizer).train(2)
+"""
+    result = convert(source)
+    assert "self.model" not in result.code.split("class Trainer")[0] + result.code.split("loader = ")[-1]
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in result.code, result.code
+    assert not find_concerns(result.code)
+
+
+MODEL_LISTS = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+NETS
+for x, y in loader:
+    for net, opt in zip(nets, optimizers):
+        loss = nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_models_compared_in_a_list_are_prepared_and_the_list_made_again() -> None:
+    # MorvanZhou's 306_optimizer.py: the lists were built before the prepare and held the unprepared models (every
+    # process trained its own copies, and the conversion said nothing); the inner zip loop also read as "batches
+    # that do not come from a DataLoader" (it runs inside the loop over the loader)
+    nets = ("net_a = nn.Linear(4, 1)\nnet_b = nn.Linear(4, 1)\nnets = [net_a, net_b]\n"
+            "opt_a = torch.optim.SGD(net_a.parameters(), lr=0.1)\nopt_b = torch.optim.Adam(net_b.parameters())\n"
+            "optimizers = [opt_a, opt_b]\n")
+    result = convert(MODEL_LISTS.replace("NETS\n", nets))
+    assert not result.report.problems, result.report.problems
+    prepared = "net_a, net_b, opt_a, opt_b, loader = accelerator.prepare(net_a, net_b, opt_a, opt_b, loader)\n"
+    assert prepared + "nets = [net_a, net_b]\noptimizers = [opt_a, opt_b]\n" in result.code, result.code
+
+
+def test_models_made_inside_a_list_are_refused_with_the_line_but_layers_for_a_model_are_not() -> None:
+    # MorvanZhou's 504_batch_normalization.py: `nets = [Net(), Net(bn=True)]` was "converted" with nothing prepared
+    nets = ("nets = [nn.Linear(4, 1), nn.Linear(4, 1)]\n"
+            "optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]\n")
+    result = convert(MODEL_LISTS.replace("NETS\n", nets))
+    assert [p.line for p in result.report.problems] == [6, 7], result.report.problems
+    assert "models made inside a container (`nets`, line 6)" in result.report.problems[0].what
+    assert "optimizers made inside a container (`optimizers`, line 7)" in result.report.problems[1].what
+    layers = ("layers = [nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)]\nmodel = nn.Sequential(*layers)\n"
+              "nets, optimizers = [model], [torch.optim.SGD(model.parameters(), lr=0.1)]\n")
+    result = convert(MODEL_LISTS.replace("NETS\n", layers))
+    assert not any("`layers`" in p.what for p in result.report.problems), result.report.problems
