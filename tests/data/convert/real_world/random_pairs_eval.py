@@ -28,11 +28,9 @@ class Pairs(Dataset):
         return len(self.images)
 
     def __getitem__(self, index):
-        # the partner is drawn on every read: of the same class for an even index, of another for an odd one
-        same = index % 2 == 0
-        group = [i for i in range(len(self.labels)) if (self.labels[i] == self.labels[index]) == same]
-        other = group[random.randint(0, len(group) - 1)]
-        return self.images[index], self.images[other], torch.tensor(float(same))
+        other = random.randint(0, len(self.images) - 1)  # the partner is drawn on every read
+        same = float(self.labels[index] == self.labels[other])
+        return self.images[index], self.images[other], torch.tensor(same)
 
 
 class Matcher(nn.Module):
@@ -70,13 +68,15 @@ def test():
     model.eval()
     criterion = nn.BCELoss()
     test_loss = 0
+    correct = 0
     with torch.no_grad():
         for (a, b, target) in test_loader:
             a, b, target = a.to(device), b.to(device), target.to(device)
             outputs = model(a, b).squeeze(1)
             test_loss += criterion(outputs, target).sum().item()  # a batch mean, summed
+            correct += (outputs > 0.5).float().eq(target).sum().item()
     test_loss /= len(test_loader.dataset)
-    print('Test set: Average loss: {:.4f}'.format(test_loss))
+    print('Test set: Average loss: {:.4f}, Accuracy: {}/{}'.format(test_loss, correct, len(test_loader.dataset)))
 
 
 def main():
