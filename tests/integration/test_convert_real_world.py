@@ -40,6 +40,10 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     "torchrun_trainer": (["2", "1"], {"wrapped", "lr", "samples", "side effects"}),
     # time_sequence_prediction: full-batch LBFGS through `optimizer.step(closure)`, left whole on every rank
     "lbfgs_full_batch": (["--steps", "2"], {"wrapped", "lr", "samples", "side effects"}),
+    # akamaster/pytorch_resnet_cifar10: a GPU-only original (`.cuda()`, DataParallel, an is_available assert) run
+    # with its CUDA calls rehearsed on the CPU; its `target_var = target.cuda()` renamed before the forward is
+    # gathered with the batch (was left per process: rank 0's accuracy printed as the whole set's)
+    "gpu_only_trainer": ([], {"wrapped", "lr", "samples", "metrics", "side effects"}),
 }
 
 
@@ -76,3 +80,22 @@ def test_the_reproduced_idiom_converts_and_passes_its_check_on_two_ranks(name: s
 def test_a_torchrun_only_original_runs_under_a_one_process_torchrun_environment(checked) -> None:
     code, text = checked["torchrun_trainer"]
     assert "original on 1 process under a 1-process torchrun environment" in text, text
+
+
+def test_a_gpu_only_original_runs_with_its_cuda_calls_rehearsed_on_the_cpu(checked) -> None:
+    code, text = checked["gpu_only_trainer"]
+    assert "it ran with its CUDA calls rehearsed on the CPU" in text, text
+    assert "original on 1 process, CUDA rehearsed on CPU" in text, text
+
+
+def test_an_original_that_needs_a_real_gpu_still_fails_with_its_own_reason(tmp_path: Path) -> None:
+    # a side CUDA stream has no CPU meaning: the verdict stays "the original fails", with the stream's error
+    shutil.copy(REAL_WORLD / "gpu_stream_trainer.py", tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "accelkit", "convert", "--check", "--steps", "2",
+                           "gpu_stream_trainer.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "the original gpu_stream_trainer.py itself failed on 1 process, its CUDA calls rehearsed on the CPU " \
+           "(exit status 1: RuntimeError: torch.cuda.Stream requires CUDA support)" in text, text
+    assert "Traceback" not in proc.stderr
