@@ -128,10 +128,8 @@ def _gather(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str], 
     inputs = names_of(ctx.descendants(call), ctx)
     later = names_of(ctx.following(line, loop.body), ctx)
     labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
-    if not labels:
-        return False
     aliases = _aliases_read_after(ctx, loop, line, batch_names, later)
-    if aliases is None:
+    if aliases is None or not (labels or aliases):
         return False  # `n = y.size(0)` before the forward, read after it: it would keep the local count
     # inputs read after the forward (`loss * x.size(0)`) are gathered too: next to gathered outputs, a local
     # batch would weigh a global batch's loss by this process's share only

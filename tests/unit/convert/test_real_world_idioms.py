@@ -194,7 +194,8 @@ def test_a_loader_returned_by_another_module_is_prepared() -> None:
 
 def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
     # `target = y` before the forward and compared after it: gathering (out, y) would compare the whole batch's
-    # predictions with this process's labels (a batch-size mismatch); the counts are summed across processes instead
+    # predictions with this process's labels (a batch-size mismatch); the alias is gathered with the outputs instead
+    # (it used to be left out of the gather and the count summed across processes)
     code = convert("""
         import torch
         model = torch.nn.Linear(4, 3)
@@ -213,8 +214,8 @@ def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
                 correct += (out.argmax(1) == target).sum().item()
         print(correct / len(loader.dataset))
     """).code
-    assert "gather_for_metrics" not in code
-    assert 'correct = accelerator.reduce(torch.as_tensor(correct, device=accelerator.device), "sum").item()' in code
+    assert "out, target = accelerator.gather_for_metrics((out, target))" in code
+    assert "accelerator.reduce" not in code  # the gathered count covers every process already
 
 
 def test_a_label_renamed_before_the_forward_is_gathered_with_the_batch() -> None:
