@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,3 +100,26 @@ def test_an_original_that_needs_a_real_gpu_still_fails_with_its_own_reason(tmp_p
     assert "the original gpu_stream_trainer.py itself failed on 1 process, its CUDA calls rehearsed on the CPU " \
            "(exit status 1: RuntimeError: torch.cuda.Stream requires CUDA support)" in text, text
     assert "Traceback" not in proc.stderr
+
+
+def test_an_original_that_fails_the_same_way_with_cuda_rehearsed_is_reported_as_it_ran(tmp_path: Path) -> None:
+    # its error names CUDA, so it runs again with the rehearsal, and stops the same way: the first run is reported
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+        device = "cuda"
+        raise FileNotFoundError(f"no weights for {device} in this folder")
+        for (x,) in loader:
+            model(x).sum().backward()
+            optimizer.step()
+    """))
+    proc = subprocess.run([sys.executable, "-m", "accelkit", "convert", "--check", "--steps", "2", "train.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "the original train.py itself failed on 1 process (exit status 1: FileNotFoundError: no weights for " \
+           "cuda in this folder)" in text, text
+    assert "rehearsed" not in text, text

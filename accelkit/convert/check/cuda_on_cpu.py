@@ -5,7 +5,8 @@ rehearsed on the CPU (accelkit.rehearsal's one-GPU mode).
 `assert torch.cuda.is_available()`) stops at its first CUDA call. The original is first run as it is; only when
 its failure names CUDA (the error or the failing lines of its traceback: "Torch not compiled with CUDA enabled",
 "Cannot access accelerator device", `torch.cuda.set_device`, "nccl") is it run again, in a fresh sandbox, with
-the rehearsal. A script that runs on the CPU by itself is never rehearsed, and the conversion never is.
+the rehearsal. If that run stops with the same error, CUDA was not what stopped it: the first run is the one
+reported. A script that runs on the CPU by itself is never rehearsed, and the conversion never is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import re
 
 REHEARSAL_MODE = "one-gpu"  # the value of accelkit.rehearsal.REHEARSAL_ENV for one process whose CUDA runs on CPU
-CUDA_WORDS = re.compile(r"cuda|nccl|nvidia|accelerator device", re.IGNORECASE)
+# what a failure for want of a GPU names (a CPU-only run has no other reason to name a GPU: `sys.exit("needs a GPU")`)
+CUDA_WORDS = re.compile(r"cuda|nccl|nvidia|accelerator device|\bgpus?\b", re.IGNORECASE)
 TRACEBACK = "Traceback (most recent call last):"
 
 

@@ -156,9 +156,12 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         if cuda_rehearsed:  # written for a GPU, and this machine has none: again, its CUDA calls on the CPU
             box.remove()
             box = tree.materialize(scratch.root / "sandbox-original-cuda")
-            original = run(original_spec(scratch, box, script, args, options.processes * options.steps,
-                                         options.processes, replay, options.stall_seconds, options.timeout,
-                                         launcher_env and one_process_env(), rehearsal_env()), box.script.parent)
+            rehearsed = run(original_spec(scratch, box, script, args, options.processes * options.steps,
+                                          options.processes, replay, options.stall_seconds, options.timeout,
+                                          launcher_env and one_process_env(), rehearsal_env()), box.script.parent)
+            # stopped by the same error again: CUDA was not what stopped it, and the first run says so truly
+            cuda_rehearsed = rehearsed.status in (0, None) or _last_error(rehearsed) != _last_error(original)
+            original = rehearsed if cuda_rehearsed else original
     full_batch = any(f.kind == "batches" and f.action.startswith("full batch") for f in result.report.found)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
                 iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch,

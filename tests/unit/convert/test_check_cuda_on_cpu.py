@@ -17,6 +17,7 @@ def test_a_failure_at_a_cuda_call_is_run_again_with_the_rehearsal() -> None:
                         ("assert torch.cuda.is_available()", "AssertionError"),
                         ("init_process_group('nccl')", "RuntimeError: Distributed package doesn't have NCCL built in")]:
         assert failed_for_cuda(1, TRACE.format(line=3, code=code, error=error)), code
+    assert failed_for_cuda(1, "this script needs a GPU\n")  # its own sys.exit message: no traceback
 
 
 def test_other_failures_runs_that_passed_and_stopped_runs_are_not() -> None:
