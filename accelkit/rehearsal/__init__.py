@@ -39,6 +39,9 @@ What you get:
   Multi-machine DeepSpeed rehearsals use the torchrun launcher (`deepspeed_multinode_launcher: standard`).
 - bf16 mixed precision works (DeepSpeed bf16 casts the model, so inputs must be cast as on GPUs).
 
+A one-GPU mode (ACCELKIT_REHEARSAL=one-gpu, one_gpu.py) is not a backend: it runs a single-GPU script's own
+process with its CUDA calls on the CPU, for `accelkit convert --check`'s run of an original written for a GPU.
+
 Refused before anything starts, with a hint: fp16 and fp8 mixed precision, NVMe offload, DeepSpeed JSON optimizers
 built from CUDA kernels only (Lamb, 1-bit Adam/Lamb, 0/1 Adam, Lion without optimizer offload), a missing DeepSpeed
 install (`pip install 'accelkit[deepspeed]'`), distributed types other than single/cpu/ddp/fsdp/deepspeed, and

@@ -26,6 +26,9 @@ and makes the few places where the CPU type behaves differently from the GPU one
   types and refuses MULTI_CPU; in rehearsal the check sees the ranks as multi-device, as on GPUs.
 - Hand-written GPU code (every backend): see cuda_calls.py (device ids, set_device, nccl, `.to(cuda)`).
 
+`install("one-gpu")` is not a backend: it rehearses a single-GPU script's own process on the CPU (one_gpu.py), for
+`accelkit convert --check`'s run of an original written for a GPU.
+
 DeepSpeed needs nothing more: with cpu=False Accelerate initialises deepspeed.comm on gloo and switches to DEEPSPEED.
 `install(backend)` checks versions, then patches when the script imports the libraries; it refuses to patch when CUDA
 is usable or when the internals it patches do not have the expected shape.
@@ -45,6 +48,7 @@ from accelkit.ranks.probes import after_import
 REHEARSAL_ENV = "ACCELKIT_REHEARSAL"
 STATE_MODULE = "accelerate.state"  # where Accelerate decides the distributed type
 BACKENDS = tuple(b.value for b in Backend if b.rehearsal is b)  # what a rank can rehearse (cpu runs as ddp)
+ONE_GPU = "one-gpu"  # not a backend: one plain process whose CUDA calls run on the CPU (one_gpu.py)
 
 _HINT = "run it through `accelkit launch --cpu`, which sets up the rehearsal environment"
 
@@ -220,6 +224,11 @@ def install(backend: str) -> None:
 
     Versions are checked now; the patches themselves are applied when the script imports the libraries they patch,
     so the bootstrap adds no torch/Accelerate import time of its own before the script's first line."""
+    if backend == ONE_GPU:  # a single-GPU script's own process (convert --check's original): no Accelerate to patch
+        from accelkit.rehearsal import one_gpu
+
+        after_import("torch", one_gpu.install)
+        return
     if backend not in BACKENDS:
         raise AccelkitError(f"Unknown rehearsal backend {backend!r} in ${REHEARSAL_ENV}.", hint=_HINT)
     if backend == "single":

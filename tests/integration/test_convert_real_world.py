@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +58,10 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # DataLoaders bound to no name: handed to a Trainer built and run in one statement (was a false refusal) and to
     # an evaluation function
     "inline_loaders": ([], {"wrapped", "samples", "metrics", "side effects"}),
+    # akamaster/pytorch_resnet_cifar10: a GPU-only original (`.cuda()`, DataParallel, an is_available assert) run
+    # with its CUDA calls rehearsed on the CPU; its `target_var = target.cuda()` renamed before the forward is
+    # gathered with the batch (was left per process: rank 0's accuracy printed as the whole set's)
+    "gpu_only_trainer": ([], {"wrapped", "lr", "samples", "metrics", "side effects"}),
 }
 
 
@@ -112,3 +117,43 @@ def test_episodes_end_on_their_own_and_the_stop_on_the_running_reward_is_taken_t
     assert run.returncode == 0, run.stdout + run.stderr
     episodes = [line for line in run.stdout.splitlines() if line.startswith("Episode ")]
     assert 1 <= len(episodes) < 40, run.stdout
+def test_a_gpu_only_original_runs_with_its_cuda_calls_rehearsed_on_the_cpu(checked) -> None:
+    code, text = checked["gpu_only_trainer"]
+    assert "it ran with its CUDA calls rehearsed on the CPU" in text, text
+    assert "original on 1 process, CUDA rehearsed on CPU" in text, text
+
+
+def test_an_original_that_needs_a_real_gpu_still_fails_with_its_own_reason(tmp_path: Path) -> None:
+    # a side CUDA stream has no CPU meaning: the verdict stays "the original fails", with the stream's error
+    shutil.copy(REAL_WORLD / "gpu_stream_trainer.py", tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "accelkit", "convert", "--check", "--steps", "2",
+                           "gpu_stream_trainer.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "the original gpu_stream_trainer.py itself failed on 1 process, its CUDA calls rehearsed on the CPU " \
+           "(exit status 1: RuntimeError: torch.cuda.Stream requires CUDA support)" in text, text
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_original_that_fails_the_same_way_with_cuda_rehearsed_is_reported_as_it_ran(tmp_path: Path) -> None:
+    # its error names CUDA, so it runs again with the rehearsal, and stops the same way: the first run is reported
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+        device = "cuda"
+        raise FileNotFoundError(f"no weights for {device} in this folder")
+        for (x,) in loader:
+            model(x).sum().backward()
+            optimizer.step()
+    """))
+    proc = subprocess.run([sys.executable, "-m", "accelkit", "convert", "--check", "--steps", "2", "train.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "the original train.py itself failed on 1 process (exit status 1: FileNotFoundError: no weights for " \
+           "cuda in this folder)" in text, text
+    assert "rehearsed" not in text, text

@@ -111,6 +111,7 @@ class CheckProbe:
         init = DistributedDataParallel.__init__
         probe = self
 
+        @functools.wraps(init)  # its signature stays DDP's: the CPU rehearsal binds device_ids by name
         def init_and_note(ddp, *args, **kwargs):
             init(ddp, *args, **kwargs)
             probe.wrapped_params |= {id(p) for p in ddp.module.parameters()}

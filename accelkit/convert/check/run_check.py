@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelkit.convert.check.cuda_on_cpu import failed_for_cuda, rehearsal_env
 from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, evaluate
 from accelkit.convert.check.lines import ConvertedLines
 from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
@@ -17,6 +18,8 @@ from accelkit.errors import AccelkitError
 from accelkit.shellwords import command_line
 
 CHECK_BACKENDS = ("ddp", "fsdp")
+REHEARSED_LINE = ("the original is written for a GPU and this machine has none: it ran with its CUDA calls "
+                  "rehearsed on the CPU (cuda devices, .cuda(), nccl, DataParallel, torch.cuda queries)")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class CheckOutcome:
     converted: RunResult | None = None
     conversion_problems: list[str] = field(default_factory=list)
     torchrun: bool = False  # the original ran under a 1-process torchrun environment (torchrun_env.py)
+    cuda_rehearsed: bool = False  # the original ran with its CUDA calls rehearsed on the CPU (cuda_on_cpu.py)
 
     @property
     def passed(self) -> bool:
@@ -72,6 +76,12 @@ class CheckOutcome:
         rerun = (command_line("torchrun", "--nproc-per-node", "1", script, *args) if self.torchrun
                  else command_line("python", script, *args))
         if self.original_failure is not None:
+            if self.cuda_rehearsed:  # what it stopped at has no CPU meaning (a CUDA stream, a CUDA-only kernel)
+                raise AccelkitError(f"the original {script.name} itself failed on 1 process, its CUDA calls "
+                                    f"rehearsed on the CPU ({self.original_failure}); the check compares the "
+                                    "conversion with a working original",
+                                    hint="--check runs both scripts on the CPU, and this needs a real GPU: try the "
+                                         "conversion on GPUs (`accelkit launch`)")
             raise AccelkitError(f"the original {script.name} itself failed on 1 process ({self.original_failure}); "
                                 "the check compares the conversion with a working original",
                                 hint=f"fix the original first (`{rerun}` shows the error), then check again; the check "
@@ -99,7 +109,7 @@ class CheckOutcome:
                                  f"{shlex.quote(str(script))}` prints what the conversion did")
 
     def format(self) -> str:
-        lines = []
+        lines = [f"  note  {REHEARSED_LINE}"] if self.cuda_rehearsed else []
         for verdict in self.verdicts:
             lines.append(f"  {verdict.status}  {verdict.name:<13} {verdict.summary}")
             lines += [f"{'':21}{e}" for e in verdict.evidence]
@@ -142,15 +152,27 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
         original = run(original_spec(scratch, box, script, args, options.processes * options.steps,
                                      options.processes, replay, options.stall_seconds, options.timeout,
                                      launcher_env), box.script.parent)
+        cuda_rehearsed = failed_for_cuda(original.status, original.stderr)
+        if cuda_rehearsed:  # written for a GPU, and this machine has none: again, its CUDA calls on the CPU
+            box.remove()
+            box = tree.materialize(scratch.root / "sandbox-original-cuda")
+            rehearsed = run(original_spec(scratch, box, script, args, options.processes * options.steps,
+                                          options.processes, replay, options.stall_seconds, options.timeout,
+                                          launcher_env and one_process_env(), rehearsal_env()), box.script.parent)
+            # stopped by the same error again: CUDA was not what stopped it, and the first run says so truly
+            cuda_rehearsed = rehearsed.status in (0, None) or _last_error(rehearsed) != _last_error(original)
+            original = rehearsed if cuda_rehearsed else original
     full_batch = any(f.kind == "batches" and f.action.startswith("full batch") for f in result.report.found)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
                 iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch,
                 tuple(result.report.evaluation_every))
-    verdicts = [_ran(original, converted, options.processes, options.backend, launcher_env is not None),
+    verdicts = [_ran(original, converted, options.processes, options.backend, launcher_env is not None,
+                     cuda_rehearsed),
                 *evaluate(runs),
                 _no_hang(original, converted, script.name, lines)]
     problems = [p.format() for p in result.report.problems] if converted_code is None else []
-    return CheckOutcome(script.name, verdicts, original, converted, problems, launcher_env is not None)
+    return CheckOutcome(script.name, verdicts, original, converted, problems, launcher_env is not None,
+                        cuda_rehearsed)
 
 
 def converted_spec_probe_dir(scratch: Scratch) -> Path:
@@ -158,9 +180,10 @@ def converted_spec_probe_dir(scratch: Scratch) -> Path:
 
 
 def _ran(original: RunResult, converted: RunResult, world: int, backend: str = "ddp",
-         torchrun: bool = False) -> Verdict:
+         torchrun: bool = False, cuda_rehearsed: bool = False) -> Verdict:
     name = "ran"
     one = "1 process under a 1-process torchrun environment" if torchrun else "1 process"
+    one += ", CUDA rehearsed on CPU" if cuda_rehearsed else ""
     evidence = []
     if converted.status not in (0, None):
         evidence.append(f"converted, {world} processes: exit status {converted.status}: {_last_error(converted)}")

@@ -83,15 +83,17 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str], steps: int, world: int,
-                  replay: Path, stall: float, timeout: float, launcher_env: dict[str, str] | None = None) -> CheckRun:
+                  replay: Path, stall: float, timeout: float, launcher_env: dict[str, str] | None = None,
+                  cuda_env: dict[str, str] | None = None) -> CheckRun:
     """The original as one plain process; `launcher_env` (torchrun_env.one_process_env) for a torchrun-style
-    script, which cannot start without it."""
+    script, which cannot start without it; `cuda_env` (cuda_on_cpu.rehearsal_env) for its second run, with its
+    CUDA calls rehearsed on the CPU."""
     from accelkit.launch import ScriptProcess
 
     shutil.copyfile(script, box.script)  # at the script's place in the sandbox: `__file__` paths stay inside it
-    probe_dir = scratch.folder("probe-original")
-    env = {**(launcher_env or {}), ROLE_ENV: "original", REPLAY_ENV: str(replay), WORLD_ENV: str(world),
-           MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
+    probe_dir = scratch.folder("probe-original-cuda" if cuda_env else "probe-original")
+    env = {**(launcher_env or {}), **(cuda_env or {}), ROLE_ENV: "original", REPLAY_ENV: str(replay),
+           WORLD_ENV: str(world), MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
     return CheckRun("original", ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall, timeout)
 
 

@@ -22,6 +22,7 @@ from accelkit.convert.flow import Flow
 
 PYTHON_NUMBERS = ("item", "size", "numel", "__len__")
 LOSS = re.compile(r"(loss|criterion)", re.I)
+MOVES = frozenset({"cuda", "to", "cpu", "float", "half", "double", "long", "int", "contiguous"})  # same samples
 
 
 def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
@@ -127,13 +128,13 @@ def _gather(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str], 
     inputs = names_of(ctx.descendants(call), ctx)
     later = names_of(ctx.following(line, loop.body), ctx)
     labels = [n for n in sorted(batch_names) if n not in inputs and n in later]
-    if not labels:
-        return False
-    if _aliases_read_after(ctx, loop, line, batch_names, later):
-        return False  # `target = y` before the forward, read after it: it would keep the local batch
+    aliases = _aliases_read_after(ctx, loop, line, batch_names, later)
+    if aliases is None or not (labels or aliases):
+        return False  # `n = y.size(0)` before the forward, read after it: it would keep the local count
     # inputs read after the forward (`loss * x.size(0)`) are gathered too: next to gathered outputs, a local
     # batch would weigh a global batch's loss by this process's share only
     labels += [n for n in sorted(batch_names) if n in inputs and n in later and n not in labels]
+    labels += aliases  # `target_var = target.cuda()` read after the forward: gathered with the batch it renames
     names = ", ".join([output, *labels])
     plan.insert_after(line, cst.parse_statement(f"{names} = accelerator.gather_for_metrics(({names}))\n"))
     plan.report.change(ctx.line(line), f"added `{names} = accelerator.gather_for_metrics(({names}))` after it",
@@ -144,10 +145,12 @@ def _gather(ctx: Context, plan: EditPlan, loop: cst.For, batch_names: set[str], 
 
 
 def _aliases_read_after(ctx: Context, loop: cst.For, forward: cst.CSTNode, batch_names: set[str],
-                        later: set[str]) -> bool:
-    """A name bound from the batch before the forward (`target = y`, `n = y.size(0)`) and read after it: gathering
-    the batch names would rebind them to the whole batch, not the alias (a batch-size mismatch, or a local count
-    next to global predictions)."""
+                        later: set[str]) -> list[str] | None:
+    """Names bound from the batch before the forward and read after it. Gathering the batch names alone would
+    rebind them to the whole batch, not these (a batch-size mismatch, or a local count next to global
+    predictions). A rename of a batch tensor (`target_var = target`, `y = y_cpu.cuda()`) is gathered with it: the
+    names returned. Anything else (`n = y.size(0)`): None, nothing can be gathered."""
+    aliases: list[str] = []
     for node in ctx.descendants(loop.body):
         if node is forward:
             break
@@ -158,9 +161,20 @@ def _aliases_read_after(ctx: Context, loop: cst.For, forward: cst.CSTNode, batch
         if value is None or not (names_of(ctx.descendants(value), ctx) & batch_names):
             continue
         bound = {n.value for t in targets for n in [t, *ctx.descendants(t)] if type(n) is cst.Name}
-        if (bound - batch_names) & later:
-            return True
-    return False
+        read = sorted((bound - batch_names) & later)
+        if not read:
+            continue
+        if len(targets) != 1 or type(targets[0]) is not cst.Name or _renamed(value) not in batch_names:
+            return None
+        aliases += [n for n in read if n not in aliases]
+    return aliases
+
+
+def _renamed(value: cst.BaseExpression) -> str | None:
+    """The batch name a value only renames or moves: `target`, `target.cuda()`, `x.to(device).float()`."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MOVES:
+        value = value.func.value
+    return value.value if isinstance(value, cst.Name) else None
 
 
 def _model_call(block: cst.BaseSuite, models: set[str]):

@@ -194,7 +194,8 @@ def test_a_loader_returned_by_another_module_is_prepared() -> None:
 
 def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
     # `target = y` before the forward and compared after it: gathering (out, y) would compare the whole batch's
-    # predictions with this process's labels (a batch-size mismatch); the counts are summed across processes instead
+    # predictions with this process's labels (a batch-size mismatch); the alias is gathered with the outputs instead
+    # (it used to be left out of the gather and the count summed across processes)
     code = convert("""
         import torch
         model = torch.nn.Linear(4, 3)
@@ -213,8 +214,57 @@ def test_a_label_alias_taken_before_the_forward_is_not_left_local() -> None:
                 correct += (out.argmax(1) == target).sum().item()
         print(correct / len(loader.dataset))
     """).code
+    assert "out, target = accelerator.gather_for_metrics((out, target))" in code
+    assert "accelerator.reduce" not in code  # the gathered count covers every process already
+
+
+def test_a_label_renamed_before_the_forward_is_gathered_with_the_batch() -> None:
+    # akamaster/pytorch_resnet_cifar10: `target_var = target.cuda()` before the forward, the loss and an
+    # AverageMeter's accuracy computed from it after, weighted by `input.size(0)`: the rename is gathered too (it was
+    # left local, and rank 0's accuracy printed as the whole set's)
+    code = convert("""
+        import torch
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        criterion = torch.nn.CrossEntropyLoss()
+        ds = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.zeros(16, dtype=torch.long))
+        loader = torch.utils.data.DataLoader(ds, batch_size=4)
+        for x, y in loader:
+            criterion(model(x), y).backward()
+            opt.step()
+        with torch.no_grad():
+            for input, target in loader:
+                input_var = input.cuda()
+                target_var = target.cuda()
+                output = model(input_var)
+                loss = criterion(output, target_var)
+                meter.update((output.argmax(1) == target_var).float().mean().item(), input.size(0))
+    """).code
+    assert "output, input, target_var = accelerator.gather_for_metrics((output, input, target_var))" in code
+
+
+def test_a_count_taken_from_the_batch_before_the_forward_still_stops_the_gather() -> None:
+    # `n = y.size(0)` is not a rename of the batch: it would stay this process's count next to gathered predictions
+    code = convert("""
+        import torch
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ds = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.zeros(16, dtype=torch.long))
+        loader = torch.utils.data.DataLoader(ds, batch_size=4)
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        correct = seen = 0
+        with torch.no_grad():
+            for x, y in loader:
+                n = y.size(0)
+                out = model(x)
+                correct += (out.argmax(1) == y).sum().item()
+                seen += n
+        print(correct / seen)
+    """).code
     assert "gather_for_metrics" not in code
-    assert 'correct = accelerator.reduce(torch.as_tensor(correct, device=accelerator.device), "sum").item()' in code
+    assert 'seen = accelerator.reduce(torch.as_tensor(seen, device=accelerator.device), "sum")' in code
 
 
 def test_verify_refuses_a_loader_prepared_after_a_loop_over_it() -> None:
