@@ -64,7 +64,7 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
     items = [t for t in items if t.kind != "scheduler" or _per_batch(ctx, facts, flow, plan, t)]
     if not flow.backward_calls and not any(t.kind == "optimizer" for t in facts.created):
         models = [t for t in facts.created if t.kind == "model" and t.small is not None]
-        trainer = _imported_trainer(ctx)
+        trainer = imported_trainer(ctx)
         if trainer is not None and converted_neighbour(ctx.qnames(trainer), ctx.directory) is not None:
             pass  # its module beside the script is converted already: the model is prepared there
         elif trainer is not None:
@@ -74,7 +74,8 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
                                                    "train its own copy",
                                 "convert the file that trains (accelkit convert FILE), preparing the model, "
                                 "optimizer and loaders there; then write this one with --partial")
-        elif models:  # minGPT's projects: `Trainer(config, model, data).run()` with the Trainer in another file
+        elif any(handed_to_imported_code(ctx, flow, m.key) for m in models):
+            # minGPT's projects: `Trainer(config, model, data).run()` with the Trainer in another file
             plan.report.problem(ctx.line(models[0].small), f"model `{models[0].key}` is trained elsewhere: this "
                                                            "file has no backward pass and no optimizer, so the "
                                                            "training happens in imported code the conversion "
@@ -108,7 +109,25 @@ def _prepare_inline(ctx: Context, plan: EditPlan, loader: cst.Call) -> None:
     plan.report.found_item("dataloader", ctx.code(loader.func), line, "made inline: prepared where it is made")
 
 
-def _imported_trainer(ctx: Context) -> cst.Call | None:
+def handed_to_imported_code(ctx: Context, flow: Flow, key: str) -> bool:
+    """`Trainer(config, model, data)` with `Trainer` imported: the model goes to code this file does not hold. A
+    model only printed, counted or saved (`print(net)`, MorvanZhou's 303_build_nn_quickly.py) goes nowhere."""
+    for call in ctx.of_type(cst.Call):
+        if not any(dotted(a.value) == key for a in call.args):
+            continue
+        names = ctx.qnames(call)
+        if any(q.startswith(("builtins.", "torch.", "numpy.", "math.")) for q in names):
+            continue
+        func = call.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if name and (name in flow.functions or any(c.name.value == name for c in ctx.of_type(cst.ClassDef))):
+            continue  # the script's own function or class: its body is read like the rest of the file
+        return True
+    return False
+
+
+def imported_trainer(ctx: Context) -> cst.Call | None:
     """A `...Trainer(...)` class of another module (not torch's, not this file's) the script builds."""
     local = {c.name.value for c in ctx.of_type(cst.ClassDef)}
     for call in ctx.of_type(cst.Call):
@@ -270,7 +289,12 @@ def _plan_groups(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, items: 
             if member.kind == "model" and elsewhere and id(group.block) not in optimized_in.get(root, []):
                 continue  # trained where its optimizer is: prepared there, with it
             if member.kind == "model" and root not in optimized_in and not _run_here(ctx, aliases, root):
-                _handed_over(ctx, plan, member, aliases, root)
+                names = {key for key, value in aliases.items() if value == root} | {root}
+                if any(handed_to_imported_code(ctx, flow, name) for name in names):
+                    _handed_over(ctx, plan, member, aliases, root)
+                else:  # built and printed or saved, never run nor trained (303_build_nn_quickly.py)
+                    plan.report.found_item("model", member.key, ctx.line(member.item.small) if member.item and
+                                           member.item.small else 0, "not prepared: nothing here runs or trains it")
                 continue
             kept.append(member)
         for i, member in enumerate(kept):  # the wrapper is prepared, not the inner model the script took from it

@@ -1245,3 +1245,14 @@ def test_models_made_inside_a_list_are_refused_with_the_line_but_layers_for_a_mo
               "nets, optimizers = [model], [torch.optim.SGD(model.parameters(), lr=0.1)]\n")
     result = convert(MODEL_LISTS.replace("NETS\n", layers))
     assert not any("`layers`" in p.what for p in result.report.problems), result.report.problems
+
+
+def test_a_model_only_built_and_printed_is_not_taken_for_one_trained_elsewhere() -> None:
+    # MorvanZhou's 303_build_nn_quickly.py: "model `net1` is only handed to imported code, which trains it" for
+    # `print(net1)`; a model handed to an imported Trainer is still refused
+    source = "import torch\nnet = torch.nn.Sequential(torch.nn.Linear(1, 10), torch.nn.ReLU())\nprint(net)\n"
+    result = convert(source)
+    assert not result.report.problems, result.report.problems
+    handed = convert("import torch\nfrom trainlib import Trainer\nnet = torch.nn.Linear(1, 1)\n"
+                     "Trainer(net).run()\n")
+    assert handed.report.problems and "imported" in handed.report.problems[0].what
