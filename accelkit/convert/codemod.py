@@ -79,8 +79,9 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     plan = EditPlan()
     for transform in TRANSFORMS:
         transform(ctx, facts, plan, options)
-    if not plan.has_changes:
-        return ConversionResult(source, Report(left_alone=plan.report.left_alone, status="unchanged"), False)
+    if not plan.has_changes:  # a refusal with nothing else to change is still a refusal (an imported Trainer)
+        return ConversionResult(source, Report(left_alone=plan.report.left_alone, status="unchanged",
+                                               problems=plan.report.problems), False)
     dirty = {id(a) for node in plan.touched() for a in (node, *ctx.ancestors(node))}
     new_module = ctx.module.visit(PlanApplier(plan, dirty))
     if plan.library:

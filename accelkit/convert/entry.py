@@ -59,7 +59,7 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
         return result
     if conversion.report.status == "trainer":  # one line: how to launch it as it is
         return result.out(report)
-    if not conversion.changed:
+    if not conversion.changed and not problems:
         return result.out(report).out("Nothing written.")
     if problems and not request.partial:
         result.out(report).error = AccelkitError(
@@ -68,6 +68,8 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
             hint="fix these in the original and convert again, or pass --partial to write the conversion with them "
                  "left to do; nothing was written")
         return result
+    if not conversion.changed:
+        return result.out(report).out("Nothing written.")
     written = write_conversion(script, source, conversion.code, output=request.output, in_place=request.in_place,
                                force=request.force)
     result.out(report)

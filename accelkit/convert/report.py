@@ -93,11 +93,11 @@ class Report:
             for item in ordered.found:
                 name = f" `{item.name}`" if item.name else ""
                 lines.append(f"  {_where(item.line)}  {item.kind:<{width}}{name}: {item.action}")
-        if not ordered.changes:
-            lines.append(f"{script}: nothing to convert.")
-        else:
+        if ordered.changes:
             lines.append(f"{script}: {len(ordered.changes)} change(s):")
             lines += [f"  {_where(c.line)}  {c.what}\n{'':10}why: {c.why}" for c in ordered.changes]
+        elif not ordered.problems:  # refused with nothing else to change: the problems below say why
+            lines.append(f"{script}: nothing to convert.")
         if ordered.left_alone:
             lines.append(f"Left as it is ({len(ordered.left_alone)}):")
             lines += [f"  {_where(n.line)}  {n.why}\n{'':10}to do: {n.todo}" for n in ordered.left_alone]

@@ -1256,3 +1256,15 @@ def test_a_model_only_built_and_printed_is_not_taken_for_one_trained_elsewhere()
     handed = convert("import torch\nfrom trainlib import Trainer\nnet = torch.nn.Linear(1, 1)\n"
                      "Trainer(net).run()\n")
     assert handed.report.problems and "imported" in handed.report.problems[0].what
+
+
+def test_a_refusal_with_nothing_else_to_change_is_reported_not_nothing_to_convert(tmp_path) -> None:
+    # a model handed to an imported Trainer, and nothing else in the file to edit: the refusal was dropped and the
+    # command said "nothing to convert" (exit 0): every process would then train its own copy
+    from accelkit.convert.entry import ConvertRequest, run_convert
+
+    script = tmp_path / "handed.py"
+    script.write_text("import torch\nfrom trainlib import Trainer\nnet = torch.nn.Linear(1, 1)\nTrainer(net).run()\n")
+    result = run_convert(ConvertRequest(script=script))
+    assert result.error is not None and "imported code" in str(result.error)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["handed.py"]
