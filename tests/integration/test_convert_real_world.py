@@ -62,6 +62,9 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # with its CUDA calls rehearsed on the CPU; its `target_var = target.cuda()` renamed before the forward is
     # gathered with the batch (was left per process: rank 0's accuracy printed as the whole set's)
     "gpu_only_trainer": ([], {"wrapped", "lr", "samples", "metrics", "side effects"}),
+    # MorvanZhou's 302/503: the targets in the statement after the forward were left whole (a crash on 2 ranks),
+    # the held-out set under `if t % 10 == 0:` was sharded with the training data
+    "full_batch_heldout": ([], {"wrapped", "lr", "samples", "side effects"}),
 }
 
 

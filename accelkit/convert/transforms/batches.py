@@ -359,7 +359,8 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
             elif isinstance(n, cst.Call) and ctx.qnames(n) & TO_TENSOR and n.args and \
                     isinstance(n.args[0].value, cst.Name) and n.args[0].value.value not in params:
                 add(n.args[0].value.value)  # not a helper's own list (`returns = torch.tensor(returns)`)
-            elif isinstance(n, cst.Call) and dotted(n.func) in models:  # full batch: `model(x)`
+            elif isinstance(n, cst.Call) and dotted(n.func) in models and not _evaluated_aside(ctx, flow, n, loop):
+                # full batch: `model(x)`
                 # and the targets beside it in the same statement: `loss = criterion(model(x), y)`
                 statement = ctx.small_statement(n) or n
                 for call in [n, *ctx.descendants(statement)]:
@@ -367,6 +368,14 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
                         continue
                     for arg in call.args:  # type: ignore[attr-defined]
                         if isinstance(arg.value, cst.Name) and arg.value.value not in params:
+                            add(arg.value.value)
+                # or in the statement that takes the output: `out = net(x)` then `loss = loss_func(out, y)`
+                outputs = {k for k, _, _ in bindings(statement)} if isinstance(statement, cst.Assign) else set()
+                for call in (c for c in ctx.descendants(node) if type(c) is cst.Call and outputs and
+                             any(isinstance(a.value, cst.Name) and a.value.value in outputs
+                                 for a in c.args)):  # type: ignore[attr-defined]
+                    for arg in call.args:  # type: ignore[attr-defined]
+                        if isinstance(arg.value, cst.Name) and arg.value.value not in params | outputs:
                             add(arg.value.value)
     for name in _handed_to_slicing_helpers(ctx, flow, loop):  # `get_batch(train_data, i)`
         add(name)
@@ -384,6 +393,40 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
         elif isinstance(source, cst.Name) and _bound_to_a_list(ctx, loop, source.value):
             add(source.value)
     return [r for r in found if _looks_like_data(ctx, loop, r)]
+
+
+def _evaluated_aside(ctx: Context, flow: Flow, call: cst.Call, loop: cst.CSTNode) -> bool:
+    """`if t % 10 == 0: test_pred = net(test_x)` in the training loop: a forward under an `if` that does not train,
+    whose outputs reach no backward pass, evaluates held-out data; that data stays whole on every process
+    (MorvanZhou's 503_dropout.py: the test set was sharded with the training data)."""
+    guard = None
+    for ancestor in ctx.ancestors(call):
+        if ancestor is loop:
+            break
+        if isinstance(ancestor, cst.If) and not flow.trains(ancestor):
+            guard = ancestor
+            break
+    if guard is None:
+        return False
+    statement = ctx.small_statement(call)
+    reached = {k for k, _, _ in bindings(statement)} if isinstance(statement, (cst.Assign, cst.AnnAssign)) else set()
+    if not reached:
+        return True  # used in place (`plt.plot(x, net(x))`)
+    scope = ctx.function(call) or ctx.module
+    assigns = [(set(k for k, _, _ in bindings(a)), {n.value for n in ctx.descendants(a.value) if type(n) is cst.Name})
+               for a in ctx.descendants(scope) if isinstance(a, (cst.Assign, cst.AugAssign)) and a.value is not None
+               and not isinstance(a, cst.AugAssign)]
+    for _ in range(4):
+        for targets, reads in assigns:
+            if reads & reached:
+                reached |= targets
+    for backward in flow.backward_calls:
+        owner = backward.func.value  # type: ignore[attr-defined]
+        names = {n.value for n in ctx.descendants(owner) if type(n) is cst.Name}
+        names |= {n.value for a in backward.args for n in ctx.descendants(a.value) if type(n) is cst.Name}
+        if names & reached:
+            return False
+    return True
 
 
 def _handed_to_slicing_helpers(ctx: Context, flow: Flow, loop: cst.CSTNode) -> list[str]:

@@ -1268,3 +1268,38 @@ def test_a_refusal_with_nothing_else_to_change_is_reported_not_nothing_to_conver
     result = run_convert(ConvertRequest(script=script))
     assert result.error is not None and "imported code" in str(result.error)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["handed.py"]
+
+
+FULL_BATCH_WITH_TEST = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(1)
+x = torch.randn(40, 1)
+y = x.pow(2) + 0.1 * torch.randn(40, 1)
+test_x = torch.randn(20, 1)
+test_y = test_x.pow(2)
+net = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+for t in range(50):
+    out = net(x)
+    loss = F.mse_loss(out, y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if t % 10 == 0:
+        net.eval()
+        test_pred = net(test_x)
+        print('test loss=%.4f' % F.mse_loss(test_pred, test_y).item())
+        net.train()
+"""
+
+
+def test_full_batch_targets_in_the_next_statement_are_sharded_with_the_inputs_and_test_data_stays_whole() -> None:
+    # MorvanZhou's 302_classification.py: `out = net(x)` then `loss = loss_func(out, y)`: x was sharded, y not (a
+    # crash on 2 ranks: batch 100 against 200); 503_dropout.py: the test set under `if t % 10 == 0:` was sharded
+    # too, so each process evaluated half of it
+    result = convert(FULL_BATCH_WITH_TEST)
+    assert "x, y = x[shard], y[shard]\n" in result.code, result.code
+    assert "test_x[shard]" not in result.code and "test_y[shard]" not in result.code
+    assert not result.report.problems
