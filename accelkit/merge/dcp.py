@@ -48,13 +48,8 @@ from accelkit.merge.light_dcp import (
 )
 from accelkit.merge.light_pickle import MetadataUnpickler
 from accelkit.merge.records import TorchArchive, ZipRecord, input_read_error
-from accelkit.merge.source import (
-    CheckpointSource,
-    Segment,
-    TensorEntry,
-    lazy_segment,
-    record_segment,
-)
+from accelkit.merge.source import CheckpointSource, RecordRange, Segment
+from accelkit.merge.torch_files import materialised, torch_tensor
 
 
 def _torch_dtype(name: str) -> torch.dtype | None:
@@ -191,29 +186,29 @@ class DCPSource(CheckpointSource):
         md = self._metadata
         tensor_fqns = [fqn for fqn, item in md.state_dict_metadata.items() if is_tensor_item(item)]
         skipped = [fqn for fqn, item in md.state_dict_metadata.items() if not is_tensor_item(item)]
-        self._out_to_fqn = output_names(self._metadata, tensor_fqns, self.notes)
-        for out_name, fqn in self._out_to_fqn.items():
-            item = md.state_dict_metadata[fqn]
-            self.entries.append(TensorEntry(out_name, tuple(item.size), item.properties.dtype))
+        out_to_fqn = output_names(self._metadata, tensor_fqns, self.notes)
         if skipped:
             self.notes.append(f"skipped {len(skipped)} non-tensor entries (e.g. {skipped[0]})")
-        self.layout = check_dcp_layout(path, md, set(self._out_to_fqn.values()))
+        self.layout = check_dcp_layout(path, md, set(out_to_fqn.values()))
         self.files = [*self.layout.files, path / METADATA_FILE]
         self.world_size = self.layout.world_size
         self.checks.extend(self.layout.checks)
+        for out_name, fqn in out_to_fqn.items():
+            item = md.state_dict_metadata[fqn]
+            meta = torch.empty(tuple(item.size), dtype=item.properties.dtype, device="meta")
+            self.tensors.append(torch_tensor(out_name, meta, self._segments(fqn, meta)))
 
-    def segments(self, name: str) -> list[Segment]:
-        fqn = self._out_to_fqn[name]
-        entry = self.entry_by_name[name]
+    def _segments(self, fqn: str, meta: torch.Tensor) -> list[Segment]:
         chunks = self.layout.chunks[fqn]
+        nbytes = meta.numel() * meta.element_size()
         if any(c.transformed for c in chunks):
-            return [lazy_segment(entry.nbytes, lambda: self._load_with_dcp(fqn, entry))]
+            return [materialised(nbytes, lambda: self._load_with_dcp(fqn, meta))]
         if all(c.is_row_block for c in chunks):
-            return [record_segment(self.reader, c.record, c.data_offset, c.nbytes)
+            return [RecordRange(c.record, c.data_offset, c.nbytes)
                     for c in sorted(chunks, key=lambda c: c.offsets[0] if c.offsets else 0)]
-        return [lazy_segment(entry.nbytes, lambda: self._assemble(fqn, entry))]
+        return [materialised(nbytes, lambda: self._assemble(fqn, meta))]
 
-    def _assemble(self, fqn: str, entry: TensorEntry) -> torch.Tensor:
+    def _assemble(self, fqn: str, entry: torch.Tensor) -> torch.Tensor:
         """A tensor whose chunks are not row blocks: place each checked chunk at its offsets, as DCP does."""
         out = torch.empty(entry.shape, dtype=entry.dtype)
         for chunk in self.layout.chunks[fqn]:
@@ -227,7 +222,7 @@ class DCPSource(CheckpointSource):
             target.copy_(local)
         return out
 
-    def _load_with_dcp(self, fqn: str, entry: TensorEntry) -> torch.Tensor:
+    def _load_with_dcp(self, fqn: str, entry: torch.Tensor) -> torch.Tensor:
         """Items written through DCP storage transforms: DCP's own loader undoes them (no checksum to check)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import (

@@ -27,7 +27,8 @@ import torch
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import deepspeed_layout as layout
-from accelkit.merge.source import CheckpointSource, Segment, TensorEntry
+from accelkit.merge.dtypes import name_of
+from accelkit.merge.source import CheckpointSource, Segment, Tensor
 from accelkit.merge.torch_files import materialise, open_archive, peek_flat, tensor_segments
 
 _OPTIM, _ZERO3_MODEL, ZERO12_MODEL_FILE = layout.OPTIM, layout.ZERO3_MODEL, layout.ZERO12_MODEL_FILE
@@ -170,7 +171,9 @@ class DeepSpeedSource(CheckpointSource):
         self.where, self.aliases = plan.where, plan.aliases
         if plan.from_module:
             self.notes.append(layout.module_only_note(plan.from_module))
-        self.entries = [TensorEntry(k, plan.shapes[k], plan.dtypes[k]) for k in plan.order]
+        self.tensors = [Tensor(k, name_of(plan.dtypes[k]), tuple(plan.shapes[k]),
+                               self._segments(k, math.prod(plan.shapes[k])), plan.dtypes[k].itemsize)
+                        for k in plan.order]
 
     def _plan_zero12(self, ms: dict[str, Any], rank_sizes: list[list[int]], shapes: dict) -> None:
         self.partitions = layout.zero12_fragment_ranges(rank_sizes)
@@ -209,13 +212,12 @@ class DeepSpeedSource(CheckpointSource):
             base += n
         return out
 
-    def segments(self, name: str) -> list[Segment]:
+    def _segments(self, name: str, numel: int) -> list[Segment]:
         where = self.where[name]
         kind = where[0]
         if kind == "module":
             return tensor_segments(self._models[0], self.reader, self.model_state(0)["module"][name])
         if kind == "frozen":
-            numel = math.prod(self.entry_by_name[name].shape)
             if self.stage < 3:
                 return tensor_segments(self._models[0], self.reader,
                                        self.model_state(0)["frozen_param_fragments"][name])

@@ -18,13 +18,13 @@ import math
 import os
 import re
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
 from accelkit.merge.dtypes import LIGHT, TABLE
 from accelkit.merge.light_pickle import DType, Refused, TensorRef, load_archive_pickle, load_metadata
 from accelkit.merge.records import Window, ZipRecord, crc32, input_read_error, local_data_offset, pread_into
+from accelkit.merge.source import CheckpointSource, RecordRange, Tensor
 
 METADATA_FILE = ".metadata"
 DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -37,40 +37,7 @@ class Unproven(Exception):
     """The folder's layout could not be proven to be plain byte ranges: the torch path merges it."""
 
 
-@dataclass(frozen=True)
-class Piece:
-    """`nbytes` bytes at `start` of a data record: one chunk of a tensor, in order."""
-
-    record: ZipRecord
-    start: int
-    nbytes: int
-
-
-@dataclass
-class Tensor:
-    name: str
-    dtype: str  # torch's name: "float32", ...
-    shape: tuple[int, ...]
-    pieces: list[Piece]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * TABLE[self.dtype].itemsize
-
-
-@dataclass
-class DcpContents:
-    root: Path
-    tensors: list[Tensor] = field(default_factory=list)
-    files: list[Path] = field(default_factory=list)  # every file of the checkpoint the merge reads
-    world_size: int | None = None
-    notes: list[str] = field(default_factory=list)
-    checks: list[str] = field(default_factory=list)
-    format_name: str = "torch DCP (torch.distributed.checkpoint)"
-    aliases: dict[str, str] = field(default_factory=dict)  # tied names stored once (DeepSpeed's shared_params)
-
-
-def plan(path: Path) -> DcpContents:
+def plan(path: Path) -> CheckpointSource:
     """Where every byte of every tensor of the DCP folder `path` is (see the module docstring)."""
     try:
         return _plan(path)
@@ -80,14 +47,14 @@ def plan(path: Path) -> DcpContents:
         raise Unproven(f"{type(exc).__name__}: {exc}") from None
 
 
-def _plan(path: Path) -> DcpContents:
+def _plan(path: Path) -> CheckpointSource:
     metadata = load_metadata((path / METADATA_FILE).read_bytes())
     items = metadata.state_dict_metadata
     if not isinstance(items, dict):
         raise Unproven("state_dict_metadata is not a dict")
     tensor_fqns = [fqn for fqn, item in items.items() if type(item).__name__ == "TensorStorageMetadata"]
     skipped = [fqn for fqn in items if fqn not in set(tensor_fqns)]
-    out = DcpContents(root=path)
+    out = CheckpointSource(format_name="torch DCP (torch.distributed.checkpoint)", root=path, ties_from_config=True)
     names = output_names(metadata, tensor_fqns, out.notes)
     if skipped:
         out.notes.append(f"skipped {len(skipped)} non-tensor entries (e.g. {skipped[0]})")
@@ -202,7 +169,7 @@ def output_names(metadata, fqns: list[str], notes: list[str]) -> dict[str, str]:
 
 
 def _open_chunk(path: Path, fds: dict[str, int], storage: dict, fqn: str, chunk, dtype: str,
-                shape: tuple[int, ...]) -> tuple[int, int, Piece, tuple[int, ...], tuple[int, ...]]:
+                shape: tuple[int, ...]) -> tuple[int, int, RecordRange, tuple[int, ...], tuple[int, ...]]:
     """(first row, rows, the chunk's bytes) of one chunk: a block of whole rows stored as one contiguous tensor."""
     offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
     if len(offsets) != len(shape) or len(sizes) != len(shape) or any(offsets[1:]) or sizes[1:] != shape[1:]:
@@ -219,7 +186,8 @@ def _open_chunk(path: Path, fds: dict[str, int], storage: dict, fqn: str, chunk,
     start, nbytes = tensor.storage_offset * itemsize, tensor.numel * itemsize
     if record.size != tensor.storage.numel * itemsize or start + nbytes > record.size:
         raise Unproven(f"the item of {fqn} reaches past its record")
-    return (offsets[0] if offsets else 0), (sizes[0] if sizes else 1), Piece(record, start, nbytes), offsets, sizes
+    first, rows = (offsets[0] if offsets else 0), (sizes[0] if sizes else 1)
+    return first, rows, RecordRange(record, start, nbytes), offsets, sizes
 
 
 def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[bytes, dict[str, ZipRecord]]:

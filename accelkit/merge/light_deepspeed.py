@@ -8,7 +8,7 @@ runs), checks each file's pickle and small records against their CRC-32, and mak
 and deepspeed_layout make, the same way: one world size and ZeRO stage in every rank file, partition sizes against
 `param_shapes`, `global_steps` across files and against a `global_step<N>` tag, the optimizers' own step counters
 (read through their CRC-32), every rank's `param_slice_mappings`, and, for ZeRO-1/2, sampled elements of every
-partition against the module weights. It returns where every byte of the output is (a light_dcp.DcpContents).
+partition against the module weights. It returns where every byte of the output is (a light_dcp.CheckpointSource).
 
 Anything it cannot read or prove, and every failed check, raises `Unproven`: the torch path then merges the folder
 or refuses it with its own message, so a refusal reads the same on either path.
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from accelkit.merge import deepspeed_layout as layout
-from accelkit.merge.counters import FolderCounters
 from accelkit.merge.dtypes import LIGHT, SCANNED, TABLE
-from accelkit.merge.light_dcp import DcpContents, Piece, Tensor, Unproven, read_torch_archive
+from accelkit.merge.light_dcp import Unproven, read_torch_archive
 from accelkit.merge.light_pickle import Refused, TensorRef, load_deepspeed_pickle
 from accelkit.merge.records import RecordReader, Window, ZipRecord
+from accelkit.merge.source import CheckpointSource, RecordRange, Tensor
 
 
 @dataclass
@@ -63,7 +63,7 @@ def read_archive(path: Path) -> _Archive:
     return _Archive(path, load_deepspeed_pickle(pickled), data)
 
 
-def plan(path: Path, tag: str | None, reader: RecordReader) -> tuple[DcpContents, FolderCounters]:
+def plan(path: Path, tag: str | None, reader: RecordReader) -> CheckpointSource:
     """Where every byte of the merged fp32 weights is, and the step counters read (see the module docstring)."""
     try:
         return _Planner(path, tag, reader).run()
@@ -77,11 +77,10 @@ class _Planner:
     def __init__(self, path: Path, tag: str | None, reader: RecordReader) -> None:
         self.reader = reader
         self.tag_dir, how = layout.resolve_tag_dir(path, tag)
-        self.out = DcpContents(root=self.tag_dir, notes=[f"DeepSpeed checkpoint folder {self.tag_dir} ({how})"])
-        self.counters = FolderCounters()
+        self.out = CheckpointSource(root=self.tag_dir, notes=[f"DeepSpeed checkpoint folder {self.tag_dir} ({how})"])
         self.aliases: dict[str, str] = {}
 
-    def run(self) -> tuple[DcpContents, FolderCounters]:
+    def run(self) -> CheckpointSource:
         self.out.format_name = "DeepSpeed ZeRO"
         optim_paths = layout.ranked(self.tag_dir, layout.OPTIM, "*_optim_states.pt")
         self.optim = [read_archive(p) for p in optim_paths]
@@ -107,8 +106,8 @@ class _Planner:
         self.out.files = [*model_paths, *optim_paths]
         self.out.world_size = world
         self._plan()
-        layout.check_zero_files(self._rank_files(), self.out.checks, self.counters)
-        return self.out, self.counters
+        layout.check_zero_files(self._rank_files(), self.out.checks, self.out.step_counters)
+        return self.out
 
     # -- the pickles, as DeepSpeedSource reads them ------------------------------------------------------------
     @staticmethod
@@ -167,14 +166,11 @@ class _Planner:
             if dtypes[name] not in LIGHT:
                 raise Unproven(f"dtype {dtypes[name]} of {name}")
             tensor = Tensor(name, dtypes[name], tuple(shapes[name]), [])
-            tensor.pieces = [p for p in self._pieces(name, tensor) if p.nbytes]
-            if sum(p.nbytes for p in tensor.pieces) != tensor.nbytes:
+            tensor.segments = [p for p in self._pieces(name, tensor) if p.nbytes]
+            if sum(p.nbytes for p in tensor.segments) != tensor.nbytes:
                 raise Unproven(f"the bytes of {name} do not add up to its shape")
             self.out.tensors.append(tensor)
         self.out.aliases = dict(self.aliases)
-        if self.aliases:
-            self.out.notes.append("tied weights stored once, as transformers does: "
-                                  + ", ".join(f"{a} -> {t}" for a, t in self.aliases.items()))
 
     @staticmethod
     def _tensor(value: Any) -> TensorRef:
@@ -202,7 +198,7 @@ class _Planner:
         shapes.update(planned)
 
     # -- where the bytes are (DeepSpeedSource.segments) ----------------------------------------------------------
-    def _slice(self, archive: _Archive, tensor: TensorRef, begin: int, end: int) -> list[Piece]:
+    def _slice(self, archive: _Archive, tensor: TensorRef, begin: int, end: int) -> list[RecordRange]:
         if end <= begin:
             return []
         if not tensor.is_contiguous:
@@ -212,9 +208,9 @@ class _Planner:
         start, nbytes = offset + begin * size, (end - begin) * size
         if start + nbytes > record.size:
             raise Unproven(f"a tensor of {archive.path.name} reaches past its record")
-        return [Piece(record, start, nbytes)]
+        return [RecordRange(record, start, nbytes)]
 
-    def _rank_range(self, rank: int, start: int, length: int, group: int | None) -> list[Piece]:
+    def _rank_range(self, rank: int, start: int, length: int, group: int | None) -> list[RecordRange]:
         flats = self.flats[rank]
         chosen = list(range(len(flats))) if group is None else [group]
         out, base = [], 0
@@ -226,7 +222,7 @@ class _Planner:
             base += n
         return out
 
-    def _pieces(self, name: str, tensor: Tensor) -> list[Piece]:
+    def _pieces(self, name: str, tensor: Tensor) -> list[RecordRange]:
         where = self.where[name]
         kind = where[0]
         ms = self.model_states[0]

@@ -12,15 +12,17 @@ and named in the notes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge.dtypes import name_of
 from accelkit.merge.light_pickle import ForeignStandIn
 from accelkit.merge.records import RecordReader, TorchArchive
-from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, lazy_segment, record_segment, tensor_segment
+from accelkit.merge.source import CheckpointSource, Materialised, RecordRange, Segment, Tensor
 
 _NESTED_KEYS = ("state_dict", "model", "module")
 
@@ -59,14 +61,17 @@ class TorchFileSource(CheckpointSource):
                 self.aliases[name] = seen[key]
                 continue
             seen[key] = name
-            self.entries.append(TensorEntry(name, tuple(t.shape), t.dtype))
+            self.tensors.append(torch_tensor(name, t, tensor_segments(self._archive, self.reader, t)))
 
     def _state_dict(self) -> dict[str, Any]:
         obj = self._archive.obj
         return obj[self._key] if self._key is not None else obj
 
-    def segments(self, name: str) -> list[Segment]:
-        return tensor_segments(self._archive, self.reader, self._state_dict()[name])
+
+def torch_tensor(name: str, tensor: torch.Tensor, segments: list[Segment]) -> Tensor:
+    """The one tensor model for a torch tensor's name, shape and dtype (any dtype torch has: safetensors' own
+    limits are checked when the output is planned)."""
+    return Tensor(name, name_of(tensor.dtype), tuple(tensor.shape), segments, tensor.element_size())
 
 
 def _storage_key(tensor: torch.Tensor) -> object:
@@ -102,12 +107,28 @@ def tensor_segments(archive: TorchArchive, reader: RecordReader, tensor: torch.T
     if end <= begin:
         return []
     if archive.legacy:
-        return [tensor_segment(tensor.detach().reshape(-1)[begin:end])]
+        flat = tensor.detach().reshape(-1)[begin:end]
+        return [materialised(flat.numel() * flat.element_size(), lambda: flat)]
     size = tensor.element_size()
     if tensor.is_contiguous():
         record, offset = archive.locate(tensor)
-        return [record_segment(reader, record, offset + begin * size, (end - begin) * size)]
-    return [lazy_segment((end - begin) * size, lambda: materialise(archive, reader, tensor).reshape(-1)[begin:end])]
+        return [RecordRange(record, offset + begin * size, (end - begin) * size)]
+    return [materialised((end - begin) * size, lambda: materialise(archive, reader, tensor).reshape(-1)[begin:end])]
+
+
+def materialised(nbytes: int, build: Callable[[], torch.Tensor]) -> Materialised:
+    """A segment torch builds as a whole (a layout no byte range covers), built when first read and let go after
+    its last byte."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def fill(start: int, dest: memoryview) -> None:
+        if "t" not in cache:
+            cache["t"] = build().detach().contiguous().reshape(-1).view(torch.uint8)
+        torch.frombuffer(dest, dtype=torch.uint8).copy_(cache["t"][start:start + len(dest)])
+        if start + len(dest) >= nbytes:
+            cache.clear()  # the last piece: let the tensor go
+
+    return Materialised(nbytes, fill)
 
 
 def materialise(archive: TorchArchive, reader: RecordReader, tensor: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import light_dcp, light_deepspeed, light_pickle, torch_merge
+from accelkit.merge import light_dcp, light_deepspeed, light_pickle
 from accelkit.merge.api import MergeOptions, merge_checkpoint
 from accelkit.merge.records import RecordReader
 
@@ -75,8 +75,8 @@ def _pickle_of(archive: bytes) -> bytes:
 def _both(src: Path, tmp_path: Path, **options):
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False,
                                           **options))
-    heavy = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
-                                                   **options))
+    heavy = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False, **options),
+                             with_torch=True)
     return light, heavy
 
 
@@ -173,10 +173,10 @@ def test_a_damaged_checkpoint_is_refused_with_the_torch_paths_message(merge_ckpt
         with pytest.raises(light_dcp.Unproven):
             light_deepspeed.plan(src, None, RecordReader())
     messages = []
-    for merge in (merge_checkpoint, torch_merge.merge_with_torch):
+    for with_torch in (False, True):
         out = tmp_path / "out" / "merged.safetensors"
         with pytest.raises(AccelkitError) as caught:
-            merge(MergeOptions(input=src, output=out, progress=False))
+            merge_checkpoint(MergeOptions(input=src, output=out, progress=False), with_torch=with_torch)
         messages.append((caught.value.message, caught.value.hint))
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     assert messages[0] == messages[1]
@@ -208,8 +208,8 @@ def test_the_cli_merges_zero_without_importing_torch(merge_ckpts: Path, tmp_path
                            str(out), "-q"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "read without torch" in proc.stdout
-    torch_merge.merge_with_torch(MergeOptions(input=merge_ckpts / "ds" / f"zero{stage}",
-                                           output=tmp_path / "torch.safetensors", progress=False))
+    merge_checkpoint(MergeOptions(input=merge_ckpts / "ds" / f"zero{stage}", output=tmp_path / "torch.safetensors",
+                                  progress=False), with_torch=True)
     assert out.read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
 
 
