@@ -1,24 +1,15 @@
-"""The merge's entry: what it is asked and reports (MergeOptions, MergeReport), the input recognised once, no torch.
+"""The merge as one pass: what it is asked and reports (MergeOptions, MergeReport), and `merge_checkpoint`.
 
-Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
-million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
-writes; proven by light_dcp, with its checks of `.metadata`) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
-light_deepspeed can make (the fp32 weights are byte ranges of the ranks' flat partitions), the merge is a sequence
-of range copies, and this module makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite
-scan), in one pass: each window of a data record is mapped from the page cache, its CRC-32 and the scan read it
-there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
-byte.
-
-The request is checked (check_merge_request) and the input's format recognised (detect) once, here, before either path
-runs. Everything else goes on in the torch path (torch_merge, a plain call) from what was found, and says why in the
-report's notes; when the byte ranges were proven and only the output needs torch (a cast, shards, tied weights), it
-copies those ranges as they are, without opening or checking the input again. What goes to torch: other
-formats, layouts it cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its
-optimizer and RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model
-class needs transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own
-message). Each of those is decided before anything is written. A non-finite value or a corrupt record found while
-copying fails here with the torch path's own message (or, for non-finite values with --allow-nonfinite, is written
-as it is); the staged output is then removed: a merge never starts again in the torch path once it writes."""
+detect -> open -> check -> plan the output -> write -> verify -> commit, each once: the request is checked
+(check_merge_request) and the format recognised (detect); the input is opened by its format's one reader (dcp,
+deepspeed; hf_sharded and torch_files with torch) with every check, then the manifest's, the training state's and
+the step counters'; the output is planned (tied weights stored once, `--dtype` casts, `--max-shard-size`) and
+written through the one writer loop (stream), staged and committed only once complete (and, with `--verify`,
+re-read). Importing torch takes seconds, longer than copying a checkpoint of a few hundred million parameters: a DCP
+or ZeRO merge whose tensors are byte ranges never imports it; torch is imported only for what it alone does (a cast,
+a tensor no byte range covers, the model class that says which weights are tied, a training state's optimizer and
+RNG files, torch and safetensors files), and a merge never starts again once it writes.
+"""
 
 from __future__ import annotations
 
@@ -37,10 +28,9 @@ from pathlib import Path
 from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, stream
+from accelkit.merge import counters, dcp, deepspeed, extras, manifest, stream
 from accelkit.merge.deepspeed_layout import is_deepspeed_tag_dir
 from accelkit.merge.dtypes import CAST, TABLE
-from accelkit.merge.light_pickle import Refused
 from accelkit.merge.nonfinite import NonFiniteScan, nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
@@ -142,10 +132,6 @@ _SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer'
                "checked against each other (the Checked: lines say which)")
 
 
-class _TorchPath(Exception):
-    """Why this input is opened by a reader that needs torch (decided before anything is written)."""
-
-
 def run_merge(opts: MergeOptions) -> CommandResult:
     """`accelkit merge-ckpt` as one call: merge (or with no output, inspect) and the report's lines on stdout."""
     if opts.output is None:
@@ -155,23 +141,24 @@ def run_merge(opts: MergeOptions) -> CommandResult:
     return CommandResult().out(format_report(report, inspect_only=opts.output is None))
 
 
-def merge_checkpoint(opts: MergeOptions, *, with_torch: bool = False) -> MergeReport:
+def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     """Merge `opts.input` into `opts.output` in one pass: the request checked and the format recognised once, the
-    input opened by its reader with every check, then the output planned, written, verified and committed.
-    `with_torch`: open DCP and DeepSpeed inputs with their torch readers (the tests compare both)."""
+    input opened by its reader with every check, then the output planned, written, verified and committed."""
     max_bytes = check_merge_request(opts)
     detected = detect(opts.input, opts.tag, opts.model_index)
     start = time.perf_counter()
     collecting = gc.isenabled()
     gc.disable()  # the merge makes no cycles; collections while unpickling metadata cost more than they find
     try:
-        source, checks, how = open_checked(opts, detected, with_torch, hash_manifest=True)
+        source, checks, how = open_checked(opts, detected, hash_manifest=True)
         try:
-            cast = None
-            if any(t.dtype != _cast_dtype(t.dtype, opts.dtype) for t in source.tensors):
-                with _importing_torch():
-                    from accelkit.merge.torch_merge import cast
-            with _lean(source, cast):
+            cast, lean = None, contextlib.nullcontext()
+            if "accelkit.merge.torch_files" in sys.modules or any(
+                    t.dtype != _cast_dtype(t.dtype, opts.dtype) for t in source.tensors):
+                with _importing_torch():  # one torch thread while torch materialises or casts
+                    from accelkit.merge.torch_files import cast, lean_process
+                lean = lean_process()
+            with lean:
                 report = _write(opts, source, checks, max_bytes, start, cast)
         finally:
             source.close()
@@ -182,12 +169,11 @@ def merge_checkpoint(opts: MergeOptions, *, with_torch: bool = False) -> MergeRe
             gc.enable()
 
 
-def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None, *,
-                       with_torch: bool = False) -> MergeReport:
+def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
     """`--inspect`: describe the input and make the checks that need no full read."""
     start = time.perf_counter()
     opts = MergeOptions(input=input_path, tag=tag, model_index=model_index)
-    source, checks, how = open_checked(opts, detect(input_path, tag, model_index), with_torch, hash_manifest=False)
+    source, checks, how = open_checked(opts, detect(input_path, tag, model_index), hash_manifest=False)
     try:
         report = _planned_report(source, source.tensors, [*source.checks, *checks])
     finally:
@@ -251,7 +237,7 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
                             f"{path.name} is a torch state-dict file (loaded with weights_only=True)")
         raise AccelkitError(f"{path} is not a checkpoint file merge-ckpt reads", hint=f"supported: {SUPPORTED}")
     if _is_dcp_dir(path):
-        return Detected("dcp", path, f"{path.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP "
+        return Detected("dcp", path, f"{path.name}/ holds {dcp.METADATA_FILE} and .distcp shards: a torch DCP "
                                      "checkpoint")
     models = {int(m.group(1)): p for p in path.iterdir()
               if (m := _ACCELERATE_FSDP.match(p.name)) and _is_dcp_dir(p)}
@@ -292,7 +278,7 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
 
 
 def _is_dcp_dir(path: Path) -> bool:
-    return path.is_dir() and (path / light_dcp.METADATA_FILE).is_file()
+    return path.is_dir() and (path / dcp.METADATA_FILE).is_file()
 
 
 @contextlib.contextmanager
@@ -311,30 +297,33 @@ def _importing_torch():
             gc.enable()
 
 
-def open_checked(opts: MergeOptions, detected: Detected, with_torch: bool,
+def open_checked(opts: MergeOptions, detected: Detected,
                  hash_manifest: bool) -> tuple[CheckpointSource, list[str], str]:
-    """The input opened by its reader, with every check its format and surroundings allow (the manifest's hashes
-    when `hash_manifest`), the extra check lines, and the note saying how it was read."""
+    """The input opened by its format's one reader, with every check its format and surroundings allow (the
+    manifest's hashes when `hash_manifest`), the extra check lines, and the note saying how it was read."""
+    reader = RecordReader()  # its files are closed when the merge ends or the input is refused
     try:
-        if with_torch:
-            raise _TorchPath("asked for")
-        source = _light_open(opts, detected)
-        try:
-            return source, _checks(opts, source, hash_manifest), _FAST
-        except AccelkitError as exc:
-            source.close()
-            if detected.kind != "deepspeed":
-                raise
-            raise _TorchPath(f"a check failed ({exc.message})") from None
-    except _TorchPath as why:
-        with _importing_torch():
-            from accelkit.merge import torch_merge
-        source = torch_merge.open_source(detected)
-        try:
-            return source, _checks(opts, source, hash_manifest), f"read with torch: {why}"
-        except BaseException:
-            source.close()
-            raise
+        if detected.kind == "dcp":
+            source = dcp.open_dcp(detected.path, reader)
+        elif detected.kind == "deepspeed":
+            source = deepspeed.open_deepspeed(detected.path, detected.tag, reader)
+        else:
+            with _importing_torch():
+                from accelkit.merge import torch_files
+            source = torch_files.open_file_source(detected.path, reader, detected.kind == "safetensors")
+        source.notes.insert(0, detected.why)
+        checks = _checks(opts, source, hash_manifest)
+    except BaseException:
+        reader.close()
+        raise
+    if detected.kind not in ("dcp", "deepspeed"):
+        how = "read with torch: " + ("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch"
+                                     if opts.input.is_dir() else "only checkpoint folders are read without torch")
+    elif extras.find_save_state_dir(source.root) is not None:
+        how = f"read with torch: {_SAVE_STATE}"
+    else:
+        how = _FAST
+    return source, checks, how
 
 
 def _checks(opts: MergeOptions, source: CheckpointSource, hash_manifest: bool) -> list[str]:
@@ -354,62 +343,6 @@ def _checks(opts: MergeOptions, source: CheckpointSource, hash_manifest: bool) -
     if agreed:
         checks.append(agreed)
     return checks
-
-
-def _light_open(opts: MergeOptions, detected: Detected) -> CheckpointSource:
-    """A DCP folder of its own or a DeepSpeed checkpoint, every tensor a sequence of byte ranges with the format's
-    checks made; else _TorchPath."""
-    if opts.model_index is not None:
-        raise _TorchPath("--model-index was given")
-    if not opts.input.is_dir():
-        raise _TorchPath("only checkpoint folders are read without torch")
-    if detected.kind != "dcp" and any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
-        raise _TorchPath(_SAVE_STATE)
-    if detected.wrapped:
-        raise _TorchPath(_SAVE_STATE)
-    if detected.kind not in ("dcp", "deepspeed"):
-        raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
-    if opts.tag and detected.kind == "dcp":
-        raise _TorchPath("--tag was given")
-    if detected.kind == "dcp" and extras.find_save_state_dir(detected.path) is not None:
-        raise _TorchPath(_SAVE_STATE)
-    reader = RecordReader()
-    try:
-        if detected.kind == "deepspeed":
-            found = light_deepspeed.plan(detected.path, detected.tag, reader)
-        else:
-            found = light_dcp.plan(detected.path)
-    except (Refused, light_dcp.Unproven) as exc:
-        reader.close()
-        if detected.kind == "deepspeed":
-            raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
-        raise _TorchPath(f"the layout is not plain row blocks ({exc})") from None
-    found.reader = reader
-    if extras.find_save_state_dir(found.root) is not None:
-        found.close()
-        raise _TorchPath(_SAVE_STATE)
-    found.notes.insert(0, detected.why)
-    return found
-
-
-def _names(folder: Path) -> list[str]:
-    """What a folder holds; nothing when it is not a readable folder (the torch path then says what is wrong)."""
-    try:
-        return [p.name for p in folder.iterdir()]
-    except OSError:
-        return []
-
-
-@contextlib.contextmanager
-def _lean(source: CheckpointSource, cast):
-    """One torch thread while torch materialises or casts (see torch_merge.lean_process); nothing without torch."""
-    if cast is None and "accelkit.merge.torch_merge" not in sys.modules:
-        yield
-        return
-    from accelkit.merge.torch_merge import lean_process
-
-    with lean_process():
-        yield
 
 
 def _cast_dtype(dtype: str, choice: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from accelkit.errors import AccelkitError, clip
 from accelkit.merge.dtypes import BY_CODE
-from accelkit.merge.records import input_read_error
+from accelkit.merge.records import RecordReader, input_read_error
 from accelkit.merge.source import CheckpointSource, FileRange, Tensor
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
@@ -61,9 +61,10 @@ def read_header(file: Path) -> tuple[dict, int]:
 
 
 class SafetensorsSource(CheckpointSource):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, reader: RecordReader) -> None:
         index = find_index(path)
-        super().__init__(format_name="HF sharded safetensors" if index else "single safetensors file", root=path)
+        super().__init__(format_name="HF sharded safetensors" if index else "single safetensors file", root=path,
+                         reader=reader)
         if index is not None:
             try:
                 weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]

@@ -82,10 +82,8 @@ class CheckpointSource:
     tensors: list[Tensor] = field(default_factory=list)
     # alias name -> name of the tensor it shares storage with (known from the checkpoint itself)
     aliases: dict[str, str] = field(default_factory=dict)
-    # lines explaining how the input was recognised and anything notable that was skipped
-    notes: list[str] = field(default_factory=list)
-    # what was checked to trust the input (consistency signals, checksums), one line each
-    checks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the input was recognised, anything notable skipped
+    checks: list[str] = field(default_factory=list)  # what was checked to trust the input, one line each
     # the files making up the checkpoint (for `--inspect`, the manifest and the input-unchanged guarantee)
     files: list[Path] = field(default_factory=list)
     # True when the format cannot record tied weights (DCP saves both copies): ask the model's config instead

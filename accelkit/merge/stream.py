@@ -7,10 +7,9 @@ output by a writer thread while this one maps and checks the next window (both r
 os.write). Materialised segments are filled, and `--dtype` casts made (by the `cast` torch hands in), into a few
 reused buffers.
 
-Measured on the 2-core machine (a 435 MB item, medians of 9): the earlier two passes (read into a buffer for the
-checks, then `os.copy_file_range`) took 0.24 s, this one pass 0.18-0.19 s on one thread; the kernel copy alone
-0.15-0.28 s. At most WINDOWS_IN_FLIGHT windows of READ_BYTES are mapped at a time (the mapped pages count as
-resident memory), so the memory stays one buffer plus a few MB whatever the size of the model.
+Measured on the 2-core machine (a 435 MB item, medians of 9): two passes (read into a buffer for the checks, then
+`os.copy_file_range`) took 0.24 s, this one pass 0.18-0.19 s; the kernel copy alone 0.15-0.28 s. At most
+WINDOWS_IN_FLIGHT windows of READ_BYTES are mapped at a time, so the memory stays flat whatever the model's size.
 """
 
 from __future__ import annotations

@@ -27,9 +27,10 @@ def dcp_dir(tmp_path: Path) -> Path:
 
 
 def test_a_dcp_save_reads_back_through_its_records(dcp_dir: Path) -> None:
-    from accelkit.merge.dcp import DCPSource
+    from accelkit.merge.dcp import open_dcp
+    from accelkit.merge.records import RecordReader
 
-    source = DCPSource(dcp_dir)
+    source = open_dcp(dcp_dir, RecordReader())
     tensors = {}
     for tensor in source.tensors:
         (segment,) = tensor.segments  # one row block: a byte range of its record
@@ -42,12 +43,13 @@ def test_a_dcp_save_reads_back_through_its_records(dcp_dir: Path) -> None:
 
 
 def test_a_shard_longer_than_its_metadata_says(dcp_dir: Path) -> None:
-    from accelkit.merge.dcp import DCPSource
+    from accelkit.merge.dcp import open_dcp
+    from accelkit.merge.records import RecordReader
 
     shard = next(dcp_dir.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes() + b"\0" * 16)
     with pytest.raises(AccelkitError, match="has 16 bytes more than .metadata describes"):
-        DCPSource(dcp_dir)
+        open_dcp(dcp_dir, RecordReader())
 
 
 def test_metadata_never_runs_pickled_code(dcp_dir: Path) -> None:
