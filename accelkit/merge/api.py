@@ -46,7 +46,7 @@ from accelkit.merge.output import (
     start_writing,
 )
 from accelkit.merge.records import RecordReader
-from accelkit.merge.source import CheckpointSource, Tensor
+from accelkit.merge.source import CheckpointSource, Materialised, Tensor
 from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header
 from accelkit.sizes import format_bytes
 
@@ -214,13 +214,12 @@ _ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
 @dataclass(frozen=True)
 class Detected:
     """What the input is, recognised once from its names: the format, the file or folder its reader opens (with the
-    DeepSpeed tag asked for), why, and whether a save_state or Trainer folder holds it."""
+    DeepSpeed tag asked for), and why."""
 
     kind: str  # "dcp", "deepspeed", "safetensors" (a file or an index) or "torch_file"
     path: Path
     why: str
     tag: str | None = None
-    wrapped: bool = False
 
 
 def detect(path: Path, tag: str | None = None, model_index: int | None = None) -> Detected:
@@ -251,7 +250,7 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
         extra = f" ({len(models)} models saved; pick another with --model-index)" if len(models) > 1 else ""
         kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
             "an Accelerate save_state folder"
-        return Detected("dcp", chosen, f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}", wrapped=True)
+        return Detected("dcp", chosen, f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}")
     if model_index is not None:
         raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",
                             hint=f"{path} has no pytorch_model_fsdp_N/ folders")
@@ -321,6 +320,8 @@ def open_checked(opts: MergeOptions, detected: Detected,
                                      if opts.input.is_dir() else "only checkpoint folders are read without torch")
     elif extras.find_save_state_dir(source.root) is not None:
         how = f"read with torch: {_SAVE_STATE}"
+    elif any(isinstance(s, Materialised) for t in source.tensors for s in t.segments):
+        how = "read with torch where no byte range covers a tensor; the others are byte ranges of the input"
     else:
         how = _FAST
     return source, checks, how

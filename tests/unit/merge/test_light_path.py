@@ -198,3 +198,20 @@ def test_the_cli_merges_dcp_without_importing_torch(tmp_path: Path) -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "read without torch" in proc.stdout
+
+
+def test_items_only_torch_reads_are_materialised_by_torch_bit_for_bit(tmp_path: Path) -> None:
+    """The one DCP reader hands to torch only what it cannot read as byte ranges: a strided item (assembled as DCP
+    does), a float8 item and a Parameter (pickles the light unpicklers do not build); the rest stay byte ranges."""
+    from safetensors.torch import load_file
+
+    state = {"strided": torch.randn(4, 3).t(), "f8": torch.randn(5, 2).to(torch.float8_e4m3fn),
+             "param": torch.nn.Parameter(torch.randn(3)), "plain": torch.randn(6, 2).to(torch.bfloat16)}
+    src = dcp_save(state, tmp_path / "dcp")
+    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", verify=True,
+                                           progress=False))
+    got = load_file(tmp_path / "out.safetensors")
+    for name, tensor in state.items():
+        want = tensor.detach().contiguous()
+        assert got[name].dtype == want.dtype and torch.equal(got[name].view(torch.uint8), want.view(torch.uint8))
+    assert report.notes[-1].startswith("read with torch where no byte range covers a tensor"), report.notes
