@@ -150,6 +150,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
     collecting = gc.isenabled()
     gc.disable()  # the merge makes no cycles; collections while unpickling metadata cost more than they find
     try:
+        scan = NonFiniteScan()  # imports NumPy on a thread, beside the reading and the checks
         source, checks, how = open_checked(opts, detected, hash_manifest=True)
         try:
             cast, lean = None, contextlib.nullcontext()
@@ -159,7 +160,7 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
                     from accelkit.merge.torch_files import cast, lean_process
                 lean = lean_process()
             with lean:
-                report = _write(opts, source, checks, max_bytes, start, cast)
+                report = _write(opts, source, checks, max_bytes, start, cast, scan)
         finally:
             source.close()
         report.notes.append(how)
@@ -395,13 +396,12 @@ def _plan(source: CheckpointSource, opts: MergeOptions, to_file: bool, max_bytes
 
 
 def _write(opts: MergeOptions, source: CheckpointSource, checks: list[str], max_bytes: int | None, start: float,
-           cast: stream.Cast | None) -> MergeReport:
+           cast: stream.Cast | None, scan: NonFiniteScan) -> MergeReport:
     output = opts.output
     assert output is not None  # check_merge_request refused a merge without one
     to_file = output.suffix == ".safetensors"
     notes = list(source.notes)
     windows = stream.Windows(source.reader, cast)
-    scan = NonFiniteScan()  # imports NumPy beside the checks
     side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
     plan, dropped = _plan(source, opts, to_file, max_bytes, windows, side_files, notes)
     names = [output.name] if to_file else shard_file_names(len(plan))
