@@ -1,24 +1,15 @@
-"""The merge's entry: what it is asked and reports (MergeOptions, MergeReport), the input recognised once, no torch.
+"""The merge as one pass: what it is asked and reports (MergeOptions, MergeReport), and `merge_checkpoint`.
 
-Importing torch takes seconds, several times longer than copying the bytes of a checkpoint of a few hundred
-million parameters. When the input is a torch DCP folder whose every tensor is stored as row blocks (what FSDP
-writes; proven by light_dcp, with its checks of `.metadata`) or a DeepSpeed ZeRO-1/2/3 checkpoint whose every check
-light_deepspeed can make (the fp32 weights are byte ranges of the ranks' flat partitions), the merge is a sequence
-of range copies, and this module makes it with the standard library, ISA-L's CRC-32 and NumPy (for the non-finite
-scan), in one pass: each window of a data record is mapped from the page cache, its CRC-32 and the scan read it
-there, and the same memory is written to the output. The output is the same file the torch path writes, byte for
-byte.
-
-The request is checked (check_merge_request) and the input's format recognised (detect) once, here, before either path
-runs. Everything else goes on in the torch path (torch_merge, a plain call) from what was found, and says why in the
-report's notes; when the byte ranges were proven and only the output needs torch (a cast, shards, tied weights), it
-copies those ranges as they are, without opening or checking the input again. What goes to torch: other
-formats, layouts it cannot prove, a `--dtype` cast, `--max-shard-size`, an Accelerate save_state folder (its
-optimizer and RNG files are checked with torch), a DCP folder's config.json that may tie weights (asking the model
-class needs transformers) and a DeepSpeed checkpoint that fails a check (the torch path then refuses it with its own
-message). Each of those is decided before anything is written. A non-finite value or a corrupt record found while
-copying fails here with the torch path's own message (or, for non-finite values with --allow-nonfinite, is written
-as it is); the staged output is then removed: a merge never starts again in the torch path once it writes."""
+detect -> open -> check -> plan the output -> write -> verify -> commit, each once: the request is checked
+(check_merge_request) and the format recognised (detect); the input is opened by its format's one reader (dcp,
+deepspeed; hf_sharded and torch_files with torch) with every check, then the manifest's, the training state's and
+the step counters'; the output is planned (tied weights stored once, `--dtype` casts, `--max-shard-size`) and
+written through the one writer loop (stream), staged and committed only once complete (and, with `--verify`,
+re-read). Importing torch takes seconds, longer than copying a checkpoint of a few hundred million parameters: a DCP
+or ZeRO merge whose tensors are byte ranges never imports it; torch is imported only for what it alone does (a cast,
+a tensor no byte range covers, the model class that says which weights are tied, a training state's optimizer and
+RNG files, torch and safetensors files), and a merge never starts again once it writes.
+"""
 
 from __future__ import annotations
 
@@ -26,35 +17,37 @@ import collections
 import contextlib
 import gc
 import json
-import math
 import re
 import resource
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
-from accelkit.fsio import StagedOutput
-from accelkit.merge import counters, extras, light_dcp, light_deepspeed, manifest, records
+from accelkit.fsio import StagedOutput, write_error
+from accelkit.merge import counters, dcp, deepspeed, extras, manifest, stream
 from accelkit.merge.deepspeed_layout import is_deepspeed_tag_dir
-from accelkit.merge.dtypes import CAST, SCANNED
-from accelkit.merge.light_pickle import Refused
-from accelkit.merge.nonfinite import COUNTED_BYTES, NonFiniteScan, nonfinite_note, refusal, scan_line
+from accelkit.merge.dtypes import CAST, TABLE
+from accelkit.merge.nonfinite import NonFiniteScan, nonfinite_note, scan_line
 from accelkit.merge.output import (
     FILES_KEY,
+    INDEX_FILE,
     TORCH_SUFFIXES,
+    build_index,
     check_paths,
     copy_side_files,
     parse_shard_size,
+    plan_shards,
     progress_bar,
+    shard_file_names,
     start_writing,
 )
 from accelkit.merge.records import RecordReader
-from accelkit.merge.writer import SAFETENSORS_METADATA, SafetensorsWriter, safetensors_header, verify_output
+from accelkit.merge.source import CheckpointSource, Materialised, Tensor
+from accelkit.merge.writer import SAFETENSORS_METADATA, safetensors_header
 from accelkit.sizes import format_bytes
 
 
@@ -132,22 +125,11 @@ def format_report(report: MergeReport, inspect_only: bool) -> str:
     return "\n".join(lines)
 
 
-READ_BYTES = 2 * 1024 * 1024  # read, checked and scanned while in the CPU's caches
 _FAST = "read without torch: every tensor is a sequence of byte ranges of the input, copied file to file"
-
-
+_INSPECTED = "read without torch: the checkpoint's metadata and pickles, no tensor data"
 # Only what a Checked: line then backs: which side files were compared is said there, file by file.
 _SAVE_STATE = ("a training-state folder (Accelerate's save_state or the Trainer's): the files beside the weights are "
                "checked against each other (the Checked: lines say which)")
-
-
-class _TorchPath(Exception):
-    """Why this merge goes to the torch path; with what the proof found when it was made (the torch path then goes
-    on from it: the proven byte ranges and checks, the step counters, whether the model's config may tie weights)."""
-
-    def __init__(self, why: str, proven: tuple | None = None) -> None:
-        super().__init__(why)
-        self.proven = proven
 
 
 def run_merge(opts: MergeOptions) -> CommandResult:
@@ -160,19 +142,28 @@ def run_merge(opts: MergeOptions) -> CommandResult:
 
 
 def merge_checkpoint(opts: MergeOptions) -> MergeReport:
-    """Merge `opts.input` into `opts.output`, in one pass: the request is checked and the format recognised once, then
-    the merge is made without torch when the layout allows it, else it goes on with torch from what was found."""
+    """Merge `opts.input` into `opts.output` in one pass: the request checked and the format recognised once, the
+    input opened by its reader with every check, then the output planned, written, verified and committed."""
     max_bytes = check_merge_request(opts)
     detected = detect(opts.input, opts.tag, opts.model_index)
+    start = time.perf_counter()
     collecting = gc.isenabled()
     gc.disable()  # the merge makes no cycles; collections while unpickling metadata cost more than they find
     try:
-        return _light_merge(opts, detected)
-    except _TorchPath as why:
-        with _importing_torch():
-            from accelkit.merge import torch_merge
-        report = torch_merge.merge_with_torch(opts, detected, max_bytes, why.proven)
-        report.notes.append(f"read with torch: {why}")
+        scan = NonFiniteScan()  # imports NumPy on a thread, beside the reading and the checks
+        source, checks, how = open_checked(opts, detected, hash_manifest=True)
+        try:
+            cast, lean = None, contextlib.nullcontext()
+            if "accelkit.merge.torch_files" in sys.modules or any(
+                    t.dtype != _cast_dtype(t.dtype, opts.dtype) for t in source.tensors):
+                with _importing_torch():  # one torch thread while torch materialises or casts
+                    from accelkit.merge.torch_files import cast, lean_process
+                lean = lean_process()
+            with lean:
+                report = _write(opts, source, checks, max_bytes, start, cast, scan)
+        finally:
+            source.close()
+        report.notes.append(how)
         return report
     finally:
         if collecting:
@@ -180,16 +171,20 @@ def merge_checkpoint(opts: MergeOptions) -> MergeReport:
 
 
 def inspect_checkpoint(input_path: Path, tag: str | None = None, model_index: int | None = None) -> MergeReport:
-    """`--inspect`: describe the input and make the checks that need no full read, without torch when the light
-    merge could read it (the same report as the torch path's, with a note saying so), else with the torch path."""
+    """`--inspect`: describe the input and make the checks that need no full read."""
+    start = time.perf_counter()
     opts = MergeOptions(input=input_path, tag=tag, model_index=model_index)
-    detected = detect(input_path, tag, model_index)
+    source, checks, how = open_checked(opts, detect(input_path, tag, model_index), hash_manifest=False)
     try:
-        return _light_inspect(opts, detected)
-    except _TorchPath as why:
-        with _importing_torch():
-            from accelkit.merge import torch_merge
-        return torch_merge.inspect_with_torch(input_path, tag, model_index, detected, why.proven)
+        report = _planned_report(source, source.tensors, [*source.checks, *checks])
+    finally:
+        source.close()
+    report.dropped_aliases = dict(source.aliases)
+    if how.startswith("read without torch"):
+        report.notes.append(_INSPECTED)
+    report.seconds = time.perf_counter() - start
+    report.peak_rss_bytes = peak_rss_bytes()
+    return report
 
 
 def check_merge_request(opts: MergeOptions) -> int | None:
@@ -220,13 +215,12 @@ _ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
 @dataclass(frozen=True)
 class Detected:
     """What the input is, recognised once from its names: the format, the file or folder its reader opens (with the
-    DeepSpeed tag asked for), why, and whether a save_state or Trainer folder holds it."""
+    DeepSpeed tag asked for), and why."""
 
     kind: str  # "dcp", "deepspeed", "safetensors" (a file or an index) or "torch_file"
     path: Path
     why: str
     tag: str | None = None
-    wrapped: bool = False
 
 
 def detect(path: Path, tag: str | None = None, model_index: int | None = None) -> Detected:
@@ -243,7 +237,7 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
                             f"{path.name} is a torch state-dict file (loaded with weights_only=True)")
         raise AccelkitError(f"{path} is not a checkpoint file merge-ckpt reads", hint=f"supported: {SUPPORTED}")
     if _is_dcp_dir(path):
-        return Detected("dcp", path, f"{path.name}/ holds {light_dcp.METADATA_FILE} and .distcp shards: a torch DCP "
+        return Detected("dcp", path, f"{path.name}/ holds {dcp.METADATA_FILE} and .distcp shards: a torch DCP "
                                      "checkpoint")
     models = {int(m.group(1)): p for p in path.iterdir()
               if (m := _ACCELERATE_FSDP.match(p.name)) and _is_dcp_dir(p)}
@@ -257,7 +251,7 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
         extra = f" ({len(models)} models saved; pick another with --model-index)" if len(models) > 1 else ""
         kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
             "an Accelerate save_state folder"
-        return Detected("dcp", chosen, f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}", wrapped=True)
+        return Detected("dcp", chosen, f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}")
     if model_index is not None:
         raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",
                             hint=f"{path} has no pytorch_model_fsdp_N/ folders")
@@ -284,7 +278,7 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
 
 
 def _is_dcp_dir(path: Path) -> bool:
-    return path.is_dir() and (path / light_dcp.METADATA_FILE).is_file()
+    return path.is_dir() and (path / dcp.METADATA_FILE).is_file()
 
 
 @contextlib.contextmanager
@@ -303,282 +297,168 @@ def _importing_torch():
             gc.enable()
 
 
-def _light_inspect(opts: MergeOptions, detected: Detected) -> MergeReport:
-    start = time.perf_counter()
-    _light_input(opts, detected)
-    reader = RecordReader()
+def open_checked(opts: MergeOptions, detected: Detected,
+                 hash_manifest: bool) -> tuple[CheckpointSource, list[str], str]:
+    """The input opened by its format's one reader, with every check its format and surroundings allow (the
+    manifest's hashes when `hash_manifest`), the extra check lines, and the note saying how it was read."""
+    reader = RecordReader()  # its files are closed when the merge ends or the input is refused
     try:
-        found, steps = _light_plan(opts, detected, reader)
-        checks = [*found.checks, *manifest.signed_checks(found.root, None, found.world_size, steps)]
-        agreed = counters.cross_check(steps)
-        if agreed:
-            checks.append(agreed)
-    finally:
+        if detected.kind == "dcp":
+            source = dcp.open_dcp(detected.path, reader)
+        elif detected.kind == "deepspeed":
+            source = deepspeed.open_deepspeed(detected.path, detected.tag, reader)
+        else:
+            with _importing_torch():
+                from accelkit.merge import torch_files
+            source = torch_files.open_file_source(detected.path, reader, detected.kind == "safetensors")
+        source.notes.insert(0, detected.why)
+        checks = _checks(opts, source, hash_manifest)
+    except BaseException:
         reader.close()
-    report = _planned_report(found, checks)
-    report.notes.append("read without torch: the checkpoint's metadata and pickles, no tensor data")
-    report.seconds = time.perf_counter() - start
-    report.peak_rss_bytes = peak_rss_bytes()
-    return report
-
-
-def _light_merge(opts: MergeOptions, detected: Detected) -> MergeReport:
-    start = time.perf_counter()
-    output = opts.output
-    assert output is not None  # check_merge_request refused a merge without one
-    shards = "--max-shard-size was given" if opts.max_shard_size else None
-    try:
-        _light_input(opts, detected)
-    except _TorchPath as why:
-        raise _TorchPath(shards or str(why)) from None
-    scan = NonFiniteScan()  # imports NumPy beside the checks
-    reader = RecordReader()
-    try:
-        try:
-            found, steps = _light_plan(opts, detected, reader)
-        except _TorchPath as why:
-            raise _TorchPath(shards or str(why), why.proven) from None
-        proven = (found, steps, detected.kind == "dcp")
-        if shards:
-            raise _TorchPath(shards, proven)
-        if opts.dtype != "keep" and any(t.dtype in SCANNED and t.dtype != CAST[opts.dtype]
-                                        for t in found.tensors):
-            raise _TorchPath(f"--dtype {opts.dtype} casts", proven)
-        side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
-        try:
-            checks = _manifest_checks(found, side_files, steps)
-        except AccelkitError as exc:
-            if detected.kind != "deepspeed":
-                raise
-            raise _TorchPath(f"a check failed ({exc.message})") from None
-        to_file = output.suffix == ".safetensors"
-        configless = not any(f.name == extras.CONFIG_FILE for f in side_files)
-        if not to_file and configless and extras.tie_candidates([t.name for t in found.tensors]):
-            raise _TorchPath("a folder output without config.json: whether the output embedding is tied is read "
-                             "from the values", proven)
-        return _write(opts, found, checks, to_file, side_folder, side_files, scan, reader, start)
-    finally:
-        reader.close()
-
-
-def _light_input(opts: MergeOptions, detected: Detected) -> None:
-    """Whether the light path reads this input: a DCP folder of its own or a DeepSpeed checkpoint; else _TorchPath."""
-    if opts.model_index is not None:
-        raise _TorchPath("--model-index was given")
-    if not opts.input.is_dir():
-        raise _TorchPath("only checkpoint folders are read without torch")
-    if detected.kind != "dcp" and any(name.startswith("pytorch_model_fsdp_") for name in _names(opts.input)):
-        raise _TorchPath(_SAVE_STATE)
-    if detected.wrapped:
-        raise _TorchPath(_SAVE_STATE)
+        raise
     if detected.kind not in ("dcp", "deepspeed"):
-        raise _TorchPath("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch")
-    if opts.tag and detected.kind == "dcp":
-        raise _TorchPath("--tag was given")
+        how = "read with torch: " + ("only torch DCP folders and DeepSpeed ZeRO checkpoints are read without torch"
+                                     if opts.input.is_dir() else "only checkpoint folders are read without torch")
+    elif extras.find_save_state_dir(source.root) is not None:
+        how = f"read with torch: {_SAVE_STATE}"
+    elif any(isinstance(s, Materialised) for t in source.tensors for s in t.segments):
+        how = "read with torch where no byte range covers a tensor; the others are byte ranges of the input"
+    else:
+        how = _FAST
+    return source, checks, how
 
 
-def _light_plan(opts: MergeOptions, detected: Detected,
-                reader: RecordReader) -> tuple[light_dcp.DcpContents, counters.FolderCounters]:
-    """Every tensor as byte ranges of the input, with the format's own checks made, and the folder's step counters."""
-    if detected.kind == "deepspeed":
-        return _deepspeed_plan(detected, reader)
-    root = detected.path
-    if extras.find_save_state_dir(root) is not None:
-        raise _TorchPath(_SAVE_STATE)
-    try:
-        found = light_dcp.plan(root)
-    except (Refused, light_dcp.Unproven) as exc:
-        raise _TorchPath(f"the layout is not plain row blocks ({exc})") from None
-    found.notes.insert(0, detected.why)
-    _, side_files = extras.find_side_files(opts.input, opts.config_from)
-    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
-    if config is not None and _may_tie(config):
-        raise _TorchPath(f"{config} may tie weights (the model class says which)",
-                         (found, counters.FolderCounters(), True))
-    return found, counters.FolderCounters()
+def _checks(opts: MergeOptions, source: CheckpointSource, hash_manifest: bool) -> list[str]:
+    steps = source.step_counters
 
+    def read_files() -> list[Path]:
+        return [*source.files, *extras.find_side_files(opts.input, opts.config_from)[1]]
 
-def _deepspeed_plan(detected: Detected, reader: RecordReader):
-    try:
-        found, steps = light_deepspeed.plan(detected.path, detected.tag, reader)
-    except (Refused, light_dcp.Unproven) as exc:
-        raise _TorchPath(f"the DeepSpeed checkpoint was not proven without torch ({exc})") from None
-    if extras.find_save_state_dir(found.root) is not None:
-        raise _TorchPath(_SAVE_STATE)
-    found.notes.insert(0, detected.why)
-    return found, steps
+    # first: when there is a manifest, it says best what is wrong
+    checks = manifest.signed_checks(source.root, read_files if hash_manifest else None, source.world_size, steps)
+    folder = extras.find_save_state_dir(source.root)
+    if folder is not None:
+        from accelkit.merge import savestate  # torch: the optimizer's and RNG files
 
-
-def _names(folder: Path) -> list[str]:
-    """What a folder holds; nothing when it is not a readable folder (the torch path then says what is wrong)."""
-    try:
-        return [p.name for p in folder.iterdir()]
-    except OSError:
-        return []
-
-
-def _may_tie(config: Path) -> bool:
-    """Whether transformers could tie weights for this config (as extras.tied_pairs_from_config decides first)."""
-    from accelkit import hfmodel
-
-    try:
-        raw = hfmodel.read_raw(config)
-    except AccelkitError:
-        return False
-    return "model_type" in raw and raw.get("tie_word_embeddings") is not False
-
-
-def _manifest_checks(found: light_dcp.DcpContents, side_files: list[Path], steps: counters.FolderCounters) -> list[str]:
-    """The manifest's checks and the step counters' cross-check, as the torch path makes them (a DCP folder has no
-    step counters of its own; a DeepSpeed checkpoint's come from light_deepspeed)."""
-    checks = manifest.signed_checks(found.root, lambda: [*found.files, *side_files], found.world_size, steps)
+        checks += savestate.check_save_state(folder, source.world_size, source.reader, steps)
     agreed = counters.cross_check(steps)
     if agreed:
         checks.append(agreed)
     return checks
 
 
-def _planned_report(found: light_dcp.DcpContents, checks: list[str]) -> MergeReport:
-    """What the input holds and what was checked, before anything is written."""
-    files = [f for f in found.files if f.is_file()]
-    dtypes: dict[str, int] = {}
-    for t in found.tensors:
-        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+def _cast_dtype(dtype: str, choice: str) -> str:
+    """What `--dtype` makes of a tensor of `dtype`: floating-point ones are cast, the others kept."""
+    target = CAST[choice]
+    return target if target is not None and dtype in TABLE and TABLE[dtype].floating else dtype
+
+
+def _planned_report(source: CheckpointSource, tensors: list[Tensor], checks: list[str]) -> MergeReport:
+    """What the input holds (as it is written) and what was checked, before anything is written."""
+    files = [f for f in source.files if f.is_file()]
     return MergeReport(
-        format_name=found.format_name, world_size=found.world_size, notes=list(found.notes),
-        tensors=len(found.tensors), parameters=sum(math.prod(t.shape) for t in found.tensors),
-        bytes=sum(t.nbytes for t in found.tensors), dtypes=dtypes, input_files=len(files),
-        input_bytes=sum(f.stat().st_size for f in files), checks=checks, dropped_aliases=dict(found.aliases))
+        format_name=source.format_name, world_size=source.world_size, notes=list(source.notes),
+        tensors=len(tensors), parameters=sum(t.numel for t in tensors), bytes=sum(t.nbytes for t in tensors),
+        dtypes=dict(collections.Counter(t.dtype for t in tensors)), input_files=len(files),
+        input_bytes=sum(f.stat().st_size for f in files), checks=checks)
 
 
-def _write(opts: MergeOptions, found: light_dcp.DcpContents, checks: list[str], to_file: bool, side_folder: Path | None,
-           side_files: list[Path], scan: NonFiniteScan, reader: RecordReader, start: float) -> MergeReport:
+def _plan(source: CheckpointSource, opts: MergeOptions, to_file: bool, max_bytes: int | None, windows: stream.Windows,
+          side_files: list[Path], notes: list[str]) -> tuple[list[list[Tensor]], dict[str, str]]:
+    """The output's files and what each holds: tied weights stored once, --dtype casts, --max-shard-size."""
+    dropped = dict(source.aliases)
+    by_name = source.by_name
+    config = next((f for f in side_files if f.name == extras.CONFIG_FILE), None)
+    if config is not None and source.ties_from_config:
+        for alias, target in extras.tied_pairs_from_config(config, notes).items():
+            if alias in by_name and target in by_name:
+                if stream.same_values(windows, by_name[target], by_name[alias]):
+                    dropped[alias] = target
+                else:
+                    notes.append(f"config ties {alias} to {target} but their values differ: both are kept")
+    if config is None and not to_file:  # a folder, as save_pretrained writes: a head equal to the embedding is tied
+        for alias, target in extras.tie_candidates(list(by_name)).items():
+            if alias not in dropped and stream.same_values(windows, by_name[target], by_name[alias]):
+                dropped[alias] = target
+    if dropped:
+        notes.append("tied weights stored once, as transformers does: "
+                     + ", ".join(f"{a} -> {t}" for a, t in dropped.items()))
+    tensors = []
+    for t in source.tensors:
+        if t.name not in dropped:
+            dtype = _cast_dtype(t.dtype, opts.dtype)
+            tensors.append(t if dtype == t.dtype else Tensor(t.name, dtype, t.shape, t.segments, cast_from=t.dtype))
+    unsupported = [t for t in tensors if t.dtype not in TABLE]
+    if unsupported:
+        raise AccelkitError(f"tensor {unsupported[0].name!r} has dtype torch.{unsupported[0].dtype}, which "
+                            "safetensors cannot store", hint="convert that tensor to a real dtype before merging")
+    return (plan_shards(tensors, max_bytes) if max_bytes and not to_file else [tensors]), dropped
+
+
+def _write(opts: MergeOptions, source: CheckpointSource, checks: list[str], max_bytes: int | None, start: float,
+           cast: stream.Cast | None, scan: NonFiniteScan) -> MergeReport:
     output = opts.output
-    assert output is not None
-    names = [output.name] if to_file else ["model.safetensors"]
-    folder_files = [*names, *(f.name for f in side_files)]
+    assert output is not None  # check_merge_request refused a merge without one
+    to_file = output.suffix == ".safetensors"
+    notes = list(source.notes)
+    windows = stream.Windows(source.reader, cast)
+    side_folder, side_files = extras.find_side_files(opts.input, opts.config_from)
+    plan, dropped = _plan(source, opts, to_file, max_bytes, windows, side_files, notes)
+    names = [output.name] if to_file else shard_file_names(len(plan))
+    report = _planned_report(source, [t for shard in plan for t in shard], [*source.checks, *checks])
+    report.notes, report.dropped_aliases, report.output, report.output_files = notes, dropped, output, list(names)
+    report.open_seconds = time.perf_counter() - start
+    folder_files = [*names, *([INDEX_FILE] if len(plan) > 1 else []), *(f.name for f in side_files)]
     metadata = dict(SAFETENSORS_METADATA)
     if not to_file:
         metadata[FILES_KEY] = json.dumps(folder_files)
-    header = safetensors_header(found.tensors, metadata)
-    data_bytes = sum(t.nbytes for t in found.tensors)
-    report = _planned_report(found, [*found.checks, *checks])
-    report.output, report.output_files = output, list(names)
-    report.open_seconds = time.perf_counter() - start
+    headers = [safetensors_header(shard, metadata) for shard in plan]
     notify = opts.notify or (lambda message: None)
     staged = StagedOutput(output, is_dir=not to_file)
     with staged as temp:
-        target = temp if to_file else temp / names[0]
-        start_writing(staged, target, target.parent, len(header) + data_bytes
-                      + sum(f.stat().st_size for f in side_files), output, notify, report.tensors, report.bytes)
-        with progress_bar(data_bytes, "merge", opts.progress) as bar:
-            _copy_tensors(found, target, header, reader, scan, opts.allow_nonfinite, output, bar.update)
-        reader.finish()
+        files = [temp] if to_file else [temp / n for n in names]
+        start_writing(staged, temp if to_file else files[0], temp.parent if to_file else temp,
+                      report.bytes + sum(map(len, headers)) + sum(f.stat().st_size for f in side_files), output,
+                      notify, report.tensors, report.bytes)
+        with progress_bar(report.bytes, "merge", opts.progress) as bar:
+            for shard, file, header in zip(plan, files, headers, strict=True):
+                stream.write_tensors(file, header, shard, windows, scan, opts.allow_nonfinite, output, bar.update)
+        source.reader.finish()
         if opts.verify:
-            with progress_bar(data_bytes, "verify", opts.progress) as bar:
-                _verify(found, target, len(header), reader, bar.update)
+            with progress_bar(report.bytes, "verify", opts.progress) as bar:
+                for shard, file, header in zip(plan, files, headers, strict=True):
+                    stream.verify_tensors(file, len(header), shard, windows, bar.update)
             report.verified = True
         if not to_file:
+            if len(plan) > 1:
+                _write_index(temp, plan, names, output, folder_files)
+                report.output_files.append(INDEX_FILE)
             copy_side_files(temp, side_files, output)
         staged.commit()
-    return finish_report(report, [] if to_file else side_files, side_folder, reader, scan, start, _FAST)
+    return finish_report(report, [] if to_file else side_files, side_folder, source.reader, scan, start)
+
+
+def _write_index(temp: Path, plan: list[list[Tensor]], names: list[str], output: Path, folder_files: list[str]) -> None:
+    index = build_index(plan, names)
+    index["metadata"][FILES_KEY] = folder_files
+    try:
+        (temp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise write_error(exc, output) from None
 
 
 def finish_report(report: MergeReport, copied: list[Path], side_folder: Path | None, reader: RecordReader,
-                  scan: NonFiniteScan, start: float, *last_notes: str) -> MergeReport:
-    """What both paths end a merge's report with: the side files copied, the non-finite values accepted, the CRC-32s
-    taken and the scan, the time and the memory."""
+                  scan: NonFiniteScan, start: float) -> MergeReport:
+    """What a merge's report ends with: the side files copied, the non-finite values accepted, the CRC-32s taken and
+    the scan, the time and the memory."""
     report.copied = [f.name for f in copied]
     if copied:
         report.notes.append(f"copied {', '.join(report.copied)} from {side_folder}")
     report.nonfinite = dict(scan.tensors)
     if report.nonfinite:
         report.notes.append(nonfinite_note(report.nonfinite))
-    report.notes += last_notes
     report.checks += [reader.checksum_line(), scan_line(report.nonfinite, scan.seconds)]
     report.checksum_seconds, report.scan_seconds = reader.checksum_seconds, scan.seconds
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
     return report
-
-
-def _verify(found: light_dcp.DcpContents, target: Path, data_start: int, reader: RecordReader,
-            on_bytes: Callable[[int], None]) -> None:
-    """Re-read the output and compare every byte with the input read again (what --verify promises)."""
-    window = memoryview(bytearray(READ_BYTES))
-
-    def expected():
-        for tensor in found.tensors:
-            for piece in tensor.pieces:
-                for begin in range(0, piece.nbytes, READ_BYTES):
-                    length = min(READ_BYTES, piece.nbytes - begin)
-                    reader.peek(piece.record, piece.start + begin, window[:length])
-                    yield tensor.name, window[:length]
-
-    verify_output(target, data_start, expected(), on_bytes, memoryview(bytearray(READ_BYTES)))
-
-
-def _copy_tensors(found: light_dcp.DcpContents, target: Path, header: bytes, reader: RecordReader, scan: NonFiniteScan,
-                  allow_nonfinite: bool, label: Path, on_bytes: Callable[[int], None]) -> None:
-    """Header, then every chunk of every tensor, in one pass over its bytes: each window of a chunk is mapped from the
-    page cache (no copy into this process), its record's CRC-32 advances and the scan runs over it while it is in the
-    CPU's caches, and the same memory is written to the output (`_write_window`, through the torch path's writer) by
-    a writer thread while this one maps and checks the next window (both release the GIL: ISA-L, NumPy and os.write).
-
-    Measured on the 2-core machine (a 435 MB item, medians of 9): the earlier two passes (read into a buffer for the
-    checks, then `os.copy_file_range`) took 0.24 s, this one pass 0.18-0.19 s on one thread; the kernel copy alone
-    0.15-0.28 s. At most WINDOWS_IN_FLIGHT windows of READ_BYTES are mapped at a time (the mapped pages count as
-    resident memory), so the memory stays what it was with one buffer plus a few MB."""
-    pending: collections.deque = collections.deque()
-    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-write")
-
-    def settle(future) -> None:
-        try:
-            future.result()
-        finally:
-            future.view.release()
-
-    out = SafetensorsWriter(target, header, sum(t.nbytes for t in found.tensors), label)
-    try:
-        for tensor in found.tensors:
-            floating = tensor.dtype in SCANNED and records.SCAN_NONFINITE
-            for piece in tensor.pieces:
-                bad = 0  # in the COUNTED_BYTES of the piece read so far, what a refusal counts in both paths
-                for begin in range(0, piece.nbytes, READ_BYTES):
-                    view = reader.map(piece.record, piece.start + begin, min(READ_BYTES, piece.nbytes - begin))
-                    counted = scan.count(view, tensor.dtype) if floating else 0
-                    if counted:
-                        scan.found(tensor.name, counted)
-                        bad += counted
-                    end = min(begin + READ_BYTES, piece.nbytes)
-                    if bad and not allow_nonfinite and (end % COUNTED_BYTES == 0 or end == piece.nbytes):
-                        view.release()
-                        raise refusal(tensor.name, bad, overflow=False)
-                    if end % COUNTED_BYTES == 0:
-                        bad = 0
-                    future = writer.submit(_write_window, out, view)
-                    future.view = view
-                    pending.append(future)
-                    while len(pending) >= WINDOWS_IN_FLIGHT:
-                        settle(pending.popleft())
-                on_bytes(piece.nbytes)
-            while pending:
-                settle(pending.popleft())
-        out.close()
-    finally:
-        for future in pending:
-            future.cancel()
-        writer.shutdown(wait=True)  # never close the file under a write in flight
-        for future in pending:  # release() may be repeated; a view still exported elsewhere is left to the GC
-            with contextlib.suppress(BufferError):
-                future.view.release()
-        with contextlib.suppress(AccelkitError):  # after close, nothing; after a failure, that error is the one told
-            out.abort()
-
-
-WINDOWS_IN_FLIGHT = 2  # measured as fast as 3 (CLI, medians of 7: 0.62 s both), 2 MB less resident
-
-
-def _write_window(out: SafetensorsWriter, view: memoryview) -> None:
-    """Write checked bytes to the output (a seam for the tests that make writes go wrong)."""
-    out.write(view)

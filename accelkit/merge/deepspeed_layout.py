@@ -1,9 +1,8 @@
-"""The DeepSpeed ZeRO layout and consistency checks both DeepSpeed readers share, without torch.
+"""The DeepSpeed ZeRO layout and consistency checks, without torch.
 
 Where the rank files of a ZeRO checkpoint are, how its partitions lay out the parameters, and: do all the files of a
-DeepSpeed ZeRO checkpoint come from one save? Every signal DeepSpeed writes is checked, once, for both readers
-(deepspeed with torch, light_deepspeed without), with the user-facing message: each reader hands its files over as
-`ZeroRankFiles`, with two small callables that read a tensor of its own kind. No torch here.
+DeepSpeed ZeRO checkpoint come from one save? Every signal DeepSpeed writes is checked, once, with the user-facing
+message: the reader (deepspeed) hands its files over as `ZeroRankFiles`, with small callables that read a tensor.
 
 - `global_steps` in the model states (one file for ZeRO-1/2, one per rank for ZeRO-3) must agree with each other and
   with the tag folder when it has DeepSpeed's default name `global_step<N>`.

@@ -39,6 +39,7 @@ TABLE: dict[str, DTypeInfo] = {
 LIGHT: dict[str, DTypeInfo] = {name: info for name, info in TABLE.items() if info.storage}
 STORAGES: dict[str, str] = {info.storage: name for name, info in LIGHT.items() if info.storage}
 BY_CODE: dict[str, str] = {info.code: name for name, info in TABLE.items()}
+COMPLEX: dict[str, int] = {"complex32": 4, "complex64": 8, "complex128": 16}  # item sizes; safetensors has none
 # --dtype: what floating-point tensors are cast to (None: kept as they are).
 CAST: dict[str, str | None] = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # What the non-finite scan reads (float8 has no inf and is written as read).

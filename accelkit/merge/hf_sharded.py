@@ -12,12 +12,10 @@ import json
 import struct
 from pathlib import Path
 
-import torch
-
 from accelkit.errors import AccelkitError, clip
 from accelkit.merge.dtypes import BY_CODE
-from accelkit.merge.records import input_read_error
-from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, file_segment
+from accelkit.merge.records import RecordReader, input_read_error
+from accelkit.merge.source import CheckpointSource, FileRange, Tensor
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 
@@ -63,9 +61,10 @@ def read_header(file: Path) -> tuple[dict, int]:
 
 
 class SafetensorsSource(CheckpointSource):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, reader: RecordReader) -> None:
         index = find_index(path)
-        super().__init__(format_name="HF sharded safetensors" if index else "single safetensors file", root=path)
+        super().__init__(format_name="HF sharded safetensors" if index else "single safetensors file", root=path,
+                         reader=reader)
         if index is not None:
             try:
                 weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
@@ -80,28 +79,23 @@ class SafetensorsSource(CheckpointSource):
         else:
             files = [path]
             self.files = [path]
-        self._where: dict[str, tuple[Path, int, int]] = {}
         for file in files:
             _validate(file)
             header, data_start = read_header(file)
             for name, info in header.items():
                 if name == "__metadata__" or (index is not None and weight_map.get(name) != file.name):
                     continue
-                dtype = getattr(torch, BY_CODE[info["dtype"]]) if info["dtype"] in BY_CODE else None
-                if dtype is None:
+                if info["dtype"] not in BY_CODE:
                     raise AccelkitError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']}",
                                         hint="convert that tensor with safetensors first")
-                self.entries.append(TensorEntry(name, tuple(info["shape"]), dtype))
                 begin, end = info["data_offsets"]
-                self._where[name] = (file, data_start + begin, end - begin)
+                self.tensors.append(Tensor(name, BY_CODE[info["dtype"]], tuple(info["shape"]),
+                                           [FileRange(file, data_start + begin, end - begin)]))
         if index is not None:
-            missing = [n for n in weight_map if n not in self._where]
+            found = {t.name for t in self.tensors}
+            missing = [n for n in weight_map if n not in found]
             if missing:
                 raise AccelkitError(f"{index.name} names {len(missing)} tensors that are not in their shard "
                                     f"(e.g. {missing[0]!r} in {weight_map[missing[0]]})",
                                     hint="the shards and the index come from different saves")
         self.checks.append(f"safetensors: {len(files)} headers valid (the format carries no checksum)")
-
-    def segments(self, name: str) -> list[Segment]:
-        file, offset, nbytes = self._where[name]
-        return [file_segment(self.reader, file, offset, nbytes)]

@@ -1,12 +1,11 @@
-"""Reading the pickles of DCP checkpoints without torch: `.metadata` and the `data.pkl` of every `.distcp` item.
+"""The restricted unpicklers (no torch): a DCP `.metadata`, the `data.pkl` of torch.save archives, DeepSpeed's.
 
 Both are pickles naming torch classes. Importing torch to rebuild them costs seconds, more than merging the bytes;
 the merge only needs plain facts from them (shapes, dtypes, offsets, which storage record holds a tensor). The
 unpicklers here build light stand-ins for an explicit list of names and refuse every other global, persistent id or
 opcode target with `Refused` (a `pickle.UnpicklingError`): nothing is imported and no pickled code ever runs, so a
-crafted file's `__reduce__` payload is refused, not executed. The `.metadata` unpickler is also the torch path's
-(dcp gives it torch's dtypes); what the archive unpicklers refuse, the torch path reads with torch's
-`weights_only` loader (records, torch_files), or rejects with its messages.
+crafted file's `__reduce__` payload is refused, not executed. What the archive unpicklers refuse, the readers open
+with torch's `weights_only` loader (records, torch_files), which reads it or says what is wrong with it.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accelkit.merge.dtypes import LIGHT, STORAGES
+from accelkit.merge.dtypes import COMPLEX, LIGHT, STORAGES, TABLE
 
 
 class Refused(pickle.UnpicklingError):
@@ -87,17 +86,17 @@ def _layout(name: Any) -> str:
 
 
 def light_dtype(name: str) -> DType | None:
-    """A torch dtype the torch-free readers know, by name (None: refused)."""
-    return DType(name) if name in LIGHT else None
+    """A torch dtype by name (None: refused): those safetensors stores, and complex ones (read, then refused)."""
+    return DType(name) if name in TABLE or name in COMPLEX else None
 
 
 class MetadataUnpickler(pickle.Unpickler):
     """The one reader of a DCP `.metadata`, for both paths: builds only what it is made of, refuses every other
     global and persistent id with `Refused` ("<module>.<name> is not part of DCP metadata"), never importing it.
 
-    `dtype` turns a torch dtype's name into what the caller wants (`light_dtype`, or torch's dtype on the torch
-    path); with `real=True` (DCP's own loader, torch path only) DCP's classes, torch.Size and paths are the real
-    ones, else `_Record` stand-ins, tuples and text."""
+    `dtype` turns a torch dtype's name into what the caller wants (`light_dtype`, or torch's dtype for DCP's own
+    loader, which `real=True` gives DCP's real classes, torch.Size and paths), else `_Record` stand-ins, tuples and
+    text."""
 
     def __init__(self, handle: Any, dtype: Callable[[str], Any] = light_dtype, real: bool = False) -> None:
         super().__init__(handle)

@@ -1,4 +1,4 @@
-"""The non-finite scan of both paths: NaN or inf in a window of tensor bytes, with NumPy (no torch), and its refusal.
+"""The non-finite scan of the merge: NaN or inf in a window of tensor bytes, with NumPy (no torch), and its refusal.
 
 `isfinite` runs into a reused cache-sized mask (measured 25% faster than a float sum, and exact without a second
 test); bfloat16 and the float8 formats, which NumPy lacks, are tested on their bits (exponent all ones: inf or NaN;

@@ -59,6 +59,11 @@ class ZipRecord:
     crc: int
 
 
+class Unproven(Exception):
+    """What the torch-free reading of a torch.save archive cannot prove (a compressed or big-endian archive, a
+    pickle it does not build): torch reads it."""
+
+
 class ChecksumError(AccelkitError):
     """A record's bytes do not match the CRC-32 stored beside them: the file changed after it was written."""
 
@@ -167,6 +172,37 @@ def local_data_offset(fd: int, header_offset: int, path: Path) -> int:
         raise zipfile.BadZipFile(f"no local header at byte {header_offset}")
     name_length, extra_length = fields[-2], fields[-1]
     return header_offset + zipfile.sizeFileHeader + name_length + extra_length
+
+
+def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[bytes, dict[str, ZipRecord]]:
+    """A `torch.save` zip archive at [start, start + length) of a file: its pickle, CRC-32 checked, and its data
+    records by storage key. Compressed, big-endian or odd archives are Unproven (the torch path reads them)."""
+    records: dict[str, ZipRecord] = {}
+    with zipfile.ZipFile(io.BufferedReader(Window(fd, start, length, file))) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise Unproven(f"{file.name} has a compressed record")
+            offset = local_data_offset(fd, start + info.header_offset, file)
+            records[info.filename] = ZipRecord(file, info.filename, offset, info.file_size, info.CRC)
+    pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
+    if len(pickles) != 1:
+        raise Unproven(f"{file.name} has no single data.pkl")
+    prefix = pickles[0][: -len("data.pkl")]
+    pickled = b""
+    data: dict[str, ZipRecord] = {}
+    for name, record in records.items():  # the pickle and version records: checked before anything trusts them
+        if name.startswith(prefix + "data/"):
+            data[name[len(prefix) + len("data/"):]] = record
+            continue
+        raw = bytearray(record.size)
+        pread_into(fd, memoryview(raw), record.offset, file)
+        if crc32(raw) != record.crc:
+            raise Unproven(f"CRC-32 of {name}")
+        if name == prefix + "byteorder" and bytes(raw) != b"little":
+            raise Unproven(f"{file.name} is big-endian")
+        if name == pickles[0]:
+            pickled = bytes(raw)
+    return pickled, data
 
 
 class TorchArchive:

@@ -32,7 +32,6 @@ from accelkit.errors import AccelkitError
 from accelkit.merge import dcp
 from accelkit.merge.counters import Counted, FolderCounters
 from accelkit.merge.extras import RNG_FILE, TRAINER_RNG_FILE, TRAINER_STATE, listing
-from accelkit.merge.light_dcp import DISTCP
 from accelkit.merge.records import RecordReader, TorchArchive
 from accelkit.merge.torch_files import materialise
 
@@ -197,7 +196,7 @@ def _check_optimizer_dcp(path: Path, world_size: int | None, reader: RecordReade
     """The optimizer's step counters agree across its rank files, and it was saved by as many ranks as the model;
     its largest step and its learning rates go to `counters`."""
     metadata = dcp.read_metadata(path)
-    ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := DISTCP.match(
+    ranks = {int(m.group(1)) for info in metadata.storage_data.values() if (m := dcp.DISTCP.match(
         info.relative_path))}
     if world_size is not None and ranks and max(ranks) + 1 != world_size:
         raise AccelkitError(f"{path} was saved by {max(ranks) + 1} processes but the model by {world_size}: files of "

@@ -1,29 +1,66 @@
-"""What every checkpoint reader offers the merger: a list of tensors (name, shape, dtype) and where their bytes are.
+"""The one tensor model of the merge (no torch): what a reader found, each tensor with where its bytes are.
 
 Readers validate the whole checkpoint when opened (every file present, complete, consistent, from one save), so a bad
-input fails before any output exists. A tensor's data is described as `Segment`s: byte ranges that, concatenated,
-are the tensor's contiguous bytes. The merger copies them piece by piece into buffers it reuses, so neither a model
-nor a whole tensor is ever held in memory, and every byte read from a zip record goes through its CRC-32.
+input fails before any output exists. A tensor is a name, a shape, a dtype by torch's name and `segments`: pieces
+that, back to back, are its contiguous bytes. A segment is a byte range of a zip record (read through its CRC-32), a
+byte range of a file that carries no checksum (safetensors), or bytes torch materialises (what no byte range covers:
+a DCP chunk that is not a block of whole rows, an item written through storage transforms, a strided tensor, a
+legacy pickle). The one writer loop (stream) copies them window by window, so neither a model nor a whole tensor is
+held in memory unless torch had to build it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from accelkit.merge.counters import FolderCounters
+from accelkit.merge.dtypes import TABLE
 from accelkit.merge.records import RecordReader, ZipRecord
 
 
 @dataclass(frozen=True)
-class TensorEntry:
+class RecordRange:
+    """`nbytes` bytes at `start` of a zip record's data."""
+
+    record: ZipRecord
+    start: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """`nbytes` bytes at `start` of a file without checksums (safetensors)."""
+
+    path: Path
+    start: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Materialised:
+    """`nbytes` bytes torch builds in memory; `fill(start, dest)` copies bytes [start, start + len(dest)) into dest."""
+
+    nbytes: int
+    fill: Callable[[int, memoryview], None]
+
+
+Segment = RecordRange | FileRange | Materialised
+
+
+@dataclass
+class Tensor:
     name: str
+    dtype: str  # torch's name: "float32", ...; what the output holds
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    segments: list[Segment] = field(default_factory=list)
+    itemsize: int = 0  # of `dtype`; given by the torch readers for dtypes safetensors cannot store
+    cast_from: str | None = None  # --dtype: the dtype the segments hold, cast to `dtype` on the way out
+
+    def __post_init__(self) -> None:
+        self.itemsize = self.itemsize or TABLE[self.dtype].itemsize
 
     @property
     def numel(self) -> int:
@@ -31,133 +68,33 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
-
-
-@dataclass(frozen=True)
-class Segment:
-    """`nbytes` bytes of a tensor's data; `fill(start, dest)` copies bytes [start, start + len(dest)) into dest.
-
-    Segments stored as they are in a file name it: `origin` is (file, byte offset of the segment's first byte), so
-    the writer can copy them file to file inside the kernel once they were read and checked; and `view(start, length)`
-    gives those bytes mapped from the page cache (checked on the way, as `fill` does) without copying them."""
-
-    nbytes: int
-    fill: Callable[[int, memoryview], None]
-    origin: tuple[Path, int] | None = None
-    view: Callable[[int, int], memoryview] | None = None
-
-
-def record_segment(reader: RecordReader, record: ZipRecord, offset: int, nbytes: int) -> Segment:
-    """Bytes [offset, offset + nbytes) of a zip record, read (and checksummed) when needed."""
-    return Segment(nbytes, lambda start, dest: reader.read(record, offset + start, dest),
-                   (record.path, record.offset + offset),
-                   lambda start, length: reader.map(record, offset + start, length))
-
-
-def file_segment(reader: RecordReader, path: Path, offset: int, nbytes: int) -> Segment:
-    """Bytes [offset, offset + nbytes) of a file without checksums (safetensors)."""
-    return Segment(nbytes, lambda start, dest: reader.read_plain(path, offset + start, dest), (path, offset),
-                   lambda start, length: reader.map_plain(path, offset + start, length))
-
-
-def tensor_segment(tensor: torch.Tensor) -> Segment:
-    """The bytes of a tensor already in memory (legacy pickles, fallbacks that must materialise a tensor)."""
-    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-    def fill(start: int, dest: memoryview) -> None:
-        torch.frombuffer(dest, dtype=torch.uint8).copy_(flat[start:start + len(dest)])
-
-    return Segment(flat.numel(), fill)
-
-
-def lazy_segment(nbytes: int, materialise: Callable[[], torch.Tensor]) -> Segment:
-    """A tensor that has to be materialised as a whole (a layout the byte-range path does not cover)."""
-    cache: dict[str, torch.Tensor] = {}
-
-    def fill(start: int, dest: memoryview) -> None:
-        if "t" not in cache:
-            cache["t"] = materialise().detach().contiguous().reshape(-1).view(torch.uint8)
-        torch.frombuffer(dest, dtype=torch.uint8).copy_(cache["t"][start:start + len(dest)])
-        if start + len(dest) >= nbytes:
-            cache.clear()  # the last piece: let the tensor go
-
-    return Segment(nbytes, fill)
-
-
-def pieces(segments: list[Segment], piece_bytes: int) -> Iterator[tuple[Segment, int, int]]:
-    """(segment, start, length) of at most `piece_bytes` each, in order; a piece never spans two segments."""
-    for segment in segments:
-        start = 0
-        while start < segment.nbytes:
-            length = min(piece_bytes, segment.nbytes - start)
-            yield segment, start, length
-            start += length
+        return self.numel * self.itemsize
 
 
 @dataclass
 class CheckpointSource:
-    """Base class of the readers; subclasses fill the fields in `__init__` and implement `segments`."""
+    """What a reader found: filled by the format's reader (light_dcp, light_deepspeed, and with torch dcp,
+    deepspeed, hf_sharded, torch_files) before anything is written."""
 
     format_name: str = ""
     root: Path = Path()
     world_size: int | None = None
-    entries: list[TensorEntry] = field(default_factory=list)
+    tensors: list[Tensor] = field(default_factory=list)
     # alias name -> name of the tensor it shares storage with (known from the checkpoint itself)
     aliases: dict[str, str] = field(default_factory=dict)
-    # lines explaining how the input was recognised and anything notable that was skipped
-    notes: list[str] = field(default_factory=list)
-    # what was checked to trust the input (consistency signals, checksums), one line each
-    checks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the input was recognised, anything notable skipped
+    checks: list[str] = field(default_factory=list)  # what was checked to trust the input, one line each
     # the files making up the checkpoint (for `--inspect`, the manifest and the input-unchanged guarantee)
     files: list[Path] = field(default_factory=list)
     # True when the format cannot record tied weights (DCP saves both copies): ask the model's config instead
     ties_from_config: bool = False
-    # the Accelerate save_state folder around the weights, if any (its optimizer/scheduler/RNG files are checked)
-    save_state_dir: Path | None = None
     reader: RecordReader = field(default_factory=RecordReader)
     # step counters the checkpoint's own files carry (DeepSpeed's), cross-checked with the folder's (see counters)
     step_counters: FolderCounters = field(default_factory=FolderCounters)
 
-    def segments(self, name: str) -> list[Segment]:
-        """The bytes of tensor `name` (its entry's dtype, C order) as consecutive segments."""
-        raise NotImplementedError
-
-    def read(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, tensor) for `names`, each materialised in memory (small tensors, tests)."""
-        by_name = self.entry_by_name
-        for name in names:
-            entry = by_name[name]
-            out = torch.empty(entry.nbytes, dtype=torch.uint8)
-            view, done = memoryview(out.numpy()), 0
-            for segment in self.segments(name):
-                segment.fill(0, view[done:done + segment.nbytes])
-                done += segment.nbytes
-            yield name, out.view(entry.dtype).reshape(entry.shape)
-
-    def finish(self) -> None:
-        """Check the checksums of records that were read only in part."""
-        self.reader.finish()
+    @property
+    def by_name(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self.tensors}
 
     def close(self) -> None:
         self.reader.close()
-
-    @property
-    def entry_by_name(self) -> dict[str, TensorEntry]:
-        return {e.name: e for e in self.entries}
-
-
-class ProvenSource(CheckpointSource):
-    """What the torch-free proof found (light_dcp, light_deepspeed: every tensor a sequence of checked byte ranges),
-    read by the torch path when the merge needs torch for something else (a cast, shards, weights the model's config
-    may tie): nothing is opened or checked again."""
-
-    def __init__(self, found, steps: FolderCounters, ties_from_config: bool) -> None:
-        super().__init__(format_name=found.format_name, root=found.root, world_size=found.world_size,
-                         entries=[TensorEntry(t.name, t.shape, getattr(torch, t.dtype)) for t in found.tensors],
-                         aliases=dict(found.aliases), notes=list(found.notes), checks=list(found.checks),
-                         files=list(found.files), ties_from_config=ties_from_config, step_counters=steps)
-        self._pieces = {t.name: t.pieces for t in found.tensors}
-
-    def segments(self, name: str) -> list[Segment]:
-        return [record_segment(self.reader, p.record, p.start, p.nbytes) for p in self._pieces[name]]

@@ -1,26 +1,31 @@
-"""Torch pickles opened safely, their tensors as byte segments, and the reader of one torch state-dict file.
+"""The torch adapter of the merge: torch pickles opened safely, the reader of one torch state-dict file, segments
+torch materialises, and `--dtype`'s cast.
 
 Every `.pt`/`.bin` is loaded with `weights_only=True` (torch's restricted unpickler, never arbitrary code) on the meta
 device (see records: no tensor byte is read until the merge needs it, and then through its CRC-32). DeepSpeed
 pickles name a few of its own small classes; they are allowlisted under their dotted names and rebuilt as inert
-stand-ins, so no DeepSpeed code runs (and DeepSpeed need not even be installed to merge its checkpoints).
-
-The reader of one torch state-dict file (`.bin`, `.pt`, `.pth`), checksums checked, accepts a flat {name: tensor}
-dict or one nested under "state_dict", "model" or "module" (Lightning, DeepSpeed consolidated and many training
-loops save that way). Tensors sharing storage (tied weights) are reported as aliases. Non-tensor entries are skipped
-and named in the notes."""
+stand-ins, so no DeepSpeed code runs. A state-dict file (`.bin`, `.pt`, `.pth`) may be a flat {name: tensor} dict or
+one nested under "state_dict", "model" or "module"; tensors sharing storage (tied weights) are reported as aliases,
+non-tensor entries named in the notes.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import math
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from accelkit.errors import AccelkitError
+from accelkit.merge.dtypes import TABLE, name_of
 from accelkit.merge.light_pickle import ForeignStandIn
-from accelkit.merge.records import RecordReader, TorchArchive
-from accelkit.merge.source import CheckpointSource, Segment, TensorEntry, lazy_segment, record_segment, tensor_segment
+from accelkit.merge.records import RecordReader, TorchArchive, ZipRecord
+from accelkit.merge.source import CheckpointSource, Materialised, RecordRange, Segment, Tensor
 
 _NESTED_KEYS = ("state_dict", "model", "module")
 
@@ -30,8 +35,8 @@ def _is_state_dict(obj: Any) -> bool:
 
 
 class TorchFileSource(CheckpointSource):
-    def __init__(self, path: Path) -> None:
-        super().__init__(format_name="torch state dict file", root=path, world_size=1, files=[path])
+    def __init__(self, path: Path, reader: RecordReader) -> None:
+        super().__init__(format_name="torch state dict file", root=path, world_size=1, files=[path], reader=reader)
         self._archive = open_archive(path)
         obj = self._archive.obj
         self._key = None
@@ -59,14 +64,17 @@ class TorchFileSource(CheckpointSource):
                 self.aliases[name] = seen[key]
                 continue
             seen[key] = name
-            self.entries.append(TensorEntry(name, tuple(t.shape), t.dtype))
+            self.tensors.append(torch_tensor(name, t, tensor_segments(self._archive, self.reader, t)))
 
     def _state_dict(self) -> dict[str, Any]:
         obj = self._archive.obj
         return obj[self._key] if self._key is not None else obj
 
-    def segments(self, name: str) -> list[Segment]:
-        return tensor_segments(self._archive, self.reader, self._state_dict()[name])
+
+def torch_tensor(name: str, tensor: torch.Tensor, segments: list[Segment]) -> Tensor:
+    """The one tensor model for a torch tensor's name, shape and dtype (any dtype torch has: safetensors' own
+    limits are checked when the output is planned)."""
+    return Tensor(name, name_of(tensor.dtype), tuple(tensor.shape), segments, tensor.element_size())
 
 
 def _storage_key(tensor: torch.Tensor) -> object:
@@ -102,12 +110,28 @@ def tensor_segments(archive: TorchArchive, reader: RecordReader, tensor: torch.T
     if end <= begin:
         return []
     if archive.legacy:
-        return [tensor_segment(tensor.detach().reshape(-1)[begin:end])]
+        flat = tensor.detach().reshape(-1)[begin:end]
+        return [materialised(flat.numel() * flat.element_size(), lambda: flat)]
     size = tensor.element_size()
     if tensor.is_contiguous():
         record, offset = archive.locate(tensor)
-        return [record_segment(reader, record, offset + begin * size, (end - begin) * size)]
-    return [lazy_segment((end - begin) * size, lambda: materialise(archive, reader, tensor).reshape(-1)[begin:end])]
+        return [RecordRange(record, offset + begin * size, (end - begin) * size)]
+    return [materialised((end - begin) * size, lambda: materialise(archive, reader, tensor).reshape(-1)[begin:end])]
+
+
+def materialised(nbytes: int, build: Callable[[], torch.Tensor]) -> Materialised:
+    """A segment torch builds as a whole (a layout no byte range covers), built when first read and let go after
+    its last byte."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def fill(start: int, dest: memoryview) -> None:
+        if "t" not in cache:
+            cache["t"] = build().detach().contiguous().reshape(-1).view(torch.uint8)
+        torch.frombuffer(dest, dtype=torch.uint8).copy_(cache["t"][start:start + len(dest)])
+        if start + len(dest) >= nbytes:
+            cache.clear()  # the last piece: let the tensor go
+
+    return Materialised(nbytes, fill)
 
 
 def materialise(archive: TorchArchive, reader: RecordReader, tensor: torch.Tensor) -> torch.Tensor:
@@ -123,11 +147,46 @@ def materialise(archive: TorchArchive, reader: RecordReader, tensor: torch.Tenso
     return torch.as_strided(raw.view(tensor.dtype), tensor.shape, tensor.stride())
 
 
-def peek_flat(archive: TorchArchive, reader: RecordReader, tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """One element of a contiguous tensor, read without reading (or checksumming) the rest of its record."""
-    if archive.legacy:
-        return tensor.detach().reshape(-1)[index]
-    record, offset = archive.locate(tensor)
-    out = torch.empty(tensor.element_size(), dtype=torch.uint8)
-    reader.peek(record, offset + index * tensor.element_size(), memoryview(out.numpy()))
-    return out.view(tensor.dtype)[0]
+def strided(reader: RecordReader, record: ZipRecord, offset: int, dtype: str, shape: tuple[int, ...],
+            stride: tuple[int, ...]) -> torch.Tensor:
+    """A tensor stored with strides (no byte range is its contiguous bytes), read through its record's CRC-32."""
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if math.prod(shape) else 0
+    raw = torch.empty(span * TABLE[dtype].itemsize, dtype=torch.uint8)
+    reader.read(record, offset, memoryview(raw.numpy()))
+    return torch.as_strided(raw.view(getattr(torch, dtype)), shape, stride)
+
+
+def open_file_source(path: Path, reader: RecordReader, safetensors: bool) -> CheckpointSource:
+    """The reader of a safetensors file or index (hf_sharded) or of one torch state-dict file."""
+    from accelkit.merge.hf_sharded import SafetensorsSource
+
+    return SafetensorsSource(path, reader) if safetensors else TorchFileSource(path, reader)
+
+
+def cast(data: memoryview, stored: str, target: str, dest: memoryview) -> None:
+    """`--dtype`: the `stored` values of `data` as `target` values in `dest`, as torch's `.to` makes them (torch warns
+    that a mapped window is read-only: it is only read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        values = torch.frombuffer(data, dtype=getattr(torch, stored))
+    torch.frombuffer(dest, dtype=getattr(torch, target)).copy_(values)
+
+
+@contextlib.contextmanager
+def lean_process():
+    """What a streaming copy needs from the process, restored afterwards (for in-process callers).
+
+    One torch thread: every operation here (a cast, a chunk placed) runs at memory speed, and idle OpenMP workers spin
+    on the second core the writer thread needs. No cyclic garbage collection: the merge makes no cycles, and
+    collections triggered by unpickling thousands of small metadata objects cost more than the merge of a small
+    model."""
+    threads, collecting = torch.get_num_threads(), gc.isenabled()
+    torch.set_num_threads(1)
+    gc.disable()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        if collecting:
+            gc.enable()

@@ -1,6 +1,5 @@
 """A streaming safetensors writer (no torch): header first, then the tensors' bytes in order, never a whole file in
-memory. Both paths write their outputs here: bytes from memory, or byte ranges of an input file copied file to file
-in the kernel.
+memory; the one writer loop (stream) feeds it.
 
 The safetensors layout (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian unsigned
 header size N, then N bytes of UTF-8 JSON mapping each tensor name to {"dtype", "shape", "data_offsets": [begin,
@@ -11,8 +10,6 @@ are known before any byte is read, the header can be written first and the data 
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import struct
@@ -22,24 +19,23 @@ from typing import TYPE_CHECKING
 
 from accelkit.errors import AccelkitError
 from accelkit.fsio import write_error
-from accelkit.merge.dtypes import TABLE, name_of
+from accelkit.merge.dtypes import TABLE
 from accelkit.merge.records import input_read_error, pread_into
 
 if TYPE_CHECKING:
-    from accelkit.merge.light_dcp import Tensor
-    from accelkit.merge.source import TensorEntry
+    from accelkit.merge.source import Tensor
 
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
 
 
-def safetensors_header(tensors: Iterable[TensorEntry | Tensor], metadata: dict[str, str] | None = None) -> bytes:
-    """The header for `tensors` in file order (either path's tensor model: a dtype is a torch dtype or its name)."""
+def safetensors_header(tensors: Iterable[Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """The header for `tensors` in file order."""
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = metadata
     offset = 0
     for t in tensors:
-        header[t.name] = {"dtype": TABLE[name_of(t.dtype)].code, "shape": list(t.shape),
+        header[t.name] = {"dtype": TABLE[t.dtype].code, "shape": list(t.shape),
                           "data_offsets": [offset, offset + t.nbytes]}
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -48,8 +44,8 @@ def safetensors_header(tensors: Iterable[TensorEntry | Tensor], metadata: dict[s
 
 
 class SafetensorsWriter:
-    """The one writer of both paths: `header`, then `data_bytes` of tensor data appended in order by consecutive
-    `write` calls of any size (or file to file, then `count`); `close` checks that every byte came.
+    """The one writer: `header`, then `data_bytes` of tensor data appended in order by consecutive `append` calls of
+    any size; `close` checks that every byte came.
 
     `label` is the path the user asked for: a failed write names it (and the real cause), never the temporary name.
     """
@@ -60,8 +56,6 @@ class SafetensorsWriter:
         self.header = header
         self.data_bytes = data_bytes
         self._written = 0
-        self._kernel_copy = hasattr(os, "copy_file_range")
-        self._sources: dict[Path, int] = {}  # input files copied from, open until the writer closes
         try:
             # Never truncate an existing (empty, probed) file: ext4 then writes the whole file back on close.
             mode = "r+b" if path.exists() else "xb"
@@ -81,37 +75,9 @@ class SafetensorsWriter:
         self._written += done
         return done
 
-    def append(self, data: memoryview, origin: tuple[Path, int] | None = None) -> None:
-        """Append `data`; when it is stored as it goes out at `origin` (file, offset), copy it file to file in the
-        kernel instead (a fifth of the cost of writing it from user memory), unless this file system cannot."""
-        if origin is not None and self._kernel_copy:
-            try:
-                self._copy(origin, len(data))
-                return
-            except _KernelCopyUnavailable:
-                self._kernel_copy = False  # e.g. across file systems: write every piece from memory
+    def append(self, data: memoryview) -> None:
+        """Append `data` to the tensor data (what the writer loop calls: a seam for the tests that make writes fail)."""
         self.write(data)
-
-    def _copy(self, origin: tuple[Path, int], length: int) -> None:
-        path, offset = origin
-        if path not in self._sources:
-            try:
-                self._sources[path] = os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                raise input_read_error(exc, path) from None
-        done = 0
-        while done < length:
-            try:
-                n = os.copy_file_range(self._sources[path], self._file.fileno(), length - done, offset + done)
-            except OSError as exc:
-                if exc.errno in _NO_KERNEL_COPY and done == 0:
-                    raise _KernelCopyUnavailable from None
-                raise self.error(exc) from None
-            if n == 0:
-                raise AccelkitError(f"{path} became shorter while it was being merged",
-                                    hint="do not modify a checkpoint while merging it")
-            done += n
-        self._written += length
 
     def error(self, exc: OSError) -> AccelkitError:
         return write_error(exc, self.label)
@@ -127,21 +93,10 @@ class SafetensorsWriter:
             self.abort()
 
     def abort(self) -> None:
-        for fd in self._sources.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._sources.clear()
         try:
             self._file.close()
         except OSError as exc:
             raise write_error(exc, self.label) from None
-
-
-class _KernelCopyUnavailable(Exception):
-    pass
-
-
-_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
 
 def verify_output(path: Path, data_start: int, expected: Iterable[tuple[str, memoryview]],

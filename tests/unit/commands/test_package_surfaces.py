@@ -162,7 +162,7 @@ def test_every_export_is_imported_outside_its_package() -> None:
 # Module names that several packages use for the same role: `api.py` is a command as one call, `probe.py` the code a
 # feature runs inside each rank, `report.py` a command's printed report.
 SHARED_MODULE_ROLES = {"api.py", "probe.py", "report.py"}
-# Left to rename, each with how many modules may still share it: none (merge's pipeline.py became torch_merge.py).
+# Left to rename, each with how many modules may still share it: none.
 MODULE_NAMES_LEFT: dict[str, int] = {}
 
 

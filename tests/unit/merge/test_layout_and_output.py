@@ -27,22 +27,29 @@ def dcp_dir(tmp_path: Path) -> Path:
 
 
 def test_a_dcp_save_reads_back_through_its_records(dcp_dir: Path) -> None:
-    from accelkit.merge.dcp import DCPSource
+    from accelkit.merge.dcp import open_dcp
+    from accelkit.merge.records import RecordReader
 
-    source = DCPSource(dcp_dir)
-    tensors = dict(source.read([e.name for e in source.entries]))
+    source = open_dcp(dcp_dir, RecordReader())
+    tensors = {}
+    for tensor in source.tensors:
+        (segment,) = tensor.segments  # one row block: a byte range of its record
+        data = bytearray(segment.nbytes)
+        source.reader.read(segment.record, segment.start, memoryview(data))
+        tensors[tensor.name] = torch.frombuffer(data, dtype=torch.float32).reshape(tensor.shape)
     assert torch.equal(tensors["model.weight"], torch.arange(12, dtype=torch.float32).reshape(3, 4))
     assert source.reader.checksum_bytes == 12 * 4 + 3 * 4
     assert "tile 1 files exactly" in source.checks[0]
 
 
 def test_a_shard_longer_than_its_metadata_says(dcp_dir: Path) -> None:
-    from accelkit.merge.dcp import DCPSource
+    from accelkit.merge.dcp import open_dcp
+    from accelkit.merge.records import RecordReader
 
     shard = next(dcp_dir.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes() + b"\0" * 16)
     with pytest.raises(AccelkitError, match="has 16 bytes more than .metadata describes"):
-        DCPSource(dcp_dir)
+        open_dcp(dcp_dir, RecordReader())
 
 
 def test_metadata_never_runs_pickled_code(dcp_dir: Path) -> None:

@@ -14,7 +14,7 @@ import torch
 from test_merge_synthetic import dcp_save, tiny_state, tree
 
 from accelkit.errors import AccelkitError
-from accelkit.merge import light_pickle, torch_merge
+from accelkit.merge import light_pickle, stream
 from accelkit.merge.api import MergeOptions, merge_checkpoint
 
 
@@ -51,12 +51,25 @@ def test_only_listed_names_are_built(tmp_path: Path) -> None:
 
 def _merge_both(src: Path, tmp_path: Path, **options) -> tuple[bytes, bytes, list[str]]:
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "light.safetensors", progress=False,
-                                          **options))
-    heavy = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "torch.safetensors", progress=False,
-                                              **options))
-    assert "read without torch" not in " ".join(heavy.notes)
+                                  **options))
+    merge_checkpoint(MergeOptions(input=_torch_saved(src), output=tmp_path / "torch.safetensors", progress=False,
+                                  **options))
     return ((tmp_path / "light.safetensors").read_bytes(), (tmp_path / "torch.safetensors").read_bytes(),
             light.notes)
+
+
+def _torch_saved(src: Path) -> Path:
+    """The DCP folder loaded by torch's own DCP loader and saved as one torch.save file beside it: the reference the
+    byte ranges are compared with (read by the torch-file reader)."""
+    import warnings
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = src.parent / "reference.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_to_torch_save(src, out)
+    return out
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested-under-model"])
@@ -77,7 +90,7 @@ def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
     src = dcp_save(tiny_state(), tmp_path / "run" / "dcp")
     (tmp_path / "run" / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": false}')
     light = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "a", progress=False))
-    torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "b", progress=False))
+    merge_checkpoint(MergeOptions(input=_torch_saved(src), output=tmp_path / "b", progress=False))
     assert "read without torch" in " ".join(light.notes)
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
@@ -86,8 +99,6 @@ def test_folder_output_with_side_files_matches_too(tmp_path: Path) -> None:
 def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> None:
     """--verify re-reads the output and compares it with the input: same bytes as the torch path when the writes
     are right, and a refusal (nothing left behind) when they are not."""
-    from accelkit.merge import api
-
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     light, heavy, notes = _merge_both(src, tmp_path, verify=True)
     assert light == heavy and "read with torch" not in " ".join(notes)
@@ -95,7 +106,7 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
     def write_zeros(out, view) -> None:
         out.write(memoryview(bytes(len(view))))
 
-    monkeypatch.setattr(api, "_write_window", write_zeros)
+    monkeypatch.setattr(stream, "_write_window", write_zeros)
     out = tmp_path / "bad" / "merged.safetensors"
     with pytest.raises(AccelkitError, match="verification failed"):
         merge_checkpoint(MergeOptions(input=src, output=out, verify=True, progress=False))
@@ -105,8 +116,6 @@ def test_verify_catches_a_write_that_went_wrong(tmp_path: Path, monkeypatch) -> 
 def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch) -> None:
     """Both paths write through one SafetensorsWriter, which checks on close that every planned byte came: a window
     that never reaches the file fails the merge (without --verify) and leaves nothing behind."""
-    from accelkit.merge import api
-
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     written = []
 
@@ -115,34 +124,23 @@ def test_an_output_short_of_bytes_is_never_committed(tmp_path: Path, monkeypatch
             out.write(view)
         written.append(len(view))
 
-    monkeypatch.setattr(api, "_write_window", drop_the_first)
+    monkeypatch.setattr(stream, "_write_window", drop_the_first)
     out = tmp_path / "short" / "merged.safetensors"
     with pytest.raises(RuntimeError, match="bytes of tensor data were never written"):
         merge_checkpoint(MergeOptions(input=src, output=out, progress=False))
     assert len(written) > 1 and not out.parent.exists()
 
 
-@pytest.mark.parametrize("options,why", [
-    ({"dtype": "bf16"}, "--dtype bf16 casts"),
-    ({"max_shard_size": "1KB"}, "--max-shard-size was given"),
-])
-def test_what_the_light_path_does_not_do_goes_on_with_torch(tmp_path: Path, options: dict, why: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The torch path goes on from what the light path recognised and proved: it neither recognises the format again
-    nor reopens the folder, and writes the bytes the torch path alone writes."""
+@pytest.mark.parametrize("options", [{"dtype": "bf16"}, {"max_shard_size": "1KB"}], ids=["cast", "shards"])
+def test_casts_and_shards_go_on_from_the_byte_ranges(tmp_path: Path, options: dict) -> None:
+    """A cast or shards need no other reader: the byte ranges proven without torch are written (torch casting them
+    where asked), the bytes torch's own DCP loader gives."""
     src = dcp_save(tiny_state(), tmp_path / "dcp")
     name = "merged" if "max_shard_size" in options else "merged.safetensors"
-    alone = torch_merge.merge_with_torch(MergeOptions(input=src, output=tmp_path / "alone" / name, progress=False,
-                                                      **options))
-
-    def again(*args, **kwargs):
-        raise AssertionError("the merge started again")
-
-    monkeypatch.setattr(torch_merge, "detect", again)
-    monkeypatch.setattr(torch_merge, "open_source", again)
+    merge_checkpoint(MergeOptions(input=_torch_saved(src), output=tmp_path / "alone" / name, progress=False,
+                                  **options))
     report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / name, progress=False, **options))
-    assert f"read with torch: {why}" in report.notes
-    assert report.checks[:-2] == alone.checks[:-2] and report.notes[:-1] == alone.notes
+    assert report.notes[-1].startswith("read without torch")
     assert [*tree(tmp_path / name).values()] == [*tree(tmp_path / "alone" / name).values()]
 
 
@@ -171,9 +169,9 @@ def test_both_paths_count_the_same_non_finite_values(tmp_path: Path) -> None:
         big[at] = float("inf")
     src = dcp_save({"big": big}, tmp_path / "dcp")
     said = []
-    for merge in (merge_checkpoint, torch_merge.merge_with_torch):
+    for merged in (src, _torch_saved(src)):  # the record ranges, and the torch file's
         with pytest.raises(AccelkitError) as refused:
-            merge(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False))
+            merge_checkpoint(MergeOptions(input=merged, output=tmp_path / "out.safetensors", progress=False))
         said.append(refused.value.message)
     assert said[0] == said[1] == "tensor 'big' holds 2 non-finite values (NaN or inf): the checkpoint is corrupt " \
                                  "(a flipped bit) or the run diverged", said
@@ -200,3 +198,20 @@ def test_the_cli_merges_dcp_without_importing_torch(tmp_path: Path) -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "read without torch" in proc.stdout
+
+
+def test_items_only_torch_reads_are_materialised_by_torch_bit_for_bit(tmp_path: Path) -> None:
+    """The one DCP reader hands to torch only what it cannot read as byte ranges: a strided item (assembled as DCP
+    does), a float8 item and a Parameter (pickles the light unpicklers do not build); the rest stay byte ranges."""
+    from safetensors.torch import load_file
+
+    state = {"strided": torch.randn(4, 3).t(), "f8": torch.randn(5, 2).to(torch.float8_e4m3fn),
+             "param": torch.nn.Parameter(torch.randn(3)), "plain": torch.randn(6, 2).to(torch.bfloat16)}
+    src = dcp_save(state, tmp_path / "dcp")
+    report = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", verify=True,
+                                           progress=False))
+    got = load_file(tmp_path / "out.safetensors")
+    for name, tensor in state.items():
+        want = tensor.detach().contiguous()
+        assert got[name].dtype == want.dtype and torch.equal(got[name].view(torch.uint8), want.view(torch.uint8))
+    assert report.notes[-1].startswith("read with torch where no byte range covers a tensor"), report.notes
