@@ -255,15 +255,7 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
     targets = ", ".join(roots)
     values = ", ".join(f"{r}[shard]" for r in roots)
     apply_shard = cst.parse_statement(f"{targets} = {values}\n")
-    if position == "before":
-        plan.insert_before(anchor, shard)
-        plan.insert_before(anchor, apply_shard)
-    elif position == "start":
-        plan.body_start[block].extend([shard, apply_shard])
-        plan.accelerator_uses.append(anchor)
-    else:
-        plan.insert_after(anchor, shard)
-        plan.insert_after(anchor, apply_shard)
+    _insert_shard(plan, block, anchor, position, [shard, apply_shard])
     line = ctx.line(anchor)
     how = ("one contiguous part of len // num_processes rows per process: the batches are windows of a sequence"
            if windows else "every num_processes-th sample, at most num_processes-1 dropped")
@@ -299,6 +291,16 @@ def _plays_episodes(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop
                            "progress is counted in steps")
     plan.report.iteration_based = True
     return True
+
+
+def _insert_shard(plan: EditPlan, block, anchor: cst.CSTNode, position: str, statements: list) -> None:
+    """The shard statements go before the anchor, at the start of its block, or after it (`_shard_site`)."""
+    if position == "start":
+        plan.body_start[block].extend(statements)
+        plan.accelerator_uses.append(anchor)
+        return
+    for statement in statements:
+        (plan.insert_before if position == "before" else plan.insert_after)(anchor, statement)
 
 
 def _sharded_by_the_script(ctx: Context, loop: cst.CSTNode) -> tuple[str, cst.CSTNode] | None:
@@ -572,15 +574,7 @@ def _shard_streams(ctx: Context, plan: EditPlan, loop: cst.CSTNode, roots: list[
     targets = ", ".join(roots)
     values = ", ".join(f"{r}[{lead}shard]" for r in roots)
     apply_shard = cst.parse_statement(f"{targets} = {values}\n")
-    if position == "before":
-        plan.insert_before(anchor, shard)
-        plan.insert_before(anchor, apply_shard)
-    elif position == "start":
-        plan.body_start[block].extend([shard, apply_shard])
-        plan.accelerator_uses.append(anchor)
-    else:
-        plan.insert_after(anchor, shard)
-        plan.insert_after(anchor, apply_shard)
+    _insert_shard(plan, block, anchor, position, [shard, apply_shard])
     line = ctx.line(anchor)
     plan.report.change(line, f"shard the parallel streams by process: `{targets} = {values}` (each process takes "
                              f"its own contiguous part of every stream along dimension {dimension}; the rows, the "

@@ -1152,9 +1152,7 @@ def test_a_dataloader_made_in_the_loop_header_is_prepared_where_it_is_made() -> 
     assert not result.report.problems
 
 
-def test_a_dataloader_handed_inline_to_a_trainer_is_prepared_not_refused() -> None:
-    # `Trainer(model, DataLoader(...), optimizer).train(2)`: "batches that do not come from a DataLoader" (false)
-    source = INLINE_LOOP.split("for epoch")[0] + """
+TRAINER_CLASS = """
 class Trainer:
     def __init__(self, model, data, optimizer):
         self.model = model
@@ -1168,7 +1166,12 @@ class Trainer:
                 F.mse_loss(self.model(x), y).backward()
                 self.optimizer.step()
 
+"""
 
+
+def test_a_dataloader_handed_inline_to_a_trainer_is_prepared_not_refused() -> None:
+    # `Trainer(model, DataLoader(...), optimizer).train(2)`: "batches that do not come from a DataLoader" (false)
+    source = INLINE_LOOP.split("for epoch")[0] + TRAINER_CLASS + """
 Trainer(model, DataLoader(dataset, batch_size=8), optimizer).train(2)
 """
     result = convert(source)
@@ -1180,21 +1183,7 @@ Trainer(model, DataLoader(dataset, batch_size=8), optimizer).train(2)
 def test_a_module_level_script_with_a_trainer_class_prepares_its_own_names_not_self() -> None:
     # the class's `self.model = model` was taken for the module's name of the model: `model, self.model, ... =
     # accelerator.prepare(model, self.model, ...)` at module level, a NameError on every process
-    source = INLINE_LOOP.split("for epoch")[0] + """
-class Trainer:
-    def __init__(self, model, data, optimizer):
-        self.model = model
-        self.data = data
-        self.optimizer = optimizer
-
-    def train(self, epochs):
-        for epoch in range(epochs):
-            for x, y in self.data:
-                self.optimizer.zero_grad()
-                F.mse_loss(self.model(x), y).backward()
-                self.optimizer.step()
-
-
+    source = INLINE_LOOP.split("for epoch")[0] + TRAINER_CLASS + """
 loader = DataLoader(dataset, batch_size=8)
 Trainer(model, loader, optimizer).train(2)
 """
@@ -1270,29 +1259,7 @@ def test_a_refusal_with_nothing_else_to_change_is_reported_not_nothing_to_conver
     assert sorted(p.name for p in tmp_path.iterdir()) == ["handed.py"]
 
 
-FULL_BATCH_WITH_TEST = """
-import torch
-import torch.nn.functional as F
-
-torch.manual_seed(1)
-x = torch.randn(40, 1)
-y = x.pow(2) + 0.1 * torch.randn(40, 1)
-test_x = torch.randn(20, 1)
-test_y = test_x.pow(2)
-net = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-for t in range(50):
-    out = net(x)
-    loss = F.mse_loss(out, y)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    if t % 10 == 0:
-        net.eval()
-        test_pred = net(test_x)
-        print('test loss=%.4f' % F.mse_loss(test_pred, test_y).item())
-        net.train()
-"""
+FULL_BATCH_WITH_TEST = (DATA / "convert" / "real_world" / "full_batch_heldout.py").read_text()
 
 
 def test_full_batch_targets_in_the_next_statement_are_sharded_with_the_inputs_and_test_data_stays_whole() -> None:
