@@ -58,6 +58,38 @@ def test_a_script_that_cannot_be_converted_completely_writes_nothing_unless_part
     written.assert_clean(owned=[tmp_path / "train_accelerate.py"])
 
 
+def test_models_made_inside_a_list_are_refused_with_the_line_and_nothing_written(tmp_path: Path) -> None:
+    # MorvanZhou's 504_batch_normalization.py: "converted" with nothing prepared before the refusal existed
+    script = _script(tmp_path, "nets.py", """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+        nets = [torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)]
+        opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+        for x, y in loader:
+            for net, opt in zip(nets, opts):
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    """)
+    result = invoke_fault(["convert", str(script)], watch=[tmp_path])
+    result.assert_refused(r"nets\.py cannot be converted completely: line 4: models made inside a container "
+                          r"\(`nets`, line 4\) have no name to prepare them by")
+
+
+def test_a_model_handed_to_an_imported_trainer_is_refused_even_with_nothing_else_to_change(tmp_path: Path) -> None:
+    # the refusal was dropped when the file had nothing else to edit: "nothing to convert", exit 0
+    script = _script(tmp_path, "handed.py", """
+        import torch
+        from trainlib import Trainer
+        net = torch.nn.Linear(1, 1)
+        Trainer(net).run()
+    """)
+    result = invoke_fault(["convert", str(script)], watch=[tmp_path])
+    result.assert_refused(r"handed\.py cannot be converted completely: line \d: .*imported code")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--exit-code"], "--exit-code goes with --diff"),
     (["--converted", "{x}"], "--converted goes with --check"),
