@@ -280,10 +280,10 @@ def _plays_episodes(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop
     if step is None:
         return False
     env = dotted(step.func.value)  # type: ignore[attr-defined]
+    resets = [c for c in ctx.of_type(cst.Call) if ctx.line(c) < ctx.line(loop) and isinstance(c.func, cst.Attribute)
+              and c.func.attr.value == "reset" and dotted(c.func.value) == env]  # `env.reset(seed=args.seed)`
     reseed = [f"{ctx.code(c.func)}(seed={ctx.code(a.value)} + accelerator.process_index)"
-              for c in ctx.of_type(cst.Call) if ctx.line(c) < ctx.line(loop) and c is environment_call(ctx, c, {env},
-                                                                                                   ("reset",))
-              for a in c.args if a.keyword is not None and a.keyword.value == "seed"][-1:]
+              for c in resets for a in c.args if a.keyword is not None and a.keyword.value == "seed"][-1:]
     _seed_per_process(ctx, facts, flow, plan, loop, step, "episodes", reseed)
     plan.report.found_item("batches", env, ctx.line(loop),
                            f"episodes of the environment `{env}` (`{ctx.code(step)}`, line {ctx.line(step)}): each "
