@@ -14,7 +14,7 @@ from accelkit.commands.vocabulary import AccelkitCommand
 @click.command(name="config", cls=AccelkitCommand)
 @config_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              callback=nonempty_path, help="Write the YAML here (without it: print the YAML).")
+              callback=nonempty_path, help="Write the YAML here (without it, or with `-o -`: print the YAML).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--list", "list_", is_flag=True, help="List the presets in accelerate_configs/ and exit.")
 @click.option("--check", "check_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -32,6 +32,8 @@ def command(output: Path | None, force: bool, list_: bool, check_path: Path | No
       accelkit config --check my_config.yaml
     """
     options = options_from_kwargs(kwargs)
+    if output is not None and str(output) == "-":  # the Unix convention: `-o -` is standard output, not a file "-"
+        output = None
     if list_ or check_path is not None:
         if list_ and check_path is not None:
             raise click.UsageError("use --list or --check, not both")

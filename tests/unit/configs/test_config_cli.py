@@ -36,6 +36,14 @@ def test_prints_yaml_with_the_command_in_the_header():
     assert config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "GPT2Block"
 
 
+def test_dash_output_prints_the_yaml_and_writes_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run("--backend", "ddp", "--num-processes", "2", "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["num_processes"] == 2
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_writes_file_that_accelerate_loads_and_refuses_to_overwrite(tmp_path):
     out = tmp_path / "ddp.yaml"
     result = run("--backend", "ddp", "--num-processes", "4", "--mixed-precision", "bf16", "-o", str(out))
