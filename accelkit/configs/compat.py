@@ -75,18 +75,35 @@ def _versions(*dists: str) -> str:
     return " + ".join(f"{dist} {installed_version(dist) or 'not installed'}" for dist in dists)
 
 
-def fsdp2_tp_gap() -> Gap | None:
+def _replicate_parallel_missing() -> bool:
     """Accelerate's FSDP2+TP preparation imports a transformers class the installed transformers lacks."""
     accelerator = _package_file("accelerate", "accelerator.py")
     if not _imports(accelerator, "ReplicateParallel"):
-        return None
-    tensor_parallel = _package_file("transformers", "integrations", "tensor_parallel.py")
-    if _defines(tensor_parallel, "ReplicateParallel"):
+        return False
+    return not _defines(_package_file("transformers", "integrations", "tensor_parallel.py"), "ReplicateParallel")
+
+
+def _tp_plan_applicable() -> bool:
+    """The installed transformers can apply a model's TP plan to a loaded model over any mesh (what accelkit's
+    workaround, accelkit.ranks.fsdp2_tp_compat, uses): `distributed.tensor_parallel.apply_tensor_parallelism`."""
+    return _defines(_package_file("transformers", "distributed", "tensor_parallel.py"), "apply_tensor_parallelism")
+
+
+def fsdp2_tp_workaround_needed() -> bool:
+    """FSDP2 x TP runs here only through accelkit's workaround: Accelerate imports the removed ReplicateParallel and
+    this transformers has what the workaround needs instead. False with compatible versions (nothing is patched)."""
+    return _replicate_parallel_missing() and _tp_plan_applicable()
+
+
+def fsdp2_tp_gap() -> Gap | None:
+    """FSDP2 x TP cannot start: Accelerate imports the removed class and transformers has nothing to replace it."""
+    if not _replicate_parallel_missing() or _tp_plan_applicable():
         return None
     return Gap("FSDP2 x TP", f"FSDP2 x TP cannot start with {_versions('accelerate', 'transformers')}: "
                "Accelerate's FSDP2+TP preparation imports transformers.integrations.tensor_parallel.ReplicateParallel, "
-               "which this transformers no longer has (ImportError on every rank)", f"works with {FSDP2_TP_WORKS}; "
-               "or drop tensor parallelism (--tp-size 1) with these versions")
+               "which this transformers no longer has (ImportError on every rank), and it lacks transformers."
+               "distributed.tensor_parallel.apply_tensor_parallelism, which accelkit's workaround uses",
+               f"works with {FSDP2_TP_WORKS}; or drop tensor parallelism (--tp-size 1) with these versions")
 
 
 def parallelism_config_gap() -> Gap | None:
