@@ -228,3 +228,29 @@ def test_causal_lm_template_loads_its_model_with_the_tp_plan_and_resumes(tmp_pat
     for key, tensor in single.items():
         assert torch.allclose(split[key], tensor, rtol=1e-4, atol=1e-6), key
         assert torch.equal(again[key], split[key]), key  # resuming from checkpoint-2 changes nothing
+
+
+def test_causal_lm_template_under_fsdp2_x_tp_trains_like_one_process(tmp_path: Path):
+    """The causal-lm template under dp_shard 2 x tp 2 (the user's command unchanged, on whatever versions run it:
+    the newest through accelkit's workaround, the pinned set unpatched) ends with the weights of one process that
+    takes the same global batch of 16 blocks."""
+    import torch
+    from safetensors.torch import load_file
+
+    template = Path(__file__).resolve().parents[2] / "templates" / "causal-lm"
+    project = tmp_path / "project"
+    shutil.copytree(template, project)
+    common = ("--max-steps", "4", "--checkpoint-every", "0", "--block-size", "64", "--eval-every", "0")
+    one = subprocess.run([sys.executable, str(project / "train.py"), *common, "--per-device-batch-size", "16",
+                          "--output-dir", str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    run = run_accelkit("launch", "--cpu", "--backend", "fsdp", "--num-processes", "4", "--tp-size", "2",
+                       str(project / "train.py"), *common, "--per-device-batch-size", "8",
+                       "--output-dir", str(tmp_path / "fsdp2-tp"), timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "layout=dp_shard 2 x tp 2" in run.stderr and "x 2 data-parallel processes" in run.stdout + run.stderr
+    single = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    split = load_file(str(tmp_path / "fsdp2-tp" / "final" / "model.safetensors"))
+    assert sorted(single) == sorted(split)
+    for key, tensor in single.items():
+        assert torch.allclose(split[key], tensor, rtol=1e-4, atol=1e-6), key
