@@ -74,10 +74,11 @@ def _patched_prepare_tp(original):
     def _prepare_tp(self, *args):
         import torch
 
-        if self.is_fsdp2 and self.torch_device_mesh is not None:
+        mesh = self.torch_device_mesh
+        if self.is_fsdp2 and mesh is not None and "tp" in (mesh.mesh_dim_names or ()):
             optimizers = [a for a in args if isinstance(a, torch.optim.Optimizer)]
             for model in (a for a in args if isinstance(a, torch.nn.Module)):
-                split_by_tp_plan(model, optimizers, self.torch_device_mesh["tp"])
+                split_by_tp_plan(model, optimizers, mesh["tp"])
         return original(self, *args)
 
     _prepare_tp._accelkit_fsdp2_tp = True
