@@ -16,7 +16,8 @@ Peers, computed on the same model built locally from its config (no network):
 N-D rows (plan's accelkit/plan/nd.py): the model-state bytes rank 0 holds in CPU rehearsals of tensor parallelism 2,
 HSDP 2 x 2, FSDP2 4 and FSDP2 2 x TP 2 (tests/data/nd/train_nd.py on a tiny Llama through `accelkit launch --cpu`:
 transformers' TP plan, FSDP2 over Accelerate's mesh, one AdamW step), measured with `to_local()`. A layout the
-installed versions cannot run (FSDP2 x TP with transformers >= 5.1) prints launch's one-line refusal instead.
+installed versions cannot run (FSDP2 x TP with a transformers that has neither the ReplicateParallel Accelerate
+imports nor what accelkit's workaround uses) prints launch's one-line refusal instead.
 No peer estimates N-D layouts from a model (DeepSpeed's and Accelerate's estimators know no TP).
 
 Pipeline rows measured: the causal-lm template's own pipeline (templates/causal-lm/pipeline_parallel.py, its

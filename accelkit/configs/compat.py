@@ -2,15 +2,18 @@
 
 Each check reads the installed packages' files (never importing them: `config --check` and `launch` stay fast) for
 the one thing a layout needs that a release removed or has not yet added, and says in one line which layout, which
-packages, and which versions work. The version table (measured on torch 2.13 CPU, 2026-11-24):
+packages, and which versions work. The version table (measured on torch 2.13 CPU, 2026-11-24; the workaround
+2026-11-28):
 
     layout           needs                                                            works with
-    FSDP2 x TP       accelerate 1.10 to 1.15's FSDP2+TP preparation imports           transformers 5.0.0 (run: dp_shard
-                     transformers' `integrations.tensor_parallel.ReplicateParallel`:  2 x tp 2 with accelerate 1.15,
-                     added in 4.52, removed in 5.1.0                                   torch 2.13; constraints/
-                                                                                      nd-layouts.txt); 4.52 to 4.57
-                                                                                      have the class too (not run);
-                                                                                      4.51.3 and 5.1 to 5.23 lack it
+    FSDP2 x TP       accelerate 1.10 to 1.15's FSDP2+TP preparation imports           transformers 5.0.0 as released
+                     transformers' `integrations.tensor_parallel.ReplicateParallel`:  (dp_shard 2 x tp 2 and HSDP x TP
+                     added in 4.52, removed in 5.1.0. Without it, accelkit's          with accelerate 1.15, torch
+                     workaround (accelkit.ranks.fsdp2_tp_compat) provides the class   2.13; constraints/nd-layouts.txt);
+                     and applies the model's TP plan with transformers'               transformers 5.24 through the
+                     `distributed.tensor_parallel.apply_tensor_parallelism`           workaround (the same runs, the
+                                                                                      default install); 4.51.3 and
+                                                                                      releases with neither: refused
     TP (any)         accelerate >= 1.10 (ParallelismConfig)
     CP               torch's `torch.distributed.tensor.experimental.context_parallel`  torch 2.13 (tested)
     SP               DeepSpeed's `runtime.sequence_parallel.ulysses_sp` (ALST)         deepspeed 0.19.8 (tested)
@@ -27,9 +30,11 @@ from pathlib import Path
 from accelkit.envinfo import installed_version
 
 # The transformers releases that define ReplicateParallel (checked in the released wheels: 4.51.3 no, 4.52.4 to
-# 4.57.6 yes, 5.0.0 yes, 5.1.0 to 5.12.1 no). 5.0.0 is the one run here (tests/integration/test_nd_rehearsal.py in
-# CI's N-D step, constraints/nd-layouts.txt): it needs tokenizers <0.23.1 and huggingface-hub <2.
-FSDP2_TP_WORKS = ("transformers 5.0.0 with accelerate 1.15 and torch 2.13 (pip install 'transformers==5.0.0' "
+# 4.57.6 yes, 5.0.0 yes, 5.1.0 to 5.12.1 no). 5.0.0 is the one run here unpatched (tests/integration/
+# test_nd_rehearsal.py in CI's second N-D leg, constraints/nd-layouts.txt): it needs tokenizers <0.23.1 and
+# huggingface-hub <2. The newest (5.24) runs the same tests through the workaround in the default environment.
+FSDP2_TP_WORKS = ("the newest transformers (5.24 tested, through accelkit's workaround: pip install -U transformers) "
+                  "or transformers 5.0.0 with accelerate 1.15 and torch 2.13 (pip install 'transformers==5.0.0' "
                   "'tokenizers<0.23.1' 'huggingface-hub<2'; 4.52 to 4.57 also have the class)")
 
 
@@ -75,18 +80,35 @@ def _versions(*dists: str) -> str:
     return " + ".join(f"{dist} {installed_version(dist) or 'not installed'}" for dist in dists)
 
 
-def fsdp2_tp_gap() -> Gap | None:
+def _replicate_parallel_missing() -> bool:
     """Accelerate's FSDP2+TP preparation imports a transformers class the installed transformers lacks."""
     accelerator = _package_file("accelerate", "accelerator.py")
     if not _imports(accelerator, "ReplicateParallel"):
-        return None
-    tensor_parallel = _package_file("transformers", "integrations", "tensor_parallel.py")
-    if _defines(tensor_parallel, "ReplicateParallel"):
+        return False
+    return not _defines(_package_file("transformers", "integrations", "tensor_parallel.py"), "ReplicateParallel")
+
+
+def _tp_plan_applicable() -> bool:
+    """The installed transformers can apply a model's TP plan to a loaded model over any mesh (what accelkit's
+    workaround, accelkit.ranks.fsdp2_tp_compat, uses): `distributed.tensor_parallel.apply_tensor_parallelism`."""
+    return _defines(_package_file("transformers", "distributed", "tensor_parallel.py"), "apply_tensor_parallelism")
+
+
+def fsdp2_tp_workaround_needed() -> bool:
+    """FSDP2 x TP runs here only through accelkit's workaround: Accelerate imports the removed ReplicateParallel and
+    this transformers has what the workaround needs instead. False with compatible versions (nothing is patched)."""
+    return _replicate_parallel_missing() and _tp_plan_applicable()
+
+
+def fsdp2_tp_gap() -> Gap | None:
+    """FSDP2 x TP cannot start: Accelerate imports the removed class and transformers has nothing to replace it."""
+    if not _replicate_parallel_missing() or _tp_plan_applicable():
         return None
     return Gap("FSDP2 x TP", f"FSDP2 x TP cannot start with {_versions('accelerate', 'transformers')}: "
                "Accelerate's FSDP2+TP preparation imports transformers.integrations.tensor_parallel.ReplicateParallel, "
-               "which this transformers no longer has (ImportError on every rank)", f"works with {FSDP2_TP_WORKS}; "
-               "or drop tensor parallelism (--tp-size 1) with these versions")
+               "which this transformers no longer has (ImportError on every rank), and it lacks transformers."
+               "distributed.tensor_parallel.apply_tensor_parallelism, which accelkit's workaround uses",
+               f"works with {FSDP2_TP_WORKS}; or drop tensor parallelism (--tp-size 1) with these versions")
 
 
 def parallelism_config_gap() -> Gap | None:

@@ -117,6 +117,19 @@ def check_port(config: ResolvedConfig, flags: LauncherFlags, port_source: str) -
                         hint="pass another --main-process-port (the same on every machine), or stop what uses it")
 
 
+def fsdp2_tp_workaround(config: ResolvedConfig) -> list[str]:
+    """The rank module that lets FSDP2 x TP start where Accelerate imports what transformers removed
+    (accelkit.ranks.fsdp2_tp_compat), for such a layout on such versions; else nothing."""
+    p = config.parallelism
+    fsdp2 = config.backend is Backend.FSDP and config.fsdp is not None and config.fsdp.version == 2
+    if p is None or p.tp <= 1 or not fsdp2 or p.pipelined:
+        return []
+    from accelkit.configs.compat import fsdp2_tp_workaround_needed
+    from accelkit.ranks.fsdp2_tp_compat import MODULE
+
+    return [MODULE] if fsdp2_tp_workaround_needed() else []
+
+
 def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
                    check_hardware: bool = True) -> PreparedLaunch:
     """Resolve everything about a launch. The config goes to `config_path`, or to a new temporary directory
@@ -165,10 +178,16 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
     if compression is not None:  # the one place the ranks read it (accelkit.compression.compression_spec)
         env.update(compression[0])
         notes = (*notes, *compression[1])
-    if request.probes:  # per-rank instruments (bench, plan --measure): ranks start in the bootstrap, GPUs too
+    workaround = fsdp2_tp_workaround(config)
+    if workaround:
+        notes = (*notes, "FSDP2 x TP through accelkit's workaround (accelkit.ranks.fsdp2_tp_compat): this Accelerate "
+                 "imports transformers' removed ReplicateParallel; each rank provides it and splits the model by its "
+                 "TP plan over the tp mesh")
+    probes = [*request.probes, *workaround]
+    if probes:  # per-rank modules (bench, plan --measure, a workaround): ranks start in the bootstrap, GPUs too
         from accelkit.ranks import PROBES_ENV
 
-        env[PROBES_ENV] = ",".join(request.probes)
+        env[PROBES_ENV] = ",".join(probes)
         bootstrap = True
 
     temp_dir = None

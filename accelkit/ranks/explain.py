@@ -17,6 +17,7 @@ _NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "N
 _PLUGIN_VERSION = re.compile(r"reshard_after_forward set to (.+?)\. This is not supported with FSDP(\d)")
 _HEAD_VIEW = re.compile(r"shape '\[(\d+), (\d+), -1, (\d+)\]' is invalid for input of size (\d+)")
 _INVALID_STORAGE = "invalid python storage"
+_WHOLE_WORLD_MESH = re.compile(r"The parallel mesh requires (\d+) processes, but world_size is (\d+)")
 _MISMATCH = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(.*?OpType=(\w+).*?\), but Rank (\d+) "
                        r"is running collective: CollectiveFingerPrint\(.*?OpType=(\w+)", re.DOTALL)
 
@@ -195,7 +196,25 @@ def _explain_tp_save_state(exc: BaseException) -> AccelkitError | None:
              "--backend fsdp --dp-shard-size 2 or more")
 
 
-_RULES = (_explain_tp_heads, _explain_tp_save_state, _explain_scalar_fsdp,
+def _explain_tp_mesh_of_the_whole_world(exc: BaseException) -> AccelkitError | None:
+    """transformers' DistributedConfig(tp_size=N) (5.1 and later) builds its mesh over every process, so under FSDP2
+    x TP (tp smaller than the world) from_pretrained refuses it; the model has to load whole, and accelkit's launch
+    splits it by its TP plan over Accelerate's tp dimension when Accelerate prepares it (ranks.fsdp2_tp_compat)."""
+    match = _WHOLE_WORLD_MESH.search(str(exc))
+    tp = _tp_size()
+    if match is None or tp <= 1 or int(match.group(1)) >= int(match.group(2)):
+        return None
+    where = _user_line(exc)
+    place = f"{where[0]}:{where[1]} (`{where[2]}`)" if where else "the script"
+    return AccelkitError(
+        f"{place}: transformers' DistributedConfig builds its mesh over all {match.group(2)} processes, but it was "
+        f"given {match.group(1)} (tp {tp}); the other processes are Accelerate's data-parallel ranks",
+        hint="under FSDP2 x TP load the model whole (from_pretrained without distributed_config): accelkit launch "
+             "splits it by its TP plan over the tp dimension when Accelerate prepares it; keep "
+             "DistributedConfig(tp_size=N) for TP alone")
+
+
+_RULES = (_explain_tp_heads, _explain_tp_save_state, _explain_tp_mesh_of_the_whole_world, _explain_scalar_fsdp,
           _explain_scalar_deepspeed, _explain_no_cuda, _explain_plugin_version,
           _explain_collective_mismatch)
 

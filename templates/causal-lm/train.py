@@ -98,7 +98,10 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
 def tensor_parallel_kwargs(tp_size: int, accelerator: Accelerator | None = None) -> dict:
     """from_pretrained arguments that load the model split by its own TP plan over `tp_size` ranks, through the
     API the installed transformers has: DistributedConfig(tp_size=...) (5.1 and later), else tp_plan="auto" over
-    Accelerate's device mesh (4.52 to 5.0: transformers takes the mesh's "tp" dimension, so FSDP2 x TP works)."""
+    Accelerate's device mesh (4.52 to 5.0: transformers takes the mesh's "tp" dimension, so FSDP2 x TP works).
+    DistributedConfig's mesh covers every process, so with FSDP2 x TP the model loads whole and is split by its TP
+    plan over the mesh's "tp" dimension when Accelerate prepares it (under `accelkit launch`, which adds what
+    Accelerate 1.15 needs for that on these transformers releases)."""
     if tp_size <= 1:
         return {}
     import dataclasses
@@ -108,7 +111,8 @@ def tensor_parallel_kwargs(tp_size: int, accelerator: Accelerator | None = None)
     except ImportError:
         DistributedConfig = None
     if DistributedConfig is not None and "tp_size" in {field.name for field in dataclasses.fields(DistributedConfig)}:
-        return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+        world = accelerator.num_processes if accelerator is not None else tp_size
+        return {"distributed_config": DistributedConfig(tp_size=tp_size)} if tp_size == world else {}
     import inspect
 
     import transformers

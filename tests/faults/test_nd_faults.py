@@ -34,3 +34,35 @@ def test_check_and_launch_refuse_tp_across_machines_in_the_same_words(tmp_path: 
     check = run_fault(["config", "--check", str(config)], watch=[tmp_path])
     launch = run_fault(["launch", "--config", str(config), "--cpu", str(PROBE)], watch=[tmp_path], cwd=tmp_path)
     assert check.assert_refused(words).split(": ", 2)[-1] == launch.assert_refused(words).split(": ", 2)[-1]
+
+
+LOADS_WITH_DISTRIBUTED_CONFIG = """\
+import sys
+from accelerate import Accelerator
+from transformers import LlamaForCausalLM
+from transformers.distributed import DistributedConfig
+
+accelerator = Accelerator()
+model = LlamaForCausalLM.from_pretrained(sys.argv[1], distributed_config=DistributedConfig(tp_size=2))
+"""
+
+
+@pytest.mark.slow  # 4 gloo ranks importing transformers
+def test_fsdp2_x_tp_script_loading_with_distributed_config_is_told_to_load_whole(tmp_path: Path) -> None:
+    """transformers 5.1+'s DistributedConfig(tp_size=2) wants a mesh over all 4 processes of dp_shard 2 x tp 2: every
+    rank fails in from_pretrained, and the launch says in one line how the model loads under FSDP2 x TP."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-c", "from transformers import LlamaConfig, LlamaForCausalLM; "
+                    "LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, "
+                    "num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))"
+                    f".save_pretrained({str(model)!r})"], check=True, timeout=300)
+    script = tmp_path / "train.py"
+    script.write_text(LOADS_WITH_DISTRIBUTED_CONFIG)
+    result = run_fault(["launch", "--cpu", "--backend", "fsdp", "--num-processes", "4", "--tp-size", "2",
+                        str(script), str(model)], watch=[tmp_path], cwd=tmp_path, kind="user code")
+    line = result.assert_refused(r"train\.py:7 \(`model = LlamaForCausalLM\.from_pretrained.*`\): transformers' "
+                                 r"DistributedConfig builds its mesh over all 4 processes, but it was given 2 \(tp 2\)")
+    assert "from_pretrained without distributed_config" in result.stderr, line

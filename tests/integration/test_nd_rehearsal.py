@@ -1,11 +1,11 @@
 """N-D layouts rehearsed on real gloo ranks through `accelkit launch --cpu` (issue 22, items 1, 2 and 4).
 
 One tiny Llama, three steps, the same global batch: tensor parallelism 2 (the model split by its TP plan, DTensor
-weights), HSDP 2 x 2 (FSDP2 over Accelerate's dp_replicate x dp_shard mesh) and FSDP2 2 x TP 2 (under a version set
-that has what it needs: constraints/nd-layouts.txt, CI's N-D step) give the one-process losses, resume exactly from
-their checkpoint, and `accelkit merge-ckpt` rebuilds the model bit for bit from that checkpoint, loadable with
-from_pretrained. Sequence parallelism 2 (DeepSpeed Ulysses) gives the one-process losses. Kept small: at most 4 ranks
-on the 2-core CI machine.
+weights), HSDP 2 x 2 (FSDP2 over Accelerate's dp_replicate x dp_shard mesh) and FSDP2 2 x TP 2 (on the newest
+releases through accelkit.ranks.fsdp2_tp_compat; unpatched on constraints/nd-layouts.txt, CI's second N-D leg) give
+the one-process losses, resume exactly from their checkpoint, and `accelkit merge-ckpt` rebuilds the model bit for
+bit from that checkpoint, loadable with from_pretrained. Sequence parallelism 2 (DeepSpeed Ulysses) gives the
+one-process losses. Kept small: 4 ranks on the 2-core CI machine (8 for HSDP x TP).
 """
 
 from __future__ import annotations
@@ -43,13 +43,18 @@ def base(tmp_path_factory) -> Path:
     return root
 
 
-def run_layout(base: Path, name: str, layout: str, *flags: str) -> tuple[dict, dict, Path]:
+WORKAROUND_NOTE = "FSDP2 x TP through accelkit's workaround"
+
+
+def run_layout(base: Path, name: str, layout: str, *flags: str, workaround: bool = False) -> tuple[dict, dict, Path]:
+    """`workaround`: the launch must (True) or must not (False) go through accelkit.ranks.fsdp2_tp_compat."""
     work = base / name
     work.mkdir()
     shutil.copytree(base / "base", work / "base")
     proc = run_accelkit("launch", "--cpu", *flags, str(SCRIPT), str(work), cwd=work, timeout=500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"layout={layout}" in proc.stderr  # the launch summary names the layout
+    assert (WORKAROUND_NOTE in proc.stderr) == workaround  # compatible versions run unpatched
     reference = json.loads((base / "one" / "result.json").read_text())
     return json.loads((work / "result.json").read_text()), reference, work
 
@@ -114,9 +119,11 @@ def test_hsdp_2x2_matches_one_process_resumes_and_merges(base: Path):
 
 
 def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_version(base: Path):
-    """dp_shard 2 x tp 2 (Accelerate's FSDP2+TP preparation over a 2-D mesh). Under a version set that has what it
-    needs (constraints/nd-layouts.txt, CI's N-D step) it trains like one process, resumes exactly and merges bit for
-    bit; under one that lacks it (the newest releases) launch refuses it in one line before any rank starts."""
+    """dp_shard 2 x tp 2 (Accelerate's FSDP2+TP preparation over a 2-D mesh). With the newest releases (transformers
+    without the ReplicateParallel Accelerate imports: the default install) through accelkit's workaround, and
+    unpatched under a version set that has it (constraints/nd-layouts.txt, CI's second N-D leg), it trains like one
+    process, resumes exactly and merges bit for bit; a set that lacks both is refused in one line before any rank
+    starts."""
     from accelkit.configs import compat
     from accelkit.plan import nd
 
@@ -131,7 +138,8 @@ def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_
         assert "Traceback" not in proc.stderr and "[rank" not in proc.stderr  # refused before any rank started
         assert sorted(p.name for p in work.iterdir()) == []
         return
-    result, reference, work = run_layout(base, "fsdp2-tp", "dp_shard 2 x tp 2", *flags)
+    result, reference, work = run_layout(base, "fsdp2-tp", "dp_shard 2 x tp 2", *flags,
+                                         workaround=compat.fsdp2_tp_workaround_needed())
     assert result["mesh"] == {"dp_shard": 2, "tp": 2} and result["dtensor"]
     assert result["distributed_type"].endswith("FSDP")
     assert_same_run(result, reference)
@@ -140,9 +148,9 @@ def test_fsdp2_x_tp_2x2_matches_one_process_resumes_and_merges_or_is_refused_by_
 
 
 def test_hsdp_x_fsdp2_x_tp_2x2x2_on_eight_ranks_matches_one_process_or_is_refused_by_version(base: Path):
-    """dp_replicate 2 x dp_shard 2 x tp 2 (HSDP x TP, a 3-D mesh, 8 gloo ranks): under the working version set it
-    trains like one process, resumes exactly and merges bit for bit; on the newest releases it is refused like FSDP2 x
-    TP. Named for `-k fsdp2_x_tp`, so CI's N-D step runs it on that set."""
+    """dp_replicate 2 x dp_shard 2 x tp 2 (HSDP x TP, a 3-D mesh, 8 gloo ranks): like FSDP2 x TP, on the newest
+    releases through accelkit's workaround and unpatched on the pinned set, it trains like one process, resumes
+    exactly and merges bit for bit. Named for `-k fsdp2_x_tp`, so CI's pinned N-D leg runs it too."""
     from accelkit.configs import compat
     from accelkit.plan import nd
 
@@ -157,7 +165,8 @@ def test_hsdp_x_fsdp2_x_tp_2x2x2_on_eight_ranks_matches_one_process_or_is_refuse
         assert "Traceback" not in proc.stderr and "[rank" not in proc.stderr
         assert sorted(p.name for p in work.iterdir()) == []
         return
-    result, reference, work = run_layout(base, "hsdp-tp", "dp_replicate 2 x dp_shard 2 x tp 2", *flags)
+    result, reference, work = run_layout(base, "hsdp-tp", "dp_replicate 2 x dp_shard 2 x tp 2", *flags,
+                                         workaround=compat.fsdp2_tp_workaround_needed())
     assert result["mesh"] == {"dp_replicate": 2, "dp_shard": 2, "tp": 2} and result["dtensor"]
     assert_same_run(result, reference)
     assert_plan_predicts_the_states(result, nd.Layout("fsdp", Mesh(dp_replicate=2, dp_shard=2, tp=2)))
@@ -219,3 +228,29 @@ def test_causal_lm_template_loads_its_model_with_the_tp_plan_and_resumes(tmp_pat
     for key, tensor in single.items():
         assert torch.allclose(split[key], tensor, rtol=1e-4, atol=1e-6), key
         assert torch.equal(again[key], split[key]), key  # resuming from checkpoint-2 changes nothing
+
+
+def test_causal_lm_template_under_fsdp2_x_tp_trains_like_one_process(tmp_path: Path):
+    """The causal-lm template under dp_shard 2 x tp 2 (the user's command unchanged, on whatever versions run it:
+    the newest through accelkit's workaround, the pinned set unpatched) ends with the weights of one process that
+    takes the same global batch of 16 blocks."""
+    import torch
+    from safetensors.torch import load_file
+
+    template = Path(__file__).resolve().parents[2] / "templates" / "causal-lm"
+    project = tmp_path / "project"
+    shutil.copytree(template, project)
+    common = ("--max-steps", "4", "--checkpoint-every", "0", "--block-size", "64", "--eval-every", "0")
+    one = subprocess.run([sys.executable, str(project / "train.py"), *common, "--per-device-batch-size", "16",
+                          "--output-dir", str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    run = run_accelkit("launch", "--cpu", "--backend", "fsdp", "--num-processes", "4", "--tp-size", "2",
+                       str(project / "train.py"), *common, "--per-device-batch-size", "8",
+                       "--output-dir", str(tmp_path / "fsdp2-tp"), timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "layout=dp_shard 2 x tp 2" in run.stderr and "x 2 data-parallel processes" in run.stdout + run.stderr
+    single = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    split = load_file(str(tmp_path / "fsdp2-tp" / "final" / "model.safetensors"))
+    assert sorted(single) == sorted(split)
+    for key, tensor in single.items():
+        assert torch.allclose(split[key], tensor, rtol=1e-4, atol=1e-6), key

@@ -28,7 +28,10 @@ if tp > 1:  # the installed transformers' TP loading API: DistributedConfig(tp_s
     except ImportError:
         DistributedConfig = None
     if DistributedConfig is not None and "tp_size" in {f.name for f in dataclasses.fields(DistributedConfig)}:
-        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
+        # Its mesh must cover every rank: TP alone. Under FSDP2 x TP the model loads whole and Accelerate's
+        # preparation splits it by its TP plan over the mesh's "tp" dimension (accelkit.ranks.fsdp2_tp_compat).
+        if tp == accelerator.num_processes:
+            kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
     else:  # transformers takes the mesh's "tp" dimension (FSDP2 x TP: Accelerate shards the rest)
         kwargs.update(tp_plan="auto", device_mesh=accelerator.torch_device_mesh)
 model = LlamaForCausalLM.from_pretrained(work / "base", **kwargs)

@@ -96,14 +96,21 @@ def test_fsdp2_tp_gap_is_named_in_one_line_with_versions_that_work(monkeypatch, 
     old, new = tmp_path / "old.py", tmp_path / "new.py"
     old.write_text("class ReplicateParallel(TensorParallelLayer):\n    pass\n")
     new.write_text("class ColwiseParallel:\n    pass\n")
+    applies_plans = tmp_path / "distributed_tp.py"  # transformers >= 5.2x: what accelkit's workaround uses
+    applies_plans.write_text("def apply_tensor_parallelism(model, tp_mesh, tp_plan):\n    pass\n")
     files = {"accelerate": accelerate, "transformers": new}
-    monkeypatch.setattr(compat, "_package_file", lambda package, *parts: files.get(package))
+    monkeypatch.setattr(compat, "_package_file", lambda package, *parts: files.get(
+        f"{package}:distributed" if parts[:1] == ("distributed",) else package))
     gap = compat.fsdp2_tp_gap()
     assert gap is not None and "\n" not in gap.message
     assert gap.message.startswith("FSDP2 x TP cannot start with accelerate ")
     assert "ReplicateParallel" in gap.message and "transformers==5.0.0" in gap.hint
-    files["transformers"] = old
-    assert compat.fsdp2_tp_gap() is None
+    assert not compat.fsdp2_tp_workaround_needed()
+    files["transformers"] = old  # the class Accelerate imports: runs unpatched
+    assert compat.fsdp2_tp_gap() is None and not compat.fsdp2_tp_workaround_needed()
+    files["transformers"], files["transformers:distributed"] = new, applies_plans  # runs through the workaround
+    assert compat.fsdp2_tp_gap() is None and compat.fsdp2_tp_workaround_needed()
+    del files["transformers:distributed"]
     # A launch stops on it; `accelkit config` (a file, maybe for another machine) only warns.
     files["transformers"] = new
     assert "FSDP2 x TP cannot start" in refused(backend="fsdp", num_processes=4, tp_size=2)
@@ -115,13 +122,19 @@ def test_fsdp2_tp_gap_is_named_in_one_line_with_versions_that_work(monkeypatch, 
 
 @pytest.mark.slow  # imports transformers' tensor-parallel module (seconds)
 def test_installed_packages_fsdp2_tp_verdict_matches_the_installed_transformers():
-    """The real check on this machine's packages agrees with importing the class."""
+    """The real check on this machine's packages agrees with importing the class and the workaround's function."""
     try:
         from transformers.integrations.tensor_parallel import ReplicateParallel  # noqa: F401
         importable = True
     except ImportError:
         importable = False
-    assert (compat.fsdp2_tp_gap() is None) == importable
+    try:
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism  # noqa: F401
+        applicable = True
+    except ImportError:
+        applicable = False
+    assert compat.fsdp2_tp_workaround_needed() == (not importable and applicable)
+    assert (compat.fsdp2_tp_gap() is None) == (importable or applicable)
 
 
 @pytest.mark.parametrize("given", [

@@ -150,3 +150,24 @@ def test_a_reshape_error_without_tensor_parallelism_is_not_explained(monkeypatch
 
 def test_invalid_storage_outside_a_save_is_not_explained() -> None:
     assert explain(RuntimeError("Attempted to access the data pointer on an invalid python storage.")) is None
+
+
+def test_distributed_config_smaller_than_the_world_under_fsdp2_x_tp_says_to_load_whole(monkeypatch, one_rank_group):
+    """transformers' own refusal (its DistributedConfig mesh must cover every process), raised for real: tp 2 asked
+    of a 1-process world stands for tp 2 inside 4 processes. Without tensor parallelism it is left alone."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.utils import initialize_distributed_mesh
+
+    with pytest.raises(RuntimeError) as raised:
+        initialize_distributed_mesh(DistributedConfig(tp_size=2))
+    assert str(raised.value) == "The parallel mesh requires 2 processes, but world_size is 1."  # the words matched
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "2")
+    assert explain(raised.value) is None  # the mesh asked more than the world: not this mistake
+    too_small = RuntimeError("The parallel mesh requires 2 processes, but world_size is 4.")
+    error = explain(too_small)
+    assert error is not None and "\n" not in error.message
+    assert error.message.endswith("transformers' DistributedConfig builds its mesh over all 4 processes, but it was "
+                                  "given 2 (tp 2); the other processes are Accelerate's data-parallel ranks")
+    assert "from_pretrained without distributed_config" in error.hint
+    monkeypatch.delenv("PARALLELISM_CONFIG_TP_SIZE")
+    assert explain(too_small) is None
