@@ -21,13 +21,18 @@ packages, and which versions work. The version table (measured on torch 2.13 CPU
 
 from __future__ import annotations
 
-import importlib.util
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from accelkit.envinfo import installed_version
+from accelkit.package_files import (
+    fsdp2_tp_workaround_needed,
+    package_file,
+    replicate_parallel_missing,
+    tp_plan_applicable,
+)
+
+__all__ = ["FSDP2_TP_WORKS", "Gap", "fsdp2_tp_workaround_needed", "gaps", "installed_layout_gaps"]
 
 # The transformers releases that define ReplicateParallel (checked in the released wheels: 4.51.3 no, 4.52.4 to
 # 4.57.6 yes, 5.0.0 yes, 5.1.0 to 5.12.1 no). 5.0.0 is the one run here unpatched (tests/integration/
@@ -47,62 +52,13 @@ class Gap:
     hint: str  # the versions that work
 
 
-def _package_file(package: str, *parts: str) -> Path | None:
-    """A file inside an installed package, found without importing it (None when the package is missing)."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        path = Path(root, *parts)
-        if path.exists():
-            return path
-    return None
-
-
-def _defines(path: Path | None, name: str) -> bool:
-    if path is None or not path.is_file():
-        return False
-    text = path.read_text(encoding="utf-8", errors="replace")
-    return re.search(rf"^\s*(class|def)\s+{name}\b|^\s*{name}\s*=", text, re.MULTILINE) is not None
-
-
-def _imports(path: Path | None, name: str) -> bool:
-    if path is None or not path.is_file():
-        return False
-    return re.search(rf"\bimport\s+(\([^)]*)?\b{name}\b", path.read_text(encoding="utf-8", errors="replace")) \
-        is not None
-
-
 def _versions(*dists: str) -> str:
     return " + ".join(f"{dist} {installed_version(dist) or 'not installed'}" for dist in dists)
 
 
-def _replicate_parallel_missing() -> bool:
-    """Accelerate's FSDP2+TP preparation imports a transformers class the installed transformers lacks."""
-    accelerator = _package_file("accelerate", "accelerator.py")
-    if not _imports(accelerator, "ReplicateParallel"):
-        return False
-    return not _defines(_package_file("transformers", "integrations", "tensor_parallel.py"), "ReplicateParallel")
-
-
-def _tp_plan_applicable() -> bool:
-    """The installed transformers can apply a model's TP plan to a loaded model over any mesh (what accelkit's
-    workaround, accelkit.ranks.fsdp2_tp_compat, uses): `distributed.tensor_parallel.apply_tensor_parallelism`."""
-    return _defines(_package_file("transformers", "distributed", "tensor_parallel.py"), "apply_tensor_parallelism")
-
-
-def fsdp2_tp_workaround_needed() -> bool:
-    """FSDP2 x TP runs here only through accelkit's workaround: Accelerate imports the removed ReplicateParallel and
-    this transformers has what the workaround needs instead. False with compatible versions (nothing is patched)."""
-    return _replicate_parallel_missing() and _tp_plan_applicable()
-
-
 def fsdp2_tp_gap() -> Gap | None:
     """FSDP2 x TP cannot start: Accelerate imports the removed class and transformers has nothing to replace it."""
-    if not _replicate_parallel_missing() or _tp_plan_applicable():
+    if not replicate_parallel_missing() or tp_plan_applicable():
         return None
     return Gap("FSDP2 x TP", f"FSDP2 x TP cannot start with {_versions('accelerate', 'transformers')}: "
                "Accelerate's FSDP2+TP preparation imports transformers.integrations.tensor_parallel.ReplicateParallel, "
@@ -112,22 +68,22 @@ def fsdp2_tp_gap() -> Gap | None:
 
 
 def parallelism_config_gap() -> Gap | None:
-    if _package_file("accelerate", "parallelism_config.py") is not None:
+    if package_file("accelerate", "parallelism_config.py") is not None:
         return None
     return Gap("N-D", f"N-D parallelism needs Accelerate's ParallelismConfig, which {_versions('accelerate')} lacks",
                "pip install 'accelerate>=1.10'")
 
 
 def context_parallel_gap() -> Gap | None:
-    if _package_file("torch", "distributed", "tensor", "experimental", "_attention.py") is not None or \
-            _package_file("torch", "distributed", "tensor", "experimental", "_context_parallel") is not None:
+    if package_file("torch", "distributed", "tensor", "experimental", "_attention.py") is not None or \
+            package_file("torch", "distributed", "tensor", "experimental", "_context_parallel") is not None:
         return None
     return Gap("CP", f"context parallelism needs torch's context_parallel, which {_versions('torch')} lacks",
                "pip install 'torch>=2.13' (the version tested)")
 
 
 def sequence_parallel_gap() -> Gap | None:
-    if _package_file("deepspeed", "runtime", "sequence_parallel", "ulysses_sp.py") is not None:
+    if package_file("deepspeed", "runtime", "sequence_parallel", "ulysses_sp.py") is not None:
         return None
     return Gap("SP", f"sequence parallelism needs DeepSpeed's Ulysses/ALST (runtime.sequence_parallel.ulysses_sp), "
                f"which {_versions('deepspeed')} lacks", "pip install 'deepspeed>=0.19' (the version tested)")

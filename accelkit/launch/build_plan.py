@@ -18,6 +18,7 @@ from accelkit.launch.request import LaunchRequest
 from accelkit.launch.summary import summary_lines
 
 ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"  # what Accelerator() reads when its config has no key
+FSDP2_TP_MODULE = "accelkit.ranks.fsdp2_tp_compat"  # the rank module of the FSDP2 x TP workaround (its MODULE)
 
 
 @dataclass
@@ -124,10 +125,9 @@ def fsdp2_tp_workaround(config: ResolvedConfig) -> list[str]:
     fsdp2 = config.backend is Backend.FSDP and config.fsdp is not None and config.fsdp.version == 2
     if p is None or p.tp <= 1 or not fsdp2 or p.pipelined:
         return []
-    from accelkit.configs.compat import fsdp2_tp_workaround_needed
-    from accelkit.ranks.fsdp2_tp_compat import MODULE
+    from accelkit.package_files import fsdp2_tp_workaround_needed
 
-    return [MODULE] if fsdp2_tp_workaround_needed() else []
+    return [FSDP2_TP_MODULE] if fsdp2_tp_workaround_needed() else []
 
 
 def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,

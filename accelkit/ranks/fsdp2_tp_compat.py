@@ -87,7 +87,7 @@ def _patched_prepare_tp(original):
 
 def install() -> None:
     """Patch only when the installed versions need it (compatible ones are left untouched)."""
-    from accelkit.configs.compat import fsdp2_tp_workaround_needed
+    from accelkit.package_files import fsdp2_tp_workaround_needed
 
     if not fsdp2_tp_workaround_needed():
         return

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from helpers.config import accelerate_roundtrip, findings, launcher_env
 
+from accelkit import package_files
 from accelkit.configs import ConfigOptions, compat, machine_defaults, write_config
 from accelkit.configs.choices import CP_BACKENDS, SP_BACKENDS
 from accelkit.configs.resolve import resolve_config
@@ -99,8 +100,11 @@ def test_fsdp2_tp_gap_is_named_in_one_line_with_versions_that_work(monkeypatch, 
     applies_plans = tmp_path / "distributed_tp.py"  # transformers >= 5.2x: what accelkit's workaround uses
     applies_plans.write_text("def apply_tensor_parallelism(model, tp_mesh, tp_plan):\n    pass\n")
     files = {"accelerate": accelerate, "transformers": new}
-    monkeypatch.setattr(compat, "_package_file", lambda package, *parts: files.get(
-        f"{package}:distributed" if parts[:1] == ("distributed",) else package))
+    def fake(package, *parts):
+        return files.get(f"{package}:distributed" if parts[:1] == ("distributed",) else package)
+
+    monkeypatch.setattr(package_files, "package_file", fake)
+    monkeypatch.setattr(compat, "package_file", fake)
     gap = compat.fsdp2_tp_gap()
     assert gap is not None and "\n" not in gap.message
     assert gap.message.startswith("FSDP2 x TP cannot start with accelerate ")
@@ -202,8 +206,8 @@ def test_env_names_the_gap_in_one_line(monkeypatch):
 
 
 def test_path_helper_finds_files_without_importing(tmp_path):
-    assert compat._package_file("accelkit", "configs", "compat.py") == Path(compat.__file__)
-    assert compat._package_file("no_such_package_here") is None
+    assert package_files.package_file("accelkit", "configs", "compat.py") == Path(compat.__file__)
+    assert package_files.package_file("no_such_package_here") is None
 
 
 def test_cpu_rehearsal_refuses_cp_and_runs_sp(versions_work):

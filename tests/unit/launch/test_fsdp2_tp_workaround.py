@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from accelkit import package_files
 from accelkit.configs import ConfigOptions, compat, machine_defaults
 from accelkit.configs.resolve import resolve_config
 from accelkit.launch.build_plan import fsdp2_tp_workaround
@@ -29,7 +30,7 @@ def config(**given):
 
 @pytest.mark.parametrize("needed", [True, False])
 def test_launch_adds_the_rank_module_only_for_fsdp2_x_tp_on_versions_that_need_it(monkeypatch, needed):
-    monkeypatch.setattr(compat, "fsdp2_tp_workaround_needed", lambda: needed)
+    monkeypatch.setattr(package_files, "fsdp2_tp_workaround_needed", lambda: needed)
     expected = [fsdp2_tp_compat.MODULE] if needed else []
     assert fsdp2_tp_workaround(config(backend="fsdp", num_processes=4, tp_size=2)) == expected
     assert fsdp2_tp_workaround(config(backend="fsdp", num_processes=8, dp_replicate_size=2, tp_size=2)) == expected
@@ -41,7 +42,7 @@ def test_launch_adds_the_rank_module_only_for_fsdp2_x_tp_on_versions_that_need_i
 def test_install_patches_nothing_on_compatible_versions(monkeypatch):
     from accelerate import Accelerator
 
-    monkeypatch.setattr(compat, "fsdp2_tp_workaround_needed", lambda: False)
+    monkeypatch.setattr(package_files, "fsdp2_tp_workaround_needed", lambda: False)
     before = Accelerator._prepare_tp
     fsdp2_tp_compat.install()
     assert Accelerator._prepare_tp is before and not hasattr(before, "_accelkit_fsdp2_tp")
@@ -53,7 +54,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 from transformers import LlamaConfig, LlamaForCausalLM
 from accelkit.ranks import fsdp2_tp_compat
-from accelkit.configs.compat import fsdp2_tp_workaround_needed
+from accelkit.package_files import fsdp2_tp_workaround_needed
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo")
