@@ -173,7 +173,9 @@ def _failure_status(exc: Exception) -> int:
         return first.exit_code
     if failures:
         rank, failure = min(failures.items())
-        print(f"Error: Ray lost the worker of rank {rank}: {_first_line(failure)}", file=sys.stderr, flush=True)
+        where = _worker_location(failure)
+        print(f"Error: Ray lost the worker of rank {rank}{where}: {_first_line(failure)}", file=sys.stderr,
+              flush=True)
         print("  Hint: a node left the cluster or the worker was killed; --max-restarts N lets Ray restart the "
               "group and the script resume from its latest checkpoint", file=sys.stderr, flush=True)
         return 1
@@ -190,6 +192,21 @@ def _find(error: BaseException, kind: type) -> BaseException | None:
         seen.add(id(error))
         error = getattr(error, "cause", None) or error.__cause__ or error.__context__
     return None
+
+
+def _worker_location(error: BaseException) -> str:
+    """" (node IP, pid P)" from the ActorDiedError Ray wraps in a lost worker's failure, when it says."""
+    import re
+
+    texts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        texts.append(str(error))
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    text = "\n".join(texts)
+    node, pid = re.search(r"\bip: (\S+)", text), re.search(r"\bpid: (\d+)", text)
+    parts = [f"node {node.group(1)}" if node else "", f"pid {pid.group(1)}" if pid else ""]
+    return f" ({', '.join(part for part in parts if part)})" if node or pid else ""
 
 
 def _first_line(error: BaseException) -> str:

@@ -98,3 +98,34 @@ def test_a_node_that_differs_is_named_before_any_worker_starts(answer: dict, wor
 
 def test_nodes_that_agree_pass() -> None:
     check_nodes(job(), [node("10.0.0.1"), node("10.0.0.2")], node("10.0.0.1"))
+
+
+class _GroupError(Exception):
+    """Ray Train's WorkerGroupError in shape: a failure per rank."""
+
+    def __init__(self, failures: dict) -> None:
+        super().__init__("Training failed due to worker errors")
+        self.worker_failures = failures
+
+
+def test_the_first_failing_rank_is_the_exit_status(capsys) -> None:
+    from accelkit.launch.raytrain.driver import _failure_status
+    from accelkit.launch.raytrain.rank_process import RankFailed
+
+    wrapped = RuntimeError("user code failed")
+    wrapped.__cause__ = RankFailed(1, "10.0.0.2", 7, when=100.0)
+    later = RankFailed(0, "10.0.0.1", 1, when=101.0)  # stopped because rank 1 was gone
+    assert _failure_status(_GroupError({0: later, 1: wrapped})) == 7
+    assert capsys.readouterr().err.strip() == "Error: rank 1 on node 10.0.0.2 failed first (exit status 7)"
+
+
+def test_a_lost_worker_is_named_with_its_node(capsys) -> None:
+    from accelkit.launch.raytrain.driver import _failure_status
+
+    lost = RuntimeError("A worker health check failed.")
+    lost.__cause__ = RuntimeError("The actor died unexpectedly.\n\tclass_name: RayTrainWorker\n\tpid: 4242\n"
+                                  "\tip: 10.0.0.3")
+    assert _failure_status(_GroupError({1: lost})) == 1
+    err = capsys.readouterr().err
+    assert "Error: Ray lost the worker of rank 1 (node 10.0.0.3, pid 4242): A worker health check failed." in err
+    assert "--max-restarts N" in err
