@@ -36,9 +36,13 @@ def rank_argv(plan: LaunchPlan) -> tuple[str, ...]:
 
 
 def build_job(request: LaunchRequest, options: RayOptions, plan: LaunchPlan, cwd: Path) -> RayJob:
+    from accelkit.launch.inherited import drop_inherited_settings
     from accelkit.launch.raytrain.rank_env import accelerate_rank_env
 
-    env = {**user_environment(dict(os.environ)), **accelerate_rank_env(plan), "PYTHONUNBUFFERED": "1"}
+    users = user_environment(dict(os.environ))
+    for line in drop_inherited_settings(users, plan.env):
+        print(line, file=sys.stderr, flush=True)
+    env = {**users, **accelerate_rank_env(plan), "PYTHONUNBUFFERED": "1"}
     config = plan.config
     script = None if plan.target.module else str((cwd / plan.target.script).resolve())
     return RayJob(address=options.address, num_workers=config.num_processes,
