@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 
 from accelkit.compression.compression_spec import ENV_VAR as COMPRESSION_ENV
-from accelkit.configs.pipeline_spec import ENV_VAR as PIPELINE_ENV
-from accelkit.rehearsal.shim import REHEARSAL_ENV
+from accelkit.rehearsal import REHEARSAL_ENV
 
+# accelkit.configs.pipeline_spec.ENV_VAR (the configs package keeps it to itself; a unit test checks the spelling)
+PIPELINE_ENV = "ACCELKIT_PIPELINE"
 DECIDED_BY_THE_LAUNCH = (PIPELINE_ENV, COMPRESSION_ENV, REHEARSAL_ENV)
 
 
