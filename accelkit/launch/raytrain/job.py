@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Ray's, the scheduler's and this shell's own: never handed from the driver to a worker on another node.
+# Ray's, the scheduler's, this shell's and this machine's own: never handed from the driver to a worker on another
+# node, which keeps its own (its Python environment, its libraries, its network interfaces, its devices).
 NODE_LOCAL_ENV = frozenset({
     "CUDA_VISIBLE_DEVICES", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "DISPLAY", "SSH_AUTH_SOCK",
     "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "TERM_SESSION_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "ROLE_RANK",
+    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "ROLE_RANK", "PATH", "LD_LIBRARY_PATH", "HOME",
+    "USER", "LOGNAME", "SHELL", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "PYTHONHOME",
+    "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
 })
 NODE_LOCAL_PREFIXES = ("RAY_", "TORCHELASTIC_", "SLURM_", "PMI_", "OMPI_")
 DEFAULT_CPUS_PER_WORKER = 1

@@ -64,7 +64,8 @@ def test_a_gpu_fsdp_job_hands_accelerates_own_variables_to_every_worker(tmp_path
 
 def test_the_users_environment_travels_without_this_machines_own() -> None:
     env = {"HF_HOME": "/data/hf", "WANDB_PROJECT": "p", "CUDA_VISIBLE_DEVICES": "0", "RAY_ADDRESS": "x",
-           "SLURM_JOB_ID": "1", "HOSTNAME": "login1", "RANK": "3"}
+           "SLURM_JOB_ID": "1", "HOSTNAME": "login1", "RANK": "3", "PATH": "/login/bin", "VIRTUAL_ENV": "/login/venv",
+           "GLOO_SOCKET_IFNAME": "eth1"}
     assert user_environment(env) == {"HF_HOME": "/data/hf", "WANDB_PROJECT": "p"}
 
 
