@@ -42,6 +42,9 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
                    "unreachable), machine 0 names it and ends the job. Default 20; 0 turns it off.")
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
 @stall_timeout_option()
+@click.option("--preemption-grace", type=Seconds(), default=None, metavar="SECONDS",
+              help="On SIGTERM (a preemption), the ranks that handle the templates' save request (SIGUSR1) save a "
+                   "checkpoint and stop within this many seconds; exit 143. Default 120; 0: SIGTERM stops at once.")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Run on a Ray cluster: one Ray Train worker per process, restarted by Ray (--max-restarts). "
                    "ADDRESS: the head's HOST:PORT, or auto for the cluster this machine belongs to.")
@@ -82,7 +85,8 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
             same_network: bool | None, lost_timeout: float | None, stall_timeout: float | None,
-            ray_address: str | None, ray_storage: Path | None, ray_cpus_per_worker: int | None, script: str,
+            preemption_grace: float | None, ray_address: str | None, ray_storage: Path | None,
+            ray_cpus_per_worker: int | None, script: str,
             script_args: tuple[str, ...],
             **kwargs: object) -> int:
     """Launch SCRIPT on every process of the job; everything after SCRIPT goes to the script.
@@ -107,6 +111,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
     cluster = cluster_job_file(kwargs)
     ray = ray_options(ray_address, ray_storage, ray_cpus_per_worker, cluster=cluster, options=options,
                       given={"--lost-timeout": lost_timeout, "--stall-timeout": stall_timeout,
+                             "--preemption-grace": preemption_grace,
                              "--monitor-interval": monitor_interval, "--rdzv-backend": rdzv_backend,
                              "--rdzv-conf": rdzv_conf, "--same-network": same_network})
     if options.model_config is None and cluster is None:  # a local model folder the script is given is known
@@ -118,13 +123,14 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
                             flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,
                                                 rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                                 same_network=same_network),
-                            command_line=command_line("accelkit", *sys.argv[1:]), lost_timeout=lost_timeout)
+                            command_line=command_line("accelkit", *sys.argv[1:]), lost_timeout=lost_timeout,
+                            preemption_grace=preemption_grace)
     return finish(run_launch(request, stall_timeout=stall_timeout, dry_run=dry_run, cluster=cluster, ray=ray))
 
 
 # Launch options that mean nothing under --ray: Ray places and watches the workers.
-RAY_EXCLUDED = ("--lost-timeout", "--stall-timeout", "--monitor-interval", "--rdzv-backend", "--rdzv-conf",
-                "--same-network")
+RAY_EXCLUDED = ("--lost-timeout", "--stall-timeout", "--preemption-grace", "--monitor-interval", "--rdzv-backend",
+                "--rdzv-conf", "--same-network")
 RAY_EXCLUDED_CONFIG = {"num_machines": "--num-machines", "machine_rank": "--machine-rank",
                        "main_process_ip": "--main-process-ip", "main_process_port": "--main-process-port"}
 
