@@ -13,6 +13,7 @@ MAX_BATCH = 2**30  # samples per step (micro or global batch)
 MAX_SECONDS = 30 * 24 * 3600  # a watchdog, time-out or window longer than 30 days is a typo (an extra zero)
 MAX_RESTARTS = 10_000  # restarts of one job: beyond this a crash loop, not resilience
 MAX_MONITOR_INTERVAL = 3600.0  # seconds between two looks at the ranks
+MAX_RAY_CPUS_PER_WORKER = 4096  # CPUs one Ray Train worker asks for (the largest machines have a few hundred)
 MAX_STEPS = 10**9  # optimizer steps in a bench window (or its warm-up)
 MAX_LAYERS = 10**5  # transformer layers (the deepest models have a few hundred)
 MAX_WIDTH = 2**20  # hidden size, intermediate size, heads (the widest models are tens of thousands wide)

@@ -14,7 +14,7 @@ from accelkit.commands.launcher_options import config_file_option, rendezvous_op
 from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand, script_args_argument
 from accelkit.commands.supervision_options import Seconds, stall_timeout_option
-from accelkit.limits import MAX_MONITOR_INTERVAL, MAX_RESTARTS
+from accelkit.limits import MAX_MONITOR_INTERVAL, MAX_RAY_CPUS_PER_WORKER, MAX_RESTARTS
 from accelkit.shellwords import command_line
 
 if TYPE_CHECKING:
@@ -42,6 +42,17 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
                    "unreachable), machine 0 names it and ends the job. Default 20; 0 turns it off.")
 # The supervisor's stall watchdog (issue #15): the option and its value handed to run_request.
 @stall_timeout_option()
+@click.option("--preemption-grace", type=Seconds(), default=None, metavar="SECONDS",
+              help="On SIGTERM (a preemption), the ranks that handle the templates' save request (SIGUSR1) save a "
+                   "checkpoint and stop within this many seconds; exit 143. Default 120; 0: SIGTERM stops at once.")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Run on a Ray cluster: one Ray Train worker per process, restarted by Ray (--max-restarts). "
+                   "ADDRESS: the head's HOST:PORT, or auto for the cluster this machine belongs to.")
+@click.option("--ray-storage", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              callback=nonempty_path, help="With --ray: Ray Train's run storage (RunConfig.storage_path), on storage "
+                                           "every node shares. Default: Ray's own.")
+@click.option("--ray-cpus-per-worker", type=click.IntRange(min=1, max=MAX_RAY_CPUS_PER_WORKER), default=None,
+              metavar="N", help="With --ray: CPUs each worker asks Ray for. Default 1.")
 @click.option("--slurm", "slurm_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", callback=nonempty_path,
               help="Write an sbatch script (and its config beside it) instead of launching.")
@@ -73,7 +84,9 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @script_args_argument()
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
-            same_network: bool | None, lost_timeout: float | None, stall_timeout: float | None, script: str,
+            same_network: bool | None, lost_timeout: float | None, stall_timeout: float | None,
+            preemption_grace: float | None, ray_address: str | None, ray_storage: Path | None,
+            ray_cpus_per_worker: int | None, script: str,
             script_args: tuple[str, ...],
             **kwargs: object) -> int:
     """Launch SCRIPT on every process of the job; everything after SCRIPT goes to the script.
@@ -87,6 +100,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
       accelkit launch --backend fsdp --slurm job.sbatch --num-machines 2 --gpus-per-node 8 train.py
       accelkit launch --backend fsdp --skypilot task.yaml --num-machines 2 --gpus-per-node 8 --accelerator H100 train.py
       accelkit launch --backend fsdp --kubernetes trainjob.yaml --num-machines 2 --gpus-per-node 8 --image IMG train.py
+      accelkit launch --backend fsdp --ray auto --num-processes 16 --max-restarts 2 train.py
 
     Without GPUs, GPU backends need --cpu (a CPU rehearsal); `--cpu --num-processes N` alone runs N data-parallel
     CPU processes. Exit status: the first failing rank's.
@@ -95,6 +109,11 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
 
     options = options_from_kwargs(kwargs)
     cluster = cluster_job_file(kwargs)
+    ray = ray_options(ray_address, ray_storage, ray_cpus_per_worker, cluster=cluster, options=options,
+                      given={"--lost-timeout": lost_timeout, "--stall-timeout": stall_timeout,
+                             "--preemption-grace": preemption_grace,
+                             "--monitor-interval": monitor_interval, "--rdzv-backend": rdzv_backend,
+                             "--rdzv-conf": rdzv_conf, "--same-network": same_network})
     if options.model_config is None and cluster is None:  # a local model folder the script is given is known
         from accelkit.configs import model_from_script_args
 
@@ -104,8 +123,40 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
                             flags=LauncherFlags(max_restarts=max_restarts, monitor_interval=monitor_interval,
                                                 rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                                 same_network=same_network),
-                            command_line=command_line("accelkit", *sys.argv[1:]), lost_timeout=lost_timeout)
-    return finish(run_launch(request, stall_timeout=stall_timeout, dry_run=dry_run, cluster=cluster))
+                            command_line=command_line("accelkit", *sys.argv[1:]), lost_timeout=lost_timeout,
+                            preemption_grace=preemption_grace)
+    return finish(run_launch(request, stall_timeout=stall_timeout, dry_run=dry_run, cluster=cluster, ray=ray))
+
+
+# Launch options that mean nothing under --ray: Ray places and watches the workers.
+RAY_EXCLUDED = ("--lost-timeout", "--stall-timeout", "--preemption-grace", "--monitor-interval", "--rdzv-backend",
+                "--rdzv-conf", "--same-network")
+RAY_EXCLUDED_CONFIG = {"num_machines": "--num-machines", "machine_rank": "--machine-rank",
+                       "main_process_ip": "--main-process-ip", "main_process_port": "--main-process-port"}
+
+
+def ray_options(address: str | None, storage: Path | None, cpus_per_worker: int | None, *,
+                cluster: ClusterJobFile | None, options, given: dict[str, object]) -> dict[str, object] | None:
+    """The --ray target's settings for run_ray_launch (None: not a Ray launch), or a usage error for options that do
+    not go with it."""
+    if address is None:
+        for flag, value in (("--ray-storage", storage), ("--ray-cpus-per-worker", cpus_per_worker)):
+            if value is not None:
+                raise click.UsageError(f"{flag} only applies with --ray ADDRESS")
+        return None
+    if not address.strip():
+        raise click.UsageError("--ray needs the head's HOST:PORT, or auto")
+    if cluster is not None:
+        raise click.UsageError(f"--ray and {cluster.flag} cannot be combined: run on Ray, or write a job file")
+    for flag in RAY_EXCLUDED:
+        if given.get(flag) not in (None, False):
+            raise click.UsageError(f"{flag} does not apply with --ray: Ray Train places, watches and restarts the "
+                                   "workers (--max-restarts)")
+    for name, flag in RAY_EXCLUDED_CONFIG.items():
+        if getattr(options, name) is not None:
+            raise click.UsageError(f"{flag} does not apply with --ray: Ray places the workers on its nodes; give "
+                                   "--num-processes (the total)")
+    return {"address": address.strip(), "storage": storage, "cpus_per_worker": cpus_per_worker}
 
 
 # Each cluster-only option (its parameter name) -> the job-file flags it applies with.

@@ -3,8 +3,8 @@
 The public surface (what the rest of accelkit imports; the modules below are this package's own):
 - LaunchRequest, LaunchTarget, LauncherFlags: what to launch; prepare_launch / check_target: resolve and check it;
   LaunchPlan, plan_launch: the typed plan; dry_run_text: the plan as `--dry-run` prints it;
-- run_launch(request, dry_run=, cluster=ClusterJobFile) -> CommandResult: `accelkit launch` as one call (api.py):
-  run it, print it, or write it as a cluster job;
+- run_launch(request, dry_run=, cluster=ClusterJobFile, ray=) -> CommandResult: `accelkit launch` as one call
+  (api.py): run it, print it, write it as a cluster job, or run it on a Ray cluster (raytrain/);
 - run_supervised(SupervisedRun) -> RunOutcome: THE way to run a job (a launch, or one plain ScriptProcess) under
   supervision: environment, probes, stall timeout, deadline and output files as parameters; status, exit code,
   stacks and the first failing rank's own error back (supervised.py); run_request: `accelkit launch`'s run;
@@ -35,6 +35,7 @@ Modules, in the order a launch uses them:
 - supervised.py  the supervised-run API on top of it (request in, outcome out);
 - cluster/    the cluster side: the node launcher every job file runs, SLURM's batch step, the job board, the
               cross-node preflight, network and heartbeats, and the job files (cluster/targets/);
+- raytrain/   `--ray ADDRESS`: the job on the workers of a Ray Train run (one worker per rank);
 - ports.py    free and busy ports.
 
 Importing this package is cheap: its names load on first use (no torch, no psutil until then).

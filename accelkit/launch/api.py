@@ -6,8 +6,10 @@ from __future__ import annotations
 import shlex
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accelkit.command_result import CommandResult
 from accelkit.launch.build_plan import check_target, prepare_launch
@@ -44,10 +46,15 @@ class ClusterJobFile:
 
 
 def run_launch(request: LaunchRequest, *, stall_timeout: float | None = None, dry_run: bool = False,
-               cluster: ClusterJobFile | None = None) -> CommandResult:
+               cluster: ClusterJobFile | None = None, ray: Mapping[str, Any] | None = None) -> CommandResult:
     """Launch `request` (the exit status is the first failing rank's), or only print it (`dry_run`), or write it for
-    a cluster (`cluster`). `stall_timeout`: the watchdog's (None: the default for the job's kind, 0: none)."""
+    a cluster (`cluster`), or run it on a Ray cluster (`ray`: run_ray_launch's address, storage, cpus_per_worker).
+    `stall_timeout`: the watchdog's (None: the default for the job's kind, 0: none)."""
     check_target(request.target)
+    if ray is not None:
+        from accelkit.launch.raytrain.driver import run_ray_launch
+
+        return run_ray_launch(request, **ray, dry_run=dry_run)
     if cluster is not None:
         return write_cluster_job(request, cluster, stall_timeout)
     if dry_run:

@@ -30,6 +30,15 @@ class LaunchRequest:
     probes: tuple[str, ...] = ()
     # Multi-machine jobs: seconds without a machine's heartbeat before machine 0 declares it lost (None: default).
     lost_timeout: float | None = None
+    # Seconds the ranks get to save after a SIGTERM (accelkit.launch.preemption); None: the default; 0: none.
+    preemption_grace: float | None = None
+
+    def preemption_grace_seconds(self) -> float | None:
+        """The supervisor's setting: None when SIGTERM is to stop the job at once."""
+        from accelkit.launch.preemption import DEFAULT_PREEMPTION_GRACE
+
+        grace = DEFAULT_PREEMPTION_GRACE if self.preemption_grace is None else self.preemption_grace
+        return grace or None
 
     def to_json(self) -> str:
         return json.dumps({
@@ -43,6 +52,7 @@ class LaunchRequest:
             "source_labels": self.source_labels,
             "probes": list(self.probes),
             "lost_timeout": self.lost_timeout,
+            "preemption_grace": self.preemption_grace,
         })
 
     @classmethod
@@ -60,4 +70,5 @@ class LaunchRequest:
             source_labels=data.get("source_labels", {}),
             probes=tuple(data.get("probes", ())),
             lost_timeout=data.get("lost_timeout"),
+            preemption_grace=data.get("preemption_grace"),
         )

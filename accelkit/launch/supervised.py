@@ -73,6 +73,8 @@ class SupervisedRun:
     report_stall   also print the stall's one-line `Error:` (as `accelkit launch` does); otherwise the caller says it
     on_start       called with the Supervisor just before the job starts, to run work beside it (a cluster node's
                    heartbeats and save-signal forwarding); the caller stops that work after run_supervised returns
+    preemption_grace  seconds the ranks get to save and stop after a SIGTERM (accelkit.launch.preemption); None:
+                   SIGTERM stops the job like any other signal
     """
 
     job: LaunchRequest | ScriptProcess
@@ -86,6 +88,7 @@ class SupervisedRun:
     grace: float = 15.0
     report_stall: bool = False
     on_start: Callable[[Any], None] | None = None
+    preemption_grace: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("stall_timeout", "deadline"):
@@ -130,10 +133,10 @@ class RunOutcome:
 
 def run_request(request: LaunchRequest, *, grace: float = 15.0, stall_timeout: float | None = None) -> int:
     """`accelkit launch`'s run: `request` in a supervised launcher process (accelkit.launch.worker); the exit status
-    (the failing rank's on failure, STALL_EXIT_STATUS after a stall). `stall_timeout`: None = the default for the
-    job's kind, 0 = no watchdog."""
-    return run_supervised(SupervisedRun(request, stall_timeout=stall_timeout, grace=grace,
-                                        report_stall=True)).exit_code
+    (the failing rank's on failure, STALL_EXIT_STATUS after a stall, PREEMPTED_EXIT_STATUS after a SIGTERM the ranks
+    saved on). `stall_timeout`: None = the default for the job's kind, 0 = no watchdog."""
+    return run_supervised(SupervisedRun(request, stall_timeout=stall_timeout, grace=grace, report_stall=True,
+                                        preemption_grace=request.preemption_grace_seconds())).exit_code
 
 
 def run_supervised(run: SupervisedRun) -> RunOutcome:
@@ -156,7 +159,8 @@ def run_supervised(run: SupervisedRun) -> RunOutcome:
         stdout, stderr, messages = _open_outputs(run, files)
         with supervised_job(argv, env, plain=not isinstance(run.job, LaunchRequest), grace=run.grace,
                             stall_timeout=run.stall_timeout, cwd=run.cwd, stdout=stdout, stderr=stderr,
-                            deadline=run.deadline, messages=messages, report_stall=run.report_stall) as supervisor:
+                            deadline=run.deadline, messages=messages, report_stall=run.report_stall,
+                            preemption_grace=run.preemption_grace) as supervisor:
             if run.on_start is not None:
                 run.on_start(supervisor)
             started = time.monotonic()

@@ -7,6 +7,10 @@ run in sessions of their own, so they never see a terminal's Ctrl-C directly. Th
   accelkit a "child subreaper" so ranks orphaned by a dead launcher are re-parented to accelkit, not init;
 - forwards SIGINT/SIGTERM/SIGHUP to the launcher, which stops its ranks; a second signal, or a launcher still
   alive `grace` seconds later, gets SIGKILL for the whole tree; the exit status is then 128 + the first signal;
+- with a preemption grace, turns the first SIGTERM (what Kubernetes, spot instances and `kill` send before they
+  stop a job) into the save request the templates honour: SIGUSR1 to the ranks that catch it, which agree on a
+  step, save a checkpoint there and end; the job then has `preemption_grace` seconds before it is killed, and
+  exits with PREEMPTED_EXIT_STATUS (see accelkit.launch.preemption);
 - watches the ranks for stalls (accelkit.launch.watchdog): when nothing moved for the stall timeout it prints every
   rank's Python stack and where they wait, stops the job and exits with STALL_EXIT_STATUS;
 - stops a job that runs past its deadline (when given) like a SIGTERM would, with the ranks' stacks first, and
@@ -95,7 +99,7 @@ class Supervisor:
     def __init__(self, argv: list[str], env: dict[str, str], *, grace: float = 15.0, poll: float = 0.1,
                  watch: WatchSettings | None = None, cwd: Path | None = None, stdout: IO | None = None,
                  stderr: IO | None = None, deadline: float | None = None, messages: TextIO | None = None,
-                 report_stall: bool = True) -> None:
+                 report_stall: bool = True, preemption_grace: float | None = None) -> None:
         self.argv = argv
         self.env = env
         self.grace = grace
@@ -107,6 +111,8 @@ class Supervisor:
         self.deadline = deadline
         self.messages = messages
         self.report_stall = report_stall
+        self.preemption_grace = preemption_grace  # None: SIGTERM stops the job as any other signal
+        self.preempted: list[int] = []  # the ranks asked to save and stop (by pid)
         self.proc: subprocess.Popen[bytes] | None = None
         self.known: dict[int, psutil.Process] = {}  # every descendant seen so far (pid -> process)
         self.signals: list[int] = []
@@ -126,11 +132,36 @@ class Supervisor:
         if self.proc is None or self.proc.poll() is not None:
             return
         if len(self.signals) == 1:
+            if signum == signal.SIGTERM and self._request_save():
+                return
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signum)
             self.kill_deadline = time.monotonic() + self.grace
         else:  # asked twice: stop waiting for a clean shutdown
             self.kill_deadline = time.monotonic()
+
+    def _request_save(self) -> bool:
+        """A preemption: ask the ranks that honour the save request to save and stop (True), or say why not and
+        leave the SIGTERM to stop the job (False)."""
+        from accelkit.launch.preemption import catching_save_request, preemption_line
+
+        if self.preemption_grace is None or self.watch is None:
+            return False
+        from accelkit.launch.rank_monitor import RankMonitor
+
+        ranks = RankMonitor(self.watch.watch_dir).alive_ranks()
+        catching = [info for info in ranks if catching_save_request(info.pid)]
+        if not catching:
+            if ranks:
+                self._say(preemption_line(0, self.preemption_grace))
+            return False
+        for info in catching:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(info.pid, signal.SIGUSR1)
+        self.preempted = [info.pid for info in catching]
+        self.kill_deadline = time.monotonic() + self.preemption_grace
+        self._say(preemption_line(len(catching), self.preemption_grace))
+        return True
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop the job from another thread (a lost machine): SIGTERM to the launcher's group, SIGKILL for the
@@ -331,6 +362,11 @@ class Supervisor:
                         self._say(line)
         if self.stalled:
             return STALL_EXIT_STATUS
+        if self.preempted and len(self.signals) == 1:
+            from accelkit.launch.preemption import PREEMPTED_EXIT_STATUS, preempted_summary
+
+            self._say(preempted_summary(status, self.preemption_grace, killed=self.proc.returncode < 0))
+            return PREEMPTED_EXIT_STATUS
         if self.signals:  # however the launcher ended (even SIGKILLed after a second Ctrl-C): 128 + first signal
             name = signal.Signals(self.signals[0]).name
             self._say(f"stopped by {name}{' (Ctrl-C)' if self.signals[0] == signal.SIGINT else ''}; "

@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in prepared.summary:
             print(line, file=sys.stderr, flush=True)
         plan = prepared.plan
+        from accelkit.launch.inherited import drop_inherited_settings
+
+        for line in drop_inherited_settings(os.environ, plan.env):
+            print(line, file=sys.stderr, flush=True)
         os.environ.update(plan.env)
         if plan.config.backend is Backend.DEEPSPEED:  # a lock an interrupted op build left would hang every rank
             for line in clear_stale_build_locks(os.environ):

@@ -233,9 +233,11 @@ def save_final_model(accelerator: Accelerator, model, final_dir: Path, write_fil
 # >>> shared block "preemption": the same in every template (source: templates/minimal/train.py; tested)
 class Preemption:
     """SIGUSR1 asks the run to stop early with a checkpoint (accelkit's SLURM job sends it ahead of a preemption or
-    the time limit: `accelkit launch --slurm ... --requeue --signal-before S`). Every rank finishes its optimizer
-    step and the ranks agree on the step (one may get the signal a step later than another); the run then saves a
-    checkpoint and ends. The requeued job, started with `--resume-from-checkpoint latest`, continues from it."""
+    the time limit: `accelkit launch --slurm ... --requeue --signal-before S`; `accelkit launch` sends it on the
+    first SIGTERM, what Kubernetes and spot instances send before they stop a job: --preemption-grace). Every rank
+    finishes its optimizer step and the ranks agree on the step (one may get the signal a step later than another);
+    the run then saves a checkpoint and ends. The requeued job, started with `--resume-from-checkpoint latest`,
+    continues from it."""
 
     def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator

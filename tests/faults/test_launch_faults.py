@@ -286,3 +286,21 @@ def test_a_stall_timeout_that_is_not_a_finite_number_of_seconds_is_refused(tmp_p
                           kind="bad option")
     assert result.returncode == 2 and "Invalid value for '--stall-timeout'" in result.stderr, result.stderr
     assert not result.traceback and not result.touched_outside([])
+
+
+@pytest.mark.slow
+def test_launch_settings_left_in_the_shell_do_not_reach_the_ranks(tmp_path):
+    """ACCELKIT_GRAD_COMPRESSION / ACCELKIT_PIPELINE exported in the shell, a launch whose options set neither: the
+    launcher drops them with a line each (a bad compression value was a KeyError traceback on every rank)."""
+    from accelkit.scaffold import init_project
+
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    env = {"ACCELKIT_GRAD_COMPRESSION": "bogus", "ACCELKIT_PIPELINE": "pp=2,schedule=gpipe,microbatches=4",
+           "TMPDIR": str(tmp_path)}
+    result = run_fault([*CPU_DDP, str(project / "train.py"), "--max-steps", "2", "--num-samples", "64"],
+                       watch=[project], cwd=tmp_path, env=env, expect="ok")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not result.traceback
+    for name in ("ACCELKIT_GRAD_COMPRESSION", "ACCELKIT_PIPELINE"):
+        assert f"accelkit: ignoring {name}=" in result.stderr, result.stderr[-3000:]
+    assert "effective batch" in result.stdout + result.stderr

@@ -184,3 +184,76 @@ def test_pods_with_different_scripts_stop_before_any_rank(tmp_path: Path, hosts:
         assert len(errors) == 1 and "Traceback" not in text, text
         assert errors[0].startswith("Error: the nodes would not run the same job: script sha256:"), text
         assert "world size" not in text  # no rank started
+
+
+PREEMPT_ARGS = ["--max-steps", "120", "--num-samples", "4096", "--per-device-batch-size", "8", "--checkpoint-every",
+                "1000", "--log-every", "10", "--lr-scheduler", "constant", "--warmup-steps", "0", "--output-dir",
+                "out", "--resume-from-checkpoint", "latest"]
+
+
+def node_runs(project: Path, target: str, hosts: NetworkNamespaces) -> tuple[str, list[dict[str, str]]]:
+    """The command every node runs and each node's variables, for a SkyPilot task or a TrainJob of PREEMPT_ARGS."""
+    port = two_free_ports()
+    if target == "skypilot":
+        task = yaml.safe_load(write(project, "--cpu", "--backend", "ddp", "--skypilot", "task.yaml", "--force",
+                                    "--nodes", "2", "--gpus-per-node", "1", "--main-process-port", str(port),
+                                    "train.py", *PREEMPT_ARGS).read_text())
+        return task["run"], sky_nodes(task, hosts)
+    job = yaml.safe_load(write(project, "--cpu", "--backend", "ddp", "--kubernetes", "trainjob.yaml", "--force",
+                               "--nodes", "2", "--gpus-per-node", "1", "--image", "img", "train.py",
+                               *PREEMPT_ARGS).read_text())
+    trainer = job["spec"]["trainer"]
+    env = {item["name"]: item["value"] for item in trainer["env"]}
+    return trainer["command"][2], [{**env, "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(rank),
+                                    "PET_MASTER_ADDR": hosts.addresses[0], "PET_MASTER_PORT": str(port)}
+                                   for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("target", ["skypilot", "trainjob"])
+def test_sigterm_to_the_nodes_saves_and_the_job_resumes_to_the_same_weights(tmp_path: Path, hosts: NetworkNamespaces,
+                                                                           target: str) -> None:
+    """What Kubernetes or a spot instance does: SIGTERM to every node's first process mid-run. The ranks agree on a
+    step, save there, and each node exits 143; the same job started again resumes to an uninterrupted run's weights
+    (a plain 2-rank launch on one machine: the same ranks, the same data)."""
+    import signal
+    import sys
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+
+    project = init_project(tmp_path / "proj", "minimal", backend="ddp").directory
+    reference = subprocess.Popen([sys.executable, "-m", "accelkit", "launch", "--cpu", "--backend", "ddp",
+                                  "--num-processes", "2", "train.py", *PREEMPT_ARGS[:-4], "--output-dir", "reference"],
+                                 cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command, nodes = node_runs(project, target, hosts)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "PET_", "ACCELKIT_"))}
+    procs = [subprocess.Popen(hosts.enter(index, "bash", "-c", command), cwd=project, env={**env, **extra},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for index, extra in enumerate(nodes)]
+    seen, deadline = [], time.monotonic() + 240
+    for line in procs[0].stdout:
+        seen.append(line)
+        if "step 20 |" in line:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    logs = ["".join(seen) + procs[0].communicate(timeout=240)[0], procs[1].communicate(timeout=240)[0]]
+    assert [proc.returncode for proc in procs] == [143, 143], logs
+    assert "asked 1 rank(s) to save a checkpoint and stop" in logs[0], logs[0]
+    steps = sorted(int(p.name.split("-")[1]) for p in (project / "out").glob("checkpoint-*")
+                   if (p / "accelkit-manifest.json").is_file())
+    assert len(steps) == 1 and 20 <= steps[0] < 120, logs  # one checkpoint: the one the preemption asked for
+
+    again = [subprocess.Popen(hosts.enter(index, "bash", "-c", command), cwd=project, env={**env, **extra},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for index, extra in enumerate(nodes)]
+    logs = [proc.communicate(timeout=300)[0] for proc in again]
+    assert [proc.returncode for proc in again] == [0, 0], logs
+    assert f"checkpoint-{steps[0]} at step {steps[0]}" in logs[0], logs[0]
+    out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, out
+    got = load_file(project / "out" / "final" / "model.safetensors")
+    expected = load_file(project / "reference" / "final" / "model.safetensors")
+    assert all(torch.allclose(got[key], expected[key], atol=1e-5, rtol=0) for key in expected)

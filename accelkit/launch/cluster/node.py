@@ -239,8 +239,11 @@ def run_node(request: LaunchRequest, *, machine_rank: int, main_process_ip: str,
                                              main_process_ip=main_process_ip, port=port, timeout=request.lost_timeout)
 
         try:
+            # SIGTERM as a preemption on Kubernetes and SkyPilot nodes; a SLURM job's own is SIGUSR1 (--requeue
+            # --signal-before), and srun's SIGTERM ends the steps of a failed or cancelled job at once.
+            preemption = None if os.environ.get("SLURM_JOB_ID") else request.preemption_grace_seconds()
             status = run_supervised(SupervisedRun(request, env=env, stall_timeout=stall_timeout, report_stall=True,
-                                                  on_start=on_start)).exit_code
+                                                  on_start=on_start, preemption_grace=preemption)).exit_code
             supervisor, beats = watched["supervisor"], watched["beats"]
             # A node stopped from outside (srun ending the job after another node failed, scancel) is not the
             # cause; nor is one whose ranks only lost a peer, once the node that failed (or was lost) is named.

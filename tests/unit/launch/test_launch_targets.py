@@ -74,6 +74,9 @@ def test_trainjob_is_read_by_the_trainers_api_models(tmp_path, monkeypatch):
     data = yaml.safe_load((tmp_path / "trainjob.yaml").read_text())
     job = TrainerV1alpha1TrainJob.from_dict(data)
     assert job.to_dict() == data  # every field is one the Trainer's API knows (nothing dropped)
+    patch = data["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    # SIGTERM, then SIGKILL after the grace: the ranks' save (--preemption-grace, 120 s) plus a margin
+    assert patch["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 150
     assert (job.api_version, job.kind, job.metadata.name) == ("trainer.kubeflow.org/v1alpha1", "TrainJob", "llama-ft")
     assert job.spec.runtime_ref.name == "torch-distributed"
     trainer = job.spec.trainer

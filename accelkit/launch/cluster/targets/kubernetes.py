@@ -77,9 +77,15 @@ def resources_per_node(job: ClusterJob, options: KubernetesOptions) -> dict:
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
-def volumes_patch(options: KubernetesOptions) -> list[dict]:
+# Seconds a pod keeps after its SIGTERM beyond the ranks' preemption grace: the launcher's own exit, the log flush.
+TERMINATION_MARGIN = 30
+
+
+def volumes_patch(options: KubernetesOptions, preemption_grace: float | None = None) -> list[dict]:
     """The pods' volumes, as a runtime patch of the torch-distributed runtime's "node" job: /dev/shm in memory
-    (DataLoader workers and NCCL need more than a container's default 64 MiB: SIGBUS), and the shared claims."""
+    (DataLoader workers and NCCL need more than a container's default 64 MiB: SIGBUS), and the shared claims; and
+    the pods' termination grace: Kubernetes sends SIGTERM, then SIGKILL after terminationGracePeriodSeconds (30 by
+    default), which must outlast the ranks' save (--preemption-grace)."""
     shm: dict = {"medium": "Memory"}
     if options.shm_size is not None:
         shm["sizeLimit"] = kubernetes_quantity(options.shm_size)
@@ -89,7 +95,9 @@ def volumes_patch(options: KubernetesOptions) -> list[dict]:
         name = f"shared-{index}"
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": storage.source}})
         mounts.append({"name": name, "mountPath": str(storage.mount)})
-    pod = {"volumes": volumes, "containers": [{"name": RUNTIME_CONTAINER, "volumeMounts": mounts}]}
+    pod: dict = {"volumes": volumes, "containers": [{"name": RUNTIME_CONTAINER, "volumeMounts": mounts}]}
+    if preemption_grace:
+        pod["terminationGracePeriodSeconds"] = int(preemption_grace) + TERMINATION_MARGIN
     replicated = {"name": RUNTIME_JOB, "template": {"spec": {"template": {"spec": pod}}}}
     return [{"manager": PATCH_MANAGER,
              "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated]}}}}]
@@ -112,7 +120,7 @@ def render_trainjob(job: ClusterJob, options: KubernetesOptions, key: str | None
                 "env": [{"name": REQUEST_ENV, "value": job.request.to_json()},
                         {"name": "ACCELKIT_JOB_KEY", "value": key or secrets.token_hex(16)}],
             },
-            "runtimePatches": volumes_patch(options),
+            "runtimePatches": volumes_patch(options, job.request.preemption_grace_seconds()),
         },
     }
     header = [f"# Written by: {job.request.command_line}",
