@@ -27,6 +27,8 @@ Modules, in the order a launch uses them:
 - accelerate_main.py  `accelerate launch` with the failing rank's exit status;
 - launch_dir.py  the one temporary folder a launch owns, removed on every way out;
 - supervisor.py  the Supervisor in the `accelkit` process: signals, no orphans, stall watchdog, deadline, exit status;
+- preemption.py  the first SIGTERM as a preemption: the ranks that catch SIGUSR1 save and stop, exit 143;
+- inherited.py  launch-decided settings ($ACCELKIT_PIPELINE, ...) inherited from the shell are dropped, said;
 - rank_monitor.py  the supervisor's view of this machine's ranks (who, how much they compute and write);
 - watchdog.py  when a job is stalled: a pure decision over the monitor's samples;
 - stacks.py   the ranks' dumped Python stacks, and where the job hangs;
