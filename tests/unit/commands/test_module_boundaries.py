@@ -1,6 +1,7 @@
-"""Module boundaries (issue 45): a module uses only what another accelkit module makes public.
+"""Module boundaries (issue 45): no private name crosses modules, no public name is defined in two packages, and
+the configs modules import one another without a circle.
 
-Rule: no `from accelkit.x import _name` (absolute or relative, at module level or inside a function) where `_name`
+Private names: no `from accelkit.x import _name` (absolute or relative, at module level or inside a function) where `_name`
 starts with one underscore; a name used across modules is public and named for what it is."""
 
 from __future__ import annotations
@@ -83,3 +84,39 @@ def test_the_configs_modules_import_one_another_without_a_circle() -> None:
 def test_import_cycle_finds_a_circle() -> None:
     assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert import_cycle({"a": {"b"}, "b": set()}) == []
+
+
+# Names every module of a kind defines on purpose, one per module, reached through the module (never imported bare):
+PROTOCOL_NAMES = {
+    "main": "the entry point of a module run as `python -m accelkit.x.y` (a rank, a node launcher, a worker)",
+    "install": "a probe module's hook that puts it in place, called through its module (`steps.install()`)",
+}
+
+
+def public_definitions() -> dict[str, set[str]]:
+    """Each public function or class defined at a module's top level -> the modules defining it. Nested definitions,
+    assignments and re-exports (`from x import y`) are not definitions; `_private` names are each module's own."""
+    defined: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            definition = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if definition and not node.name.startswith("_"):
+                defined.setdefault(node.name, set()).add(path.relative_to(PACKAGE).as_posix())
+    return defined
+
+
+def package_of(module: str) -> str:
+    """accelkit's package a module belongs to: `launch` for launch/cluster/node.py, `accelkit` for cli.py."""
+    return module.split("/")[0] if "/" in module else "accelkit"
+
+
+def test_no_public_name_is_defined_in_two_packages() -> None:
+    twice = {name: sorted(modules) for name, modules in public_definitions().items()
+             if name not in PROTOCOL_NAMES and len({package_of(m) for m in modules}) > 1}
+    assert twice == {}, "one definition per name: import it from its package, or name each for what it does"
+
+
+def test_the_protocol_names_are_still_defined_in_several_packages() -> None:
+    """The allow-list stays honest: each name on it is still one that many modules define."""
+    defined = public_definitions()
+    assert all(len({package_of(m) for m in defined.get(name, ())}) > 1 for name in PROTOCOL_NAMES)
