@@ -1,8 +1,8 @@
 """Module boundaries (issue 45): no private name crosses modules, no public name is defined in two packages, and
 the configs modules import one another without a circle.
 
-Private names: no `from accelkit.x import _name` (absolute or relative, at module level or inside a function) where `_name`
-starts with one underscore; a name used across modules is public and named for what it is."""
+Private names: no `from accelkit.x import _name` (absolute or relative, at module level or inside a function);
+a name used across modules is public and named for what it is."""
 
 from __future__ import annotations
 
