@@ -65,11 +65,11 @@ def _group(args: tuple, kwargs: dict) -> tuple[int, int] | None:
         except Exception:  # noqa: BLE001 - a ScriptObject of another kind (a ReduceOp), a string that names no group
             continue
         if group is not None:
-            return int(group.size()), _stride(group)
+            return int(group.size()), group_stride(group)
     return None
 
 
-def _stride(group) -> int:
+def group_stride(group) -> int:
     try:
         from torch.distributed import get_process_group_ranks
 

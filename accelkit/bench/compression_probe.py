@@ -67,7 +67,7 @@ class CompressionRecorder:
         torch.distributed.all_reduce from another thread while a backward is running are counted here instead."""
         import torch.distributed as dist
 
-        from accelkit.bench.comm_count import _stride, group_key
+        from accelkit.bench.comm_count import group_key, group_stride
 
         original = dist.all_reduce
         recorder = self
@@ -77,7 +77,7 @@ class CompressionRecorder:
             if started_in is not None and threading.get_ident() != started_in:
                 group = kwargs.get("group", args[1] if len(args) > 1 else None)
                 size = dist.get_world_size(group)
-                stride = 1 if group is None else _stride(group)
+                stride = 1 if group is None else group_stride(group)
                 recorder.add(group_key("all_reduce", (size, stride)), 1, tensor.numel() * tensor.element_size())
             return original(tensor, *args, **kwargs)
 

@@ -112,6 +112,15 @@ class AccelkitCommand(click.Command):
         fold_aliases(ctx)
         return rest
 
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """launch, bench and config list their options by concern (accelkit/commands/help_sections.py)."""
+        from accelkit.commands.help_sections import SECTIONED, format_sections
+
+        if self.name in SECTIONED:
+            format_sections(self, ctx, formatter)
+        else:
+            super().format_options(ctx, formatter)
+
 
 def fold_aliases(ctx: click.Context) -> None:
     """Move each alias's value into the option it spells; an alias and its option disagreeing is refused."""

@@ -49,7 +49,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "pipeline_with_config_comment": "pipeline_spec",
     # files: load, check, write
     "load_accelerate_config": "files",
-    "comment_spec": "files",
+    "comment_spec": "comment_lines",
     "write_config": "render",
     "write_deepspeed_json": "render",
     # the command as one call

@@ -4,7 +4,6 @@ check one (`accelkit config --check`): Accelerate's own loader, what only a file
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,6 @@ from accelkit.errors import AccelkitError
 
 # Findings that already say why Accelerate's loader refuses a file.
 _LOADER_EXPLAINED = ("unknown-key", "missing-distributed-type")
-
-
-def comment_spec(config_file: Path | str, read_comment: Callable[[str, str], Any]) -> Any:
-    """What a comment line accelkit wrote into a config file carries (its pipeline, its gradient compression),
-    parsed by `read_comment(text, label)`; None when the file cannot be read or has no such line."""
-    try:
-        text = Path(config_file).read_text(errors="replace")
-    except OSError:
-        return None
-    return read_comment(text, str(config_file))
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def pipeline_with_config_comment(options: Any, labels: dict[str, str], config_fi
     """`options` plus the pipeline a config written by `accelkit config` carries (options given win)."""
     from dataclasses import replace
 
-    from accelkit.configs.files import comment_spec
+    from accelkit.configs.comment_lines import comment_spec
 
     if options.pp_size is not None:
         return options, labels

@@ -30,7 +30,7 @@ from accelkit.ranks import caller_location
 _reported: set[str] = set()
 
 
-def _note(kind: str, text: str) -> None:
+def note_cuda_call(kind: str, text: str) -> None:
     """Say once per kind (on rank 0) what was mapped, and where in the script."""
     if kind in _reported:
         return
@@ -39,7 +39,7 @@ def _note(kind: str, text: str) -> None:
         print(f"accelkit: rehearsal on CPU: {text} at {caller_location(3)}", file=sys.stderr, flush=True)
 
 
-def _is_cuda(device) -> bool:
+def is_cuda_device(device) -> bool:
     """True for what names a CUDA device: torch.device('cuda', i), 'cuda', 'cuda:1', or a bare ordinal."""
     import torch
 
@@ -51,11 +51,11 @@ def _is_cuda(device) -> bool:
 
 
 def _to_cpu_args(what: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    if args and _is_cuda(args[0]):
-        _note(what, f"{what}({args[0]!r}) keeps it on the CPU")
+    if args and is_cuda_device(args[0]):
+        note_cuda_call(what, f"{what}({args[0]!r}) keeps it on the CPU")
         args = ("cpu", *args[1:])
-    if _is_cuda(kwargs.get("device")):
-        _note(what, f"{what}(device={kwargs['device']!r}) keeps it on the CPU")
+    if is_cuda_device(kwargs.get("device")):
+        note_cuda_call(what, f"{what}(device={kwargs['device']!r}) keeps it on the CPU")
         kwargs = {**kwargs, "device": "cpu"}
     return args, kwargs
 
@@ -82,8 +82,8 @@ def _patch_ddp() -> None:
         ids, output = bound.arguments.get("device_ids"), bound.arguments.get("output_device")
         on_cpu = module is not None and all(p.device.type == "cpu" for p in module.parameters())
         if on_cpu and (ids is not None or output is not None):
-            _note("ddp", f"DistributedDataParallel(device_ids={ids!r}, output_device={output!r}) of a CPU module "
-                         "runs without device ids")
+            note_cuda_call("ddp", f"DistributedDataParallel(device_ids={ids!r}, output_device={output!r}) of a CPU "
+                                  "module runs without device ids")
             bound.arguments["device_ids"] = None
             bound.arguments["output_device"] = None
         original(*bound.args, **bound.kwargs)
@@ -103,7 +103,7 @@ def _patch_bf16_comm_hooks() -> None:
     def check_comm_hook(self, hook):
         if getattr(hook, "__name__", "") not in _BF16_HOOKS:
             return original(self, hook)
-        _note("bf16 hook", f"DDP's {hook.__name__} (CUDA 11+ and NCCL 2.10+ on GPUs) runs on gloo")
+        note_cuda_call("bf16 hook", f"DDP's {hook.__name__} (CUDA 11+ and NCCL 2.10+ on GPUs) runs on gloo")
 
         @functools.wraps(hook)
         def same_hook(*args, **kwargs):
@@ -126,9 +126,9 @@ def _patch_process_group() -> None:
         bound = signature.bind(*args, **kwargs)
         backend = bound.arguments.get("backend")
         if backend is not None and "nccl" in str(backend).lower():
-            _note("nccl", f"init_process_group(backend={backend!r}) uses gloo")
+            note_cuda_call("nccl", f"init_process_group(backend={backend!r}) uses gloo")
             bound.arguments["backend"] = "gloo"
-        if _is_cuda(bound.arguments.get("device_id")):
+        if is_cuda_device(bound.arguments.get("device_id")):
             bound.arguments["device_id"] = None
         return original(*bound.args, **bound.kwargs)
 
@@ -143,7 +143,7 @@ def install() -> None:
         return
 
     def set_device(device) -> None:
-        _note("set_device", f"torch.cuda.set_device({device!r}) does nothing")
+        note_cuda_call("set_device", f"torch.cuda.set_device({device!r}) does nothing")
 
     def synchronize(device=None) -> None:
         return None
@@ -158,11 +158,11 @@ def install() -> None:
     torch.nn.Module.to = _wrap_to(torch.nn.Module.to, "module.to")
 
     def tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
-        _note("tensor.cuda", "tensor.cuda() keeps it on the CPU")
+        note_cuda_call("tensor.cuda", "tensor.cuda() keeps it on the CPU")
         return self.cpu(memory_format=memory_format)
 
     def module_cuda(self, device=None):
-        _note("module.cuda", "module.cuda() keeps it on the CPU")
+        note_cuda_call("module.cuda", "module.cuda() keeps it on the CPU")
         return self.cpu()
 
     torch.Tensor.cuda = tensor_cuda

@@ -35,12 +35,12 @@ NO_OPS = ("empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated"
 
 
 def _made_on_cpu(factory):
-    from accelkit.rehearsal.cuda_calls import _is_cuda, _note
+    from accelkit.rehearsal.cuda_calls import is_cuda_device, note_cuda_call
 
     @functools.wraps(factory)
     def make(*args, **kwargs):
-        if _is_cuda(kwargs.get("device")):
-            _note("factory", f"torch.{factory.__name__}(device={kwargs['device']!r}) makes it on the CPU")
+        if is_cuda_device(kwargs.get("device")):
+            note_cuda_call("factory", f"torch.{factory.__name__}(device={kwargs['device']!r}) makes it on the CPU")
             kwargs["device"] = "cpu"
         return factory(*args, **kwargs)
 
@@ -52,7 +52,7 @@ def _patch_data_parallel() -> None:
     import torch
     from torch.nn.parallel import DataParallel
 
-    from accelkit.rehearsal.cuda_calls import _note
+    from accelkit.rehearsal.cuda_calls import note_cuda_call
 
     original = DataParallel.__init__
 
@@ -60,7 +60,7 @@ def _patch_data_parallel() -> None:
     def init(self, module, device_ids=None, output_device=None, dim=0):
         if any(p.device.type != "cpu" for p in module.parameters()):
             return original(self, module, device_ids, output_device, dim)
-        _note("data parallel", "DataParallel on one GPU calls the module itself")
+        note_cuda_call("data parallel", "DataParallel on one GPU calls the module itself")
         torch.nn.Module.__init__(self)
         self.module, self.device_ids, self.dim = module, [], dim
         return None
@@ -71,15 +71,15 @@ def _patch_data_parallel() -> None:
 def _patch_load() -> None:
     import torch
 
-    from accelkit.rehearsal.cuda_calls import _is_cuda, _note
+    from accelkit.rehearsal.cuda_calls import is_cuda_device, note_cuda_call
 
     original = torch.load
 
     @functools.wraps(original)
     def load(f, map_location=None, *args, **kwargs):
-        if map_location is None or _is_cuda(map_location):  # a checkpoint saved on a GPU, or loaded onto one
+        if map_location is None or is_cuda_device(map_location):  # a checkpoint saved on a GPU, or loaded onto one
             if map_location is not None:
-                _note("load", f"torch.load(map_location={map_location!r}) loads onto the CPU")
+                note_cuda_call("load", f"torch.load(map_location={map_location!r}) loads onto the CPU")
             map_location = "cpu"
         return original(f, map_location, *args, **kwargs)
 

@@ -57,12 +57,12 @@ def from_formula(dims: dict[str, int], micro_batch: int, seq_len: int) -> Profil
 
 def traced(spec, compute, micro_batch: int, seq_len: int, device: str) -> Profile | None:
     """Trace `spec` both ways on the meta device (see trace.py) and split the result."""
-    from accelkit.plan.activations.trace import _run
+    from accelkit.plan.activations.trace import run_trace
 
-    with_ck, kernels, applied = _run(spec, compute, micro_batch, seq_len, True, device)
+    with_ck, kernels, applied = run_trace(spec, compute, micro_batch, seq_len, True, device)
     if not applied:
         return None
-    without = _run(spec, compute, micro_batch, seq_len, False, device)[0]
+    without = run_trace(spec, compute, micro_batch, seq_len, False, device)[0]
     names = ", ".join(f"{name} x{count}" for name, count in kernels) or "none"
     return from_counts(with_ck, without, f"traced on the meta device with and without checkpointing (attention: "
                                          f"{names})")

@@ -94,12 +94,12 @@ def trace(spec, compute: Compute, micro_batch: int, seq_len: int, checkpointing:
     """Count the activations of one forward of `spec`'s model on a (micro_batch, seq_len) batch, run as `compute`
     says on `device` ("cuda": what the plan is for; "cpu": what a CPU rehearsal really does). With checkpointing,
     a second trace without it measures the largest layer, which the backward holds again while recomputing."""
-    count, kernels, applied = _run(spec, compute, micro_batch, seq_len, checkpointing, device)
-    recompute = _run(spec, compute, micro_batch, seq_len, False, device)[0].largest_layer if applied else 0
+    count, kernels, applied = run_trace(spec, compute, micro_batch, seq_len, checkpointing, device)
+    recompute = run_trace(spec, compute, micro_batch, seq_len, False, device)[0].largest_layer if applied else 0
     return Trace(count, applied, kernels, recompute)
 
 
-def _run(spec, compute: Compute, micro_batch: int, seq_len: int, checkpointing: bool,
+def run_trace(spec, compute: Compute, micro_batch: int, seq_len: int, checkpointing: bool,
          device: str) -> tuple[ActivationCount, tuple[tuple[str, int], ...], bool]:
     import torch
 
