@@ -23,12 +23,13 @@ COMPRESSION = "Gradient compression"
 SUPERVISION = "Supervision and rendezvous"
 CLUSTER_JOB = "Cluster job (written instead of launching)"
 CLUSTER_RESOURCES = "Cluster job resources, environment and storage"
+RAY = "Ray cluster (run on its workers instead of this machine)"
 OUTPUT = "Output"
 HELP = "Help"
 
 # The headings, in the order every --help shows them.
 SECTIONS: tuple[str, ...] = (CONFIG, RESOURCES, SWEEP, MEASUREMENT, RUNNING, FSDP, DEEPSPEED, PARALLELISM,
-                             COMPRESSION, SUPERVISION, CLUSTER_JOB, CLUSTER_RESOURCES, OUTPUT, HELP)
+                             COMPRESSION, SUPERVISION, CLUSTER_JOB, CLUSTER_RESOURCES, RAY, OUTPUT, HELP)
 
 # The commands whose --help is in sections; the others keep click's one "Options" list (a handful of options each).
 SECTIONED = ("config", "launch", "bench")
@@ -55,11 +56,12 @@ SECTION_OF: dict[str, str] = {
             "--sp-size", "--sp-backend", "--pp-size", "--pp-schedule", "--microbatches"),
     **_each(COMPRESSION, "--grad-compression", "--powersgd-rank", "--powersgd-start-step"),
     **_each(SUPERVISION, "--max-restarts", "--monitor-interval", "--rdzv-backend", "--rdzv-conf", "--same-network",
-            "--lost-timeout", "--stall-timeout", "--timeout"),
+            "--lost-timeout", "--stall-timeout", "--timeout", "--preemption-grace"),
     **_each(CLUSTER_JOB, "--slurm", "--skypilot", "--kubernetes", "--gpus-per-node", "--job-name", "--partition",
             "--time", "--requeue", "--signal-before", "--accelerator", "--image"),
     **_each(CLUSTER_RESOURCES, "--cpus-per-node", "--mem-per-node", "--setup", "--exclusive", "--account", "--qos",
             "--sbatch-arg", "--container-image", "--storage", "--shm-size"),
+    **_each(RAY, "--ray", "--ray-storage", "--ray-cpus-per-worker"),
     **_each(OUTPUT, "--output", "--show-output", "--list", "--check"),
     **_each(HELP, "--help"),
 }
