@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="write checkpoints in the background while training goes on (DDP, one process, FSDP2 sharded)",
     )
+    parser.add_argument(
+        "--max-nonfinite-steps",
+        type=int,
+        default=10,
+        help="stop with a checkpoint after this many optimizer steps in a row skipped for a NaN/inf (0: never)",
+    )
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--with-tracking", action="store_true", help="also log to TensorBoard, if installed")
@@ -490,6 +496,61 @@ class Checkpointer:
 # <<< shared block "async-checkpoint"
 
 
+# >>> shared block "non-finite-guard": the same in every template (source: templates/minimal/train.py; tested)
+class NonFiniteGuard:
+    """A non-finite loss or gradient norm on any rank skips the optimizer step on every rank (the ranks agree at each
+    step) and is named in one line. The scheduler still steps, so the schedule and the data stay functions of the
+    step. After --max-nonfinite-steps in a row the run saves a checkpoint and stops with an error: no skipped step
+    changed the weights, so it holds the last finite ones. Under fp16 the GradScaler keeps its own overflow skipping
+    (only the loss is checked); DeepSpeed steps inside backward, so it is not guarded there."""
+
+    def __init__(self, accelerator: Accelerator, limit: int, step: int) -> None:
+        import os
+
+        self.accelerator, self.limit, self.step = accelerator, limit, step
+        self.enabled = accelerator.distributed_type.value != "DEEPSPEED"
+        if not self.enabled:
+            log(accelerator, "non-finite guard: off under DeepSpeed (it steps inside backward; its fp16 loss "
+                             "scaling skips overflowing steps)")
+        self.bad = torch.zeros((), dtype=torch.bool, device=accelerator.device)
+        self.in_a_row = self.total = 0
+        # Test hook: "RANK:STEP,STEP..." makes that rank's loss NaN at those optimizer steps.
+        rank, _, steps = os.environ.get("ACCELKIT_TEST_NONFINITE_LOSS", "").partition(":")
+        self.inject = {int(s) for s in steps.split(",") if s} if rank == str(accelerator.process_index) else set()
+
+    def watch(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to backpropagate (every micro-batch); notes whether it is finite."""
+        if self.step + 1 in self.inject:
+            loss = loss * float("nan")
+        self.bad |= ~torch.isfinite(loss.detach()).all()
+        return loss
+
+    def step_is_finite(self, grad_norm) -> bool:
+        """At each optimizer step, on every rank: False on all ranks when any rank saw a non-finite value."""
+        self.step += 1
+        if not self.enabled:
+            return True
+        if grad_norm is not None and self.accelerator.scaler is None:
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: DTensor
+            self.bad |= ~torch.isfinite(torch.as_tensor(grad_norm, device=self.bad.device)).all()
+        bad = self.accelerator.gather(self.bad.float().reshape(1)).max().item() > 0
+        self.bad = torch.zeros_like(self.bad)
+        if not bad:
+            self.in_a_row = 0
+            return True
+        self.in_a_row, self.total = self.in_a_row + 1, self.total + 1
+        log(self.accelerator, f"step {self.step}: non-finite loss or gradient norm; optimizer step skipped on every "
+                              f"rank ({self.in_a_row} in a row, {self.total} in this run)")
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return bool(self.limit) and self.in_a_row >= self.limit
+
+
+# <<< shared block "non-finite-guard"
+
+
 def embeddings_in_their_own_fsdp_unit(model) -> None:
     """FSDP2 in Accelerate shards the input embedding as a unit of its own. When a module around it is also listed
     in `_no_split_modules` (BertEmbeddings, ViTEmbeddings, ...), both claim it and `fully_shard` fails, so that
@@ -616,6 +677,7 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.init_trackers("seq-classification", config={k: v for k, v in vars(args).items() if v is not None})
 
     preemption, preempted = Preemption(accelerator), False  # SIGUSR1: save at the next step, stop
+    guard = NonFiniteGuard(accelerator, args.max_nonfinite_steps, completed_steps)  # NaN/inf: skip the step
     checkpointer = Checkpointer(accelerator, args.async_checkpoint, run_id)
 
     def write_config(checkpoint_dir: Path) -> None:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
@@ -633,11 +695,13 @@ def main(argv: list[str] | None = None) -> None:
             loader = accelerator.skip_first_batches(train_loader, batches_to_skip)
         for batch in loader:
             with accelerator.accumulate(model):
-                loss = model(**batch).loss
+                loss = guard.watch(model(**batch).loss)
                 accelerator.backward(loss)
+                finite = True
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
+                    finite = guard.step_is_finite(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                if finite:
+                    optimizer.step()
                 if accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
@@ -654,19 +718,24 @@ def main(argv: list[str] | None = None) -> None:
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             preempted = preemption.now()
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step or \
-                    preempted:
+                    preempted or guard.stop:
                 checkpointer.save(output_dir / f"checkpoint-{completed_steps}", completed_steps, write_config)
             end_of_epoch = completed_steps % steps_per_epoch == 0
             if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
                 metrics = evaluate(accelerator, model, eval_loader, len(labels))
                 log(accelerator, f"step {completed_steps} | " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 accelerator.log(metrics, step=completed_steps)
-            if last_step or preempted:
+            if last_step or preempted or guard.stop:
                 break
-        if preempted:
+        if preempted or guard.stop:
             break
     progress.close()
     checkpointer.wait()  # the last checkpoint is complete (manifest written) before the run ends
+    if guard.stop:
+        log(accelerator, f"stopped: {guard.in_a_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                         f"(to step {completed_steps}); checkpoint-{completed_steps} holds the last finite weights")
+        accelerator.end_training()
+        raise SystemExit(1)
     if preempted:
         log(accelerator, f"stopped on SIGUSR1 after step {completed_steps} with a checkpoint; resume with "
                          "--resume-from-checkpoint latest")
