@@ -1,13 +1,17 @@
-"""Checkpoint stall: how much longer the optimizer step right after a checkpoint takes, synchronous save
-(`--no-async-checkpoint`: save_state, manifest) against asynchronous (`--async-checkpoint`: state staged to CPU,
-written and hashed by a background thread), for the causal-lm template.
+"""Checkpoint stall: how long a checkpoint holds up the training loop, synchronous save (`--no-async-checkpoint`:
+save_state, then the manifest) against asynchronous (`--async-checkpoint`: state staged to CPU memory, written and
+hashed by a background thread), for the causal-lm template.
 
 The template runs as users run it (a scaffolded copy, its own loop), once with one process and once under FSDP on 2
 CPU ranks (`accelkit launch --cpu --backend fsdp`), on a local Llama bigger than the template's tiny default (so a
 checkpoint holds tens of MB: weights plus AdamW state). This script wraps the run (`--probe`): a torch optimizer-step
-hook stamps every step on every rank. The stall at checkpoint step N is (time from step N to step N+1) minus the
-median of the intervals with no checkpoint in them (rank 0). "written after next step" counts the checkpoints whose
-manifest (written last) is newer than step N+1: the next step ran while the files were being written.
+hook stamps the end of every step, a global forward pre-hook the start of the next step's first forward (rank 0).
+At a checkpoint step N:
+- blocked: from step N's end to step N+1's first forward, minus the median of that gap at steps without a save
+  (the time the loop stood still for the save);
+- next step slower: step N+1's duration (end of N to end of N+1) minus the median step without a save before it
+  (blocked time plus any slow-down from the background write sharing the CPU);
+- started before written: step N+1's first forward began before the manifest (written last) existed.
 Runs alternate between the modes so that machine load hits both alike.
 
     python benchmarks/checkpoint_stall.py [--runs 2] [--hidden-size 384] [--layers 4]
@@ -34,12 +38,23 @@ def probe(out: Path, argv: list[str]) -> None:
     import atexit
     import runpy
 
+    from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    stamps: list[float] = []
-    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: stamps.append(time.time()))
+    ends: list[float] = []
+    starts: list[float] = []
+
+    def step_end(optimizer, args, kwargs) -> None:
+        ends.append(time.time())
+
+    def forward_start(module, args) -> None:
+        if len(starts) < len(ends):  # the first forward after a step: the next step has started
+            starts.append(time.time())
+
+    register_optimizer_step_post_hook(step_end)
+    register_module_forward_pre_hook(forward_start)
     rank = os.environ.get("RANK", "0")
-    atexit.register(lambda: (out / f"rank-{rank}.json").write_text(json.dumps(stamps)))
+    atexit.register(lambda: (out / f"rank-{rank}.json").write_text(json.dumps({"ends": ends, "starts": starts})))
     sys.argv = argv
     runpy.run_path(argv[0], run_name="__main__")
 
@@ -78,15 +93,19 @@ def run(project: Path, model: Path, processes: int, asynchronous: bool, out: Pat
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     stamps = json.loads((out / "rank-0.json").read_text())
-    assert len(stamps) == STEPS, len(stamps)
-    intervals = {step: stamps[step - 1] - stamps[step - 2] for step in range(2, STEPS + 1)}  # end of step-1 to step
+    ends, starts = stamps["ends"], stamps["starts"]  # ends[k]: end of step k+1; starts[k]: start of step k+2
+    assert len(ends) == STEPS and len(starts) >= STEPS - 1, (len(ends), len(starts))
     saves = list(range(EVERY, STEPS, EVERY))
-    plain = statistics.median(v for step, v in intervals.items() if step - 1 not in saves)
-    stalls = [intervals[step + 1] - plain for step in saves]
-    overlapped = sum((out / "run" / f"checkpoint-{step}" / "accelkit-manifest.json").stat().st_mtime
-                     > stamps[step] for step in saves)  # stamps[step] is step N+1's end (0-based list)
-    size = sum(p.stat().st_size for p in (out / "run" / f"checkpoint-{EVERY}").rglob("*") if p.is_file())
-    return {"step": plain, "stalls": stalls, "overlapped": overlapped, "saves": len(saves), "size": size}
+    steps = range(2, STEPS)  # steps N with a step N+1 after them
+    gap = {n: starts[n - 1] - ends[n - 1] for n in steps}  # end of step N to step N+1's first forward
+    duration = {n: ends[n] - ends[n - 1] for n in steps}  # step N+1, measured from the end of step N
+    plain_gap = statistics.median(gap[n] for n in steps if n not in saves)
+    plain_step = statistics.median(duration[n] for n in steps if n not in saves)
+    manifest = {n: (out / "run" / f"checkpoint-{n}" / "accelkit-manifest.json").stat().st_mtime for n in saves}
+    return {"step": plain_step, "blocked": [gap[n] - plain_gap for n in saves],
+            "slower": [duration[n] - plain_step for n in saves], "saves": len(saves),
+            "early": sum(starts[n - 1] < manifest[n] for n in saves),
+            "size": sum(p.stat().st_size for p in (out / "run" / f"checkpoint-{EVERY}").rglob("*") if p.is_file())}
 
 
 def main() -> None:
@@ -106,9 +125,9 @@ def main() -> None:
         project = init_project(root / "proj", "causal-lm", backend="ddp").directory
         make_model(root / "model", args.hidden_size, args.layers)
         print(f"causal-lm template, Llama hidden {args.hidden_size} x {args.layers} layers, {STEPS} steps, "
-              f"checkpoint every {EVERY}; {args.runs} run(s) per row; stall = step after a save minus a plain step")
-        print(f"{'world':>6} {'mode':>6} {'ckpt MB':>8} {'plain step s':>13} {'stall s (median)':>17} "
-              f"{'stall s (each)':>28} {'written after next step':>24}")
+              f"checkpoint every {EVERY}; {args.runs} run(s) per row; medians over the checkpoints with a next step")
+        print(f"{'world':>5} {'mode':>5} {'ckpt MB':>7} {'plain step s':>12} {'blocked s':>9} "
+              f"{'next step slower s':>18} {'next step started before written':>32}")
         for processes in (1, 2):
             results: dict[str, list[dict]] = {"sync": [], "async": []}
             for index in range(args.runs):
@@ -116,11 +135,12 @@ def main() -> None:
                     results[mode].append(run(project, root / "model", processes, mode == "async",
                                              root / f"w{processes}-{mode}-{index}"))
             for mode, found in results.items():
-                stalls = [s for r in found for s in r["stalls"]]
-                each = " ".join(f"{s:.3f}" for s in stalls)
-                print(f"{processes:>6} {mode:>6} {found[0]['size'] / 1e6:>8.1f} "
-                      f"{statistics.median(r['step'] for r in found):>13.3f} {statistics.median(stalls):>17.3f} "
-                      f"{each:>28} {sum(r['overlapped'] for r in found):>17}/{sum(r['saves'] for r in found)}")
+                blocked = statistics.median(s for r in found for s in r["blocked"])
+                slower = statistics.median(s for r in found for s in r["slower"])
+                early = f"{sum(r['early'] for r in found)}/{sum(r['saves'] for r in found)}"
+                print(f"{processes:>5} {mode:>5} {found[0]['size'] / 1e6:>7.1f} "
+                      f"{statistics.median(r['step'] for r in found):>12.3f} {blocked:>9.3f} {slower:>18.3f} "
+                      f"{early:>32}")
 
 
 if __name__ == "__main__":
