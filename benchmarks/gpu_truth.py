@@ -21,6 +21,9 @@ Sections (each writes rows into one JSON file, `--out`, default gpu_truth.json, 
 - nccl:      one process: NCCL init, an all-reduce, the flight-recorder environment `accelkit launch` sets (CPU
              plumbing: two gloo ranks, as the DDP rehearsal needs).
 - scaling:   with two or more GPUs: `accelkit bench` over 1..N processes, and `--comm` bus bandwidth.
+- checkpoint: the causal-lm template's checkpoint stall on one process (benchmarks/checkpoint_stall.py), synchronous
+             against `--async-checkpoint` (staged to pinned memory on a GPU): how long the loop is blocked at a save,
+             how much slower the next step is, whether it started before the files were written.
 
 Nothing is ever claimed that was not measured: every figure is stored with the device it was measured on; in
 `--cpu-plumbing` mode the same code paths run on CPU (gloo instead of NCCL, the CPU backend for launches), every GPU
@@ -43,7 +46,7 @@ import time
 from pathlib import Path
 
 SCHEMA = "accelkit-gpu-truth/1"
-SECTIONS = ("plan", "templates", "bench", "nccl", "scaling")
+SECTIONS = ("plan", "templates", "bench", "nccl", "scaling", "checkpoint")
 TEMPLATES = ("minimal", "causal-lm", "image-classification", "seq-classification")
 # Dense bf16 tensor-core peak (FLOP/s) by device name, for MFU (NVIDIA data sheets; SXM parts).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
@@ -332,6 +335,31 @@ def section_templates(cpu: bool, root: Path) -> list[dict]:
     return rows
 
 
+def section_checkpoint(cpu: bool, root: Path) -> list[dict]:
+    """Sync against async checkpoint stall, one process (a Llama of ~1.3 GB of checkpoint on a GPU, a small one on
+    CPU), with the measurement of benchmarks/checkpoint_stall.py."""
+    import importlib.util
+    import statistics
+
+    spec = importlib.util.spec_from_file_location("checkpoint_stall", Path(__file__).with_name("checkpoint_stall.py"))
+    stall = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stall)
+    from accelkit.scaffold import init_project
+
+    folder = root / "checkpoint-stall"
+    shutil.rmtree(folder, ignore_errors=True)
+    project = init_project(folder / "proj", "causal-lm", backend="single").directory
+    stall.make_model(folder / "model", *((128, 2) if cpu else (1024, 8)))
+    rows = []
+    for mode in ("sync", "async"):
+        found = stall.run(project, folder / "model", 1, mode == "async", folder / mode)
+        rows.append({"mode": mode, "device": "cpu" if cpu else "cuda", "checkpoint_bytes": found["size"],
+                     "plain_step_s": found["step"], "blocked_s": statistics.median(found["blocked"]),
+                     "next_step_slower_s": statistics.median(found["slower"]),
+                     "started_before_written": f"{found['early']}/{found['saves']}"})
+    return rows
+
+
 def compare_weights(merged: Path, final: Path) -> tuple[int, str | None]:
     """Every tensor of the merged checkpoint equals the trained model's (tied aliases may be stored once)."""
     import torch
@@ -518,6 +546,14 @@ def format_result(result: dict) -> str:
         lines += ["", f"collectives: backend {r.get('backend')}, all-reduce ok: {r.get('all_reduce_ok')}, "
                       f"flight-recorder env: {r.get('flight_recorder_env')}, NCCL {r.get('nccl_version') or '-'}"
                   + (f", error: {r['error']}" if r.get("error") else "")]
+    stalls = result["sections"].get("checkpoint") or []
+    if stalls:
+        lines += ["", "| checkpoint stall (causal-lm, 1 process) | device | checkpoint MB | plain step s | blocked s | "
+                      "next step slower s | next step started before written |", "|---|---|---:|---:|---:|---:|---|"]
+        for r in stalls:
+            lines.append(f"| {r['mode']} | {r['device']} | {r['checkpoint_bytes'] / 1e6:.1f} | "
+                         f"{r['plain_step_s']:.3f} | {r['blocked_s']:.3f} | {r['next_step_slower_s']:.3f} | "
+                         f"{r['started_before_written']} |")
     for r in result["sections"].get("scaling") or []:
         lines += ["", f"scaling: {r.get('skipped') or r.get('error') or r.get('kind') + ' written'}"]
     return "\n".join(lines)
@@ -578,6 +614,8 @@ def run_section(section: str, cpu: bool, work: Path, device: dict) -> list[dict]
         return section_bench(cpu, work, None if cpu else peak_for(device["name"]))
     if section == "nccl":
         return section_nccl(cpu, work)
+    if section == "checkpoint":
+        return section_checkpoint(cpu, work)
     return section_scaling(device["gpus"], work)
 
 

@@ -74,6 +74,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save_state every N steps (0: only at the end)")
     parser.add_argument("--resume-from-checkpoint", default=None, help="'latest' or a checkpoint directory")
+    parser.add_argument(
+        "--async-checkpoint",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write checkpoints in the background while training goes on (DDP, one process, FSDP2 sharded)",
+    )
+    parser.add_argument(
+        "--max-nonfinite-steps",
+        type=int,
+        default=10,
+        help="stop with a checkpoint after this many optimizer steps in a row skipped for a NaN/inf (0: never)",
+    )
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: once per epoch)")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--with-tracking", action="store_true", help="also log to TensorBoard, if installed")
@@ -210,32 +222,34 @@ MANIFEST_NAME = "accelkit-manifest.json"
 
 
 def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str) -> None:
-    """Once every process has finished saving, the main process records what the checkpoint is: run id, step, world
-    size, and the size and sha256 of every file. `accelkit merge-ckpt` checks it, so a file from another run or step,
-    a damaged copy or bit rot is caught. Written last and atomically: a checkpoint without one is incomplete."""
+    """Once every process has finished saving, the main process records what the checkpoint is."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        files = {}
-        for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
-            digest = hashlib.sha256()
-            with path.open("rb") as handle:
-                while block := handle.read(1 << 20):
-                    digest.update(block)
-            files[path.relative_to(checkpoint_dir).as_posix()] = {
-                "size": path.stat().st_size,
-                "sha256": digest.hexdigest(),
-            }
-        manifest = {
-            "format": "accelkit-checkpoint-manifest",
-            "run_id": run_id,
-            "step": step,
-            "world_size": accelerator.num_processes,
-            "files": files,
-        }
-        partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
-        partial.write_text(json.dumps(manifest, indent=1) + "\n")
-        partial.replace(checkpoint_dir / MANIFEST_NAME)
+        write_manifest_file(checkpoint_dir, step, run_id, accelerator.num_processes)
     accelerator.wait_for_everyone()
+
+
+def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size: int) -> None:
+    """The record of a complete checkpoint: run id, step, world size, and the size and sha256 of every file.
+    `accelkit merge-ckpt` checks it, so a file from another run or step, a damaged copy or bit rot is caught. Written
+    last and atomically: a checkpoint without one is incomplete."""
+    files = {}
+    for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        files[path.relative_to(checkpoint_dir).as_posix()] = {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    manifest = {
+        "format": "accelkit-checkpoint-manifest",
+        "run_id": run_id,
+        "step": step,
+        "world_size": world_size,
+        "files": files,
+    }
+    partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
+    partial.write_text(json.dumps(manifest, indent=1) + "\n")
+    partial.replace(checkpoint_dir / MANIFEST_NAME)
 
 
 # <<< shared block "manifest"
@@ -354,6 +368,189 @@ def grad_compression_kwargs() -> dict:
 
 
 # <<< shared block "grad-compression"
+
+
+# >>> shared block "async-checkpoint": the same in every template (source: templates/minimal/train.py; tested)
+class Checkpointer:
+    """Writes <output-dir>/checkpoint-<step> in the layout `accelerator.load_state` and `accelkit merge-ckpt` read.
+
+    Asynchronous (--async-checkpoint, the default under DDP, one process and FSDP2 with sharded state dicts): the
+    save copies the model and optimizer state to CPU memory (pinned where CUDA is) and returns; a background thread
+    writes them while training goes on (FSDP: torch.distributed.checkpoint.async_save into pytorch_model_fsdp_0/ and
+    optimizer_0/; DDP: model.safetensors and optimizer.bin, the files save_state writes, which DCP does not). The
+    small files (scheduler, RNG, samplers, config) are written at once. When every rank has finished writing, the
+    main process writes the manifest, last: until then `--resume-from-checkpoint latest` skips the checkpoint. A save
+    first waits for the one before. DeepSpeed and other layouts save synchronously with save_state."""
+
+    def __init__(self, accelerator: Accelerator, asynchronous: bool, run_id: str) -> None:
+        import os
+
+        self.accelerator, self.run_id = accelerator, run_id
+        # What save_state saves: the prepared model and optimizer as the accelerator holds them (one of each here).
+        self.model, self.optimizer = accelerator._models[0], accelerator._optimizers[0]
+        backend = accelerator.distributed_type.value
+        self.fsdp = backend == "FSDP"
+        supported = backend in ("NO", "MULTI_CPU", "MULTI_GPU") or (
+            self.fsdp and accelerator.is_fsdp2 and accelerator.state.fsdp_plugin.state_dict_type.name
+            == "SHARDED_STATE_DICT")
+        if asynchronous and not supported:
+            log(accelerator, f"--async-checkpoint: {backend} saves synchronously here (save_state)")
+        self.asynchronous = asynchronous and supported
+        self.pending = None  # the background write of the last checkpoint
+        self.groups = []
+        if self.asynchronous and torch.distributed.is_initialized():
+            # Own gloo groups, so the writing thread's collectives never interleave with the training loop's
+            # (one each for the model and the optimizer writes, which run at the same time).
+            self.groups = [torch.distributed.new_group(backend="gloo") for _ in range(2)]
+        # Test hook: "STEP:SECONDS" holds the write of checkpoint-STEP between the model and the optimizer files.
+        step, _, seconds = os.environ.get("ACCELKIT_TEST_CHECKPOINT_WRITE_DELAY", "").partition(":")
+        self.delay = (int(step), float(seconds)) if seconds else None
+
+    def save(self, checkpoint_dir: Path, step: int, write_extras, save_state=None) -> None:
+        """Save on every process; `write_extras(checkpoint_dir)` runs on the main process (config, tokenizer)."""
+        self.wait()
+        if not self.asynchronous:
+            (save_state or (lambda path: self.accelerator.save_state(str(path))))(checkpoint_dir)
+            if self.accelerator.is_main_process:
+                write_extras(checkpoint_dir)
+            write_manifest(self.accelerator, checkpoint_dir, step, self.run_id)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        from accelerate.checkpointing import save_accelerator_state, save_custom_state
+
+        accelerator = self.accelerator
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        delay = self.delay[1] if self.delay and self.delay[0] == step else 0.0
+        writes = self._start_fsdp(checkpoint_dir, delay) if self.fsdp else self._start_ddp(checkpoint_dir, delay)
+        # The rest of what save_state writes (no model or optimizer: those are in flight), at once.
+        save_accelerator_state(str(checkpoint_dir), [], [], accelerator._schedulers, accelerator._dataloaders,
+                               accelerator.process_index, accelerator.step, accelerator.scaler)
+        for index, obj in enumerate(accelerator._custom_objects):
+            save_custom_state(obj, str(checkpoint_dir), index)
+        if accelerator.is_main_process:
+            write_extras(checkpoint_dir)
+
+        def complete() -> None:
+            for write in writes:
+                write()
+            if self.groups:
+                torch.distributed.barrier(group=self.groups[0])  # every rank's files are on disk
+            if accelerator.is_main_process:
+                write_manifest_file(checkpoint_dir, step, self.run_id, accelerator.num_processes)
+
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-checkpoint")
+        self.pending = executor.submit(complete)
+        executor.shutdown(wait=False)
+
+    def _start_fsdp(self, checkpoint_dir: Path, delay: float) -> list:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        class DelayedWriter(dcp.FileSystemWriter):
+            def write_data(self, plan, planner):
+                time.sleep(delay)
+                return super().write_data(plan, planner)
+
+        cuda = torch.cuda.is_available()
+        states = {"pytorch_model_fsdp_0": {"model": get_model_state_dict(self.model)},
+                  "optimizer_0": {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}}
+        futures = []
+        for (folder, state), group in zip(states.items(), self.groups or [None, None], strict=True):
+            stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                  use_async_staging=False, use_non_blocking_copy=cuda))
+            writer = (DelayedWriter if delay and folder == "optimizer_0" else dcp.FileSystemWriter)(
+                checkpoint_dir / folder)
+            futures.append((dcp.async_save(state, storage_writer=writer, process_group=group, async_stager=stager),
+                            stager))
+
+        def finish(future, stager) -> None:
+            future.result()
+            stager.close()
+
+        return [lambda future=future, stager=stager: finish(future, stager) for future, stager in futures]
+
+    def _start_ddp(self, checkpoint_dir: Path, delay: float) -> list:
+        if not self.accelerator.is_main_process:  # save_state writes the replicated model and optimizer once
+            return []
+        from accelerate.utils import save
+        from torch.distributed.checkpoint.staging import StateDictStager
+
+        stager = StateDictStager(pin_memory=torch.cuda.is_available())
+        model_state = stager.stage(self.accelerator.get_state_dict(self.model, unwrap=False))
+        optimizer_state = stager.stage(self.optimizer.state_dict())
+
+        def write() -> None:
+            save(model_state, checkpoint_dir / "model.safetensors", safe_serialization=True)
+            time.sleep(delay)
+            save(optimizer_state, checkpoint_dir / "optimizer.bin", safe_serialization=False)
+
+        return [write]
+
+    def wait(self) -> None:
+        """Block until the last save is complete (its manifest written); call before the run ends."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+
+# <<< shared block "async-checkpoint"
+
+
+# >>> shared block "non-finite-guard": the same in every template (source: templates/minimal/train.py; tested)
+class NonFiniteGuard:
+    """A non-finite loss or gradient norm on any rank skips the optimizer step on every rank (the ranks agree at each
+    step) and is named in one line. The scheduler still steps, so the schedule and the data stay functions of the
+    step. After --max-nonfinite-steps in a row the run saves a checkpoint and stops with an error: no skipped step
+    changed the weights, so it holds the last finite ones. Under fp16 the GradScaler keeps its own overflow skipping
+    (only the loss is checked); DeepSpeed steps inside backward, so it is not guarded there."""
+
+    def __init__(self, accelerator: Accelerator, limit: int, step: int) -> None:
+        import os
+
+        self.accelerator, self.limit, self.step = accelerator, limit, step
+        self.enabled = accelerator.distributed_type.value != "DEEPSPEED"
+        if not self.enabled:
+            log(accelerator, "non-finite guard: off under DeepSpeed (it steps inside backward; its fp16 loss "
+                             "scaling skips overflowing steps)")
+        self.bad = torch.zeros((), dtype=torch.bool, device=accelerator.device)
+        self.in_a_row = self.total = 0
+        # Test hook: "RANK:STEP,STEP..." makes that rank's loss NaN at those optimizer steps.
+        rank, _, steps = os.environ.get("ACCELKIT_TEST_NONFINITE_LOSS", "").partition(":")
+        self.inject = {int(s) for s in steps.split(",") if s} if rank == str(accelerator.process_index) else set()
+
+    def watch(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to backpropagate (every micro-batch); notes whether it is finite."""
+        if self.step + 1 in self.inject:
+            loss = loss * float("nan")
+        self.bad |= ~torch.isfinite(loss.detach()).all()
+        return loss
+
+    def step_is_finite(self, grad_norm) -> bool:
+        """At each optimizer step, on every rank: False on all ranks when any rank saw a non-finite value."""
+        self.step += 1
+        if not self.enabled:
+            return True
+        if grad_norm is not None and self.accelerator.scaler is None:
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: DTensor
+            self.bad |= ~torch.isfinite(torch.as_tensor(grad_norm, device=self.bad.device)).all()
+        bad = self.accelerator.gather(self.bad.float().reshape(1)).max().item() > 0
+        self.bad = torch.zeros_like(self.bad)
+        if not bad:
+            self.in_a_row = 0
+            return True
+        self.in_a_row, self.total = self.in_a_row + 1, self.total + 1
+        log(self.accelerator, f"step {self.step}: non-finite loss or gradient norm; optimizer step skipped on every "
+                              f"rank ({self.in_a_row} in a row, {self.total} in this run)")
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return bool(self.limit) and self.in_a_row >= self.limit
+
+
+# <<< shared block "non-finite-guard"
 
 
 def embeddings_in_their_own_fsdp_unit(model) -> None:
@@ -482,6 +679,12 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.init_trackers("seq-classification", config={k: v for k, v in vars(args).items() if v is not None})
 
     preemption, preempted = Preemption(accelerator), False  # SIGUSR1: save at the next step, stop
+    guard = NonFiniteGuard(accelerator, args.max_nonfinite_steps, completed_steps)  # NaN/inf: skip the step
+    checkpointer = Checkpointer(accelerator, args.async_checkpoint, run_id)
+
+    def write_config(checkpoint_dir: Path) -> None:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
+        accelerator.unwrap_model(model).config.save_pretrained(checkpoint_dir)
+        tokenizer.save_pretrained(checkpoint_dir)
 
     # -- train -----------------------------------------------------------------------------------------------------
     model.train()
@@ -494,11 +697,13 @@ def main(argv: list[str] | None = None) -> None:
             loader = accelerator.skip_first_batches(train_loader, batches_to_skip)
         for batch in loader:
             with accelerator.accumulate(model):
-                loss = model(**batch).loss
+                loss = guard.watch(model(**batch).loss)
                 accelerator.backward(loss)
+                finite = True
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
+                    finite = guard.step_is_finite(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                if finite:
+                    optimizer.step()
                 if accelerator.sync_gradients:
                     scheduler.step()
                 optimizer.zero_grad()
@@ -515,23 +720,24 @@ def main(argv: list[str] | None = None) -> None:
             # Checkpoint before evaluating, so the saved RNG state is the one the next training step would see.
             preempted = preemption.now()
             if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step or \
-                    preempted:
-                checkpoint_dir = output_dir / f"checkpoint-{completed_steps}"
-                accelerator.save_state(str(checkpoint_dir))
-                if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
-                    accelerator.unwrap_model(model).config.save_pretrained(checkpoint_dir)
-                    tokenizer.save_pretrained(checkpoint_dir)
-                write_manifest(accelerator, checkpoint_dir, completed_steps, run_id)
+                    preempted or guard.stop:
+                checkpointer.save(output_dir / f"checkpoint-{completed_steps}", completed_steps, write_config)
             end_of_epoch = completed_steps % steps_per_epoch == 0
             if (completed_steps % args.eval_every == 0 if args.eval_every else end_of_epoch) or last_step:
                 metrics = evaluate(accelerator, model, eval_loader, len(labels))
                 log(accelerator, f"step {completed_steps} | " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 accelerator.log(metrics, step=completed_steps)
-            if last_step or preempted:
+            if last_step or preempted or guard.stop:
                 break
-        if preempted:
+        if preempted or guard.stop:
             break
     progress.close()
+    checkpointer.wait()  # the last checkpoint is complete (manifest written) before the run ends
+    if guard.stop:
+        log(accelerator, f"stopped: {guard.in_a_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                         f"(to step {completed_steps}); checkpoint-{completed_steps} holds the last finite weights")
+        accelerator.end_training()
+        raise SystemExit(1)
     if preempted:
         log(accelerator, f"stopped on SIGUSR1 after step {completed_steps} with a checkpoint; resume with "
                          "--resume-from-checkpoint latest")

@@ -27,32 +27,34 @@ MANIFEST_NAME = "accelkit-manifest.json"
 
 
 def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str) -> None:
-    """Once every process has finished saving, the main process records what the checkpoint is: run id, step, world
-    size, and the size and sha256 of every file. `accelkit merge-ckpt` checks it, so a file from another run or step,
-    a damaged copy or bit rot is caught. Written last and atomically: a checkpoint without one is incomplete."""
+    """Once every process has finished saving, the main process records what the checkpoint is."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        files = {}
-        for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
-            digest = hashlib.sha256()
-            with path.open("rb") as handle:
-                while block := handle.read(1 << 20):
-                    digest.update(block)
-            files[path.relative_to(checkpoint_dir).as_posix()] = {
-                "size": path.stat().st_size,
-                "sha256": digest.hexdigest(),
-            }
-        manifest = {
-            "format": "accelkit-checkpoint-manifest",
-            "run_id": run_id,
-            "step": step,
-            "world_size": accelerator.num_processes,
-            "files": files,
-        }
-        partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
-        partial.write_text(json.dumps(manifest, indent=1) + "\n")
-        partial.replace(checkpoint_dir / MANIFEST_NAME)
+        write_manifest_file(checkpoint_dir, step, run_id, accelerator.num_processes)
     accelerator.wait_for_everyone()
+
+
+def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size: int) -> None:
+    """The record of a complete checkpoint: run id, step, world size, and the size and sha256 of every file.
+    `accelkit merge-ckpt` checks it, so a file from another run or step, a damaged copy or bit rot is caught. Written
+    last and atomically: a checkpoint without one is incomplete."""
+    files = {}
+    for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        files[path.relative_to(checkpoint_dir).as_posix()] = {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    manifest = {
+        "format": "accelkit-checkpoint-manifest",
+        "run_id": run_id,
+        "step": step,
+        "world_size": world_size,
+        "files": files,
+    }
+    partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
+    partial.write_text(json.dumps(manifest, indent=1) + "\n")
+    partial.replace(checkpoint_dir / MANIFEST_NAME)
 
 
 # <<< shared block "manifest"

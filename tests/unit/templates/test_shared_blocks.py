@@ -16,7 +16,8 @@ TEMPLATES = sorted(p for p in (REPO_ROOT / "templates").glob("*/train.py"))
 # Other files that carry copies of some blocks (the producer of the merge tests' Accelerate checkpoints).
 PARTIAL_COPIES = [DATA / "merge" / "accelerate_save_state.py"]
 START = re.compile(r'^# >>> shared block "([\w-]+)"', re.M)
-REQUIRED = {"checkpoint-discovery", "manifest", "logging-window", "final-save", "preemption", "grad-compression"}
+REQUIRED = {"checkpoint-discovery", "manifest", "logging-window", "final-save", "preemption", "grad-compression",
+            "async-checkpoint", "non-finite-guard"}
 
 
 def blocks(path: Path) -> dict[str, str]:
