@@ -150,7 +150,13 @@ def _forward_save_signal(supervisor, board) -> None:
     def to_ranks() -> None:
         if supervisor.watch is None:
             return
+        from accelkit.launch.preemption import catching_save_request
+
         for info in RankMonitor(supervisor.watch.watch_dir).alive_ranks():
+            # Only a rank whose handler is in place: before the script installs it (watch.py ignores it then) or
+            # once Python's teardown has put the default back, SIGUSR1 would kill the rank.
+            if not catching_save_request(info.pid):
+                continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(info.pid, signal.SIGUSR1)
 
