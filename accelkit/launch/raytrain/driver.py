@@ -187,27 +187,25 @@ def _failure_status(exc: Exception) -> int:
     return 1
 
 
-def _find(error: BaseException, kind: type) -> BaseException | None:
-    """`error`, or the exception of `kind` it wraps (Ray wraps a worker's exception once or twice)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, kind):
-            return error
-        seen.add(id(error))
+def _chain(error: BaseException | None) -> list[BaseException]:
+    """`error` and what it wraps, outermost first (Ray wraps a worker's exception once or twice)."""
+    chain: list[BaseException] = []
+    while error is not None and all(error is not seen for seen in chain):
+        chain.append(error)
         error = getattr(error, "cause", None) or error.__cause__ or error.__context__
-    return None
+    return chain
+
+
+def _find(error: BaseException, kind: type) -> BaseException | None:
+    """`error`, or the exception of `kind` it wraps."""
+    return next((found for found in _chain(error) if isinstance(found, kind)), None)
 
 
 def _worker_location(error: BaseException) -> str:
     """" (node IP, pid P)" from the ActorDiedError Ray wraps in a lost worker's failure, when it says."""
     import re
 
-    texts, seen = [], set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        texts.append(str(error))
-        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
-    text = "\n".join(texts)
+    text = "\n".join(str(found) for found in _chain(error))
     node, pid = re.search(r"\bip: (\S+)", text), re.search(r"\bpid: (\d+)", text)
     parts = [f"node {node.group(1)}" if node else "", f"pid {pid.group(1)}" if pid else ""]
     return f" ({', '.join(part for part in parts if part)})" if node or pid else ""
