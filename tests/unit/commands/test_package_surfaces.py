@@ -180,3 +180,14 @@ def test_module_names_are_unique_but_for_shared_roles() -> None:
             functions = {node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
                          if isinstance(node, ast.FunctionDef)}
             assert any(function.startswith("run_") for function in functions), name
+
+
+def test_test_file_names_are_unique() -> None:
+    # tests/ has no __init__.py files: pytest imports each test file by its base name, so two files of one name in
+    # different folders stop collection ("import file mismatch") as soon as one worker meets both.
+    tests_root = Path(__file__).resolve().parents[2]
+    seen: dict[str, list[str]] = {}
+    for path in tests_root.rglob("test_*.py"):
+        if "data" not in path.relative_to(tests_root).parts:
+            seen.setdefault(path.name, []).append(str(path.relative_to(tests_root)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
