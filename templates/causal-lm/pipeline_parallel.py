@@ -368,6 +368,8 @@ def train_with_pipeline(t, args, accelerator, spec: dict, tokenizer, model, trai
                        f"{args.learning_rate:g} (warmup {warmup}, {args.lr_scheduler}) | steps {max_steps} | "
                        f"{num_params:,} parameters")
     dp_group = pipeline.mesh.get_group("dp_shard")
+    preemption, preempted = t.Preemption(accelerator), False  # SIGUSR1: save at the next step, stop
+    guard = t.NonFiniteGuard(accelerator, args.max_nonfinite_steps, completed_steps)  # NaN/inf: skip the step
     progress = tqdm(total=max_steps, initial=completed_steps, disable=not accelerator.is_local_main_process)
     for module in pipeline.modules:
         module.train()
@@ -383,14 +385,16 @@ def train_with_pipeline(t, args, accelerator, spec: dict, tokenizer, model, trai
             lo = pipeline.dp_rank * args.per_device_batch_size
             input_ids = batch["input_ids"][lo:lo + args.per_device_batch_size].to(accelerator.device)
             labels = batch["labels"][lo:lo + args.per_device_batch_size].to(accelerator.device)
-            step_loss = step_loss + pipeline.step(input_ids, labels).cpu()
+            # The pipeline has already run backward: the guard reads the (detached) loss and the gradient norm.
+            step_loss = step_loss + guard.watch(pipeline.step(input_ids, labels)).cpu()
             micro += 1
             if micro < accumulation:
                 continue
             micro = 0
-            pipeline.clip_grad_norm_(args.max_grad_norm)
+            finite = guard.step_is_finite(pipeline.clip_grad_norm_(args.max_grad_norm))
             for optimizer, scheduler in zip(optimizers, schedulers, strict=True):
-                optimizer.step()
+                if finite:
+                    optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
             loss = step_loss.to(accelerator.device)
@@ -402,19 +406,32 @@ def train_with_pipeline(t, args, accelerator, spec: dict, tokenizer, model, trai
             if completed_steps % args.log_every == 0 or last_step:
                 t.log(accelerator, f"step {completed_steps} | loss {loss.item() / dp:.6f} | lr "
                                    f"{schedulers[0].get_last_lr()[0]:.2e}")
-            if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step:
+            preempted = preemption.now()
+            if (args.checkpoint_every and completed_steps % args.checkpoint_every == 0) or last_step or \
+                    preempted or guard.stop:
                 checkpoint_dir = output_dir / f"checkpoint-{completed_steps}"
                 pipeline.save(optimizers, schedulers, checkpoint_dir)
                 if accelerator.is_main_process:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
                     model.config.save_pretrained(checkpoint_dir)
                     tokenizer.save_pretrained(checkpoint_dir)
                 t.write_manifest(accelerator, checkpoint_dir, completed_steps, run_id)
-            if last_step:
+            if last_step or preempted or guard.stop:
                 done = True
                 break
         if done:
             break
     progress.close()
+    if guard.stop:
+        t.log(accelerator, f"stopped: {guard.in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                           f"norm (to step {completed_steps}); checkpoint-{completed_steps} holds the last finite "
+                           "weights")
+        accelerator.end_training()
+        raise SystemExit(1)
+    if preempted:
+        t.log(accelerator, f"stopped on SIGUSR1 after step {completed_steps} with a checkpoint; resume with "
+                           "--resume-from-checkpoint latest")
+        accelerator.end_training()
+        return
     final_dir = output_dir / "final"
     pipeline.save_final(model, final_dir, accelerator.is_main_process)
     if accelerator.is_main_process:

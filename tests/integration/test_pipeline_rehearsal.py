@@ -167,3 +167,29 @@ def test_pipeline_checkpoint_resumes_exactly_and_merges_bit_exact(root: Path) ->
         assert tensors[key].dtype == tensor.dtype and torch.equal(tensors[key], tensor), key
     model = final_weights(merged)  # from_pretrained: the config and tokenizer were saved beside the shards
     assert torch.equal(model["lm_head.weight"], expected["lm_head.weight"])
+
+
+def test_a_nan_loss_in_the_pipeline_skips_that_step_on_every_stage(root: Path) -> None:
+    """The non-finite guard in the pipeline's loop: a NaN loss on the last stage at step 2 skips the optimizer step
+    of both stages (the merged checkpoints of steps 1 and 2 are equal) and the run goes on to finite weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = root / "nan"
+    proc = run_accelkit("launch", "--cpu", "--backend", "ddp", "--num-processes", "2", "--pp-size", "2",
+                        "--microbatches", "2", str(TEMPLATE), "--model", str(root / "model"), *ARGS,
+                        "--per-device-batch-size", "4", "--checkpoint-every", "1", "--output-dir", str(out),
+                        env={"ACCELKIT_TEST_NONFINITE_LOSS": "1:2"}, timeout=500)
+    text = (proc.stdout + proc.stderr).replace("\r", "\n")
+    assert proc.returncode == 0, text[-4000:]
+    assert [line for line in text.splitlines() if "non-finite" in line] == [
+        "step 2: non-finite loss or gradient norm; optimizer step skipped on every rank (1 in a row, 1 in this run)"]
+    merged = {}
+    for step in (1, 2, 3):
+        target = root / f"nan-merged-{step}"
+        merge = run_accelkit("merge-ckpt", str(out / f"checkpoint-{step}"), "-o", str(target), timeout=300)
+        assert merge.returncode == 0, merge.stderr[-3000:]
+        merged[step] = load_file(str(target / "model.safetensors"))
+    assert all(torch.equal(merged[1][key], merged[2][key]) for key in merged[1])
+    assert not all(torch.equal(merged[2][key], merged[3][key]) for key in merged[2])
+    assert all(torch.isfinite(tensor).all() for tensor in final_weights(out / "final").values())
