@@ -1,6 +1,7 @@
 """SIGTERM as a preemption (accelkit.launch.preemption): the first SIGTERM to a plain 2-rank `accelkit launch` of the
 minimal template between checkpoints makes the ranks save at the step they stop on and end with status 143; the same
-command resumes from that checkpoint to the uninterrupted run's final weights. A second SIGTERM stops at once."""
+command resumes from that checkpoint to the uninterrupted run's final weights, also when the signal lands in an evaluation,
+in data loading or while an asynchronous save is still being written. A second SIGTERM stops at once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import run_accelkit
 
 from accelkit.scaffold import init_project
@@ -81,3 +83,81 @@ def test_a_second_sigterm_stops_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 143, text
     assert "accelkit: stopped by SIGTERM; every process of the job has exited." in text, text
     assert "preempted:" not in text
+
+
+# Where the signal lands: a wrapper around the template holds one phase for 3 s after printing a marker, and the
+# SIGTERM is sent when the marker appears, so it reaches the ranks inside that phase.
+HOLD_A_PHASE = """
+import os, sys, time
+import train
+
+PHASE = os.environ["HOLD_PHASE"]
+
+def hold():
+    print(f"HOLDING {PHASE}", flush=True)
+    time.sleep(3)
+
+if PHASE == "evaluation":
+    evaluate = train.evaluate
+    def slow_evaluate(*args, **kwargs):
+        hold()
+        return evaluate(*args, **kwargs)
+    train.evaluate = slow_evaluate
+elif PHASE == "data loading":
+    DataLoader, calls = train.DataLoader, [0]
+    def slow_loader(*args, shuffle=False, **kwargs):
+        if not shuffle:  # the evaluation's loader
+            return DataLoader(*args, **kwargs)
+        def collate(batch):
+            calls[0] += 1
+            if calls[0] == 25:
+                hold()
+            return train.torch.utils.data.default_collate(batch)
+        return DataLoader(*args, shuffle=True, collate_fn=collate, **kwargs)
+    train.DataLoader = slow_loader
+train.main(sys.argv[1:])
+"""
+HOLD_ARGS = ["--max-steps", "40", "--num-samples", "2048", "--per-device-batch-size", "8", "--log-every", "1",
+             "--lr-scheduler", "constant", "--warmup-steps", "0", "--eval-every", "20", "--checkpoint-every", "10"]
+
+
+@pytest.fixture(scope="module")
+def hold_project(tmp_path_factory) -> Path:
+    project = init_project(tmp_path_factory.mktemp("hold") / "proj", "minimal", backend="ddp").directory
+    (project / "hold.py").write_text(HOLD_A_PHASE)
+    reference = run_accelkit(*LAUNCH, "train.py", *HOLD_ARGS, "--output-dir", "reference", cwd=project, timeout=300)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    return project
+
+
+@pytest.mark.parametrize(("phase", "marker", "env"), [
+    ("evaluation", "HOLDING evaluation", {}),
+    ("data loading", "HOLDING data loading", {}),
+    # checkpoint-10's files are held for 4 s in the background (the async save); the signal lands at step 11.
+    ("a save in progress", "step 11 |", {"ACCELKIT_TEST_CHECKPOINT_WRITE_DELAY": "10:4"}),
+])
+def test_sigterm_in_any_phase_saves_and_the_run_resumes_exactly(hold_project: Path, phase: str, marker: str,
+                                                                 env: dict[str, str]) -> None:
+    import os
+
+    import torch
+
+    output = "out-" + phase.replace(" ", "-")
+    argv = [sys.executable, "-m", "accelkit", *LAUNCH, "hold.py", *HOLD_ARGS, "--output-dir", output]
+    proc = subprocess.Popen(argv, cwd=hold_project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HOLD_PHASE": phase, **env})
+    text = signal_after(proc, marker, [signal.SIGTERM])
+    assert proc.returncode == 143, text
+    stopped = re.search(r"stopped on SIGUSR1 after step (\d+) with a checkpoint", text)
+    assert stopped, text
+    step = int(stopped.group(1))
+    assert 11 <= step < 40, text
+    assert (hold_project / output / f"checkpoint-{step}" / "accelkit-manifest.json").is_file()
+    if phase == "a save in progress":  # the held save completed too, before the next one began
+        assert (hold_project / output / "checkpoint-10" / "accelkit-manifest.json").is_file()
+    resumed = run_accelkit(*LAUNCH, "train.py", *HOLD_ARGS, "--output-dir", output, "--resume-from-checkpoint",
+                           "latest", cwd=hold_project, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"checkpoint-{step} at step {step}" in resumed.stdout + resumed.stderr
+    got, expected = final_weights(hold_project / output), final_weights(hold_project / "reference")
+    assert all(torch.allclose(got[key], expected[key], atol=1e-5, rtol=0) for key in expected)
