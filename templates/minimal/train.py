@@ -439,16 +439,14 @@ class NonFiniteGuard:
     step) and is named in one line. The scheduler still steps, so the schedule and the data stay functions of the
     step. After --max-nonfinite-steps in a row the run saves a checkpoint and stops with an error: no skipped step
     changed the weights, so it holds the last finite ones. Under fp16 the GradScaler keeps its own overflow skipping
-    (only the loss is checked); DeepSpeed steps inside backward, so it is not guarded there."""
+    (only the loss is checked). DeepSpeed steps inside backward: its ZeRO optimizers skip a step whose global gradient
+    norm is not finite (and clear the gradients) on every rank; the guard names, counts and stops on those."""
 
     def __init__(self, accelerator: Accelerator, limit: int, step: int) -> None:
         import os
 
         self.accelerator, self.limit, self.step = accelerator, limit, step
-        self.enabled = accelerator.distributed_type.value != "DEEPSPEED"
-        if not self.enabled:
-            log(accelerator, "non-finite guard: off under DeepSpeed (it steps inside backward; its fp16 loss "
-                             "scaling skips overflowing steps)")
+        self.deepspeed = accelerator.distributed_type.value == "DEEPSPEED"
         self.bad = torch.zeros((), dtype=torch.bool, device=accelerator.device)
         self.in_a_row = self.total = 0
         # Test hook: "RANK:STEP,STEP..." makes that rank's loss NaN at those optimizer steps.
@@ -465,9 +463,11 @@ class NonFiniteGuard:
     def step_is_finite(self, grad_norm) -> bool:
         """At each optimizer step, on every rank: False on all ranks when any rank saw a non-finite value."""
         self.step += 1
-        if not self.enabled:
-            return True
-        if grad_norm is not None and self.accelerator.scaler is None:
+        if self.deepspeed:
+            # Its fp16 loss scaler skips overflowing steps as routine (like the GradScaler): only the loss counts there.
+            if self.accelerator.mixed_precision != "fp16" and self.accelerator.optimizer_step_was_skipped:
+                self.bad = torch.ones_like(self.bad)
+        elif grad_norm is not None and self.accelerator.scaler is None:
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: DTensor
             self.bad |= ~torch.isfinite(torch.as_tensor(grad_norm, device=self.bad.device)).all()
         bad = self.accelerator.gather(self.bad.float().reshape(1)).max().item() > 0
@@ -476,6 +476,10 @@ class NonFiniteGuard:
             self.in_a_row = 0
             return True
         self.in_a_row, self.total = self.in_a_row + 1, self.total + 1
+        if self.deepspeed and not self.accelerator.optimizer_step_was_skipped:  # ZeRO stage 0 checks no norm
+            log(self.accelerator, f"step {self.step}: non-finite loss; DeepSpeed ZeRO stage 0 applied the step all "
+                                  "the same (stages 1-3 skip it): the weights may no longer be finite")
+            return False
         log(self.accelerator, f"step {self.step}: non-finite loss or gradient norm; optimizer step skipped on every "
                               f"rank ({self.in_a_row} in a row, {self.total} in this run)")
         return False
