@@ -17,7 +17,9 @@ ranks (torch.distributed.pipelining, pipeline.py). Per GPU, for the pipeline ran
   internals split over tp but its inputs, norms and dropouts do not (Korthikanti et al.'s 10 + 24/t of 34), the
   checkpointed inputs and the gathered logits not at all; with sequence parallelism (and loss parallelism, as
   torchtitan runs it) everything splits by tp. A pipeline rank keeps its in-flight stage-micro-batches' layers
-  (pipeline.py: per schedule), one layer while recomputing, and on the last stage the loss inputs.
+  (pipeline.py: per schedule), one layer while recomputing, and the stage output torch caches for each in-flight
+  micro-batch until its backward (`fwd_cache`): the hidden state a stage sends on, and on the last stage the loss
+  inputs with the logits (the template passes `return_outputs=False`, so none stay after the step).
 - buffers: layouts that shard like the data-parallel table (no tp, no pp) take its FSDP full-shard or ZeRO-3
   buffers (buffers.py); with tp the embeddings, final norm and head stay gathered from forward to backward plus the
   current and prefetched layer and the reducing layer's gradients, split over tp; inside a pipeline stage,
@@ -327,8 +329,14 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
     per_stage = max(len(stage_layers[stage]) for stage in pipeline.stages_of_rank(rank))
     in_flight = pipeline.in_flight(rank) * per_stage  # layer-micro-batches kept for the backward
     last = pipeline.stages - 1 in pipeline.stages_of_rank(rank)
-    head = rest * pipeline.head_in_flight() if last else 0
-    activations = (in_flight * kept + layer if checkpointing else in_flight * layer) + head
+    head_in_flight = pipeline.head_in_flight() if last else 0
+    # the last stage's loss inputs per micro-batch in flight: what its norm, head and loss save, and its logits,
+    # which torch's stage caches (fwd_cache) until that micro-batch's backward
+    head = rest * head_in_flight
+    # every other stage caches its output, the hidden state it sent on, until that micro-batch's backward too
+    boundary = seq_len / split * micro_batch * model.hidden * compute_bytes / (tp if sp_tp else 1)
+    sent = boundary * max(pipeline.in_flight(rank) - head_in_flight, 0) if pipeline.ranks > 1 else 0
+    activations = (in_flight * kept + layer if checkpointing else in_flight * layer) + head + sent
     # gathered weights (16-bit, this rank's tp shard)
     largest = max(layer_sizes.values(), default=0)
     if group > 1 and pipeline.ranks > 1 and pipeline.microbatches > 1:
@@ -344,7 +352,6 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
     s = seq_len / split
     traffic = _traffic(layout, model, local, s, micro_batch, checkpointing)
     if pipeline.ranks > 1:
-        boundary = s * micro_batch * model.hidden * compute_bytes / (tp if sp_tp else 1)
         traffic["pp"] = int(pipeline.p2p_sends() * boundary)
     return Row(layout, None, states=states, activations=int(activations), gathered=int(gathered),
                tp_sharded=sharded, tp_replicated=replicated, traffic=traffic, usable=usable_gpu(gpu_memory),
