@@ -419,13 +419,15 @@ def dimension_uses(layout: Layout, seq_len: int, bubble: float = 0.0) -> list[tu
     m = layout.mesh
     zero = layout.backend == "deepspeed"
     why = {
-        "dp_replicate": f"replicates each shard group {m.dp_replicate} times (HSDP: only the gradient all-reduce "
-                        "crosses the groups)",
+        "dp_replicate": (f"replicates each shard group {m.dp_replicate} times (HSDP: only the gradient all-reduce "
+                         "crosses the groups)" if layout.shard_group > 1 else
+                         f"replicates the model over {m.dp_replicate} GPUs (gradients all-reduced)"),
         "dp_shard": (f"ZeRO-3 shards parameters, gradients and optimizer states over {layout.world} GPUs" if zero
                      else "shards parameters, gradients and optimizer states over "
                           + (f"dp_shard x cp = {m.dp_shard * m.cp} GPUs" if m.cp > 1 else f"{m.dp_shard} GPUs")),
         "cp": f"splits the {seq_len:,}-token sequence over {m.cp} GPUs (ring attention)",
-        "sp": f"splits the {seq_len:,}-token sequence over {m.sp} GPUs (Ulysses all-to-all)",
+        "sp": f"splits the {seq_len:,}-token sequence over {m.sp} GPUs (Ulysses all-to-all"
+              + (f", under ZeRO-3 over all {layout.world} GPUs)" if zero and m.dp_shard == 1 else ")"),
         "tp": f"splits each layer's weights and activations over {m.tp} GPUs",
         "pp": f"splits the layers into {layout.pipeline.stages} stages over {m.pp} GPUs ({layout.pipeline.describe()}, "
               f"a bubble of {bubble:.0%} of each step)",
