@@ -96,7 +96,9 @@ def test_the_issues_layout_through_the_cli_json():
                                           "--gpu-memory", "141GB", "--layout", "dp_shard=8,tp=8,pp=8", "--json"],
                                 standalone_mode=False)
     assert result.exception is None, result.output
-    reason = json.loads(result.output)["nd"]["reason"]
+    plan = json.loads(result.output)
+    reason = plan["nd"]["reason"]
+    assert plan["recommendation"]["reason"] == reason and plan["recommendation"]["layout"] == "dp_shard=8,tp=8,pp=8"
     assert "alone fits" not in reason and "not needed" not in reason
     assert_reason_matches(reason, nd.Layout("fsdp", Mesh(dp_shard=8, tp=8, pp=8)))
     assert "dp_shard 8 shards" in reason and "tp 8 splits" in reason and "pp 8 splits the layers" in reason
