@@ -27,9 +27,10 @@ Two probes in every rank: tests/data/nd/pp_states_probe.py counts the rank's par
 after the step (local shards), against the plan's model states of each pipeline rank (nd.row: stages by layer, the
 embedding on the first, norm and head on the last, split by dp_shard); tests/data/nd/pp_activations_probe.py
 tracks the tensors autograd saves for the backward during the schedule's step (each storage once, released when
-its backward frees it) and reports their peak, against the plan's in-flight activations of that pipeline rank
-(pipeline.py: 1F1B keeps p - r micro-batches, GPipe all m; the traced profile of the template's model, fp32, no
-checkpointing). The last stage's logits are held, not saved, so the probe reports them apart.
+its backward frees it) and the stage outputs torch caches until their micro-batch's backward (`fwd_cache`: the
+hidden state a stage sends on, the last stage's logits), and reports the peak of both alive at once, against the
+plan's in-flight activations of that pipeline rank (pipeline.py: 1F1B keeps p - r micro-batches, GPipe all m; the
+traced profile of the template's model, fp32, no checkpointing). The saved tensors' own peak is printed beside it.
 
 Pipeline rows on paper (accelkit/plan/published.py): torchtitan's Llama 3.1 405B on 512 H100 as FSDP 8 x TP 8 x
 PP 8 with 1F1B and Interleaved1F1B (published peak 82.5 and 72.7 GiB; tests/unit/plan/test_pp_plan.py holds the
@@ -122,6 +123,7 @@ def run_pp(names: list[str], folder: Path) -> list[tuple[str, list[dict], str]]:
         peaks = {r["rank"]: r for r in read_results(work, "pp_activations")}
         for r in ranks:
             r["activations"] = peaks.get(r["rank"], {}).get("peak")
+            r["saved"] = peaks.get(r["rank"], {}).get("peak_saved")
             r["outputs_held"] = peaks.get(r["rank"], {}).get("outputs_held", 0)
         if (proc.returncode != 0 or len(ranks) != PP_FLAGS[name][1]["num_processes"]
                 or any(r["activations"] is None for r in ranks)):
@@ -179,15 +181,16 @@ def print_pp(results: list[tuple[str, list[dict], str]]) -> tuple[float, float]:
     print(f"Pipeline layouts, the causal-lm template's {model.parameters:,}-parameter Llama, {PP_MICROBATCHES} "
           f"micro-batches of {micro_batch} x {PP_SEQ} tokens, CPU ranks over gloo, fp32, one optimizer step. Model "
           f"states (parameters + gradients + AdamW moments) and activations (the peak bytes of tensors saved for "
-          f"the backward alive at once during the step) per pipeline rank, the largest over its data-parallel "
-          f"ranks, vs the plan's (activations: its in-flight figure from the traced profile, {profile.layer:,} B a "
-          f"layer, {profile.rest:,} B outside the layers); pipeline rank 0 / rank 1:")
+          f"the backward and of the stage outputs torch caches until their backward, alive at once during the step) "
+          f"per pipeline rank, the largest over its data-parallel ranks, vs the plan's (activations: its in-flight "
+          f"figure from the traced profile, {profile.layer:,} B a layer, {profile.rest:,} B outside the layers, "
+          f"and the cached stage outputs); pipeline rank 0 / rank 1:")
     header = (f"{'layout':48} {'N':>2} | {'measured states per rank':>24} | {'planned states per rank':>24} || "
               f"{'measured act. per rank':>24} | {'planned act. per rank':>22} | {'error per rank':>16}")
     print(header)
     print("-" * len(header))
     worst_states = worst_act = 0.0
-    held = {}
+    held, saved = {}, {}
     for name, ranks, failure in results:
         arguments = dict(PP_FLAGS[name][0])
         backend, schedule = arguments.pop("backend"), arguments.pop("schedule")
@@ -210,14 +213,18 @@ def print_pp(results: list[tuple[str, list[dict], str]]) -> tuple[float, float]:
         act_errors = [(plan - seen) / seen for plan, seen in zip(planned_act, measured_act, strict=True)]
         worst_act = max(worst_act, *(abs(e) for e in act_errors))
         held[layout.describe()] = max(r["outputs_held"] for r in ranks)
+        saved[layout.describe()] = [max(r["saved"] for r in ranks if r["rank"] // inner == stage)
+                                    for stage in range(layout.mesh.pp)]
         print(f"{layout.describe():48} {layout.world:>2} | {' / '.join(f'{v:,}' for v in per_stage):>24} | "
               f"{' / '.join(f'{r.states:,} ({e:+.1%})' for r, e in zip(planned, state_errors, strict=True)):>24} || "
               f"{' / '.join(f'{v:,}' for v in measured_act):>24} | {' / '.join(f'{v:,}' for v in planned_act):>22} | "
               f"{' / '.join(f'{e:+.1%}' for e in act_errors):>16}")
     if held:
+        print("Of the measured activations, the tensors saved for the backward alone (peak, rank 0 / rank 1; the "
+              "rest are the stage outputs fwd_cache holds): "
+              + "; ".join(f"{name} {' / '.join(f'{v:,}' for v in value)}" for name, value in saved.items()))
         print("The last stage's outputs (logits) the schedule still holds when step() returns (torch keeps them to "
-              "merge unless given return_outputs=False; not saved for the backward, so not in the measured column; "
-              "the plan counts one micro-batch's under 1F1B, every one under GPipe): "
+              "merge unless given return_outputs=False, which the template passes): "
               + "; ".join(f"{name} {value:,}" for name, value in held.items()))
     return worst_states, worst_act
 

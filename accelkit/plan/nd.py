@@ -17,7 +17,9 @@ ranks (torch.distributed.pipelining, pipeline.py). Per GPU, for the pipeline ran
   internals split over tp but its inputs, norms and dropouts do not (Korthikanti et al.'s 10 + 24/t of 34), the
   checkpointed inputs and the gathered logits not at all; with sequence parallelism (and loss parallelism, as
   torchtitan runs it) everything splits by tp. A pipeline rank keeps its in-flight stage-micro-batches' layers
-  (pipeline.py: per schedule), one layer while recomputing, and on the last stage the loss inputs.
+  (pipeline.py: per schedule), one layer while recomputing, and the stage output torch caches for each in-flight
+  micro-batch until its backward (`fwd_cache`): the hidden state a stage sends on, and on the last stage the loss
+  inputs with the logits (the template passes `return_outputs=False`, so none stay after the step).
 - buffers: layouts that shard like the data-parallel table (no tp, no pp) take its FSDP full-shard or ZeRO-3
   buffers (buffers.py); with tp the embeddings, final norm and head stay gathered from forward to backward plus the
   current and prefetched layer and the reducing layer's gradients, split over tp; inside a pipeline stage,
@@ -327,8 +329,14 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
     per_stage = max(len(stage_layers[stage]) for stage in pipeline.stages_of_rank(rank))
     in_flight = pipeline.in_flight(rank) * per_stage  # layer-micro-batches kept for the backward
     last = pipeline.stages - 1 in pipeline.stages_of_rank(rank)
-    head = rest * pipeline.head_in_flight() if last else 0
-    activations = (in_flight * kept + layer if checkpointing else in_flight * layer) + head
+    head_in_flight = pipeline.head_in_flight() if last else 0
+    # the last stage's loss inputs per micro-batch in flight: what its norm, head and loss save, and its logits,
+    # which torch's stage caches (fwd_cache) until that micro-batch's backward
+    head = rest * head_in_flight
+    # every other stage caches its output, the hidden state it sent on, until that micro-batch's backward too
+    boundary = seq_len / split * micro_batch * model.hidden * compute_bytes / (tp if sp_tp else 1)
+    sent = boundary * max(pipeline.in_flight(rank) - head_in_flight, 0) if pipeline.ranks > 1 else 0
+    activations = (in_flight * kept + layer if checkpointing else in_flight * layer) + head + sent
     # gathered weights (16-bit, this rank's tp shard)
     largest = max(layer_sizes.values(), default=0)
     if group > 1 and pipeline.ranks > 1 and pipeline.microbatches > 1:
@@ -344,7 +352,6 @@ def _rank_row(layout: Layout, model: Model, rank: int, gpu_memory: int | None, s
     s = seq_len / split
     traffic = _traffic(layout, model, local, s, micro_batch, checkpointing)
     if pipeline.ranks > 1:
-        boundary = s * micro_batch * model.hidden * compute_bytes / (tp if sp_tp else 1)
         traffic["pp"] = int(pipeline.p2p_sends() * boundary)
     return Row(layout, None, states=states, activations=int(activations), gathered=int(gathered),
                tp_sharded=sharded, tp_replicated=replicated, traffic=traffic, usable=usable_gpu(gpu_memory),
@@ -401,22 +408,77 @@ def candidates(gpus: int, nodes: int, layers: int | None = None) -> list[Layout]
     return out
 
 
-def _reason(best: Row, rows: tuple[Row, ...], nodes: int, seq_len: int) -> str:
+# The mesh dimensions a layout can use, in the order the layouts are written, with the kind of parallelism each is
+PARALLELISM = (("dp_replicate", "replicated data"), ("dp_shard", "sharded data"), ("cp", "context"),
+               ("sp", "sequence"), ("tp", "tensor"), ("pp", "pipeline"))
+
+
+def dimension_uses(layout: Layout, seq_len: int, bubble: float = 0.0) -> list[tuple[str, int, str]]:
+    """(dimension, size, what it does here) for every mesh dimension the layout uses (size > 1), in PARALLELISM's
+    order: the reasons are built from these, so they name exactly the dimensions of the layout."""
+    m = layout.mesh
+    zero = layout.backend == "deepspeed"
+    why = {
+        "dp_replicate": (f"replicates each shard group {m.dp_replicate} times (HSDP: only the gradient all-reduce "
+                         "crosses the groups)" if layout.shard_group > 1 else
+                         f"replicates the model over {m.dp_replicate} GPUs (gradients all-reduced)"),
+        "dp_shard": (f"ZeRO-3 shards parameters, gradients and optimizer states over {layout.world} GPUs" if zero
+                     else "shards parameters, gradients and optimizer states over "
+                          + (f"dp_shard x cp = {m.dp_shard * m.cp} GPUs" if m.cp > 1 else f"{m.dp_shard} GPUs")),
+        "cp": f"splits the {seq_len:,}-token sequence over {m.cp} GPUs (ring attention)",
+        "sp": f"splits the {seq_len:,}-token sequence over {m.sp} GPUs (Ulysses all-to-all"
+              + (f", under ZeRO-3 over all {layout.world} GPUs)" if zero and m.dp_shard == 1 else ")"),
+        "tp": f"splits each layer's weights and activations over {m.tp} GPUs",
+        "pp": f"splits the layers into {layout.pipeline.stages} stages over {m.pp} GPUs ({layout.pipeline.describe()}, "
+              f"a bubble of {bubble:.0%} of each step)",
+    }
+    return [(dim, getattr(m, dim), why[dim]) for dim, _ in PARALLELISM if getattr(m, dim) > 1]
+
+
+def _uses(layout: Layout, best: Row, seq_len: int) -> str:
+    uses = dimension_uses(layout, seq_len, best.bubble)
+    if not uses:
+        return "one GPU, no parallelism"
+    return "; ".join(f"{dim} {size} {why}" for dim, size, why in uses)
+
+
+def _unneeded(layout: Layout) -> str:
+    """The kinds of model parallelism the layout does not use, as `no tensor (tp) or pipeline (pp) parallelism
+    needed`; empty when it uses them all."""
+    kinds = [f"{kind} ({dim})" for dim, kind in PARALLELISM[2:] if getattr(layout.mesh, dim) == 1]
+    if not kinds:
+        return ""
+    listed = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + f" or {kinds[-1]}"
+    return f"; no {listed} parallelism needed"
+
+
+def _reason(best: Row, rows: tuple[Row, ...], seq_len: int) -> str:
+    """Why the search chose `best` (the first of `rows`, in order of least communication, that fits), from the
+    dimensions it uses: the ones it does not use were not needed (an earlier, cheaper layout would have fit)."""
     first = rows[0]
     layout = best.layout
-    if best is first or (nodes > 1 and best is rows[1]):
-        return (f"data-parallel sharding alone fits ({layout.describe()}, {format_bytes(best.total)} per "
-                "GPU): no tensor, context, sequence or pipeline parallelism needed")
-    if layout.mesh.pp > 1:
-        return (f"the model's states per GPU need splitting by layers: {layout.describe()} needs "
-                f"{format_bytes(best.total)} per GPU (pipeline rank {best.worst_rank}), with a bubble of "
-                f"{best.bubble:.0%} of each step")
-    if layout.sequence_split > 1:
-        return (f"the {seq_len:,}-token activations do not fit with data-parallel sharding alone "
-                f"({format_bytes(first.activations)} per GPU); splitting the sequence over "
-                f"{layout.sequence_split} GPUs ({layout.describe()}) needs {format_bytes(best.total)}")
-    return (f"one layer's weights and activations need splitting: {layout.describe()} needs "
-            f"{format_bytes(best.total)} per GPU")
+    total = format_bytes(best.total)
+    model_parallel = [dim for dim, _ in PARALLELISM[2:] if getattr(layout.mesh, dim) > 1]
+    if not model_parallel:  # judged by the layout itself, not by its place in the list
+        head = f"data-parallel sharding alone fits ({layout.describe()}, {total} per GPU)"
+    elif layout.mesh.pp > 1:
+        head = (f"the model's states per GPU need splitting by layers: {layout.describe()} needs {total} per GPU "
+                f"(pipeline rank {best.worst_rank})")
+    elif layout.sequence_split > 1:
+        head = (f"the {seq_len:,}-token activations do not fit with data-parallel sharding alone "
+                f"({format_bytes(first.activations)} per GPU); splitting the sequence over {layout.sequence_split} "
+                f"GPUs ({layout.describe()}) needs {total}")
+    else:
+        head = f"one layer's weights and activations need splitting: {layout.describe()} needs {total} per GPU"
+    return f"{head}: {_uses(layout, best, seq_len)}{_unneeded(layout)}"
+
+
+def asked_reason(row_: Row, seq_len: int) -> str:
+    """The reason for a layout the user gave (--layout): whether it fits, and what each of its dimensions does;
+    nothing about dimensions it leaves out (no search compared them)."""
+    verdict = {True: "fits", False: "does not fit", None: "cannot be judged (no GPU memory given)"}[row_.fits]
+    return (f"{row_.layout.describe()} was asked for (--layout); it {verdict} ({format_bytes(row_.total)} per GPU): "
+            f"{_uses(row_.layout, row_, seq_len)}")
 
 
 def launch_flags(layout: Layout, gpus: int, nodes: int, precision: str | None, checkpointing: bool) -> str:
@@ -435,22 +497,26 @@ def launch_flags(layout: Layout, gpus: int, nodes: int, precision: str | None, c
 def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_len: int, micro_batch: int = 1,
            checkpointing: bool = True, optimizer: str = "adamw",
            tp_plan: Mapping[str, str] = LLAMA_TP_PLAN, profile: Profile | None = None, precision: str | None = None,
-           layouts: list[Layout] | None = None, buffers: Mapping[str, int] | None = None) -> NdAdvice:
+           layouts: list[Layout] | None = None, buffers: Mapping[str, int] | None = None,
+           asked: bool = False) -> NdAdvice:
     """The first layout of `layouts` (default: `candidates`) that fits, with the config/launch commands; rows for
-    every layout. `precision`: Accelerate's --mixed-precision value the commands carry."""
+    every layout. `precision`: Accelerate's --mixed-precision value the commands carry; `asked`: `layouts` is the
+    one layout the user gave (--layout), whose reason then says what it is, not why a search chose it."""
     layouts = layouts if layouts is not None else candidates(gpus, nodes, model.layers)
     rows = tuple(row(layout, model, gpus=gpus, nodes=nodes, gpu_memory=gpu_memory, seq_len=seq_len,
                      micro_batch=micro_batch, checkpointing=checkpointing, optimizer=optimizer, tp_plan=tp_plan,
                      profile=profile, buffers=buffers)
                  for layout in layouts)
     best = next((r for r in rows if r.fits), None)
+    if asked and best is None:
+        return NdAdvice(None, rows, asked_reason(rows[0], seq_len))
     if best is None:
         smallest = min((r for r in rows if r.unavailable is None), key=lambda r: r.total, default=None)
         need = f" (the smallest, {smallest.layout.describe()}, needs {format_bytes(smallest.total)} per GPU)" \
             if smallest else ""
         return NdAdvice(None, rows, f"no layout fits in {format_bytes(usable_gpu(gpu_memory) or 0)} per GPU{need}: "
                                     "add GPUs, shorten the sequence, or offload")
-    reason = _reason(best, rows, nodes, seq_len)
+    reason = asked_reason(best, seq_len) if asked else _reason(best, rows, seq_len)
     per_node = gpus // nodes
     if best.layout.mesh.sp > per_node:
         sp = best.layout.mesh.sp
@@ -476,5 +542,5 @@ def describe_row(r: Row) -> str:
             f"gathered {format_bytes(r.gathered)}: {format_bytes(r.total)} per GPU, {verdict}{split}")
 
 
-__all__ = ["CUDA_RESERVE", "Layout", "Model", "NdAdvice", "Pipeline", "Row", "advise", "candidates", "describe_row",
-           "launch_flags", "rank_tensors", "row"]
+__all__ = ["CUDA_RESERVE", "PARALLELISM", "Layout", "Model", "NdAdvice", "Pipeline", "Row", "advise", "asked_reason",
+           "candidates", "describe_row", "dimension_uses", "launch_flags", "rank_tensors", "row"]

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelkit.plan import nd
-from accelkit.sizes import format_bytes
 
 NEEDED_DIMS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
 
@@ -82,14 +81,12 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
                        seq_len=training.seq_len, micro_batch=training.micro_batch, checkpointing=checkpointing,
                        optimizer=training.optimizer, tp_plan=tp_plan_of(shape.name),
                        profile=profile, precision=MIXED_PRECISION[training.precision],
-                       layouts=[layout] if layout is not None else None, buffers=_table_buffers(plan))
+                       layouts=[layout] if layout is not None else None, buffers=_table_buffers(plan),
+                       asked=layout is not None)
     if layout is not None and advice.best is None:  # the given layout: its commands whether or not it fits
-        only = advice.rows[0]
         flags = nd.launch_flags(layout, hardware.gpus, hardware.nodes, MIXED_PRECISION[training.precision],
                                 checkpointing)
-        verdict = {True: "fits", False: "does not fit", None: "cannot be judged (no GPU memory given)"}[only.fits]
-        advice = nd.NdAdvice(None, advice.rows, f"{layout.describe()} was asked for (--layout); it {verdict} "
-                                                f"({format_bytes(only.total)} per GPU)",
+        advice = nd.NdAdvice(None, advice.rows, advice.reason,
                              (f"accelkit config {flags} -o nd.yaml", f"accelkit launch {flags} train.py"))
     title = "Layout (--layout; per GPU, the rank that needs the most):" if layout is not None else \
         "N-D and pipeline layouts (activation checkpointing; per GPU, the rank that needs the most):"

@@ -60,3 +60,30 @@ def test_peak_is_the_micro_batches_in_flight_and_all_is_released_after_their_bac
     for loss in _microbatch_losses(model, inputs):
         loss.backward()
     assert all(torch.equal(a, p.grad) for a, p in zip(probed, model.parameters(), strict=True))
+
+
+def test_a_cached_stage_output_counts_until_its_backward_once_per_storage_and_apart_from_saved():
+    """What torch's stage keeps in fwd_cache (its output) counts in `peak` while the wrapper lives, not in
+    `peak_saved`; a storage both saved and cached counts once."""
+    probe = _probe()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+
+    alone = probe._Live(count)
+    with torch.autograd.graph.saved_tensors_hooks(alone.pack, probe._unpack):
+        model(x).sum().backward()
+
+    live = probe._Live(count)
+    with torch.autograd.graph.saved_tensors_hooks(live.pack, probe._unpack):
+        out = model(x)
+        cached = [live.cache(out)]  # the output no op saved: 4 x 8 fp32
+        tanh_out = model[1](model[0](y))  # Tanh saves its output: cache that very tensor too
+        also = live.cache(tanh_out)
+        assert live.live == 2 * alone.peak + out.numel() * 4  # the tanh output both saved and cached: once
+        out.sum().backward()
+        del also
+        tanh_out.sum().backward()
+        assert live.live_saved == 0 and live.live == out.numel() * 4
+        cached.clear()  # the micro-batch's backward returned: fwd_cache's entry is gone
+    assert live.live == 0 and not live.refs
+    assert live.peak_saved == 2 * alone.peak and live.peak == 2 * alone.peak + out.numel() * 4
