@@ -47,7 +47,7 @@ SECTION_OF: dict[str, str] = {
             "--main-process-port"),
     **_each(SWEEP, "--compare-backends", "--layouts", "--scaling", "--batch-arg", "--global-batch"),
     **_each(MEASUREMENT, "--steps", "--min-time", "--warmup", "--comm", "--comm-sizes", "--comm-iters"),
-    **_each(RUNNING, "--cpu", "--module", "--dry-run"),
+    **_each(RUNNING, "--cpu", "--module", "--dry-run", "--rank-prefix"),
     **_each(FSDP, "--fsdp-version", "--sharding", "--wrap-policy", "--wrap-cls", "--min-num-params", "--state-dict",
             "--offload", "--activation-checkpointing", "--cpu-ram-efficient-loading", "--reduce-dtype"),
     **_each(DEEPSPEED, "--zero-stage", "--offload-optimizer", "--offload-params", "--nvme-path",

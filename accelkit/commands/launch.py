@@ -45,6 +45,8 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 @click.option("--preemption-grace", type=Seconds(), default=None, metavar="SECONDS",
               help="On SIGTERM (a preemption), the ranks that handle the templates' save request (SIGUSR1) save a "
                    "checkpoint and stop within this many seconds; exit 143. Default 120; 0: SIGTERM stops at once.")
+@click.option("--rank-prefix", is_flag=True, default=False,
+              help="Start every line a process prints with [rank N] (its global rank). Lines are whole either way.")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Run on a Ray cluster: one Ray Train worker per process, restarted by Ray (--max-restarts). "
                    "ADDRESS: the head's HOST:PORT, or auto for the cluster this machine belongs to.")
@@ -85,7 +87,7 @@ CLUSTER_FILES = {"--slurm": "slurm_file", "--skypilot": "skypilot_file", "--kube
 def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, max_restarts: int | None,
             monitor_interval: float | None, rdzv_backend: str | None, rdzv_conf: str | None,
             same_network: bool | None, lost_timeout: float | None, stall_timeout: float | None,
-            preemption_grace: float | None, ray_address: str | None, ray_storage: Path | None,
+            preemption_grace: float | None, rank_prefix: bool, ray_address: str | None, ray_storage: Path | None,
             ray_cpus_per_worker: int | None, script: str,
             script_args: tuple[str, ...],
             **kwargs: object) -> int:
@@ -124,7 +126,7 @@ def command(config_file: Path | None, cpu: bool, module: bool, dry_run: bool, ma
                                                 rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                                                 same_network=same_network),
                             command_line=command_line("accelkit", *sys.argv[1:]), lost_timeout=lost_timeout,
-                            preemption_grace=preemption_grace)
+                            preemption_grace=preemption_grace, rank_prefix=rank_prefix)
     return finish(run_launch(request, stall_timeout=stall_timeout, dry_run=dry_run, cluster=cluster, ray=ray))
 
 

@@ -28,6 +28,9 @@ class PreparedLaunch:
     temp_dir: Path | None  # created for the config file; the caller removes it when the job is over
 
 
+RANK_PREFIX_PROBE = "accelkit.ranks.rank_output"
+
+
 def check_target(target: LaunchTarget, cwd: Path | None = None) -> None:
     """The script (or module) must exist before any process starts."""
     cwd = cwd or Path.cwd()
@@ -183,7 +186,8 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         notes = (*notes, "FSDP2 x TP through accelkit's workaround (accelkit.ranks.fsdp2_tp_compat): this Accelerate "
                  "imports transformers' removed ReplicateParallel; each rank provides it and splits the model by its "
                  "TP plan over the tp mesh")
-    probes = [*request.probes, *workaround]
+    # --rank-prefix: a probe that prefixes each line a rank prints
+    probes = [*request.probes, *workaround, *([RANK_PREFIX_PROBE] if request.rank_prefix else [])]
     if probes:  # per-rank modules (bench, plan --measure, a workaround): ranks start in the bootstrap, GPUs too
         from accelkit.ranks import PROBES_ENV
 

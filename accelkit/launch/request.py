@@ -32,6 +32,8 @@ class LaunchRequest:
     lost_timeout: float | None = None
     # Seconds the ranks get to save after a SIGTERM (accelkit.launch.preemption); None: the default; 0: none.
     preemption_grace: float | None = None
+    # Every line a rank prints through Python starts with `[rank N] ` (accelkit.ranks.rank_output).
+    rank_prefix: bool = False
 
     def preemption_grace_seconds(self) -> float | None:
         """The supervisor's setting: None when SIGTERM is to stop the job at once."""
@@ -53,6 +55,7 @@ class LaunchRequest:
             "probes": list(self.probes),
             "lost_timeout": self.lost_timeout,
             "preemption_grace": self.preemption_grace,
+            "rank_prefix": self.rank_prefix,
         })
 
     @classmethod
@@ -71,4 +74,5 @@ class LaunchRequest:
             probes=tuple(data.get("probes", ())),
             lost_timeout=data.get("lost_timeout"),
             preemption_grace=data.get("preemption_grace"),
+            rank_prefix=data.get("rank_prefix", False),
         )
