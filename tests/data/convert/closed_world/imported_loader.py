@@ -1,8 +1,7 @@
 """The batches come from a helper of another module: the converter cannot see what it returns."""
 import torch
-from torch import nn
-
 from mydata import make_batches
+from torch import nn
 
 
 def main():

@@ -12,7 +12,7 @@ def main():
     model = nn.Linear(6, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for epoch in range(2):
-        for step, (inputs, labels) in enumerate(tqdm(train_loader, desc=f"epoch {epoch}")):
+        for step, (inputs, labels) in enumerate(tqdm(train_loader, desc=f"epoch {epoch}")):  # noqa: B007
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(inputs), labels)
             loss.backward()
