@@ -249,7 +249,8 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                f"{names}), so it is left whole; every process computes the same gradient (correct, "
                                "no speed-up from more processes)")
         return
-    if _sliced(ctx, flow, loop, roots) and not _bounded_by_the_data(ctx, loop, roots):
+    if _sliced(ctx, flow, loop, roots) and not (_bounded_by_the_data(ctx, loop, roots)
+                                               and _helpers_bounded_by_their_data(ctx, flow, loop)):
         names = ", ".join(f"`{r}`" for r in roots)
         plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
                                             "the data's length: sharding the data would leave steps without data",
@@ -721,6 +722,29 @@ def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> b
     if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
         return True
     return any(type(n) is cst.Name and n.value in roots for n in ctx.descendants(source))  # type: ignore[attr-defined]
+
+
+def _helpers_bounded_by_their_data(ctx: Context, flow: Flow, loop: cst.CSTNode) -> bool:
+    """A generator or helper of the script that cuts the data it is handed in a `range(...)` loop takes the bounds
+    from that data (`range(0, len(x), size)`, or a local made from it), never a fixed count (`range(0, 128, size)`
+    would run past each process's share: empty batches)."""
+    for function in _reached(flow, loop):
+        params = {p.name.value for p in function.params.params} - {"self"}
+        local = {k for n in ctx.descendants(function.body) if isinstance(n, (cst.Assign, cst.AnnAssign))
+                 for k, _, _ in bindings(n)}
+        for inner in (n for n in ctx.descendants(function.body) if isinstance(n, cst.For)):
+            source = inner.iter
+            if isinstance(source, cst.Call) and ctx.code(source.func) == "enumerate" and source.args:
+                source = source.args[0].value
+            if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
+                continue
+            cuts = any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in params
+                       for n in ctx.descendants(inner.body))
+            stop = source.args[1 if len(source.args) > 1 else 0].value if source.args else source
+            bounds = {n.value for n in [stop, *ctx.descendants(stop)] if type(n) is cst.Name}
+            if cuts and not bounds & (params | local):
+                return False
+    return True
 
 
 def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:

@@ -132,3 +132,13 @@ def test_a_diff_of_a_partial_conversion_ends_its_report_on_the_partial_line(tmp_
     errors = [line.text for line in result.lines if line.err]
     assert errors[-1].startswith("partial: line 13: ") and "converted" not in errors[-1].lower()
     assert list(tmp_path.iterdir()) == [script]
+
+
+def test_a_generator_cutting_its_data_up_to_a_fixed_count_is_reported_not_sharded() -> None:
+    # `range(0, 128, size)` in the generator would run past each process's share of 64 rows: empty batches
+    source = (SCRIPTS / "generator_over_tensors.py").read_text().replace("range(0, len(x), size)",
+                                                                        "range(0, 128, size)")
+    result = convert_source(source, filename="fixed.py")
+    assert [p.line for p in result.report.problems] == [20]
+    assert "with bounds that do not follow the data's length" in result.report.problems[0].what
+    assert "[shard]" not in result.code
