@@ -142,3 +142,9 @@ def test_a_generator_cutting_its_data_up_to_a_fixed_count_is_reported_not_sharde
     assert [p.line for p in result.report.problems] == [20]
     assert "with bounds that do not follow the data's length" in result.report.problems[0].what
     assert "[shard]" not in result.code
+
+
+def test_a_generator_over_a_loader_is_no_evaluation_loop() -> None:
+    # its loop over the loader does not train, but it hands the batches to the training loop: `--check` waited for
+    # an "evaluation" at line 8 that never comes
+    assert _convert("generator_over_loader").report.evaluation_loops == []
