@@ -7,6 +7,7 @@ either traced to a DataLoader the script builds and hands it (then that DataLoad
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import libcst as cst
@@ -49,6 +50,10 @@ def unwrap(ctx: Context, expr: cst.BaseExpression) -> cst.BaseExpression:
 def iterator_classes(ctx: Context) -> dict[str, cst.ClassDef]:
     """Classes of the script that hand out items themselves (`__iter__` / `__next__`), other than DataLoaders and
     Datasets (whose base prepare() knows)."""
+    return _cached(ctx, "classes", lambda: _iterator_classes(ctx))
+
+
+def _iterator_classes(ctx: Context) -> dict[str, cst.ClassDef]:
     found = {}
     for node in ctx.of_type(cst.ClassDef):
         bases = " ".join(ctx.code(b.value) for b in node.bases)
@@ -61,12 +66,25 @@ def iterator_classes(ctx: Context) -> dict[str, cst.ClassDef]:
 
 
 def generator_functions(ctx: Context) -> dict[str, cst.FunctionDef]:
-    """Module-level and nested functions of the script that `yield`."""
-    found = {}
-    for node in ctx.of_type(cst.FunctionDef):
-        if any(isinstance(n, cst.Yield) and ctx.function(n) is node for n in ctx.descendants(node.body)):
-            found.setdefault(node.name.value, node)
-    return found
+    """Functions of the script that `yield`."""
+    def find() -> dict[str, cst.FunctionDef]:
+        found: dict[str, cst.FunctionDef] = {}
+        for node in ctx.of_type(cst.Yield):
+            function = ctx.function(node)
+            if function is not None:
+                found.setdefault(function.name.value, function)
+        return found
+    return _cached(ctx, "generators", find)
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per script: the transforms ask once per loop
+
+
+def _cached(ctx: Context, key: str, compute):
+    store = _CACHE.setdefault(ctx, {})
+    if key not in store:
+        store[key] = compute()
+    return store[key]
 
 
 def defined(ctx: Context, name: str) -> bool:
@@ -75,19 +93,26 @@ def defined(ctx: Context, name: str) -> bool:
 
 def bound_call(ctx: Context, near: cst.CSTNode, name: str) -> cst.Call | None:
     """The last call bound to `name` (`batches = Batches(x, y)`) in the scope of `near`, or at module level."""
+    function, line = ctx.function(near), ctx.line(near)
+    found: dict[bool, cst.Call] = {}  # in the function (True) or at module level (False)
+    for owner, at, value in _calls_bound(ctx).get(name, []):
+        if (owner is None or owner is function) and at <= line:
+            found[owner is not None] = value
+    return found.get(True, found.get(False))
+
+
+def _calls_bound(ctx: Context) -> dict[str, list[tuple[cst.FunctionDef | None, int, cst.Call]]]:
+    """name -> (function, line, call) of every `name = call(...)` of the script, in order."""
     from accelkit.convert.analysis import bindings  # analysis imports this module
 
-    function = ctx.function(near)
-    found = None
-    for scope in ([function] if function is not None else []) + [ctx.module]:
-        for node in ctx.descendants(scope):
-            if isinstance(node, cst.Assign) and ctx.line(node) <= ctx.line(near):
-                for key, value, position in bindings(node):
-                    if key == name and position is None and isinstance(value, cst.Call):
-                        found = value
-        if found is not None:
-            return found
-    return None
+    def index() -> dict[str, list[tuple[cst.FunctionDef | None, int, cst.Call]]]:
+        found: dict[str, list[tuple[cst.FunctionDef | None, int, cst.Call]]] = {}
+        for node in ctx.of_type(cst.Assign):
+            for key, value, position in bindings(node):
+                if position is None and isinstance(value, cst.Call):
+                    found.setdefault(key, []).append((ctx.function(node), ctx.line(node), value))
+        return found
+    return _cached(ctx, "bound", index)
 
 
 def custom_source(ctx: Context, call: cst.Call) -> CustomSource | None:
