@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from accelkit.convert.batch_sources import custom_source
 from accelkit.convert.context import Context, dotted, walk
 
 SCALERS = {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
@@ -555,7 +556,8 @@ def _loaders_by_name(ctx: Context, facts: Facts) -> None:
             call = strip_chain(value) if value is not None else None
             if key in facts.kinds or key not in iterated or not LOADER_NAME.search(key.rsplit(".", 1)[-1]) or \
                     not isinstance(call, cst.Call) or ctx.code(call.func).split(".")[-1] in NOT_LOADER_CALLS or \
-                    (isinstance(call.func, cst.Name) and call.func.value in facts.factories):
+                    (isinstance(call.func, cst.Name) and call.func.value in facts.factories) or \
+                    custom_source(ctx, call) is not None:  # `train_loader = ShuffledBatches(x, y)`: not one
                 continue
             facts.kinds[key] = "loader"
             facts.created.append(Tracked(key, "loader", call, line, small, origin="call"))

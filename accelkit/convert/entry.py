@@ -43,6 +43,7 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
     if request.check:
         return check_conversion(request, progress)
     from accelkit.convert.codemod import ConvertOptions, convert_source
+    from accelkit.convert.report import partial_line
     from accelkit.convert.write import read_script, write_conversion
 
     script, result = request.script, CommandResult()
@@ -55,6 +56,8 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
         result.out("".join(difflib.unified_diff(source.splitlines(keepends=True),
                                                 conversion.code.splitlines(keepends=True), fromfile=str(script),
                                                 tofile=f"{script} (converted)")), nl=False).err(report)
+        if problems:
+            result.err(partial_line(problems))
         result.exit_code = 1 if request.exit_code and conversion.changed else 0
         return result
     if conversion.report.status == "trainer":  # one line: how to launch it as it is
@@ -77,7 +80,9 @@ def run_convert(request: ConvertRequest, progress: Callable[[str], None] = print
         result.out(f"Rewrote {script} (original kept in {written.backup}).")
     else:
         result.out(f"Wrote {written.path}.{' Problems left: see NOT CONVERTED above.' if problems else ''}")
-    return result.out(f"Try it: {try_it(written.path)}")
+    result.out(f"Try it: {try_it(written.path)}")
+    # a partial conversion says so last: the parts left undone train wrongly on several processes until fixed
+    return result.out(partial_line(problems)) if problems else result
 
 
 def try_it(path: Path) -> str:

@@ -37,7 +37,10 @@ class Problem:
     todo: str
 
     def format(self) -> str:
-        return f"line {self.line}: {self.what}; to do: {self.todo}" if self.line else f"{self.what}; to do: {self.todo}"
+        return f"{self.where()}; to do: {self.todo}"
+
+    def where(self) -> str:
+        return f"line {self.line}: {self.what}" if self.line else self.what
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,13 @@ class Report:
                          "the same model on several processes:")
             lines += [f"  {_where(p.line)}  {p.what}\n{'':10}to do: {p.todo}" for p in ordered.problems]
         return "\n".join(lines)
+
+
+def partial_line(problems: list[Problem]) -> str:
+    """The last line of a conversion written with problems left (--partial): what is not done, never 'converted'."""
+    first = min(problems, key=lambda p: p.line)
+    more = f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""
+    return f"partial: {first.where()}{more}"
 
 
 def _where(line: int) -> str:

@@ -16,7 +16,8 @@ import re
 
 import libcst as cst
 
-from accelkit.convert.analysis import Facts, bindings, environment_call, environments, inside_class
+from accelkit.convert.analysis import Facts, bindings, classify, environment_call, environments, inside_class
+from accelkit.convert.batch_sources import custom_source, loaders_handed_in, loop_source_call, unseen_call
 from accelkit.convert.context import Context, dotted
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
@@ -29,6 +30,7 @@ RANDOM_INDEX = {"torch.randint", "numpy.random.randint", "numpy.random.choice", 
                 "random.sample", "random.choices", "numpy.random.default_rng"}
 TO_TENSOR = {"torch.from_numpy", "torch.tensor", "torch.as_tensor", "torch.Tensor", "torch.FloatTensor",
              "torch.LongTensor"}
+PERMUTATIONS = {"torch.randperm", "numpy.random.permutation", "torch.arange", "numpy.arange"}
 SEEDS = {"torch.manual_seed", "numpy.random.seed", "random.seed", "accelerate.utils.set_seed",
          "transformers.set_seed", "transformers.trainer_utils.set_seed", "lightning.seed_everything",
          "pytorch_lightning.seed_everything"}
@@ -49,6 +51,7 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
             continue
         if _fed_by_loader(ctx, facts, loop):
             done.add(id(loop))
+            _report_custom_source_of_a_loader(ctx, facts, plan, loop)
             noise = _random_draws(ctx, facts, flow, loop, NOISE)
             if noise:  # a GAN's latent noise, random masks: the same on every process unless seeded apart
                 _seed_per_process(ctx, facts, flow, plan, loop, noise[0], "noise tensors")
@@ -117,9 +120,39 @@ def _closure_step(ctx: Context, backward: cst.Call) -> cst.Call | None:
     return None
 
 
+def _custom_source(ctx: Context, loop: cst.CSTNode):
+    call = loop_source_call(ctx, loop)
+    return custom_source(ctx, call) if call is not None else None
+
+
+def _loader_inside(ctx: Context, facts: Facts, source) -> bool:
+    """The iterator class or generator takes its batches from a DataLoader: handed to it (`DeviceBatches(loader)`,
+    `batches(train_loader)`), or iterated in its body (a loop over a loader the script made)."""
+    def is_loader(value: cst.BaseExpression) -> bool:
+        return facts.kind(value) == "loader" or classify(ctx, value, facts.model_classes) == "loader"
+
+    if loaders_handed_in(source.call, is_loader):
+        return True
+    definition = next((n for n in ctx.of_type(cst.ClassDef, cst.FunctionDef) if n.name.value == source.name), None)
+    return definition is not None and any(ctx.contains(definition, known) for known, _ in facts.loader_loops)
+
+
+def _report_custom_source_of_a_loader(ctx: Context, facts: Facts, plan: EditPlan, loop: cst.CSTNode) -> None:
+    source = _custom_source(ctx, loop)
+    if source is not None:
+        plan.report.found_item("batches", source.name, ctx.line(loop),
+                               f"from the {source.kind} `{source.name}` (line {source.line}) over a DataLoader "
+                               "of the script, which is prepared: each process gets its own batches")
+
+
 def _fed_by_loader(ctx: Context, facts: Facts, loop: cst.CSTNode) -> bool:
     """The loop iterates a DataLoader, or takes `next(...)` of an iterator over one; or it runs inside a loop over
-    a DataLoader in the same function (`for b_x, b_y in loader: for net, opt in zip(nets, optimizers): ...`)."""
+    a DataLoader in the same function (`for b_x, b_y in loader: for net, opt in zip(nets, optimizers): ...`).
+    An iterator class or generator of the script counts only when its batches come from a DataLoader, whatever
+    its name (`train_loader = ShuffledBatches(x, y)` is not one)."""
+    source = _custom_source(ctx, loop)
+    if source is not None:
+        return _loader_inside(ctx, facts, source)
     function = ctx.function(loop)
     for outer in [loop, *(a for a in ctx.ancestors(loop) if isinstance(a, cst.For) and ctx.function(a) is function)]:
         if any(outer is known for known, _ in facts.loader_loops):
@@ -173,13 +206,24 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                                                 "which becomes accelerator.process_index")
         return
     roots = _roots(ctx, facts, flow, loop)
-    noise = _random_draws(ctx, facts, flow, loop, NOISE)
+    orders = _index_orders(ctx, loop)
+    # a permutation of the indices is no noise: each process permutes its own share (made before it, below)
+    noise = [n for n in _random_draws(ctx, facts, flow, loop, NOISE) if not any(n is o for o in orders.values())]
     if not roots and noise:  # fresh random inputs every step (`x = torch.randn(bs, d)` in a batch generator)
         _seed_per_process(ctx, facts, flow, plan, loop, noise[0])
         plan.report.iteration_based = True
         return
     if noise:
         _seed_per_process(ctx, facts, flow, plan, loop, noise[0], "noise tensors")
+    source = _custom_source(ctx, loop) or _unseen_source(ctx, loop)
+    if source is not None and not (source.kind == "generator function" and roots):
+        plan.report.problem(ctx.line(loop), f"{where} takes its batches from {source.describe()}: prepare() "
+                                            "cannot shard it, so every process would train on all of the data",
+                            "build the batches with a torch.utils.data.DataLoader in this script (TensorDataset "
+                            "for tensors; an iterator class or generator may wrap it, the DataLoader is then "
+                            "prepared), or shard the data by accelerator.process_index")
+        plan.report.found_item("batches", source.name, ctx.line(loop), f"NOT sharded: {source.short()}")
+        return
     if not roots:
         plan.report.problem(ctx.line(loop), f"{where} trains on batches that do not come from a DataLoader and "
                                             "whose source could not be found: every process would train on all "
@@ -205,7 +249,8 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                f"{names}), so it is left whole; every process computes the same gradient (correct, "
                                "no speed-up from more processes)")
         return
-    if _sliced(ctx, flow, loop, roots) and not _bounded_by_the_data(ctx, loop, roots):
+    if _sliced(ctx, flow, loop, roots) and not (_bounded_by_the_data(ctx, loop, roots)
+                                               and _helpers_bounded_by_their_data(ctx, flow, loop)):
         names = ", ".join(f"`{r}`" for r in roots)
         plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
                                             "the data's length: sharding the data would leave steps without data",
@@ -235,6 +280,17 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                             f"shard {names} by accelerator.process_index before training")
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: data bound at module "
                                                                              "level")
+        return
+    late = _orders_that_do_not_follow(ctx, loop, orders, roots, anchor)
+    if late:
+        name, call = late
+        plan.report.problem(ctx.line(loop), f"{where} indexes its batches by `{name}` (`{ctx.code(call)}`, line "
+                                            f"{ctx.line(call)}), an order of the samples whose length does not follow "
+                                            "the sharded data: each process's indices would run past its share",
+                            f"make `{name}` from the data's length (`torch.randperm(len(data))`) after the data is "
+                            "built, or wrap the data in a DataLoader")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), f"NOT sharded: index order `{name}` "
+                                                                             "of fixed length")
         return
     first = roots[0]
     windows = _windows(ctx, flow, loop)
@@ -337,7 +393,7 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
                     for k, _, _ in bindings(n)}
     if isinstance(loop, cst.For):
         bound_inside |= {n.value for n in ctx.descendants(loop.target) if type(n) is cst.Name}
-    skip = set(facts.kinds) | facts.device_names
+    skip = set(facts.kinds) | facts.device_names | set(_index_orders(ctx, loop))  # indices into the data, not data
     models = facts.of_kind("model")
     found: list[str] = []
 
@@ -397,6 +453,37 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
     return [r for r in found if _looks_like_data(ctx, loop, r)]
 
 
+def _index_orders(ctx: Context, loop: cst.CSTNode) -> dict[str, cst.Call]:
+    """Names bound to an order of the samples' indices (`order = torch.randperm(len(x))`, `idx = np.arange(n)`,
+    `idx = list(range(len(x)))` then shuffled) in the loop's function: they index the data, they are not data."""
+    found: dict[str, cst.Call] = {}
+    for node in ctx.descendants(ctx.function(loop) or ctx.module):
+        if isinstance(node, cst.Assign):
+            for key, value, position in bindings(node):
+                if position is not None or not isinstance(value, cst.Call):
+                    continue
+                if ctx.code(value.func) == "list" and value.args and isinstance(value.args[0].value, cst.Call) \
+                        and ctx.code(value.args[0].value.func) == "range":
+                    found[key] = value.args[0].value
+                elif ctx.qnames(value) & PERMUTATIONS:
+                    found[key] = value
+    return found
+
+
+def _orders_that_do_not_follow(ctx: Context, loop: cst.CSTNode, orders: dict[str, cst.Call], roots: list[str],
+                               anchor: cst.CSTNode) -> tuple[str, cst.Call] | None:
+    """An index order the loop uses that would not be made over the shard: its length names none of the data, or
+    it is made before the data are sharded (`anchor`)."""
+    used = {n.value for n in ctx.descendants(loop) if type(n) is cst.Name}
+    for name, call in orders.items():
+        if name not in used:
+            continue
+        names = {n.value for n in ctx.descendants(call) if type(n) is cst.Name}
+        if not names & set(roots) or ctx.line(call) <= ctx.line(anchor):
+            return name, call
+    return None
+
+
 def _evaluated_aside(ctx: Context, flow: Flow, call: cst.Call, loop: cst.CSTNode) -> bool:
     """`if t % 10 == 0: test_pred = net(test_x)` in the training loop: a forward under an `if` that does not train,
     whose outputs reach no backward pass, evaluates held-out data; that data stays whole on every process
@@ -454,6 +541,13 @@ def _windows(ctx: Context, flow: Flow, loop: cst.CSTNode) -> bool:
     return any(len(found) > 1 for found in starts.values())
 
 
+def _unseen_source(ctx: Context, loop: cst.CSTNode):
+    """The loop iterates the result of a call into code the converter cannot read (`make_batches(...)` of another
+    module), and no loader-like name or use makes it a DataLoader."""
+    call = loop_source_call(ctx, loop)
+    return unseen_call(ctx, call) if call is not None else None
+
+
 def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
     """`batches = [...]`, `batches = make_batches(...)`, `list(zip(...))`: a list of batches the script made (a
     parameter or anything else could be a DataLoader handed in)."""
@@ -463,6 +557,8 @@ def _bound_to_a_list(ctx: Context, loop: cst.CSTNode, name: str) -> bool:
         if isinstance(node, cst.Assign):
             for key, value, position in bindings(node):
                 if key == name and position is None and isinstance(value, (cst.List, cst.ListComp, cst.Call)):
+                    if isinstance(value, cst.Call) and (custom_source(ctx, value) or unseen_call(ctx, value)):
+                        return False  # an iterator, a generator, or what code it cannot read returns
                     return not (isinstance(value, cst.Call) and "DataLoader" in ctx.code(value.func))
     return False
 
@@ -626,6 +722,29 @@ def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> b
     if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
         return True
     return any(type(n) is cst.Name and n.value in roots for n in ctx.descendants(source))  # type: ignore[attr-defined]
+
+
+def _helpers_bounded_by_their_data(ctx: Context, flow: Flow, loop: cst.CSTNode) -> bool:
+    """A generator or helper of the script that cuts the data it is handed in a `range(...)` loop takes the bounds
+    from that data (`range(0, len(x), size)`, or a local made from it), never a fixed count (`range(0, 128, size)`
+    would run past each process's share: empty batches)."""
+    for function in _reached(flow, loop):
+        params = {p.name.value for p in function.params.params} - {"self"}
+        local = {k for n in ctx.descendants(function.body) if isinstance(n, (cst.Assign, cst.AnnAssign))
+                 for k, _, _ in bindings(n)}
+        for inner in (n for n in ctx.descendants(function.body) if isinstance(n, cst.For)):
+            source = inner.iter
+            if isinstance(source, cst.Call) and ctx.code(source.func) == "enumerate" and source.args:
+                source = source.args[0].value
+            if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
+                continue
+            cuts = any(isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value in params
+                       for n in ctx.descendants(inner.body))
+            stop = source.args[1 if len(source.args) > 1 else 0].value if source.args else source
+            bounds = {n.value for n in [stop, *ctx.descendants(stop)] if type(n) is cst.Name}
+            if cuts and not bounds & (params | local):
+                return False
+    return True
 
 
 def _looks_like_data(ctx: Context, loop: cst.CSTNode, name: str) -> bool:

@@ -36,6 +36,8 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
         if name:
             calls.setdefault(name, []).append(call)  # type: ignore[arg-type]
     for loop, batch_names in facts.loader_loops:
+        if any(isinstance(n, cst.Yield) for n in ctx.descendants(loop.body)):
+            continue  # a generator handing the loader's batches on: its caller trains or evaluates on them
         training = flow.trains(loop) or any(type(n) is cst.Attribute and n.attr.value in {"backward", "step"}
                                             for n in ctx.descendants(loop.body))
         if not training:  # `convert --check` must reach one to compare metrics
