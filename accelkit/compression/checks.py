@@ -106,8 +106,9 @@ def _check_deepspeed(spec: CompressionSpec, cfg: Any, flag: str) -> None:
         where = f"the DeepSpeed JSON {d.json_file}" if d is not None and d.json_file else "Accelerate's YAML"
         raise AccelkitError(f"{flag}: the ZeRO++ keys live in a DeepSpeed JSON that accelkit writes, and this config "
                             f"keeps its DeepSpeed settings in {where}",
-                            hint="add --deepspeed-json ds.json (accelkit writes it with the ZeRO++ keys), or set "
-                                 "zero_quantized_weights/zero_quantized_gradients in your own JSON")
+                            hint="write the config to a file with -o FILE (the JSON is written beside it), or add "
+                                 "--deepspeed-json ds.json, or set zero_quantized_weights/zero_quantized_gradients in "
+                                 "your own JSON")
     if cfg.runs_on_cpu:
         raise AccelkitError(f"{flag} on CPU ranks: ZeRO++'s quantization kernels need CUDA",
                             hint="write the config with `accelkit config` and check it with `accelkit plan`; run "

@@ -11,7 +11,9 @@ DeepSpeed's own config class (deepspeed.runtime.config.DeepSpeedConfig) must acc
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from typing import Any
 
 from accelkit.errors import AccelkitError
@@ -26,14 +28,19 @@ def zeropp_keys(num_processes: int, num_machines: int) -> dict[str, Any]:
 def check_with_deepspeed(content: dict[str, Any]) -> None:
     """DeepSpeedConfig must accept `content` ("auto" values dropped, batch sizes of one process: outside a process
     group DeepSpeed counts one), with the ZeRO++ keys read back as given. AccelkitError otherwise."""
+    # DeepSpeed logs its accelerator detection on import ("[WARNING] ... Setting accelerator to CPU"): noise for
+    # someone writing a config. Its logger's handler takes the stream current at import, so it stays quiet after.
+    quiet = io.StringIO()
     try:
-        from deepspeed.runtime.config import DeepSpeedConfig
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            from deepspeed.runtime.config import DeepSpeedConfig
     except ImportError:
         return  # config writes without DeepSpeed installed; launch refuses DeepSpeed runs without it
     filled = _without_auto(copy.deepcopy(content))
     filled.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=1)
     try:
-        parsed = DeepSpeedConfig(filled)
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            parsed = DeepSpeedConfig(filled)
     except Exception as exc:  # noqa: BLE001 - DeepSpeed raises assorted types for a bad config
         raise AccelkitError(f"DeepSpeed rejects the ZeRO++ config: {'; '.join(str(exc).split(chr(10))[:3])}",
                             hint="check the zero_optimization block of the DeepSpeed JSON") from None

@@ -3,6 +3,7 @@ check an existing config file."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from accelkit.command_result import CommandResult
@@ -19,10 +20,9 @@ def run_config(options: ConfigOptions, output: Path | None = None, *, force: boo
     if check is not None:
         return checked(check)
     from accelkit.configs.render import render_yaml, write_config, write_deepspeed_json
-    from accelkit.configs.resolve import resolve_config
     from accelkit.fsio import refuse_overwrite
 
-    config = resolve_config(options)
+    config = _resolve_with_zeropp_json(options, output)
     result = CommandResult()
     for finding in config.findings:
         result.err(finding.lines())
@@ -41,6 +41,25 @@ def run_config(options: ConfigOptions, output: Path | None = None, *, force: boo
                    f" on {config.num_machines} machine(s)).")
         result.out(f"Launch: accelerate launch --config_file {output} your_script.py")
     return result
+
+
+def _resolve_with_zeropp_json(options: ConfigOptions, output: Path | None):
+    """The resolved config; for a DeepSpeed config with --grad-compression int8 and no --deepspeed-json, the
+    ZeRO++ keys (which live only in a DeepSpeed JSON) go to one written beside the YAML: OUTPUT.deepspeed.json."""
+    from accelkit.configs.resolve import resolve_config
+    from accelkit.errors import AccelkitError
+
+    try:
+        return resolve_config(options)
+    except AccelkitError:
+        if output is None or options.grad_compression != "int8" or options.deepspeed_json is not None:
+            raise
+        with_json = replace(options, deepspeed_json=output.with_name(f"{output.stem}.deepspeed.json"))
+        try:
+            return resolve_config(with_json)
+        except AccelkitError:
+            pass
+        raise  # the first error: this config cannot take ZeRO++ at all (another backend, another stage)
 
 
 def presets_listing() -> CommandResult:

@@ -22,8 +22,6 @@ CONFIG_CASES = [
       "--deepspeed-json", "ds.json"], r"ZeRO\+\+.*the config is ZeRO stage 1"),
     (["--backend", "deepspeed", "--zero-stage", "2", "--num-processes", "2", "--grad-compression", "int8",
       "--deepspeed-json", "ds.json"], r"ZeRO\+\+.*the config is ZeRO stage 2"),
-    (["--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "2", "--grad-compression", "int8"],
-     r"the ZeRO\+\+ keys live in a DeepSpeed JSON"),
     (["--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "2", "--grad-compression", "powersgd",
       "--deepspeed-json", "ds.json"], r"--grad-compression powersgd is not a DeepSpeed option"),
     (["--backend", "ddp", "--num-processes", "1", "--grad-compression", "fp16"],
@@ -49,6 +47,13 @@ CONFIG_CASES = [
 def test_config_refuses_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
     result = invoke_fault(["config", *args, "-o", str(tmp_path / "out.yaml")], watch=[tmp_path], cwd=tmp_path)
     result.assert_refused(message)
+
+
+def test_config_int8_printed_to_stdout_has_nowhere_to_write_its_json(tmp_path: Path) -> None:
+    result = invoke_fault(["config", "--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "2",
+                           "--grad-compression", "int8"], watch=[tmp_path], cwd=tmp_path)
+    result.assert_refused(r"the ZeRO\+\+ keys live in a DeepSpeed JSON")
+    assert "-o FILE" in result.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [

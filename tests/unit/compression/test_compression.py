@@ -149,3 +149,15 @@ def test_config_check_judges_the_comment_line_against_the_files_backend(tmp_path
     result = invoke_accelkit("config", "--check", str(config))
     assert result.returncode == 1
     assert "the accelkit-grad-compression line: --grad-compression powersgd is not an FSDP option" in result.stderr
+
+
+def test_config_int8_writes_the_deepspeed_json_beside_the_yaml_and_prints_no_deepspeed_noise(tmp_path: Path) -> None:
+    out = invoke_accelkit("config", "--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "2",
+                          "--grad-compression", "int8", "-o", str(tmp_path / "ds.yaml"))
+    assert out.returncode == 0, out.stderr
+    written = tmp_path / "ds.deepspeed.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.deepspeed.json", "ds.yaml"]
+    assert json.loads(written.read_text())["zero_optimization"]["zero_quantized_weights"] is True
+    assert f"deepspeed_config_file: {written}" in (tmp_path / "ds.yaml").read_text()
+    assert out.stdout.splitlines()[0].startswith(f"Wrote {tmp_path / 'ds.yaml'} and {written}")
+    assert "WARNING" not in out.stdout + out.stderr and "real_accelerator" not in out.stdout + out.stderr
