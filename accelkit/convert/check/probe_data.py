@@ -79,7 +79,7 @@ class LoaderTracker:
             finally:
                 tracker.depth -= 1
             # after the loader's own seed draw (every `iter(loader)` takes one): what changes it now is the script
-            tracker.rng_at_start[id(record)] = _rng_digest()
+            tracker.rng_at_start[id(record)] = rng_digest()
             return _PassIterator(tracker, record, inner)
 
         __iter__._accelkit_check = True
@@ -128,7 +128,7 @@ class LoaderTracker:
 
     def _end(self, record: Pass) -> None:
         record.complete = True
-        record.draws = self.rng_at_start.pop(id(record), None) not in (None, _rng_digest())
+        record.draws = self.rng_at_start.pop(id(record), None) not in (None, rng_digest())
         if self.active.get(record.loader) is record:
             del self.active[record.loader]
         self.tag = f"{record.loader}:{record.number}:end"
@@ -332,7 +332,7 @@ def _restore_rng_states(states: tuple) -> None:
         sys.modules["numpy"].random.set_state(numpy_state)
 
 
-def _rng_digest() -> str:
+def rng_digest() -> str:
     """A digest of the global generators a dataset draws from (torch's default CPU generator, Python's `random`,
     numpy's legacy `np.random`): it changes when anything draws from one of them (pytorch/examples' siamese test
     set picks its pairs with `random.randint` in `__getitem__`)."""

@@ -18,6 +18,10 @@ ROLE_ENV = "ACCELKIT_CHECK_ROLE"  # "original" (1 process) or "converted" (N ran
 REPLAY_ENV = "ACCELKIT_CHECK_REPLAY_DIR"  # original run: load the converted run's weights before each eval pass
 BACKEND_ENV = "ACCELKIT_CHECK_BACKEND"  # converted run: "ddp" or "fsdp" (how the probe reads the weights)
 WORLD_ENV = "ACCELKIT_CHECK_WORLD"  # converted run's world size, known to the original run (progress alignment)
+# the run keeps the trained weights after each optimizer step (rank 0), for the comparison with the original
+WEIGHTS_ENV = "ACCELKIT_CHECK_KEEP_WEIGHTS"
+WEIGHTS_FILE = "weights.pt"  # in the probe folder: {index in Record.steps: {parameter name: tensor}}
+EQUIVALENCE_ROLE = "equivalence"  # the original on 1 process, its DataLoaders' batch scaled to the global batch
 
 
 @dataclass
@@ -84,6 +88,11 @@ class Record:
     saved_eval_weights: list[str] = field(default_factory=list)  # converted rank 0: "loader:pass" weights saved
     replayed: list[str] = field(default_factory=list)  # original: "loader:pass" weights loaded before the pass
     notes: list[str] = field(default_factory=list)
+    # equivalence run: [batch size as the script built the DataLoader, the global batch the check gave it]
+    batch_scaled: list[list[int]] = field(default_factory=list)
+    batch_norm: list[str] = field(default_factory=list)  # trained modules normalising over the process's batch
+    step_draws: list[bool] = field(default_factory=list)  # per clock step: torch's generator advanced in training
+    weights_kept: list[int] = field(default_factory=list)  # indexes in `steps` whose weights are in WEIGHTS_FILE
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
