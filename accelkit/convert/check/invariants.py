@@ -150,10 +150,11 @@ def _same_samples_until(runs: Runs, original: Record) -> int:
         ours: Counter[str] = Counter()
         for record in runs.converted:
             ours.update(record.step_rows[position] if position < len(record.step_rows) else [])
-        if not rows or ours != Counter(rows):
+        if ours != Counter(rows):
             break
         count += 1
-    return count
+    seen = any(original.step_rows[:count])
+    return count if seen else 0
 
 
 def _against_original(runs: Runs, manual: bool) -> tuple[Verdict | None, str]:
@@ -191,7 +192,9 @@ def _against_original(runs: Runs, manual: bool) -> tuple[Verdict | None, str]:
     for count, ((i, step), (j, other)) in enumerate(zip(ours, theirs, strict=False), start=1):
         if i != j or step.optimizer != other.optimizer:
             break  # the runs stepped their optimizers in another order: nothing after this lines up
-        if step.number > same_until or (not step.is_clock and step.number >= same_until):
+        # the clock steps so far (a first backward pass before any optimizer step counts as one)
+        clock_steps = sum(1 for s in rank0.steps[:i + 1] if s.is_clock)
+        if clock_steps > same_until or (not step.is_clock and clock_steps >= same_until):
             break  # from here on the runs trained on other samples
         difference = differences.get(i)
         if difference is None:
