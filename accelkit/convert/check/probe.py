@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ from accelkit.convert.check.probe_metrics import CallerMetrics
 from accelkit.convert.check.record import (
     BACKEND_ENV,
     EQUIVALENCE_ROLE,
+    ORDER_ENV,
     REPLAY_ENV,
     ROLE_ENV,
     WEIGHTS_ENV,
@@ -98,6 +100,9 @@ class CheckProbe:
         if self.record.role == EQUIVALENCE_ROLE:
             world = int(os.environ.get(WORLD_ENV) or 1)
             after_import("torch.utils.data.dataloader", lambda: scale_batches(self.record, world))
+            order = os.environ.get(ORDER_ENV)
+            if order and Path(order).exists():
+                self.loaders.replay = json.loads(Path(order).read_text(encoding="utf-8"))
         after_import("torch.nn.parallel.distributed", self._hook_ddp)
         after_import("accelerate.data_loader", self.loaders.hook_accelerate)
         after_import("safetensors.torch", self.io.hook_safetensors)

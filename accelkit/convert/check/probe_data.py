@@ -39,6 +39,9 @@ class LoaderTracker:
         self.indices_kept = 0
         self.rows_kept = 0
         self.rng_at_start: dict[int, str] = {}  # id(pass) -> torch's generator once the pass began
+        # equivalence run: "loader:pass" -> the batches to hand out instead of the sampler's (the ranks' together)
+        self.replay: dict[str, list[list[int]]] = {}
+        self.replayed: dict[int, int] = {}  # id(pass) -> batches handed out from `replay`
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def hook_torch(self) -> None:
@@ -49,7 +52,8 @@ class LoaderTracker:
         tracker = self
 
         def _next_index(it):
-            index = original(it)
+            index = original(it)  # drawn all the same: the generators advance as without a replay
+            index = tracker._replay(getattr(it, "_dataset", None), index)
             tracker._fetched(getattr(it, "_dataset", None), index)
             return index
 
@@ -102,6 +106,21 @@ class LoaderTracker:
         self.tag = f"{key}:{number}:in"
         self.on_start(record)
         return record
+
+    def _replay(self, dataset, index):
+        """The equivalence run's batch: the N ranks' batches of the same step together, in the order they took
+        them (a shuffled loader draws another order on one process than Accelerate's shards); the sampler's own
+        batch when there is nothing (left) to replay."""
+        key = self.loader_of.get(id(dataset))
+        record = self.active.get(key) if key is not None else None
+        if record is None or not self.replay or isinstance(index, int):
+            return index
+        batches = self.replay.get(f"{record.loader}:{record.number}", [])
+        taken = self.replayed.get(id(record), 0)
+        if taken >= len(batches):
+            return index
+        self.replayed[id(record)] = taken + 1
+        return list(batches[taken])
 
     def _fetched(self, dataset, index) -> None:
         key = self.loader_of.get(id(dataset))

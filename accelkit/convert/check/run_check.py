@@ -12,6 +12,7 @@ from accelkit.convert.check.cuda_on_cpu import failed_for_cuda, rehearsal_env
 from accelkit.convert.check.equivalence import Equivalence, compare_weights
 from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, evaluate
 from accelkit.convert.check.lines import ConvertedLines
+from accelkit.convert.check.record import replay_order
 from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, equivalence_spec, original_spec, run
 from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
 from accelkit.convert.check.torchrun_env import needs_launcher, one_process_env
@@ -169,7 +170,8 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
             # the original once more, at the conversion's global batch: the weights it reaches are the conversion's
             box = tree.materialize(scratch.root / "sandbox-equivalence")
             same = run(equivalence_spec(scratch, box, script, args, options.steps, options.processes,
-                                        options.stall_seconds, options.timeout, launcher_env and one_process_env(),
+                                        replay_order(converted.records), options.stall_seconds, options.timeout,
+                                        launcher_env and one_process_env(),
                                         rehearsal_env() if cuda_rehearsed else None), box.script.parent)
             box.remove()
             failure = "" if same.status in (0, None) else f"exit status {same.status}: {_last_error(same)}"

@@ -22,6 +22,7 @@ from typing import Any
 from accelkit.convert.check.record import (
     BACKEND_ENV,
     EQUIVALENCE_ROLE,
+    ORDER_ENV,
     PROBE_MODULE,
     REPLAY_ENV,
     ROLE_ENV,
@@ -100,16 +101,22 @@ def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str],
 
 
 def equivalence_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str], steps: int, world: int,
-                     stall: float, timeout: float, launcher_env: dict[str, str] | None = None,
+                     order: dict[str, list[list[int]]], stall: float, timeout: float,
+                     launcher_env: dict[str, str] | None = None,
                      cuda_env: dict[str, str] | None = None) -> CheckRun:
     """The original as one plain process at the conversion's global batch (its DataLoaders' batch times `world`,
-    probe_batch.py) for as many steps as the conversion, keeping its weights after each step."""
+    probe_batch.py; the ranks' samples of each step together, `order`) for as many steps as the conversion,
+    keeping its weights after each step."""
+    import json
+
     from accelkit.launch import ScriptProcess
 
     shutil.copyfile(script, box.script)
     probe_dir = scratch.folder("probe-equivalence")
+    order_file = scratch.root / "equivalence-order.json"
+    order_file.write_text(json.dumps(order), encoding="utf-8")
     env = {**(launcher_env or {}), **(cuda_env or {}), ROLE_ENV: EQUIVALENCE_ROLE, WORLD_ENV: str(world),
-           WEIGHTS_ENV: "1", MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
+           WEIGHTS_ENV: "1", MAX_STEPS_ENV: str(steps), ORDER_ENV: str(order_file), **SANDBOX_ENV}
     return CheckRun(EQUIVALENCE_ROLE, ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall,
                     timeout)
 

@@ -118,3 +118,15 @@ def test_a_sum_reduced_loss_is_scaled_by_the_number_of_processes_and_only_that()
     assert _backward_line('nn.MSELoss(reduction="sum")', "criterion(model(x), y) / len(x)") == plain
     code = convert_source(SUMMED.format(criterion='nn.MSELoss(reduction="sum")', loss="criterion(model(x), y)")).code
     assert "# a loss summed over the batch (reduction='sum'): DDP/FSDP average the gradients" in code
+
+
+def test_the_equivalence_run_replays_the_ranks_batches_of_each_step_together() -> None:
+    from accelkit.convert.check.record import Pass, replay_order
+
+    def rank(indices: list[int], steps: int = 3) -> Record:
+        return Record(passes=[Pass(loader=0, number=0, length=3, dataset_length=12, batch_size=2, indices=indices,
+                                   steps=steps),
+                              Pass(loader=1, number=0, length=1, dataset_length=4, batch_size=2, indices=[0, 1])])
+    # shuffled: rank 0 took [5, 1], [7, 3], [0, 9]; rank 1 [2, 8], [4, 6], [11, 10] (a prefetched batch left over)
+    order = replay_order([rank([5, 1, 7, 3, 0, 9]), rank([2, 8, 4, 6, 11, 10, 3, 3])])
+    assert order == {"0:0": [[5, 1, 2, 8], [7, 3, 4, 6], [0, 9, 11, 10]]}  # the evaluation pass is not replayed

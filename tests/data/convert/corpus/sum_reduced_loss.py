@@ -5,7 +5,7 @@ from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 x = torch.randn(96, 4)
 y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(96)
-loader = DataLoader(TensorDataset(x, y), batch_size=8)
+loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
 model = nn.Linear(4, 1)
 loss_fn = nn.MSELoss(reduction="sum")
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
