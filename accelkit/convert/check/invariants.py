@@ -189,9 +189,16 @@ def _against_original(runs: Runs, manual: bool) -> tuple[Verdict | None, str]:
     ours = [(i, s) for i, s in enumerate(rank0.steps) if s.optimizer >= 0]
     theirs = [(i, s) for i, s in enumerate(original.steps) if s.optimizer >= 0]
     compared = 0
+    stopped = ""
     for count, ((i, step), (j, other)) in enumerate(zip(ours, theirs, strict=False), start=1):
         if i != j or step.optimizer != other.optimizer:
             break  # the runs stepped their optimizers in another order: nothing after this lines up
+        if _lrs_differ(step.lrs, other.lrs):
+            # a schedule counted in steps (a warm-up of K steps) sits elsewhere at N times the batch; the `lr` line
+            # compares it with the original at the same point of training
+            stopped = (f" (from step {count} on the learning rate differs from the one process's at the global "
+                       "batch: a schedule counted in steps)")
+            break
         # the clock steps so far (a first backward pass before any optimizer step counts as one)
         clock_steps = sum(1 for s in rank0.steps[:i + 1] if s.is_clock)
         if clock_steps > same_until or (not step.is_clock and clock_steps >= same_until):
@@ -210,9 +217,14 @@ def _against_original(runs: Runs, manual: bool) -> tuple[Verdict | None, str]:
                             "it by accelerator.num_processes), or the gradients are scaled per process")), ""
         compared += 1
     if not compared:
-        return None, apart + "no step with the same samples and weights kept in both runs"
+        return None, apart + "no step with the same samples and weights kept in both runs" + stopped
     return None, (f"; equal to the original's within {WEIGHTS_RTOL:g} relative after {compared} of {len(ours)} "
-                  f"step(s) ({compared_runs})")
+                  f"step(s) ({compared_runs}){stopped}")
+
+
+def _lrs_differ(ours: list[float], theirs: list[float]) -> bool:
+    return len(ours) != len(theirs) or any(abs(a - b) > LR_RTOL * max(abs(a), abs(b), 1e-30)
+                                           for a, b in zip(ours, theirs, strict=True))
 
 
 def _step_label(step: Step, manual: bool) -> str:

@@ -130,3 +130,11 @@ def test_the_equivalence_run_replays_the_ranks_batches_of_each_step_together() -
     # shuffled: rank 0 took [5, 1], [7, 3], [0, 9]; rank 1 [2, 8], [4, 6], [11, 10] (a prefetched batch left over)
     order = replay_order([rank([5, 1, 7, 3, 0, 9]), rank([2, 8, 4, 6, 11, 10, 3, 3])])
     assert order == {"0:0": [[5, 1, 2, 8], [7, 3, 4, 6], [0, 9, 11, 10]]}  # the evaluation pass is not replayed
+
+
+def test_steps_at_another_learning_rate_than_the_global_batch_run_are_not_compared() -> None:
+    original = _original()
+    original.steps[1].lrs = [0.05]  # a warm-up counted in steps: elsewhere at twice the batch
+    status, summary = _judge(original, [1e-7, 0.5, 0.5])
+    assert status == PASS and "after 1 of 3 step(s)" in summary
+    assert "from step 2 on the learning rate differs from the one process's at the global batch" in summary
