@@ -2,7 +2,9 @@
 
 What can be compared between a 1-process and an N-process run, and what cannot: after a step the converted run's
 weights legitimately differ from the original's (its global batch is N times larger), so weights are compared
-across the ranks of the converted run only. Learning rates are compared with the original's at the same point of
+across the ranks of the converted run, and with a third run, the original on 1 process at the global batch, fed
+the ranks' samples of each step together (equivalence.py; where both must be equal: the same samples and learning
+rates, no BatchNorm, no random draw in the step). Learning rates are compared with the original's at the same point of
 training: the same epoch and the same fraction of it (a per-batch scheduler prepared by Accelerate steps N times
 per step, so after k steps on N ranks it is where the original is after N*k). Samples are compared as sets of
 dataset indices per epoch. Metrics are compared at equal weights: the original loads the converted run's weights
