@@ -4,8 +4,9 @@ The original script runs on one process and the converted one on 2 CPU ranks (DD
 `CheckOptions(backend="fsdp")`), both with the
 probe in `probe.py` installed in every process; `invariants.py` then compares what the probes saw against the
 invariants of correct data parallelism (every trainable module wrapped, weights identical across ranks after every
-step, learning rates equal to the original's at the same point of training, each sample seen once per epoch,
-metrics equal to the one-process value, each file written once, no hang).
+step and equal to those of the original run once more at the global batch (the equivalence run), learning rates
+equal to the original's at the same point of training, each sample seen once per epoch, metrics equal to the
+one-process value, each file written once, no hang).
 
     from accelkit.convert.check.run_check import CheckOptions, check_script
     outcome = check_script(Path("train.py"), ["--epochs", "1"], CheckOptions(steps=8))

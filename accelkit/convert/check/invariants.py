@@ -2,7 +2,9 @@
 
 What can be compared between a 1-process and an N-process run, and what cannot: after a step the converted run's
 weights legitimately differ from the original's (its global batch is N times larger), so weights are compared
-across the ranks of the converted run only. Learning rates are compared with the original's at the same point of
+across the ranks of the converted run, and with a third run, the original on 1 process at the global batch, fed
+the ranks' samples of each step together (equivalence.py; where both must be equal: the same samples and learning
+rates, no BatchNorm, no random draw in the step). Learning rates are compared with the original's at the same point of
 training: the same epoch and the same fraction of it (a per-batch scheduler prepared by Accelerate steps N times
 per step, so after k steps on N ranks it is where the original is after N*k). Samples are compared as sets of
 dataset indices per epoch. Metrics are compared at equal weights: the original loads the converted run's weights
@@ -17,11 +19,15 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from accelkit.convert.check.equivalence import Equivalence
 from accelkit.convert.check.probe_metrics import NUMBER
 from accelkit.convert.check.record import Pass, Record, Step
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 LR_RTOL = 1e-6
+# weights of the conversion against the original's at the global batch: the largest |difference| of a parameter
+# over its largest |value| (fp32 sums in another order differ by ~1e-7 per step; half the gradient, by far more)
+WEIGHTS_RTOL = 1e-4
 # metrics of an evaluation that draws random numbers: the processes draw other numbers than the one process; a
 # sample counted twice or a metric left per process is off by far more (pytorch/examples vae: 33%; its draw: 0.02%)
 RANDOM_EVALUATION_TOLERANCE = 0.02
@@ -47,6 +53,7 @@ class Runs:
     steps: int = 0  # the check's --steps: optimizer steps of the converted run before it is stopped
     full_batch: bool = False  # the script trains on all its data every step (a graph): every rank sees all of it
     evaluation_every: tuple[int, ...] = ()  # N of evaluations the script runs every N training steps
+    equivalence: Equivalence | None = None  # the original on 1 process at the global batch (None: not run)
 
 
 def evaluate(runs: Runs) -> list[Verdict]:
@@ -126,7 +133,100 @@ def weights(runs: Runs) -> Verdict:
     count = len(per_rank[0])
     what = f"before each of {count} backward passes" if manual else f"after each of {count} optimizer steps"
     gathered = " (full parameters gathered from the FSDP shards)" if ranks[0].backend == "fsdp" else ""
-    return Verdict(name, PASS, f"identical on all {len(ranks)} ranks {what}{gathered}")
+    failed, against = _against_original(runs, manual)
+    if failed is not None:
+        return failed
+    return Verdict(name, PASS, f"identical on all {len(ranks)} ranks {what}{gathered}{against}")
+
+
+def _global_batch(record: Record) -> str:
+    sizes = sorted({(a, b) for a, b in record.batch_scaled})
+    return ", ".join(f"{b} ({a} per rank)" for a, b in sizes)
+
+
+def _same_samples_until(runs: Runs, original: Record) -> int:
+    """How many clock steps, from the first, trained on the same samples in both runs (the rows of the N ranks'
+    inputs together against the one process's); 0 when the probe saw no rows."""
+    count = 0
+    for position, rows in enumerate(original.step_rows):
+        ours: Counter[str] = Counter()
+        for record in runs.converted:
+            ours.update(record.step_rows[position] if position < len(record.step_rows) else [])
+        if ours != Counter(rows):
+            break
+        count += 1
+    seen = any(original.step_rows[:count])
+    return count if seen else 0
+
+
+def _against_original(runs: Runs, manual: bool) -> tuple[Verdict | None, str]:
+    """Compare rank 0's weights with the equivalence run's (the original on 1 process at the global batch) after
+    every step both kept: a FAIL verdict, or the words the PASS line adds."""
+    found = runs.equivalence
+    if found is None:
+        return None, ""
+    rank0, original = runs.converted[0], found.record
+    apart = "; not compared with the original on 1 process at the global batch: "
+    if manual:
+        return None, apart + "no optimizer step (weights updated by hand)"
+    if original is None or found.failure:
+        return None, apart + f"it did not run there ({found.failure or 'it recorded nothing'})"
+    if not original.batch_scaled:
+        return None, apart + "no DataLoader with a batch size the check could set to the global batch"
+    batch = _global_batch(original)
+    compared_runs = (f"the original on 1 process with its DataLoader batch set by the check to {batch}, "
+                     f"against the conversion on {runs.world} ranks")
+    norms = sorted({*original.batch_norm, *rank0.batch_norm})
+    if norms:
+        return None, apart + (f"{', '.join(norms)} normalises over each process's own batch (SyncBatchNorm "
+                              "would not)")
+    if any(original.step_draws) or any(d for r in runs.converted for d in r.step_draws):
+        return None, apart + ("the training step draws random numbers (dropout, noise): the processes draw "
+                              "others than the one process")
+    same_until = _same_samples_until(runs, original)
+    if not same_until:
+        return None, apart + ("its first step trained on other samples than the ranks' first steps together "
+                              "(shuffled in another order, or inputs the probe cannot see)")
+    differences = {d.position: d for d in found.differences}
+    ours = [(i, s) for i, s in enumerate(rank0.steps) if s.optimizer >= 0]
+    theirs = [(i, s) for i, s in enumerate(original.steps) if s.optimizer >= 0]
+    compared = 0
+    stopped = ""
+    for count, ((i, step), (j, other)) in enumerate(zip(ours, theirs, strict=False), start=1):
+        if i != j or step.optimizer != other.optimizer:
+            break  # the runs stepped their optimizers in another order: nothing after this lines up
+        if _lrs_differ(step.lrs, other.lrs):
+            # a schedule counted in steps (a warm-up of K steps) sits elsewhere at N times the batch; the `lr` line
+            # compares it with the original at the same point of training
+            stopped = (f" (from step {count} on the learning rate differs from the one process's at the global "
+                       "batch: a schedule counted in steps)")
+            break
+        # the clock steps so far (a first backward pass before any optimizer step counts as one)
+        clock_steps = sum(1 for s in rank0.steps[:i + 1] if s.is_clock)
+        if clock_steps > same_until or (not step.is_clock and clock_steps >= same_until):
+            break  # from here on the runs trained on other samples
+        difference = differences.get(i)
+        if difference is None:
+            continue
+        if difference.relative > WEIGHTS_RTOL:
+            label = f"step {count}" + (f" (optimizer #{step.optimizer})" if len(rank0.optimizers) > 1 else "")
+            return Verdict("weights", FAIL, f"after {label} the weights differ from the original's on 1 process at "
+                                            f"the global batch: {difference.parameter} by {difference.relative:.3g} "
+                                            f"relative (tolerance {WEIGHTS_RTOL:g})",
+                           (f"compared: {compared_runs}, after every optimizer step",
+                            "the ranks together apply another update than the original: a loss summed over each "
+                            "process's batch (reduction='sum') is averaged over the processes by DDP/FSDP (scale "
+                            "it by accelerator.num_processes), or the gradients are scaled per process")), ""
+        compared += 1
+    if not compared:
+        return None, apart + "no step with the same samples and weights kept in both runs" + stopped
+    return None, (f"; equal to the original's within {WEIGHTS_RTOL:g} relative after {compared} of {len(ours)} "
+                  f"step(s) ({compared_runs}){stopped}")
+
+
+def _lrs_differ(ours: list[float], theirs: list[float]) -> bool:
+    return len(ours) != len(theirs) or any(abs(a - b) > LR_RTOL * max(abs(a), abs(b), 1e-30)
+                                           for a, b in zip(ours, theirs, strict=True))
 
 
 def _step_label(step: Step, manual: bool) -> str:

@@ -23,21 +23,38 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
 
 from accelkit.convert.check.frames import qualname, user_frames
-from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, step_digest
+from accelkit.convert.check.probe_batch import scale_batches
+from accelkit.convert.check.probe_data import LoaderTracker, fingerprint_rows, rng_digest, step_digest
 from accelkit.convert.check.probe_io import OutputTracker
 from accelkit.convert.check.probe_metrics import CallerMetrics
-from accelkit.convert.check.record import BACKEND_ENV, REPLAY_ENV, ROLE_ENV, Pass, Record, Step, write_record
+from accelkit.convert.check.record import (
+    BACKEND_ENV,
+    EQUIVALENCE_ROLE,
+    ORDER_ENV,
+    REPLAY_ENV,
+    ROLE_ENV,
+    WEIGHTS_ENV,
+    WEIGHTS_FILE,
+    WORLD_ENV,
+    Pass,
+    Record,
+    Step,
+    write_record,
+)
 from accelkit.ranks import WATCH_DIR_ENV, is_user_file
 from accelkit.ranks.probes import MAX_STEPS_ENV, PROBE_DIR_ENV, StepEvent, after_import, clock
 
 WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 MAX_STEPS_WITH_ROWS = 64  # steps whose input rows are kept one by one (the check runs a few steps)
 MAX_ROWS_PER_STEP = 4096
+# weights kept after every step up to this many values (all steps together); beyond it, the last step's only
+MAX_KEPT_VALUES = 8_000_000
 
 
 class CheckProbe:
@@ -59,6 +76,10 @@ class CheckProbe:
         self.finished = False
         self.watching = 0  # frames whose return value is awaited
         self.step_keys: list[str] = []  # input hashes since the last clock step
+        self.keep_weights = os.environ.get(WEIGHTS_ENV) == "1"
+        self.kept: dict[int, dict[str, object]] = {}  # index in record.steps -> parameter name -> tensor
+        self.kept_values = 0
+        self.rng_at_forward: str | None = None  # torch's generator when the step's first training forward began
         self.loaders = LoaderTracker(self.record, _nothing, self._pass_started, self._pass_ended)
         # the probe's own files, and the launch's per-rank watch files (accelkit.ranks.watch), not the script's
         ignore = [str(self.folder), *filter(None, [os.environ.get(WATCH_DIR_ENV)])]
@@ -76,6 +97,12 @@ class CheckProbe:
         self.io.install()
         after_import("torch", self._hook_torch)
         after_import("torch.utils.data.dataloader", self.loaders.hook_torch)
+        if self.record.role == EQUIVALENCE_ROLE:
+            world = int(os.environ.get(WORLD_ENV) or 1)
+            after_import("torch.utils.data.dataloader", lambda: scale_batches(self.record, world))
+            order = os.environ.get(ORDER_ENV)
+            if order and Path(order).exists():
+                self.loaders.replay = json.loads(Path(order).read_text(encoding="utf-8"))
         after_import("torch.nn.parallel.distributed", self._hook_ddp)
         after_import("accelerate.data_loader", self.loaders.hook_accelerate)
         after_import("safetensors.torch", self.io.hook_safetensors)
@@ -130,8 +157,25 @@ class CheckProbe:
             self.record.models.append({"name": class_name(inner), "trained": False,
                                        "wrapper": wrapper_name(module, inner)})
         if module.training and torch.is_grad_enabled() and id(module) in self.model_ids:  # a model, not a loss
-            self.record.models[self.models.index(module)]["trained"] = True
+            entry = self.record.models[self.models.index(module)]
+            if not entry["trained"]:
+                self._note_batch_norm(module)
+            entry["trained"] = True
             self.step_keys += fingerprint_rows(self.record, args)
+            if self.rng_at_forward is None:
+                self.rng_at_forward = rng_digest()
+
+    def _note_batch_norm(self, module) -> None:
+        """BatchNorm normalises over each process's own batch: N ranks at batch B differ from one at N x B by design
+        (SyncBatchNorm does not)."""
+        import torch
+
+        for inner in module.modules():
+            if isinstance(inner, torch.nn.modules.batchnorm._BatchNorm) and \
+                    not isinstance(inner, torch.nn.SyncBatchNorm) and inner.track_running_stats is not None:
+                name = type(inner).__name__
+                if name not in self.record.batch_norm:
+                    self.record.batch_norm.append(name)
 
     # -- optimizer steps -------------------------------------------------------------------------------------
     def _index(self, optimizer) -> int:
@@ -177,11 +221,39 @@ class CheckProbe:
         self.loaders.on_step()
         if event.is_clock:
             self._note_step_inputs()
+            self.record.step_draws.append(self.rng_at_forward not in (None, rng_digest()))
+            self.rng_at_forward = None
+        params = optimizer_params(optimizer)
+        tensors = [full(p.detach()).to("cpu").reshape(-1).clone() for p in params]  # FSDP: a collective
+        if self.keep_weights and self.main:
+            self._keep_weights(len(self.record.steps), params, tensors)
         self.record.steps.append(Step(
             number=event.clock_steps, optimizer=index, is_clock=event.is_clock,
             lrs=[float(group["lr"]) for group in optimizer.param_groups],
-            digest=digest(optimizer_params(optimizer)), before=self.pending_before.pop(index, None),
+            digest=digest_of(tensors), before=self.pending_before.pop(index, None),
             progress=self.loaders.progress()))
+
+    def _keep_weights(self, position: int, params: list, tensors: list) -> None:
+        """The weights after step `position`, by parameter name, for the comparison with the original (every step
+        while they are small; the latest only past MAX_KEPT_VALUES)."""
+        names = self._parameter_names()
+        values = sum(t.numel() for t in tensors)
+        if self.kept_values + values > MAX_KEPT_VALUES:
+            self.kept.clear()  # the latest steps that fit
+        named: dict[str, object] = {}
+        for i, (param, tensor) in enumerate(zip(params, tensors, strict=True)):
+            named[names.get(id(param), f"parameter #{i} of the optimizer")] = tensor
+        self.kept[position] = named
+        self.kept_values = sum(t.numel() for step in self.kept.values() for t in step.values())
+
+    def _parameter_names(self) -> dict[int, str]:
+        """id(parameter) -> `Net.fc.weight` (the model's class and the name inside it, without wrappers)."""
+        names: dict[int, str] = {}
+        for model in self.models:
+            inner = unwrap(model)
+            for name, param in inner.named_parameters():
+                names.setdefault(id(param), f"{class_name(inner)}.{name}")
+        return names
 
     def _note_step_inputs(self) -> None:
         """The inputs of the clock step that just ended: one hash for all of them, and the rows themselves for the
@@ -276,6 +348,11 @@ class CheckProbe:
         self.finished = True
         self.record.reason = reason
         self.record.script = sys.argv[0] if sys.argv else ""
+        if self.kept:
+            import torch
+
+            torch.save(self.kept, self.folder / WEIGHTS_FILE)
+            self.record.weights_kept = sorted(self.kept)
         write_record(self.record)
 
 
@@ -348,12 +425,15 @@ def optimizer_params(optimizer) -> list:
 
 
 def digest(params) -> str:
+    # copies: a numpy view would pin the storage, which FSDP frees (resizes to 0) after the backward pass
+    return digest_of([full(p.detach()).to("cpu").reshape(-1).clone() for p in params])
+
+
+def digest_of(tensors: list) -> str:
     import torch
 
     sha = hashlib.sha256()
-    for p in params:
-        # a copy: a numpy view would pin the storage, which FSDP frees (resizes to 0) after the backward pass
-        flat = full(p.detach()).to("cpu").reshape(-1).clone()
+    for flat in tensors:
         sha.update(flat.view(torch.uint8).numpy().tobytes())
     return sha.hexdigest()[:16]
 

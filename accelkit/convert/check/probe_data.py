@@ -39,6 +39,9 @@ class LoaderTracker:
         self.indices_kept = 0
         self.rows_kept = 0
         self.rng_at_start: dict[int, str] = {}  # id(pass) -> torch's generator once the pass began
+        # equivalence run: "loader:pass" -> the batches to hand out instead of the sampler's (the ranks' together)
+        self.replay: dict[str, list[list[int]]] = {}
+        self.replayed: dict[int, int] = {}  # id(pass) -> batches handed out from `replay`
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def hook_torch(self) -> None:
@@ -49,7 +52,8 @@ class LoaderTracker:
         tracker = self
 
         def _next_index(it):
-            index = original(it)
+            index = original(it)  # drawn all the same: the generators advance as without a replay
+            index = tracker._replay(getattr(it, "_dataset", None), index)
             tracker._fetched(getattr(it, "_dataset", None), index)
             return index
 
@@ -79,7 +83,7 @@ class LoaderTracker:
             finally:
                 tracker.depth -= 1
             # after the loader's own seed draw (every `iter(loader)` takes one): what changes it now is the script
-            tracker.rng_at_start[id(record)] = _rng_digest()
+            tracker.rng_at_start[id(record)] = rng_digest()
             return _PassIterator(tracker, record, inner)
 
         __iter__._accelkit_check = True
@@ -102,6 +106,21 @@ class LoaderTracker:
         self.tag = f"{key}:{number}:in"
         self.on_start(record)
         return record
+
+    def _replay(self, dataset, index):
+        """The equivalence run's batch: the N ranks' batches of the same step together, in the order they took
+        them (a shuffled loader draws another order on one process than Accelerate's shards); the sampler's own
+        batch when there is nothing (left) to replay."""
+        key = self.loader_of.get(id(dataset))
+        record = self.active.get(key) if key is not None else None
+        if record is None or not self.replay or isinstance(index, int):
+            return index
+        batches = self.replay.get(f"{record.loader}:{record.number}", [])
+        taken = self.replayed.get(id(record), 0)
+        if taken >= len(batches):
+            return index
+        self.replayed[id(record)] = taken + 1
+        return list(batches[taken])
 
     def _fetched(self, dataset, index) -> None:
         key = self.loader_of.get(id(dataset))
@@ -128,7 +147,7 @@ class LoaderTracker:
 
     def _end(self, record: Pass) -> None:
         record.complete = True
-        record.draws = self.rng_at_start.pop(id(record), None) not in (None, _rng_digest())
+        record.draws = self.rng_at_start.pop(id(record), None) not in (None, rng_digest())
         if self.active.get(record.loader) is record:
             del self.active[record.loader]
         self.tag = f"{record.loader}:{record.number}:end"
@@ -332,7 +351,7 @@ def _restore_rng_states(states: tuple) -> None:
         sys.modules["numpy"].random.set_state(numpy_state)
 
 
-def _rng_digest() -> str:
+def rng_digest() -> str:
     """A digest of the global generators a dataset draws from (torch's default CPU generator, Python's `random`,
     numpy's legacy `np.random`): it changes when anything draws from one of them (pytorch/examples' siamese test
     set picks its pairs with `random.randint` in `__getitem__`)."""

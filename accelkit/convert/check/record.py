@@ -18,6 +18,11 @@ ROLE_ENV = "ACCELKIT_CHECK_ROLE"  # "original" (1 process) or "converted" (N ran
 REPLAY_ENV = "ACCELKIT_CHECK_REPLAY_DIR"  # original run: load the converted run's weights before each eval pass
 BACKEND_ENV = "ACCELKIT_CHECK_BACKEND"  # converted run: "ddp" or "fsdp" (how the probe reads the weights)
 WORLD_ENV = "ACCELKIT_CHECK_WORLD"  # converted run's world size, known to the original run (progress alignment)
+# the run keeps the trained weights after each optimizer step (rank 0), for the comparison with the original
+WEIGHTS_ENV = "ACCELKIT_CHECK_KEEP_WEIGHTS"
+WEIGHTS_FILE = "weights.pt"  # in the probe folder: {index in Record.steps: {parameter name: tensor}}
+ORDER_ENV = "ACCELKIT_CHECK_ORDER"  # equivalence run: a JSON file, "loader:pass" -> the ranks' batches together
+EQUIVALENCE_ROLE = "equivalence"  # the original on 1 process, its DataLoaders' batch scaled to the global batch
 
 
 @dataclass
@@ -84,6 +89,11 @@ class Record:
     saved_eval_weights: list[str] = field(default_factory=list)  # converted rank 0: "loader:pass" weights saved
     replayed: list[str] = field(default_factory=list)  # original: "loader:pass" weights loaded before the pass
     notes: list[str] = field(default_factory=list)
+    # equivalence run: [batch size as the script built the DataLoader, the global batch the check gave it]
+    batch_scaled: list[list[int]] = field(default_factory=list)
+    batch_norm: list[str] = field(default_factory=list)  # trained modules normalising over the process's batch
+    step_draws: list[bool] = field(default_factory=list)  # per clock step: torch's generator advanced in training
+    weights_kept: list[int] = field(default_factory=list)  # indexes in `steps` whose weights are in WEIGHTS_FILE
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +104,21 @@ class Record:
         record.steps = [Step(**s) for s in data.get("steps", [])]
         record.passes = [Pass(**p) for p in data.get("passes", [])]
         return record
+
+
+def replay_order(ranks: list[Record]) -> dict[str, list[list[int]]]:
+    """For the equivalence run: each training pass's batches as the N ranks took them at the same step, together
+    (rank 0's k-th batch, then rank 1's, ...), so that one process at N times the batch trains on the same samples."""
+    order: dict[str, list[list[int]]] = {}
+    keys = sorted({(p.loader, p.number) for r in ranks for p in r.passes if p.steps and p.indices and not p.stream})
+    for key in keys:
+        passes = [next((p for p in r.passes if (p.loader, p.number) == key), None) for r in ranks]
+        if any(p is None or p.batch_size <= 0 for p in passes):
+            continue
+        per_rank = [[p.indices[i:i + p.batch_size] for i in range(0, len(p.indices), p.batch_size)]
+                    for p in passes if p is not None]
+        order[f"{key[0]}:{key[1]}"] = [sum(batches, []) for batches in zip(*per_rank, strict=False)]
+    return order
 
 
 def write_record(record: Record) -> None:

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelkit.convert.check.cuda_on_cpu import failed_for_cuda, rehearsal_env
+from accelkit.convert.check.equivalence import Equivalence, compare_weights
 from accelkit.convert.check.invariants import FAIL, PASS, SKIP, Runs, Verdict, evaluate
 from accelkit.convert.check.lines import ConvertedLines
-from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, original_spec, run
+from accelkit.convert.check.record import replay_order
+from accelkit.convert.check.runs import RunResult, Scratch, converted_spec, equivalence_spec, original_spec, run
 from accelkit.convert.check.sandbox import DEFAULT_LIMIT, plan_sandbox
 from accelkit.convert.check.torchrun_env import needs_launcher, one_process_env
 from accelkit.errors import AccelkitError
@@ -162,10 +164,24 @@ def check_script(script: Path, args: list[str], options: CheckOptions | None = N
             # stopped by the same error again: CUDA was not what stopped it, and the first run says so truly
             cuda_rehearsed = rehearsed.status in (0, None) or _last_error(rehearsed) != _last_error(original)
             original = rehearsed if cuda_rehearsed else original
+        box.remove()
+        equivalence = None
+        if converted.status == 0 and original.status == 0 and converted.records:
+            # the original once more, at the conversion's global batch: the weights it reaches are the conversion's
+            box = tree.materialize(scratch.root / "sandbox-equivalence")
+            same = run(equivalence_spec(scratch, box, script, args, options.steps, options.processes,
+                                        replay_order(converted.records), options.stall_seconds, options.timeout,
+                                        launcher_env and one_process_env(),
+                                        rehearsal_env() if cuda_rehearsed else None), box.script.parent)
+            box.remove()
+            failure = "" if same.status in (0, None) else f"exit status {same.status}: {_last_error(same)}"
+            equivalence = Equivalence(same.records[0] if same.records else None, failure,
+                                      compare_weights(converted_spec_probe_dir(scratch),
+                                                      scratch.root / "probe-equivalence"))
     full_batch = any(f.kind == "batches" and f.action.startswith("full batch") for f in result.report.found)
     runs = Runs(original.records[0] if original.records else None, converted.records, options.processes,
                 iteration_based, tuple(result.report.evaluation_loops), options.steps, full_batch,
-                tuple(result.report.evaluation_every))
+                tuple(result.report.evaluation_every), equivalence)
     verdicts = [_ran(original, converted, options.processes, options.backend, launcher_env is not None,
                      cuda_rehearsed),
                 *evaluate(runs),

@@ -21,9 +21,12 @@ from typing import Any
 
 from accelkit.convert.check.record import (
     BACKEND_ENV,
+    EQUIVALENCE_ROLE,
+    ORDER_ENV,
     PROBE_MODULE,
     REPLAY_ENV,
     ROLE_ENV,
+    WEIGHTS_ENV,
     WORLD_ENV,
     Record,
     read_records,
@@ -97,11 +100,32 @@ def original_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str],
     return CheckRun("original", ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall, timeout)
 
 
+def equivalence_spec(scratch: Scratch, box: Sandbox, script: Path, args: list[str], steps: int, world: int,
+                     order: dict[str, list[list[int]]], stall: float, timeout: float,
+                     launcher_env: dict[str, str] | None = None,
+                     cuda_env: dict[str, str] | None = None) -> CheckRun:
+    """The original as one plain process at the conversion's global batch (its DataLoaders' batch times `world`,
+    probe_batch.py; the ranks' samples of each step together, `order`) for as many steps as the conversion,
+    keeping its weights after each step."""
+    import json
+
+    from accelkit.launch import ScriptProcess
+
+    shutil.copyfile(script, box.script)
+    probe_dir = scratch.folder("probe-equivalence")
+    order_file = scratch.root / "equivalence-order.json"
+    order_file.write_text(json.dumps(order), encoding="utf-8")
+    env = {**(launcher_env or {}), **(cuda_env or {}), ROLE_ENV: EQUIVALENCE_ROLE, WORLD_ENV: str(world),
+           WEIGHTS_ENV: "1", MAX_STEPS_ENV: str(steps), ORDER_ENV: str(order_file), **SANDBOX_ENV}
+    return CheckRun(EQUIVALENCE_ROLE, ScriptProcess(str(box.script), tuple(args)), box.cwd, probe_dir, env, stall,
+                    timeout)
+
+
 def converted_spec(scratch: Scratch, box: Sandbox, code: str, args: list[str], steps: int, world: int,
                    stall: float, timeout: float, backend: str = "ddp") -> CheckRun:
     box.script.write_text(code, encoding="utf-8")
     probe_dir = scratch.folder("probe-converted")
-    env = {ROLE_ENV: "converted", BACKEND_ENV: backend, MAX_STEPS_ENV: str(steps), **SANDBOX_ENV}
+    env = {ROLE_ENV: "converted", BACKEND_ENV: backend, MAX_STEPS_ENV: str(steps), WEIGHTS_ENV: "1", **SANDBOX_ENV}
     return CheckRun("converted", converted_request(box.script, args, world, backend), box.cwd, probe_dir, env, stall,
                    timeout)
 

@@ -16,6 +16,10 @@ CLIPS = {
     "torch.nn.utils.clip_grad.clip_grad_value_": "clip_grad_value_",
 }
 WHY_SCALER = "Accelerate owns loss scaling under fp16 mixed precision (accelerator.backward, the prepared optimizer)"
+SUM_NOTE = ("# a loss summed over the batch (reduction='sum'): DDP/FSDP average the gradients over the processes;",
+            "# times the number of processes, the step is the original's on the global batch")
+WHY_SUM = ("DDP/FSDP average gradients over the processes: a per-process sum averaged is 1/N of the sum over the "
+           "global batch the original takes at N times the batch; scaled by N it is that sum again")
 
 
 def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
@@ -79,13 +83,19 @@ def _backward(ctx: Context, plan: EditPlan, scalers: set[str]) -> None:
         if any(q.startswith("torch.autograd") for q in ctx.qnames(call)):
             continue
         scaled = _is_scale_call(func.value, scalers)
+        received = func.value.args[0].value if scaled else func.value  # type: ignore[attr-defined]
+        summed = _sum_reduced(ctx, received, call)
 
-        def rewrite(u: cst.Call, scaled: bool = scaled) -> cst.Call:
+        def rewrite(u: cst.Call, scaled: bool = scaled, summed: bool = summed) -> cst.Call:
             loss = u.func.value  # type: ignore[attr-defined]
             if scaled:
                 loss = loss.args[0].value
             if getattr(loss, "lpar", None):  # `(a + b).backward()` -> `accelerator.backward(a + b)`
                 loss = loss.with_changes(lpar=[], rpar=[])
+            if summed:
+                if isinstance(loss, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.UnaryOperation)):
+                    loss = loss.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                loss = cst.BinaryOperation(left=loss, operator=cst.Multiply(), right=accel("num_processes"))
             extra = [a if a.keyword is not None else a.with_changes(keyword=cst.Name("gradient"),
                                                                      equal=cst.AssignEqual(
                                                                          whitespace_before=cst.SimpleWhitespace(""),
@@ -97,8 +107,79 @@ def _backward(ctx: Context, plan: EditPlan, scalers: set[str]) -> None:
 
         plan.edit(call, rewrite)
         loss_code = ctx.code(func.value.args[0].value) if scaled else ctx.code(func.value)  # type: ignore
+        if summed:
+            statement = ctx.statement(call)
+            plan.edit(statement, lambda u: u.with_changes(leading_lines=[
+                *u.leading_lines, *(cst.EmptyLine(comment=cst.Comment(note)) for note in SUM_NOTE)]),
+                      uses_accelerator=False)
+            plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `accelerator.backward({loss_code} * "
+                                               "accelerator.num_processes)`", WHY_SUM)
+            continue
         plan.report.change(ctx.line(call), f"`{ctx.code(call)}` -> `accelerator.backward({loss_code})`",
                            "accelerator.backward applies loss scaling, gradient accumulation and DeepSpeed's engine")
+
+
+def _reduction_is_sum(call: cst.Call) -> bool:
+    return any(a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString)
+               and a.value.evaluated_value == "sum" for a in call.args)
+
+
+def _sum_reduced(ctx: Context, loss: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """The backpropagated `loss` is a sum over the batch: it calls a loss asked for with `reduction="sum"` (a
+    functional loss, an `nn.*Loss(reduction="sum")` object held in a variable, or a function of the script that
+    returns such sums), directly or through the assignments of the name it is, and divides nothing (a sum divided
+    by the batch size is a mean again)."""
+    function = ctx.function(at)
+    scope = function.body if function is not None else ctx.module
+    if isinstance(loss, cst.Name):
+        values = [node.value for node in ctx.descendants(scope)
+                  if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and node.value is not None
+                  and loss.value in _targets(node)]
+        if not values:
+            return False
+        return all(_sums(ctx, value) for value in values)
+    return _sums(ctx, loss)
+
+
+def _targets(node: cst.CSTNode) -> set[str]:
+    if isinstance(node, cst.Assign):
+        return {ctx_name for t in node.targets if (ctx_name := dotted(t.target))}
+    return {name} if (name := dotted(node.target)) else set()  # type: ignore[attr-defined]
+
+
+def _sums(ctx: Context, expression: cst.BaseExpression) -> bool:
+    nodes = [expression, *ctx.descendants(expression)]
+    if any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
+           for n in nodes):
+        return False
+    summing = _summing_losses(ctx)
+    for node in nodes:
+        if not isinstance(node, cst.Call):
+            continue
+        if _reduction_is_sum(node) or dotted(node.func) in summing:
+            return True
+    return False
+
+
+def _summing_losses(ctx: Context) -> set[str]:
+    """Names holding a loss that sums: `criterion = nn.MSELoss(reduction="sum")`, `self.loss_fn = ...`, and the
+    script's own functions whose every loss call asks for `reduction="sum"` (`def loss_function(...)`)."""
+    found: set[str] = set()
+    for node in ctx.of_type(cst.Assign):
+        value = node.value
+        if isinstance(value, cst.Call) and _reduction_is_sum(value) and \
+                any(q.rsplit(".", 1)[-1].endswith("Loss") for q in ctx.qnames(value)):
+            found |= _targets(node)
+    for function in ctx.of_type(cst.FunctionDef):
+        calls = [c for c in ctx.descendants(function.body) if isinstance(c, cst.Call)]
+        reductions = [c for c in calls if any(a.keyword is not None and a.keyword.value == "reduction"
+                                              for a in c.args)]
+        returns = [r for r in ctx.descendants(function.body) if isinstance(r, cst.Return) and r.value is not None]
+        if reductions and all(_reduction_is_sum(c) for c in reductions) and returns and not any(
+                isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
+                for r in returns for n in ctx.descendants(r)):
+            found.add(function.name.value)
+    return found
 
 
 def _clipping(ctx: Context, plan: EditPlan) -> None:

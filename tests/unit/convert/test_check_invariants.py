@@ -315,15 +315,15 @@ def test_an_evaluation_drawing_from_python_random_or_numpy_counts_as_random() ->
 
     import numpy
 
-    from accelkit.convert.check.probe_data import _rng_digest
+    from accelkit.convert.check.probe_data import rng_digest
 
-    start = _rng_digest()
-    assert _rng_digest() == start
+    start = rng_digest()
+    assert rng_digest() == start
     random.randint(0, 9)
-    after_random = _rng_digest()
+    after_random = rng_digest()
     assert after_random != start
     numpy.random.rand()
-    assert _rng_digest() != after_random
+    assert rng_digest() != after_random
 
 
 def test_a_dataset_that_draws_in_getitem_draws_the_same_per_index_and_pass_in_any_order() -> None:
