@@ -1,13 +1,12 @@
 """Pipeline parallelism rehearsed on real gloo ranks through `accelkit launch --cpu` (issue 34, items 2 to 4).
 
 The causal-lm template with a tiny 4-layer Llama (saved once, so every run starts from the same weights), three
-steps with gradient clipping on: pp 2, dp_shard 2 x pp 2 (FSDP2 inside each stage group) and dp_shard 2 x pp 2 x
-tp 2 (8 ranks), each with GPipe, 1F1B and Interleaved1F1B (2 stages per rank), against the template run in one
-process on the same global batch. Equal
-means: every logged step loss within 1e-4 (the one-process log prints 4 decimals) and every weight of the final
-model within 1e-5 (measured: 6e-8, float32 rounding of a different summation order). The pipeline's checkpoint
-resumes exactly (bit for bit) and `accelkit merge-ckpt` merges its per-stage shards into the model the run gathered,
-bit for bit, loadable with from_pretrained.
+steps with gradient clipping on: pp 2 with GPipe, 1F1B and Interleaved1F1B (2 stages per rank), dp_shard 2 x pp 2
+(FSDP2 inside each stage group, Interleaved1F1B) and dp_shard 2 x pp 2 x tp 2 (8 ranks, 1F1B), against the template
+run in one process on the same global batch. Equal means: every logged step loss within 1e-4 (the one-process log
+prints 4 decimals) and every weight of the final model within 1e-5 (measured: 6e-8, float32 rounding of a different
+summation order). The pipeline's checkpoint resumes exactly (bit for bit) and `accelkit merge-ckpt` merges its per-
+stage shards into the model the run gathered, bit for bit, loadable with from_pretrained.
 """
 
 from __future__ import annotations
@@ -110,7 +109,9 @@ def test_gradient_accumulation_across_stages_gives_the_one_process_losses(root: 
     assert_equal_to_one_process(root, text, out, 4, reference="one-4-acc2")
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved1f1b"])
+# The schedules are each compared at pp 2 above; with dp_shard and tp the most involved one (several stages per
+# rank) and 1F1B (whose checkpoint is merged) stand for them: 8 ranks on 2 CPU cores cost CI minutes each.
+@pytest.mark.parametrize("schedule", ["interleaved1f1b"])
 def test_dp_shard2_x_pp2_gives_the_one_process_losses(root: Path, schedule: str) -> None:
     text, out = rehearse(root, f"fsdp-pp2-{schedule}", "--backend", "fsdp", "--num-processes", "4", "--pp-size", "2",
                          "--pp-schedule", schedule, "--microbatches", "2", script_args=("--per-device-batch-size", "4"))
@@ -118,7 +119,7 @@ def test_dp_shard2_x_pp2_gives_the_one_process_losses(root: Path, schedule: str)
     assert_equal_to_one_process(root, text, out, 8)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved1f1b"])
+@pytest.mark.parametrize("schedule", ["1f1b"])
 def test_dp_shard2_x_pp2_x_tp2_gives_the_one_process_losses(root: Path, schedule: str) -> None:
     """8 gloo ranks: FSDP2 over dp_shard and Megatron-style TP over tp inside every stage, on one 3-D mesh."""
     import torch
