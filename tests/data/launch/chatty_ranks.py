@@ -11,6 +11,4 @@ while len([name for name in os.listdir(folder) if name.startswith("ready-")]) < 
     time.sleep(0.01)
 for i in range(5000):
     print(f"LINE rank={rank} i={i} " + "x" * 40)
-print("no newline yet", end="", flush=True)
-print(" ... done", file=sys.stderr)
-print(" and now the end")
+print(f"rank {rank} done", file=sys.stderr)

@@ -15,4 +15,4 @@ for epoch in range(2):
         loss = loss_fn(model(xb).squeeze(1), yb)
         loss.backward()
         optimizer.step()
-    print(f"epoch {epoch} loss {loss.item():.4f}")
+    print(f"LOSS epoch={epoch} loss={loss.item():.4f}")

@@ -21,4 +21,4 @@ for epoch in range(2):
         # times the number of processes, the step is the original's on the global batch
         accelerator.backward(loss * accelerator.num_processes)
         optimizer.step()
-    accelerator.print(f"epoch {epoch} loss {loss.item():.4f}")
+    accelerator.print(f"LOSS epoch={epoch} loss={loss.item():.4f}")
