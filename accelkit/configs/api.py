@@ -51,15 +51,13 @@ def _resolve_with_zeropp_json(options: ConfigOptions, output: Path | None):
 
     try:
         return resolve_config(options)
-    except AccelkitError:
+    except AccelkitError as first:
         if output is None or options.grad_compression != "int8" or options.deepspeed_json is not None:
             raise
-        with_json = replace(options, deepspeed_json=output.with_name(f"{output.stem}.deepspeed.json"))
         try:
-            return resolve_config(with_json)
+            return resolve_config(replace(options, deepspeed_json=output.with_name(f"{output.stem}.deepspeed.json")))
         except AccelkitError:
-            pass
-        raise  # the first error: this config cannot take ZeRO++ at all (another backend, another stage)
+            raise first from None  # this config cannot take ZeRO++ at all (another backend, another stage)
 
 
 def presets_listing() -> CommandResult:
