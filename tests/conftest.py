@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import DATA
+from helpers import DATA, OP_CACHE
 
 # Ranks share two cores in CI: one intra-op thread each keeps distributed tests from oversubscribing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -22,6 +22,9 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("ACCELKIT_DEBUG", None)
+# DeepSpeed's op build, once per suite (helpers.OP_CACHE); a lock a killed build leaves there is removed by the next
+# `accelkit launch` (accelkit.launch.build_locks), so one shared folder cannot hang later tests.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(OP_CACHE))
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
@@ -66,3 +69,17 @@ def merge_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from producers import produce_all
 
     return produce_all(tmp_path_factory.getbasetemp() / "merge-producers")
+
+
+@pytest.fixture(scope="session")
+def deepspeed_shm_op() -> Path:
+    """DeepSpeed's shared-memory comm op built in the suite's cache (helpers.OP_CACHE), by DeepSpeed's own builder
+    as a CPU rank would build it; a test that needs a built op in a folder of its own copies this one."""
+    import subprocess
+    import sys
+
+    build = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()"
+    proc = subprocess.run([sys.executable, "-c", build], env={**os.environ, "TORCH_EXTENSIONS_DIR": str(OP_CACHE)},
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return OP_CACHE / "deepspeed_shm_comm"

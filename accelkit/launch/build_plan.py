@@ -142,6 +142,10 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
 
     check_target(request.target)
     config = resolve_request(request)
+    if config.pipeline_env():  # before anything is written: a script that ignores the layout is refused
+        from accelkit.launch.preflight import check_pipeline_code
+
+        check_pipeline_code(request.target, config.said("pp_size"))
     flags, port_source = launcher_flags(request, config)
     compression = None  # refused here (bf16 or int8 on CPU ranks) before anything is written
     if config.grad_compression is not None:

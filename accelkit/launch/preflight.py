@@ -39,3 +39,26 @@ def check_syntax(target: LaunchTarget, cwd: Path | None = None) -> None:
     except ValueError as exc:  # e.g. a null byte in the source
         raise AccelkitError(f"{shown} cannot be compiled: {exc}", hint="fix the script; no process was started") \
             from None
+
+
+def check_pipeline_code(target: LaunchTarget, said_pp: str, cwd: Path | None = None) -> None:
+    """A pipeline layout reaches the ranks only as $ACCELKIT_PIPELINE (configs/pipeline_spec.py): a script that never
+    reads it would train whole replicas under a banner that says pp. The script, or a module beside it (causal-lm's
+    pipeline_parallel.py), must name the variable."""
+    from accelkit.configs.pipeline_spec import ENV_VAR
+
+    cwd = cwd or Path.cwd()
+    path = module_script(target.script, cwd) if target.module else cwd / target.script
+    if path is None or not path.is_file():
+        return  # an installed module: not ours to read
+    for candidate in (path, *sorted(path.parent.glob("*.py"))):
+        try:
+            if ENV_VAR in candidate.read_text(encoding="utf-8", errors="replace"):
+                return
+        except OSError:
+            continue
+    shown = target.script if not target.module else str(path)
+    raise AccelkitError(f"{said_pp}: {shown} has no pipeline code (neither it nor a module beside it reads "
+                        f"${ENV_VAR}), so every rank would train the whole model as a data-parallel replica",
+                        hint="run a script with a pipeline loop (`accelkit init --template causal-lm` has one; "
+                             f"docs/guides/nd-parallelism.md says what it reads), or launch without {said_pp}")

@@ -12,6 +12,7 @@ ones that start ranks are marked slow.
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import DATA
+from helpers import DATA, OP_CACHE
 from helpers.faults import FaultResult, invoke_fault, run_fault
 
 from accelkit.launch.ports import free_port
@@ -34,9 +35,6 @@ def line_of(marker: str) -> int:
     return next(i for i, text in enumerate(FAULTS.read_text().splitlines(), 1) if marker in text)
 
 
-# DeepSpeed JIT-builds a small op into ~/.cache/torch_extensions; engineers sharing a machine from different venvs
-# rebuild it for each other on every run (the build file names the venv), so these tests keep one cache per venv.
-EXTENSIONS = Path.home() / ".cache" / "torch_extensions" / f"accelkit-tests-{Path(sys.prefix).name}"
 
 
 def launch(tmp_path: Path, *args: str, in_process: bool = False, **kwargs) -> FaultResult:
@@ -45,7 +43,7 @@ def launch(tmp_path: Path, *args: str, in_process: bool = False, **kwargs) -> Fa
     work, tmp = tmp_path / "work", tmp_path / "tmp"
     work.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
-    env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(EXTENSIONS),
+    env = {"TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(OP_CACHE),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path.parent / f"{tmp_path.name}-inductor"), **kwargs.pop("env", {})}
     if in_process:
         return invoke_fault(list(args), watch=[tmp_path], cwd=work, env=env, **kwargs)
@@ -159,7 +157,7 @@ def deepspeed_probe_folders(result: FaultResult, tmp: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_a_deepspeed_op_build_killed_by_sigterm_does_not_hang_the_next_launch(tmp_path):
+def test_a_deepspeed_op_build_killed_by_sigterm_does_not_hang_the_next_launch(tmp_path, deepspeed_shm_op):
     """SIGTERM while DeepSpeed compiles its shared-memory comm op on first use: torchrun ends the building rank, whose
     build lock (torch's FileBaton) stays behind. Every later load of the op would wait for it forever; the next launch
     removes it, says so, and runs."""
@@ -174,6 +172,12 @@ def test_a_deepspeed_op_build_killed_by_sigterm_does_not_hang_the_next_launch(tm
     stopped.assert_clean(owned=[tmp_path / "work", extensions, *deepspeed_probe_folders(stopped, tmp_path / "tmp")])
     assert lock.exists()  # what the interrupted build left
 
+    # the compile itself is not what this test is about: the suite's built op (same sources, same flags) is put beside
+    # the stale lock, so the next launch's load finds its objects up to date (ninja builds nothing) once it may
+    # take the lock, and hangs forever if it may not
+    for built in deepspeed_shm_op.iterdir():
+        if built.name != "lock":
+            shutil.copy2(built, lock.parent / built.name)
     result = launch(tmp_path, *args, env=env, kind="stale lock", expect="ok", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"accelkit: removed {lock}: a build lock of the torch extension 'deepspeed_shm_comm', created " \

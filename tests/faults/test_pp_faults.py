@@ -65,3 +65,28 @@ def test_a_broken_pipeline_line_in_a_config_is_refused(tmp_path: Path) -> None:
     result = invoke_fault(["launch", "--cpu", "--config", str(config), str(TEMPLATE)], watch=[tmp_path],
                           cwd=tmp_path)
     result.assert_refused(r"unknown pipeline schedule 'zigzag'")
+
+
+@pytest.mark.parametrize("pipeline", [["--pp-size", "2"], "config"], ids=["flag", "config-comment"])
+def test_a_pipeline_on_a_script_without_pipeline_code_is_refused(pipeline, tmp_path: Path) -> None:
+    """Issue 46: `--pp-size 2` on a plain script trained two data-parallel replicas under a banner saying pp 2. The
+    layout reaches the ranks only as $ACCELKIT_PIPELINE, so a script that never reads it (nor a module beside it) is
+    refused before any rank starts; the template, whose pipeline_parallel.py reads it, is not."""
+    project = tmp_path / "project"
+    project.mkdir()
+    script = project / "train.py"
+    script.write_text("import torch\nfrom accelerate import Accelerator\nprint(Accelerator().num_processes)\n")
+    (project / "helpers.py").write_text("BATCH = 8\n")
+    args = ["--backend", "ddp", "--num-processes", "2", *pipeline] if pipeline != "config" else []
+    if pipeline == "config":
+        config = tmp_path / "pp.yaml"
+        written = invoke_fault(["config", "--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "-o",
+                                str(config)], watch=[tmp_path / "none"], cwd=tmp_path)
+        assert written.returncode == 0, written.stderr
+        args = ["--config", str(config)]
+    result = invoke_fault(["launch", "--cpu", *args, "train.py"], watch=[tmp_path], cwd=project)
+    said = "--pp-size 2" if pipeline != "config" else "pp_size 2"
+    result.assert_refused(rf"{said}.*: train.py has no pipeline code \(neither it nor a module beside it reads "
+                          r"\$ACCELKIT_PIPELINE\), so every rank would train the whole model as a data-parallel "
+                          "replica")
+    assert f"or launch without {said}" in result.stderr  # the hint names the way out

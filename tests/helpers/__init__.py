@@ -14,6 +14,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TESTS = REPO_ROOT / "tests"
 DATA = TESTS / "data"
+# DeepSpeed JIT-builds its shared-memory comm op on a CPU rank's first use (minutes of C++ compile on two cores).
+# One cache for the whole suite, set for every subprocess by conftest.py, so it is built once per run; one per
+# virtualenv, because the build file names the venv's Python (another venv would rebuild it for each other).
+OP_CACHE = Path.home() / ".cache" / "torch_extensions" / f"accelkit-tests-{Path(sys.prefix).name}"
 
 
 def run_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,

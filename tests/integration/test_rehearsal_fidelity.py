@@ -6,16 +6,14 @@ used to segfault)."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-from helpers import DATA, run_accelkit
+from helpers import DATA, OP_CACHE, run_accelkit
 from safetensors.torch import load_file
 
 from accelkit.scaffold import init_project
 
 TUTORIAL = DATA / "rehearsal" / "ddp_tutorial.py"
-EXTENSIONS = Path.home() / ".cache" / "torch_extensions" / f"accelkit-tests-{Path(sys.prefix).name}"
 
 
 def accelerate_script(name: str) -> Path:
@@ -25,7 +23,7 @@ def accelerate_script(name: str) -> Path:
 
 
 def launch(cwd: Path, backend: str, *args: str, timeout: float = 400):
-    env = {"OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(EXTENSIONS)}
+    env = {"OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(OP_CACHE)}
     return run_accelkit("launch", "--cpu", "--backend", backend, "--num-processes", "2", "--stall-timeout", "120",
                         *args, cwd=cwd, env=env, timeout=timeout)
 

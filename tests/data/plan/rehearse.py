@@ -23,8 +23,6 @@ options = ConfigOptions(backend=backend, num_processes=int(processes), mixed_pre
 sys.exit(run_request(LaunchRequest(target=LaunchTarget(script, tuple(args)), cpu=True, options=options,
                                    probes=("accelkit.plan.measure.probe",))))
 """
-# A private DeepSpeed op cache: a stale lock left in the shared one by a killed build would hang the ranks.
-OP_CACHE = Path.home() / ".cache" / "torch_extensions" / "accelkit-tests-plan"
 
 
 def rehearse(backend: str, ranks: int, stage: str, args: tuple[str, ...], out: Path) -> list[dict]:
@@ -32,7 +30,7 @@ def rehearse(backend: str, ranks: int, stage: str, args: tuple[str, ...], out: P
     from accelkit.ranks.probes.results import read_results
 
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "ACCELKIT_PROBE_DIR": str(out), "TORCH_EXTENSIONS_DIR": str(OP_CACHE),
+    env = {**os.environ, "ACCELKIT_PROBE_DIR": str(out),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", LAUNCH, backend, str(ranks), stage, str(HERE / "two_models.py"),
                            *args], env=env, capture_output=True, text=True, timeout=900)
