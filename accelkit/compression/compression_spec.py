@@ -25,6 +25,10 @@ METHODS = ("none", "fp16", "bf16", "powersgd", "int8")
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 DEFAULT_POWERSGD_RANK = 1
 DEFAULT_POWERSGD_START = 1000  # torch's PowerSGDState default (start_powerSGD_iter)
+# Ceilings (issue 46: rank 10^11 and start step 10^20 were accepted). PowerSGD's factors are (n x r) and (m x r):
+# published runs use ranks 1-32, and past a layer's smaller side a higher rank sends more than the gradient itself.
+MAX_POWERSGD_RANK = 1024
+MAX_POWERSGD_START = 10**9  # optimizer steps; no run gets there, so a larger start would never compress
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,15 @@ def from_options(method: str | None, rank: int | None, start: int | None) -> Com
     if start is not None and start < 0:
         raise AccelkitError(f"--powersgd-start-step must be 0 or more (got {start})",
                             hint="0 compresses from the first step; torch's default is 1000")
+    if rank is not None and rank > MAX_POWERSGD_RANK:
+        raise AccelkitError(f"--powersgd-rank {rank} is above {MAX_POWERSGD_RANK}: factors that wide send more "
+                            "bytes than the gradients they approximate",
+                            hint="use a small rank (1, 2, 4 ... 32 is the usual range)")
+    if start is not None and start > MAX_POWERSGD_START:
+        raise AccelkitError(f"--powersgd-start-step {start} is above {MAX_POWERSGD_START:,} optimizer steps: "
+                            "PowerSGD would never start compressing",
+                            hint="give the step from which to compress (torch's default is 1000), or drop "
+                                 "--grad-compression powersgd")
     return CompressionSpec(chosen, DEFAULT_POWERSGD_RANK if rank is None else rank,
                            DEFAULT_POWERSGD_START if start is None else start)
 

@@ -24,6 +24,7 @@ from accelkit.errors import AccelkitError
 ENV_VAR = "ACCELKIT_PIPELINE"
 COMMENT_KEY = "accelkit-pipeline"
 DEFAULT_SCHEDULE = "1f1b"
+MAX_MICROBATCHES = 4096  # per batch: far above any schedule's useful range (a few per stage), below absurd values
 _SIZES = ("pp", "dp_shard", "tp")
 
 

@@ -261,7 +261,7 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
 def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
     """Pipeline parallelism (accelkit.configs.pipeline_spec): its settings without a pipeline, microbatches against the
     stages and the schedule, and what the templates compose it with (FSDP2's dp_shard and TP, on one mesh)."""
-    from accelkit.configs.pipeline_spec import stages_per_rank
+    from accelkit.configs.pipeline_spec import MAX_MICROBATCHES, stages_per_rank
 
     if p.pp == 1:
         for name in ("pp_schedule", "microbatches"):
@@ -270,6 +270,17 @@ def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
                                "(pp_size is 1)", f"add --pp-size 2 or more, or drop {flag_name(name)}", name)
         return
     m, schedule = p.microbatches or p.pp, p.pp_schedule or "1f1b"
+    if cfg.value("microbatches") == 0:  # 0 is "not given" inside; said by the user, it is a mistake, not the default
+        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', 0)}: a pipeline splits each batch into "
+                       "one or more microbatches", f"use --microbatches {p.pp} or more, or leave it out (default: "
+                       f"{p.pp}, one per stage)", "microbatches")
+        return
+    if m > MAX_MICROBATCHES:
+        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} is above {MAX_MICROBATCHES:,}: each "
+                       "microbatch is a separate forward and backward per stage, and the batch is split that many "
+                       "ways", f"use --microbatches between {p.pp} and {MAX_MICROBATCHES} ({4 * p.pp} keeps the "
+                       "bubble under 20%)", "microbatches")
+        return
     if m < p.pp:
         yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} is fewer than the {p.pp} pipeline "
                        f"stages of {cfg.said('pp_size')}: every schedule needs a microbatch for each stage in "

@@ -45,7 +45,7 @@ def check_pipeline_code(target: LaunchTarget, said_pp: str, cwd: Path | None = N
     """A pipeline layout reaches the ranks only as $ACCELKIT_PIPELINE (configs/pipeline_spec.py): a script that never
     reads it would train whole replicas under a banner that says pp. The script, or a module beside it (causal-lm's
     pipeline_parallel.py), must name the variable."""
-    from accelkit.configs.pipeline_spec import ENV_VAR
+    from accelkit.launch.inherited import PIPELINE_ENV as ENV_VAR
 
     cwd = cwd or Path.cwd()
     path = module_script(target.script, cwd) if target.module else cwd / target.script

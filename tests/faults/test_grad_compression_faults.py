@@ -38,6 +38,11 @@ CONFIG_CASES = [
      r"--powersgd-rank applies only to --grad-compression powersgd"),
     (["--backend", "ddp", "--num-processes", "2", "--grad-compression", "powersgd", "--powersgd-rank", "0"],
      r"--powersgd-rank must be at least 1"),
+    # issue 46: ceilings (rank 10^11 and start step 10^20 were accepted)
+    (["--backend", "ddp", "--num-processes", "2", "--grad-compression", "powersgd", "--powersgd-rank",
+      "100000000000"], r"--powersgd-rank 100000000000 is above 1024"),
+    (["--backend", "ddp", "--num-processes", "2", "--grad-compression", "powersgd", "--powersgd-start-step",
+      "100000000000000000000"], r"--powersgd-start-step 100000000000000000000 is above 1,000,000,000 optimizer steps"),
     (["--backend", "ddp", "--num-processes", "2", "--grad-compression", "powersgd", "--powersgd-start-step", "-1"],
      r"--powersgd-start-step must be 0 or more"),
 ]

@@ -22,6 +22,11 @@ CONFIG_CASES = [
      r"--microbatches 8 applies to a pipeline, but there is none"),
     (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--microbatches", "1"],
      r"--microbatches 1 is fewer than the 2 pipeline stages of --pp-size 2"),
+    # issue 46: 0 became the default silently; 10^12 was accepted
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--microbatches", "0"],
+     r"--microbatches 0: a pipeline splits each batch into one or more microbatches"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--microbatches", "1000000000000"],
+     r"--microbatches 1000000000000 is above 4,096"),
     (["--backend", "ddp", "--num-processes", "4", "--pp-size", "4", "--pp-schedule", "interleaved1f1b",
       "--microbatches", "9"], r"9 is not a multiple of 2"),
     (["--backend", "deepspeed", "--num-processes", "2", "--pp-size", "2"],
