@@ -156,18 +156,21 @@ def step_of(checkpoint: Path) -> int:
 MANIFEST_NAME = "accelkit-manifest.json"
 
 
-def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str) -> None:
+def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str,
+                   batch: dict | None = None) -> None:
     """Once every process has finished saving, the main process records what the checkpoint is."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        write_manifest_file(checkpoint_dir, step, run_id, accelerator.num_processes)
+        write_manifest_file(checkpoint_dir, step, run_id, accelerator.num_processes, batch)
     accelerator.wait_for_everyone()
 
 
-def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size: int) -> None:
-    """The record of a complete checkpoint: run id, step, world size, and the size and sha256 of every file.
-    `accelkit merge-ckpt` checks it, so a file from another run or step, a damaged copy or bit rot is caught. Written
-    last and atomically: a checkpoint without one is incomplete."""
+def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size: int,
+                        batch: dict | None = None) -> None:
+    """The record of a complete checkpoint: run id, step, world size, the batch (`batch_record`: what a resume on
+    another number of processes keeps), and the size and sha256 of every file. `accelkit merge-ckpt` checks it, so a
+    file from another run or step, a damaged copy or bit rot is caught. Written last and atomically: a checkpoint
+    without one is incomplete."""
     files = {}
     for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
         digest = hashlib.sha256()
@@ -180,6 +183,7 @@ def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size
         "run_id": run_id,
         "step": step,
         "world_size": world_size,
+        **(batch or {}),
         "files": files,
     }
     partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"
@@ -188,6 +192,73 @@ def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size
 
 
 # <<< shared block "manifest"
+
+
+# >>> shared block "resume-batch": the same in every template (source: templates/minimal/train.py; tested)
+def batch_record(per_device: int, data_parallel: int, accumulation: int) -> dict:
+    """What the manifest records of the batch, so a resume on another number of processes keeps the run's meaning."""
+    return {"per_device_batch_size": per_device, "data_parallel_size": data_parallel,
+            "gradient_accumulation_steps": accumulation, "global_batch_size": per_device * data_parallel * accumulation}
+
+
+def resume_accumulation(checkpoint_name: str, manifest: dict, per_device: int, data_parallel: int, world_size: int,
+                        accumulation: int) -> tuple[int, str | None]:
+    """The accumulation that keeps the checkpoint's global batch (per-device batch x data-parallel processes x
+    accumulation) on this run's processes, and the line that says what changed. A manifest without a batch record
+    (written before accelkit recorded it, or by another tool), or a resume with the same processes and per-device
+    batch, keeps the accumulation asked for, as before (no line). ValueError, in one line naming the numbers, when
+    no whole accumulation keeps the batch."""
+    global_batch = manifest.get("global_batch_size")
+    if global_batch is None:
+        return accumulation, None
+    was = (manifest["per_device_batch_size"], manifest["data_parallel_size"], manifest["gradient_accumulation_steps"])
+    if (per_device, data_parallel) == was[:2]:  # the same processes and per-device batch: nothing to keep
+        return accumulation, None
+    per_round = per_device * data_parallel
+    if global_batch % per_round:
+        fits = [n for n in range(1, global_batch // per_device + 1) if global_batch % (per_device * n) == 0]
+        where = f"on {', '.join(map(str, fits[:-1]))} or {fits[-1]} processes" if len(fits) > 1 else \
+            f"on {fits[0]} process" if fits else "with another --per-device-batch-size"
+        raise ValueError(f"cannot resume from {checkpoint_name} on {world_size} processes: its global batch of "
+                         f"{global_batch} ({was[0]} per device x {was[1]} processes x {was[2]} accumulation) is no "
+                         f"whole accumulation of {per_device} per device x {data_parallel} processes; resume {where}")
+    kept = global_batch // per_round
+    changes = f"per-device batch {was[0]} -> {per_device}, " if per_device != was[0] else ""
+    asked = f" (not the {accumulation} asked for)" if accumulation not in (was[2], kept) else ""
+    return kept, (f"resumed from {checkpoint_name} (written by {manifest.get('world_size', was[1])} processes) on "
+                  f"{world_size}: {changes}accumulation {was[2]} -> {kept}{asked} keeps the global batch of "
+                  f"{global_batch}")
+
+
+def batches_to_skip(samples_into_epoch: int, per_device: int, data_parallel: int) -> int:
+    """Batches each process skips to resume mid-epoch: the samples the epoch has consumed (in any earlier world
+    size), spread over this run's processes, so no sample is seen twice or skipped."""
+    per_round = per_device * data_parallel
+    if samples_into_epoch % per_round:
+        raise ValueError(f"{samples_into_epoch} samples into the epoch is not a whole number of batches of "
+                         f"{per_device} per device x {data_parallel} processes")
+    return samples_into_epoch // per_round
+
+
+def keep_global_batch(accelerator: Accelerator, checkpoint: Path | None, per_device: int,
+                      data_parallel: int) -> str | None:
+    """Before prepare(): sets the accelerator's accumulation to the one that keeps the checkpoint's global batch on
+    this run's processes (`resume_accumulation`); returns the line that says what changed. A batch no whole
+    accumulation keeps stops every process, with that one line from the main process."""
+    manifest_path = checkpoint / MANIFEST_NAME if checkpoint is not None else None
+    if manifest_path is None or not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    try:
+        accumulation, line = resume_accumulation(checkpoint.resolve().name, manifest, per_device, data_parallel,
+                                                 accelerator.num_processes, accelerator.gradient_accumulation_steps)
+    except ValueError as refusal:
+        raise SystemExit(str(refusal) if accelerator.is_main_process else 1) from None
+    accelerator.gradient_accumulation_steps = accumulation
+    return line
+
+
+# <<< shared block "resume-batch"
 
 
 # >>> shared block "logging-window": the same in every template (source: templates/minimal/train.py; tested)
@@ -317,10 +388,10 @@ class Checkpointer:
     main process writes the manifest, last: until then `--resume-from-checkpoint latest` skips the checkpoint. A save
     first waits for the one before. DeepSpeed and other layouts save synchronously with save_state."""
 
-    def __init__(self, accelerator: Accelerator, asynchronous: bool, run_id: str) -> None:
+    def __init__(self, accelerator: Accelerator, asynchronous: bool, run_id: str, batch: dict | None = None) -> None:
         import os
 
-        self.accelerator, self.run_id = accelerator, run_id
+        self.accelerator, self.run_id, self.batch = accelerator, run_id, batch  # batch: batch_record(), manifest's
         # What save_state saves: the prepared model and optimizer as the accelerator holds them (one of each here).
         self.model, self.optimizer = accelerator._models[0], accelerator._optimizers[0]
         backend = accelerator.distributed_type.value
@@ -348,7 +419,7 @@ class Checkpointer:
             (save_state or (lambda path: self.accelerator.save_state(str(path))))(checkpoint_dir)
             if self.accelerator.is_main_process:
                 write_extras(checkpoint_dir)
-            write_manifest(self.accelerator, checkpoint_dir, step, self.run_id)
+            write_manifest(self.accelerator, checkpoint_dir, step, self.run_id, self.batch)
             return
         from concurrent.futures import ThreadPoolExecutor
 
@@ -372,7 +443,7 @@ class Checkpointer:
             if self.groups:
                 torch.distributed.barrier(group=self.groups[0])  # every rank's files are on disk
             if accelerator.is_main_process:
-                write_manifest_file(checkpoint_dir, step, self.run_id, accelerator.num_processes)
+                write_manifest_file(checkpoint_dir, step, self.run_id, accelerator.num_processes, self.batch)
 
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-checkpoint")
         self.pending = executor.submit(complete)
@@ -526,6 +597,10 @@ def main(argv: list[str] | None = None) -> None:
     set_seed(args.seed)
     if args.with_tracking and not tracking:
         log(accelerator, "--with-tracking: TensorBoard is not installed (pip install tensorboard); not tracking")
+    # The checkpoint to resume from is found before prepare(): on another number of processes the accumulation
+    # changes to keep its global batch (or the run stops here, in one line, when no whole accumulation does).
+    checkpoint = find_checkpoint(output_dir, args.resume_from_checkpoint) if args.resume_from_checkpoint else None
+    batch_change = keep_global_batch(accelerator, checkpoint, args.per_device_batch_size, accelerator.num_processes)
 
     # -- data and model --------------------------------------------------------------------------------------------
     train_set, eval_set = build_datasets(args)
@@ -571,19 +646,22 @@ def main(argv: list[str] | None = None) -> None:
 
     # -- resume ----------------------------------------------------------------------------------------------------
     completed_steps = 0
-    if args.resume_from_checkpoint:
-        checkpoint = find_checkpoint(output_dir, args.resume_from_checkpoint)
-        if checkpoint is None:
-            log(accelerator, f"no checkpoint in {output_dir}; starting from scratch")
-        else:
-            accelerator.load_state(str(checkpoint))
-            completed_steps = step_of(checkpoint)
-            log(accelerator, f"resumed from {checkpoint} at step {completed_steps}")
+    if args.resume_from_checkpoint and checkpoint is None:
+        log(accelerator, f"no checkpoint in {output_dir}; starting from scratch")
+    elif checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        accelerator.step = 0  # micro-batches into the optimizer step: none at a checkpoint, in any accumulation
+        completed_steps = step_of(checkpoint)
+        log(accelerator, f"resumed from {checkpoint} at step {completed_steps}")
+        if batch_change:
+            log(accelerator, batch_change)
+    effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
     starting_epoch = completed_steps // steps_per_epoch
-    batches_to_skip = (completed_steps % steps_per_epoch) * accumulation
+    # Counted in samples, so a resume on another number of processes starts at the first sample not yet seen.
+    skip = batches_to_skip((completed_steps % steps_per_epoch) * effective_batch, args.per_device_batch_size,
+                           accelerator.num_processes)
 
     # -- start-up summary ------------------------------------------------------------------------------------------
-    effective_batch = args.per_device_batch_size * accelerator.num_processes * accumulation
     log(
         accelerator,
         f"backend {accelerator.distributed_type.value} | world size {accelerator.num_processes} | "
@@ -597,7 +675,8 @@ def main(argv: list[str] | None = None) -> None:
 
     preemption, preempted = Preemption(accelerator), False  # SIGUSR1: save at the next step, stop
     guard = NonFiniteGuard(accelerator, args.max_nonfinite_steps, completed_steps)  # NaN/inf: skip the step
-    checkpointer = Checkpointer(accelerator, args.async_checkpoint, run_id)
+    checkpointer = Checkpointer(accelerator, args.async_checkpoint, run_id,
+                                batch_record(args.per_device_batch_size, accelerator.num_processes, accumulation))
 
     def write_config(checkpoint_dir: Path) -> None:  # lets `accelkit merge-ckpt` write a from_pretrained-ready dir
         (checkpoint_dir / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
@@ -609,8 +688,8 @@ def main(argv: list[str] | None = None) -> None:
     for epoch in range(starting_epoch, num_epochs):
         train_loader.set_epoch(epoch)
         loader = train_loader
-        if epoch == starting_epoch and batches_to_skip:
-            loader = accelerator.skip_first_batches(train_loader, batches_to_skip)
+        if epoch == starting_epoch and skip:
+            loader = accelerator.skip_first_batches(train_loader, skip)
         for x, y in loader:
             with accelerator.accumulate(model):
                 loss = guard.watch(nn.functional.cross_entropy(model(x), y))

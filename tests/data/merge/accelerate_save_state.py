@@ -26,18 +26,21 @@ from tiny_model import batch, tiny_model  # noqa: E402
 MANIFEST_NAME = "accelkit-manifest.json"
 
 
-def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str) -> None:
+def write_manifest(accelerator: Accelerator, checkpoint_dir: Path, step: int, run_id: str,
+                   batch: dict | None = None) -> None:
     """Once every process has finished saving, the main process records what the checkpoint is."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        write_manifest_file(checkpoint_dir, step, run_id, accelerator.num_processes)
+        write_manifest_file(checkpoint_dir, step, run_id, accelerator.num_processes, batch)
     accelerator.wait_for_everyone()
 
 
-def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size: int) -> None:
-    """The record of a complete checkpoint: run id, step, world size, and the size and sha256 of every file.
-    `accelkit merge-ckpt` checks it, so a file from another run or step, a damaged copy or bit rot is caught. Written
-    last and atomically: a checkpoint without one is incomplete."""
+def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size: int,
+                        batch: dict | None = None) -> None:
+    """The record of a complete checkpoint: run id, step, world size, the batch (`batch_record`: what a resume on
+    another number of processes keeps), and the size and sha256 of every file. `accelkit merge-ckpt` checks it, so a
+    file from another run or step, a damaged copy or bit rot is caught. Written last and atomically: a checkpoint
+    without one is incomplete."""
     files = {}
     for path in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
         digest = hashlib.sha256()
@@ -50,6 +53,7 @@ def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size
         "run_id": run_id,
         "step": step,
         "world_size": world_size,
+        **(batch or {}),
         "files": files,
     }
     partial = checkpoint_dir / f".{MANIFEST_NAME}.partial"

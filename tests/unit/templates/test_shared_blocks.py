@@ -17,7 +17,7 @@ TEMPLATES = sorted(p for p in (REPO_ROOT / "templates").glob("*/train.py"))
 PARTIAL_COPIES = [DATA / "merge" / "accelerate_save_state.py"]
 START = re.compile(r'^# >>> shared block "([\w-]+)"', re.M)
 REQUIRED = {"checkpoint-discovery", "manifest", "logging-window", "final-save", "preemption", "grad-compression",
-            "async-checkpoint", "non-finite-guard"}
+            "async-checkpoint", "non-finite-guard", "resume-batch"}
 
 
 def blocks(path: Path) -> dict[str, str]:
