@@ -149,6 +149,7 @@ class StepRecorder:
             "comm_per_step": self.comm,
             "pipeline": self.stage_clock.facts() if self.stage_clock is not None else None,
             "gradient_bytes": self.gradient_bytes,
+            "gpu_async": _cuda_in_use(),  # host-clock phases then miss what the GPU streams wait for (stragglers)
             **self.distributed,
             **peak_memory(),
             "probe_overhead_s": self.overhead_seconds + loader_seconds,

@@ -62,6 +62,7 @@ def run_json(record: RunRecord) -> dict[str, Any]:
         "data_wait_share_per_rank": s.data_wait_share_per_rank if s else [],
         "phases_per_rank": [phases.to_json() for phases in record.phases],
         "straggler": record.straggler.to_json() if record.straggler is not None else None,
+        "straggler_note": record.straggler_note,
         "peak_memory_bytes": s.peak_memory_bytes if s else None,
         "peak_memory_per_rank": s.peak_memory_per_rank if s else [],
         "memory_kind": next((r.get("memory_kind") for r in record.ranks), None),
@@ -324,6 +325,8 @@ def scaling_diagnosis(sweep: Sweep) -> list[str]:
             lines.append(f"{where}: {r.note}")
         if r.straggler is not None:
             lines.append(f"{where}: {r.straggler.line()}")
+        elif r.straggler_note:
+            lines.append(f"{where}: {r.straggler_note}")
         if s.data_wait_share >= DATA_BOUND_SHARE:
             on_rank = ""
             if len(s.data_wait_share_per_rank) > 1 and len(r.phases) == len(s.data_wait_share_per_rank):

@@ -13,6 +13,12 @@ A straggler is slow in its own work (data, compute or optimizer), and the others
 straggler named is the rank and phase furthest above the other ranks' median for that phase, when it is both
 at least STRAGGLER_RATIO times that median and at least STRAGGLER_SHARE of the step slower than it: the ratio keeps
 ordinary rank-to-rank jitter out, the share keeps out phases too short to matter (a 3x slower 1 ms loader).
+
+These are host clocks. On GPUs the kernels and NCCL's collectives run asynchronously: a fast rank's wait for the
+others happens on its device streams, and its host blocks later, wherever it next synchronises (a `.item()`, a
+copy to the device inside the data loader), so the host phases would put the wait in the wrong phase and could
+name the wrong rank. Runs whose ranks used CUDA therefore keep their phases in bench.json but name no straggler
+(GPU_NOTE) until the wait is timed on the device.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ PHASES = ("data", "compute", "optimizer")  # a rank's own work; the sync wait is
 PHASE_WORDS = {"data": "loading data", "compute": "in forward+backward", "optimizer": "in the optimizer step"}
 STRAGGLER_RATIO = 1.5  # at least 1.5x the other ranks' median for the phase ...
 STRAGGLER_SHARE = 0.10  # ... and at least 10% of the step more than it
+
+
+GPU_NOTE = ("no straggler named: the per-rank phases are host-clock times, and on GPUs a rank's wait for the "
+            "others happens on its device streams, where the host clock does not see it")
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,13 @@ def rank_phases(ranks: Sequence[dict[str, Any]], warmup: int) -> list[RankPhases
         compute = max(0.0, step - data - optimizer - (wait or 0.0))
         out.append(RankPhases(int(rank.get("rank", len(out))), step, data, compute, optimizer, wait))
     return out
+
+
+def straggler_of(ranks: Sequence[dict[str, Any]], phases: Sequence[RankPhases]) -> tuple[Straggler | None, str | None]:
+    """The straggler of a run, or why none can be named from its phases (a note; None when they were looked at)."""
+    if len(phases) > 1 and any(rank.get("gpu_async") for rank in ranks):
+        return None, GPU_NOTE
+    return find_straggler(phases), None
 
 
 def find_straggler(phases: Sequence[RankPhases]) -> Straggler | None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from accelkit.bench.stragglers import (
+    GPU_NOTE,
     STRAGGLER_RATIO,
     STRAGGLER_SHARE,
     RankPhases,
     find_straggler,
     rank_phases,
+    straggler_of,
 )
 
 
@@ -75,3 +77,13 @@ def test_the_line_without_a_measured_wait_or_a_zero_median() -> None:
     assert found.line() == ("straggler: rank 1 spends 0.20 s per step loading data, against 0 s on the other "
                             "ranks' median (0.0 ms)")
     assert found.ratio is None
+
+
+def test_gpu_runs_keep_their_phases_but_name_no_straggler() -> None:
+    ranks = [{"rank": 0, "steps": [step(0.1, 0.01, 0.01, 0.05)]}, {"rank": 1, "steps": [step(0.1, 0.08, 0.01, 0.0)]}]
+    phased = rank_phases(ranks, warmup=0)
+    found, note = straggler_of(ranks, phased)
+    assert found.rank == 1 and note is None
+    gpu = [{**rank, "gpu_async": True} for rank in ranks]
+    assert straggler_of(gpu, rank_phases(gpu, warmup=0)) == (None, GPU_NOTE)
+    assert straggler_of(gpu[:1], rank_phases(gpu[:1], warmup=0)) == (None, None)  # one rank: nothing to say
