@@ -10,9 +10,11 @@ the loop does between batches):
     compute_s = step - data - optimizer - sync_wait          (each a mean per measured step)
 
 A straggler is slow in its own work (data, compute or optimizer), and the others pay for it as sync wait. The
-straggler named is the rank and phase furthest above the other ranks' median for that phase, when it is both
-at least STRAGGLER_RATIO times that median and at least STRAGGLER_SHARE of the step slower than it: the ratio keeps
-ordinary rank-to-rank jitter out, the share keeps out phases too short to matter (a 3x slower 1 ms loader).
+straggler named is the rank and phase furthest above the other ranks' median for that phase, when it is at least
+STRAGGLER_RATIO times that median, at least STRAGGLER_SHARE of the step slower than it, and (where the sync wait
+was measured) the other ranks' median sync wait is at least WAITED_SHARE of that excess: the ratio keeps ordinary
+rank-to-rank jitter out, the share keeps out phases too short to matter (a 3x slower 1 ms loader), the wait keeps
+out a rank that was slow while the others were not waiting for it (a noisy step, a machine's other load).
 
 These are host clocks. On GPUs the kernels and NCCL's collectives run asynchronously: a fast rank's wait for the
 others happens on its device streams, and its host blocks later, wherever it next synchronises (a `.item()`, a
@@ -32,7 +34,8 @@ from accelkit.bench.stats import percentile
 PHASES = ("data", "compute", "optimizer")  # a rank's own work; the sync wait is what the others pay for it
 PHASE_WORDS = {"data": "loading data", "compute": "in forward+backward", "optimizer": "in the optimizer step"}
 STRAGGLER_RATIO = 1.5  # at least 1.5x the other ranks' median for the phase ...
-STRAGGLER_SHARE = 0.10  # ... and at least 10% of the step more than it
+STRAGGLER_SHARE = 0.10  # ... and at least 10% of the step more than it ...
+WAITED_SHARE = 0.5  # ... and the others waited in the gradient sync at least half of that excess (when measured)
 
 
 GPU_NOTE = ("no straggler named: the per-rank phases are host-clock times, and on GPUs a rank's wait for the "
@@ -81,7 +84,8 @@ class Straggler:
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "phase": self.phase, "seconds_per_step": self.seconds,
                 "others_median_s": self.others_median_s, "ratio": self.ratio, "others_sync_wait_s": self.others_wait_s,
-                "threshold": {"ratio": STRAGGLER_RATIO, "share_of_step": STRAGGLER_SHARE}}
+                "threshold": {"ratio": STRAGGLER_RATIO, "share_of_step": STRAGGLER_SHARE,
+                              "others_waited_share": WAITED_SHARE}}
 
 
 def _seconds(value: float) -> str:
@@ -126,14 +130,15 @@ def find_straggler(phases: Sequence[RankPhases]) -> Straggler | None:
     for candidate in phases:
         others = [p for p in phases if p is not candidate]
         waits = [p.sync_wait_s for p in others if p.sync_wait_s is not None]
+        waited = percentile(waits, 50) if waits else None
         for phase in PHASES:
             value = candidate.seconds(phase)
             median = percentile([p.seconds(phase) for p in others], 50)
             excess = value - median
             if value < STRAGGLER_RATIO * median or excess < STRAGGLER_SHARE * step or excess <= 0:
                 continue
+            if waited is not None and waited < WAITED_SHARE * excess:
+                continue  # the others did not wait for it
             if best is None or excess > best[0]:
-                found = Straggler(candidate.rank, phase, value, median,
-                                  percentile(waits, 50) if waits else None, step)
-                best = (excess, found)
+                best = (excess, Straggler(candidate.rank, phase, value, median, waited, step))
     return best[1] if best else None

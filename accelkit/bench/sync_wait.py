@@ -1,5 +1,5 @@
 """The collective side of the bench probe: how long this rank waits, at the end of each backward pass, for the
-other ranks' gradients (DDP's all-reduce, ZeRO's reduction), measured on the rank's own clock.
+other ranks' gradients (DDP's all-reduce), measured on the rank's own clock.
 
 A data-parallel backward launches its gradient all-reduce bucket by bucket as the rank's gradients become ready,
 and returns only when every bucket's collective has completed, which needs every rank's contribution. So once this
@@ -11,7 +11,9 @@ rank pays alike):
 
 A rank that everyone waits for shows almost none; the others show how much longer it took. The hooks go on the
 parameters of the optimizer that steps (known at the first step, a warmup step), so from the second step on.
-Waits inside a forward (FSDP's parameter all-gathers, DDP's buffer broadcast) are not separated here.
+Waits outside autograd's backward call are not separated here: in a forward (FSDP's parameter all-gathers, DDP's
+buffer broadcast), or in a library's own reduction after autograd returns (DeepSpeed's engine, FSDP2's sharded
+gradients, which no post-accumulate hook sees).
 """
 
 from __future__ import annotations
