@@ -11,9 +11,9 @@ rank pays alike):
 
 A rank that everyone waits for shows almost none; the others show how much longer it took. The hooks go on the
 parameters of the optimizer that steps (known at the first step, a warmup step), so from the second step on.
-Waits outside autograd's backward call are not separated here: in a forward (FSDP's parameter all-gathers, DDP's
-buffer broadcast), or in a library's own reduction after autograd returns (DeepSpeed's engine, FSDP2's sharded
-gradients, which no post-accumulate hook sees).
+Waits elsewhere are not separated here: in a forward (FSDP's parameter all-gathers, DDP's buffer broadcast), in
+hooks that run before the rank's last gradient is complete (FSDP2's per-layer reduce-scatters), or in a library's
+own reduction after autograd returns (DeepSpeed's engine).
 """
 
 from __future__ import annotations
