@@ -121,8 +121,8 @@ def straggler_of(ranks: Sequence[dict[str, Any]], phases: Sequence[RankPhases]) 
 
 
 def find_straggler(phases: Sequence[RankPhases]) -> Straggler | None:
-    """The rank and phase furthest above the other ranks' median, when past both thresholds; None otherwise (one
-    rank, or no rank slow enough to matter)."""
+    """The rank and phase furthest above the other ranks' median, when past the thresholds; None otherwise (one
+    rank, or no rank slow enough to matter, or none the others waited for)."""
     if len(phases) < 2:
         return None
     step = max(p.step_s for p in phases)

@@ -30,7 +30,6 @@ class SyncWaitClock:
         self.measured = False  # a backward with hooked gradients ran since the last step
         self._last_ready: float | None = None
         self._hooked: set[int] = set()
-        self._handles: list = []
 
     def close_step(self) -> float | None:
         """This step's wait (None when no backward of hooked gradients ran), and a fresh start for the next."""
@@ -50,7 +49,7 @@ class SyncWaitClock:
             if id(param) in self._hooked or not getattr(param, "requires_grad", False) or not param.is_leaf:
                 continue
             try:
-                self._handles.append(param.register_post_accumulate_grad_hook(self._ready))
+                param.register_post_accumulate_grad_hook(self._ready)  # for the rest of the run: no handle kept
             except RuntimeError:  # a parameter autograd cannot hook (a library's own flat buffer): not timed
                 continue
             self._hooked.add(id(param))
