@@ -27,6 +27,7 @@ from typing import Any
 from accelkit.bench import MIN_TIME_ENV, PROBE_NAME, WARMUP_ENV
 from accelkit.bench.loaders import BatchSize, LoaderHooks
 from accelkit.bench.stage_clock import StageClock
+from accelkit.bench.sync_wait import SyncWaitClock
 from accelkit.bench.window import agree_seconds, next_checkpoint
 from accelkit.errors import clip
 from accelkit.ranks.probes import MAX_STEPS_ENV, StepEvent, clock, write_rank_result
@@ -36,7 +37,8 @@ class StepRecorder:
     """Accumulates loader fetches between clock steps and closes one step record per clock step."""
 
     def __init__(self, sync_at: tuple[int, ...] = (), *, warmup: int = 0, min_steps: int = 0, min_time: float = 0.0,
-                 set_limit=None, count_comm: bool = False, stage_clock: StageClock | None = None) -> None:
+                 set_limit=None, count_comm: bool = False, stage_clock: StageClock | None = None,
+                 sync_wait: SyncWaitClock | None = None) -> None:
         self.sync_at = sync_at  # clock steps after which CUDA is synchronised (end of warmup, last measured step)
         self.warmup = warmup
         self.min_steps = min_steps
@@ -47,6 +49,7 @@ class StepRecorder:
         self.count_comm = count_comm and warmup >= 2  # count the last warmup step; its predecessor starts it
         self.comm: dict[str, dict[str, int]] | None = None
         self.stage_clock = stage_clock
+        self.sync_wait = sync_wait
         self._counter = None
         self.steps: list[dict[str, Any]] = []
         self.error: str | None = None
@@ -56,6 +59,7 @@ class StepRecorder:
         self.overhead_seconds = 0.0
         self._interval_start: float | None = None
         self._wait = 0.0
+        self._optimizer = 0.0  # seconds inside optimizer steps (every optimizer's) since the last clock step
         self._per_loader: dict[int, list[int]] = {}  # loader id -> [samples, tokens] since the last step
         self._last_loader: int | None = None
 
@@ -71,6 +75,7 @@ class StepRecorder:
 
     # -- clock side ------------------------------------------------------------------------------------------
     def on_step(self, event: StepEvent) -> None:
+        self._optimizer += event.finished - event.started
         if not event.is_clock:
             return
         finished = event.finished
@@ -87,17 +92,24 @@ class StepRecorder:
         entered = time.perf_counter()
         if self.gradient_bytes is None:
             self.gradient_bytes, self.distributed = model_facts(event)
+            if self.sync_wait is not None:
+                self.sync_wait.watch(stepped_parameters(event))
         start = self._interval_start if self._interval_start is not None else event.started
         train = self._per_loader.pop(self._last_loader, [0, 0]) if self._last_loader is not None else [0, 0]
         self.other_samples += sum(counts[0] for counts in self._per_loader.values())
-        record = {"step": event.clock_steps, "seconds": finished - start,
-                  "data_wait_s": min(self._wait, finished - start), "samples": train[0], "tokens": train[1]}
+        seconds = finished - start
+        data_wait = min(self._wait, seconds)
+        optimizer = min(self._optimizer, seconds - data_wait)
+        sync_wait = self.sync_wait.close_step() if self.sync_wait is not None else None
+        record = {"step": event.clock_steps, "seconds": seconds, "data_wait_s": data_wait, "optimizer_s": optimizer,
+                  "sync_wait_s": None if sync_wait is None else min(sync_wait, seconds - data_wait - optimizer),
+                  "samples": train[0], "tokens": train[1]}
         pipeline = self.stage_clock.close_step() if self.stage_clock is not None else None
         if pipeline is not None:
             record["pipeline"] = pipeline
         self.steps.append(record)
         self._interval_start = finished
-        self._wait = 0.0
+        self._wait = self._optimizer = 0.0
         self._per_loader = {}
         self._last_loader = None
         if event.clock_steps == self.checkpoint:
@@ -137,6 +149,7 @@ class StepRecorder:
             "comm_per_step": self.comm,
             "pipeline": self.stage_clock.facts() if self.stage_clock is not None else None,
             "gradient_bytes": self.gradient_bytes,
+            "gpu_async": _cuda_in_use(),  # host-clock phases then miss what the GPU streams wait for (stragglers)
             **self.distributed,
             **peak_memory(),
             "probe_overhead_s": self.overhead_seconds + loader_seconds,
@@ -146,14 +159,10 @@ class StepRecorder:
 def model_facts(event: StepEvent) -> tuple[int | None, dict[str, Any]]:
     """Gradient bytes of the model being stepped (global sizes: DTensor shapes are global, ZeRO-3 keeps ds_numel)
     and what the distributed setup is, as far as the stepping object tells."""
-    stepper = event.optimizer
     facts: dict[str, Any] = {"step_source": event.source}
     if event.source == "deepspeed":
-        params = [p for p in stepper.module.parameters() if p.requires_grad]
-        facts["zero_stage"] = int(stepper.zero_optimization_stage())
-    else:
-        inner = getattr(stepper, "optimizer", stepper)  # Accelerate's AcceleratedOptimizer wraps the torch one
-        params = [p for group in getattr(inner, "param_groups", ()) for p in group["params"] if p.requires_grad]
+        facts["zero_stage"] = int(event.optimizer.zero_optimization_stage())
+    params = stepped_parameters(event)
     if "accelerate" in sys.modules:
         from accelerate.state import PartialState
 
@@ -163,6 +172,15 @@ def model_facts(event: StepEvent) -> tuple[int | None, dict[str, Any]]:
         return None, facts
     total = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for p in params)
     return total, facts
+
+
+def stepped_parameters(event: StepEvent) -> list:
+    """The trainable parameters the stepping object updates (a DeepSpeed engine's module's, else the optimizer's)."""
+    stepper = event.optimizer
+    if event.source == "deepspeed":
+        return [p for p in stepper.module.parameters() if p.requires_grad]
+    inner = getattr(stepper, "optimizer", stepper)  # Accelerate's AcceleratedOptimizer wraps the torch one
+    return [p for group in getattr(inner, "param_groups", ()) for p in group["params"] if p.requires_grad]
 
 
 def _compiled_graphs() -> bool:
@@ -208,9 +226,11 @@ def install() -> None:
 
     stage_clock = StageClock()
     stage_clock.install()
+    sync_wait = SyncWaitClock()
+    sync_wait.install()
     recorder = _RECORDER = StepRecorder(sync_at=tuple(n for n in (warmup, limit) if n > 0), warmup=warmup,
                                         min_steps=max(0, limit - warmup), min_time=min_time, set_limit=set_limit,
-                                        count_comm=True, stage_clock=stage_clock)
+                                        count_comm=True, stage_clock=stage_clock, sync_wait=sync_wait)
     loaders = LoaderHooks(recorder.on_fetch)
     loaders.install()
     step_clock.on_step(recorder.on_step)

@@ -4,7 +4,8 @@ bench.json keeps at least {"runs": [{"num_processes", "backend", "steps", "step_
 "samples_per_s", "speedup", "efficiency", "data_wait_share", "peak_memory_bytes"}]} (issue 12), plus the rest of
 what was measured (tokens/s, per-rank figures, errors, the collectives of --comm), the spread of the step times
 (`step_time_s.iqr_share`), the window, why a result may be noise (`noise`), and with --layouts each run's layout and
-the collectives one step issued (`comm_per_step`).
+the collectives one step issued (`comm_per_step`), each rank's mean seconds per step by phase (`phases_per_rank`:
+data, compute, optimizer, sync wait; accelkit.bench.stragglers) and the straggler named from them (`straggler`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def run_json(record: RunRecord) -> dict[str, Any]:
         "baseline_num_processes": sc.baseline_num_processes if sc else None,
         "data_wait_share": s.data_wait_share if s else None,
         "data_wait_share_per_rank": s.data_wait_share_per_rank if s else [],
+        "phases_per_rank": [phases.to_json() for phases in record.phases],
+        "straggler": record.straggler.to_json() if record.straggler is not None else None,
+        "straggler_note": record.straggler_note,
         "peak_memory_bytes": s.peak_memory_bytes if s else None,
         "peak_memory_per_rank": s.peak_memory_per_rank if s else [],
         "memory_kind": next((r.get("memory_kind") for r in record.ranks), None),
@@ -319,9 +323,17 @@ def scaling_diagnosis(sweep: Sweep) -> list[str]:
         where = r.label
         if r.note:
             lines.append(f"{where}: {r.note}")
+        if r.straggler is not None:
+            lines.append(f"{where}: {r.straggler.line()}")
+        elif r.straggler_note:
+            lines.append(f"{where}: {r.straggler_note}")
         if s.data_wait_share >= DATA_BOUND_SHARE:
-            lines.append(f"{where}: {s.data_wait_share:.0%} of each step is spent waiting for data: the input "
-                         "pipeline limits this run (more DataLoader workers, pin_memory, a faster __getitem__, "
+            on_rank = ""
+            if len(s.data_wait_share_per_rank) > 1 and len(r.phases) == len(s.data_wait_share_per_rank):
+                worst = max(range(len(r.phases)), key=lambda i: s.data_wait_share_per_rank[i])
+                on_rank = f" on rank {r.phases[worst].rank}"
+            lines.append(f"{where}: {s.data_wait_share:.0%} of each step{on_rank} is spent waiting for data: the "
+                         "input pipeline limits this run (more DataLoader workers, pin_memory, a faster __getitem__, "
                          "pre-tokenised data)")
         if sc is not None and sc.efficiency is not None and sc.efficiency < POOR_EFFICIENCY \
                 and s.data_wait_share < DATA_BOUND_SHARE and "high variance" not in sc.noise:

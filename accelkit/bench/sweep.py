@@ -32,6 +32,7 @@ from accelkit.bench.layouts import batch_replicas
 from accelkit.bench.pipeline_stats import PipelineFigures, pipeline_figures
 from accelkit.bench.spec import BenchSpec, RunSpec
 from accelkit.bench.stats import RunSummary, Scaling, TooFewSteps, noise_reasons, scaling, summarize
+from accelkit.bench.stragglers import RankPhases, Straggler, rank_phases, straggler_of
 from accelkit.launch import RunOutcome
 from accelkit.ranks.probes import read_results
 
@@ -56,6 +57,9 @@ class RunRecord:
     comm_busbw_gbs: float | None = None
     note: str | None = None  # something the figures alone do not say (e.g. the script ended before the limit)
     pipeline: PipelineFigures | None = None  # a layout with pp: measured bubble and point-to-point bytes per stage
+    phases: list[RankPhases] = field(default_factory=list)  # per rank: data, compute, optimizer, sync wait per step
+    straggler: Straggler | None = None
+    straggler_note: str | None = None  # why no straggler could be named from the phases (GPU runs)
 
     @property
     def label(self) -> str:
@@ -270,8 +274,11 @@ class Sweep:
             record.status, record.error = "failed", f"{exc}; lower --warmup/--steps or let the script run longer"
             return record
         record.note = short_window_note(record.summary, self.spec, record.ranks)
+        record.phases = rank_phases(record.ranks, self.spec.warmup)
         if run.layout is not None and run.layout.pp > 1:
             record.pipeline = pipeline_figures(record.ranks, self.spec.warmup, run.layout.pp)
+        else:  # pipeline stages differ in their work by design: no rank of them is a straggler for that
+            record.straggler, record.straggler_note = straggler_of(record.ranks, record.phases)
         return record
 
     def _attach_comm(self, record: RunRecord) -> None:

@@ -154,3 +154,24 @@ def test_data_bound_and_compute_bound_are_told_apart(tmp_path: Path) -> None:
     assert compute_bound["data_wait_share"] < 0.15 and data_bound["data_wait_share"] > 0.6
     notes = [line for line in result.stdout.splitlines() if "waiting for data" in line]
     assert len(notes) == 1 and notes[0].startswith("ddp x2: ")
+
+
+@pytest.mark.parametrize(("slowdown", "phase", "words"), [("--slow-data", "data", "loading data"),
+                                                          ("--slow-forward", "compute", "in forward+backward")])
+def test_the_straggler_rank_and_its_phase_are_named(slowdown: str, phase: str, words: str, tmp_path: Path) -> None:
+    """Rank 1 of 2 sleeps 80 ms per step in its data (4 samples x 20 ms) or in its forward: DDP's all-reduce makes
+    both ranks' step times equal, the ranks' own clocks still tell which one the other waits for, and in what."""
+    sleep = {"--slow-data": "0.02", "--slow-forward": "0.08"}[slowdown]
+    result, data = bench(tmp_path, "--backend", "ddp", "--num-processes", "2", "--warmup", "1", "--steps", "3",
+                         str(COUNTED), "--batch", "4", "--slow-rank", "1", slowdown, sleep)
+    (run,) = data["runs"]
+    fast, slow = run["phases_per_rank"]
+    assert (fast["rank"], slow["rank"]) == (0, 1)
+    for ranked in (fast, slow):  # the phases split the rank's step, measured on its own clock
+        parts = ranked["data_s"] + ranked["compute_s"] + ranked["optimizer_s"] + ranked["sync_wait_s"]
+        assert parts == pytest.approx(ranked["step_s"], rel=1e-6)
+    assert slow[f"{phase}_s"] >= 0.08 > fast[f"{phase}_s"] * 3
+    assert fast["sync_wait_s"] >= 0.05 > slow["sync_wait_s"]  # rank 0 waits for rank 1 in the gradient all-reduce
+    assert run["straggler"]["rank"] == 1 and run["straggler"]["phase"] == phase
+    (line,) = [line for line in result.stdout.splitlines() if "straggler:" in line]
+    assert line.startswith("ddp x2: straggler: rank 1 spends ") and f"per step {words}, " in line

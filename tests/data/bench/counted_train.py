@@ -1,7 +1,8 @@
 """An Accelerate training script that logs, on every rank, each real optimizer step with the samples and tokens it
 trained on and the time: the ground truth bench's probe is checked against. Knobs make it data-bound
-(--slow-data), compute-bound (--compute), crash (--crash-at-world-size, --crash-rank), lose a rank (--kill-rank) or
-hang on one rank while the others wait for it in the next all-reduce (--hang-rank)."""
+(--slow-data), compute-bound (--compute), one rank a straggler (--slow-rank with --slow-data or --slow-forward),
+crash (--crash-at-world-size, --crash-rank), lose a rank (--kill-rank) or hang on one rank while the others wait
+for it in the next all-reduce (--hang-rank)."""
 
 import argparse
 import os
@@ -21,6 +22,8 @@ parser.add_argument("--seq", type=int, default=16, help="tokens per sample (batc
 parser.add_argument("--hidden", type=int, default=32)
 parser.add_argument("--slow-data", type=float, default=0.0, help="seconds of sleep per __getitem__")
 parser.add_argument("--slow-data-at-world-size", type=int, default=0, help="only at this world size")
+parser.add_argument("--slow-forward", type=float, default=0.0, help="seconds of sleep per forward")
+parser.add_argument("--slow-rank", type=int, default=-1, help="only this rank is slowed (-1: every rank)")
 parser.add_argument("--compute", type=int, default=0, help="extra matmul rounds per micro-batch")
 parser.add_argument("--compute-at-world-size", type=int, default=0, help="only at this world size")
 parser.add_argument("--eval-every", type=int, default=0, help="iterate an evaluation loader every N steps")
@@ -48,13 +51,25 @@ class Tokens(Dataset):
 accelerator = Accelerator(gradient_accumulation_steps=args.accumulation)
 if args.slow_data_at_world_size and accelerator.num_processes != args.slow_data_at_world_size:
     args.slow_data = 0.0
+if args.slow_rank >= 0 and accelerator.process_index != args.slow_rank:
+    args.slow_data = args.slow_forward = 0.0
 if args.compute_at_world_size and accelerator.num_processes != args.compute_at_world_size:
     args.compute = 0
 if args.crash_at_world_size and accelerator.num_processes == args.crash_at_world_size:
     raise RuntimeError(f"deliberate failure at world size {accelerator.num_processes}")
+
+
+class SlowForward(torch.nn.Module):
+    def forward(self, x):
+        time.sleep(args.slow_forward)
+        return x
+
+
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Embedding(64, args.hidden), torch.nn.Linear(args.hidden, args.hidden),
                             torch.nn.Tanh(), torch.nn.Linear(args.hidden, 64))
+if args.slow_forward:
+    model.insert(0, SlowForward())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 train = DataLoader(Tokens(100_000), batch_size=args.batch, shuffle=True)
 evaluation = DataLoader(Tokens(4 * args.batch), batch_size=args.batch)

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accelkit.bench.loaders import BatchSize, LoaderHooks, batch_size
 from accelkit.bench.probe import StepRecorder
+from accelkit.bench.sync_wait import SyncWaitClock
 from accelkit.ranks.probes.steps import StepEvent
 
 
@@ -77,10 +78,10 @@ def test_steps_take_samples_from_the_training_loader_only() -> None:
     recorder.on_step(step(2, 12.8, 13.0))
     recorder.on_step(StepEvent(2, False, 13.0, 13.1, "torch", None))  # another optimizer's step: not the clock
     one, two = recorder.steps
-    assert one == {"step": 1, "seconds": pytest.approx(2.0), "data_wait_s": pytest.approx(0.7), "samples": 16,
-                   "tokens": 256}
-    assert two == {"step": 2, "seconds": pytest.approx(1.0), "data_wait_s": pytest.approx(0.4), "samples": 8,
-                   "tokens": 128}
+    assert one == {"step": 1, "seconds": pytest.approx(2.0), "data_wait_s": pytest.approx(0.7),
+                   "optimizer_s": pytest.approx(0.5), "sync_wait_s": None, "samples": 16, "tokens": 256}
+    assert two == {"step": 2, "seconds": pytest.approx(1.0), "data_wait_s": pytest.approx(0.4),
+                   "optimizer_s": pytest.approx(0.2), "sync_wait_s": None, "samples": 8, "tokens": 128}
     assert recorder.other_samples == 4
     assert recorder.gradient_bytes == 3 * 4 * 4  # the optimizer's fp32 parameters
 
@@ -105,3 +106,42 @@ def test_starting_a_loaders_workers_counts_as_data_wait(hooks) -> None:
     assert len(list(SlowStart(TensorDataset(torch.zeros(4, 1)), batch_size=2))) == 2
     (first_id, started, finished, _), second = fetched
     assert finished - started >= 0.05 and second[2] - second[1] < 0.05
+
+
+class SlowBackward(torch.autograd.Function):
+    """The rank's own backward work: sleeps before the parameter's gradient is complete."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.1)
+        return grad
+
+
+def test_the_sync_wait_is_the_backward_after_the_last_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP waits for the other ranks in a callback queued on autograd's engine (its finalize_backward) after the
+    rank's last gradient: the same shape here, with a sleep standing in for the wait."""
+    monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)  # undone after the test
+    clock = SyncWaitClock()
+    clock._hook_backward()
+    weight = torch.nn.Parameter(torch.ones(4))
+
+    def queue_the_wait(_param) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: time.sleep(0.05))
+
+    weight.register_post_accumulate_grad_hook(queue_the_wait)
+    SlowBackward.apply(weight * 2).sum().backward()
+    assert clock.close_step() is None  # gradients not watched yet: nothing measured (the first, warmup step)
+    recorder = StepRecorder(sync_wait=clock)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    recorder.on_step(StepEvent(1, True, 1.0, 1.1, "torch", optimizer))  # the first step hooks its parameters
+    SlowBackward.apply(weight * 2).sum().backward()
+    SlowBackward.apply(weight * 2).sum().backward()  # accumulation: two backward passes in one step
+    started = time.perf_counter()
+    recorder.on_step(StepEvent(2, True, started, started + 0.001, "torch", optimizer))
+    wait = recorder.steps[1]["sync_wait_s"]
+    assert 2 * 0.05 <= wait < 2 * 0.05 + 0.1  # the queued waits, not the 2 x 0.1 s of the rank's own backward
+    assert recorder.steps[1]["optimizer_s"] == pytest.approx(0.001)

@@ -143,3 +143,25 @@ def test_a_noisy_result_is_flagged_with_the_command_that_measures_longer(tmp_pat
     assert lines[0].startswith("ddp x2: NOISE? efficiency 111% is superlinear")
     assert lines[-1].endswith("accelkit bench --cpu --min-time 10 --force train.py --x 1")
     assert lines[-1] in summary_text(sweep, sweep.spec)
+
+
+def test_the_straggler_line_and_the_per_rank_phases_in_the_json(tmp_path: Path) -> None:
+    from accelkit.bench.stragglers import find_straggler, rank_phases
+
+    sweep = make_sweep(tmp_path, sizes=(1, 2))
+    two = sweep.records[1]
+    two.ranks[1]["steps"] = [{**s, "data_wait_s": 0.09} for s in two.ranks[1]["steps"]]  # rank 1 loads slowly
+    for s in two.ranks[0]["steps"]:
+        s["sync_wait_s"] = 0.08  # and rank 0 waits for it at the gradient sync
+    two.summary = summarize(two.ranks, warmup=1)
+    two.phases = rank_phases(two.ranks, warmup=1)
+    two.straggler = find_straggler(two.phases)
+    notes = scaling_diagnosis(sweep)
+    assert notes[0] == ("ddp x2: straggler: rank 1 spends 90.0 ms per step loading data, 18.0x the other ranks' "
+                        "median (5.0 ms); the other ranks wait 80.0 ms per step for it in the gradient sync")
+    assert notes[1].startswith("ddp x2: 82% of each step on rank 1 is spent waiting for data")
+    run = json.loads(json.dumps(bench_json(sweep, {})))["runs"][1]
+    assert [p["rank"] for p in run["phases_per_rank"]] == [0, 1]
+    assert run["phases_per_rank"][0]["sync_wait_s"] == pytest.approx(0.08)
+    assert run["phases_per_rank"][1]["sync_wait_s"] is None and run["phases_per_rank"][1]["data_s"] == 0.09
+    assert run["straggler"]["rank"] == 1 and run["straggler"]["phase"] == "data"
