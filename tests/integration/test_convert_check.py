@@ -3,7 +3,8 @@
 Every corpus script (one per idiom of issue #16, and their combinations) converts and passes every invariant; the
 naive conversions the issue measured (an epoch scheduler prepared, prepare before a custom init, the model never
 prepared, hand-made batches not sharded, a metric not reduced, an early stop decided per process, files written by
-every process) fail the invariant they break, with evidence. Each check runs when a test first reads it.
+every process) fail the invariant they break, with evidence. All checks run at the start of the module, two at a
+time, and each test reads its result.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,9 @@ from accelkit.convert.codemod import convert_source
 
 CORPUS_DIR = DATA / "convert" / "corpus"
 CORPUS = sorted(p.stem for p in CORPUS_DIR.glob("*.py"))
+PARALLEL = 2
+# the module's first test waits for every check (about 2 minutes on an idle 2-core machine, much longer when loaded)
+pytestmark = pytest.mark.timeout(3600)
 VERDICT = re.compile(r"^  (PASS|FAIL|SKIP)  (\S+(?: \S+)?)\s{2,}(.*)$")
 
 
@@ -176,28 +181,12 @@ def _check(script: Path, workdir: Path, converted: Path | None = None, backend: 
     return Checked(proc.returncode, proc.stdout, proc.stderr)
 
 
-class LazyChecks:
-    """Each check run when a test first reads it (each test's own timeout covers the checks it starts), then kept
-    for the other tests that read it."""
-
-    def __init__(self, jobs: dict[str, tuple]) -> None:
-        self.jobs, self.done = jobs, {}
-
-    def __getitem__(self, key: str) -> Checked:
-        if key not in self.done:
-            self.done[key] = _check(*self.jobs[key])
-            dump = os.environ.get("ACCELKIT_CHECK_DUMP")  # a file to keep every check's output in, for debugging
-            if dump:
-                with open(dump, "a") as out:
-                    out.write(f"===== {key}\n{self.done[key].text()}\n")
-        return self.done[key]
-
-
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> LazyChecks:
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
     jobs = {}
     for name in CORPUS:
-        jobs[name] = (CORPUS_DIR / f"{name}.py", tmp_path_factory.mktemp(f"check-{name}"), None)
+        work = tmp_path_factory.mktemp(f"check-{name}")
+        jobs[name] = (CORPUS_DIR / f"{name}.py", work, None)
     for name, (original, make, _, _) in NAIVE.items():
         work = tmp_path_factory.mktemp(f"naive-{name}")
         converted = work / f"{original}_naive.py"
@@ -210,12 +199,18 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> LazyChecks:
         converted = work / f"{original}_naive.py"
         converted.write_text(make())
         jobs[f"fsdp-naive:{name}"] = (CORPUS_DIR / f"{original}.py", work, converted, "fsdp", 10)
-    return LazyChecks(jobs)
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {key: pool.submit(_check, *job) for key, job in jobs.items()}
+        done = {key: future.result() for key, future in futures.items()}
+    dump = os.environ.get("ACCELKIT_CHECK_DUMP")  # a file to keep every check's output in, for debugging
+    if dump:
+        Path(dump).write_text("\n".join(f"===== {k}\n{v.text()}" for k, v in done.items()))
+    return done
 
 
 @pytest.mark.parametrize("name", CORPUS)
 def test_the_converted_corpus_script_passes_every_invariant_on_two_ranks(name: str,
-                                                                         results: LazyChecks) -> None:
+                                                                         results: dict[str, Checked]) -> None:
     checked = results[name]
     verdicts = checked.verdicts()
     assert checked.returncode == 0, checked.text()
@@ -226,7 +221,7 @@ def test_the_converted_corpus_script_passes_every_invariant_on_two_ranks(name: s
     assert "Check passed" in checked.stdout
 
 
-def test_the_checks_compare_what_each_idiom_is_about(results: LazyChecks) -> None:
+def test_the_checks_compare_what_each_idiom_is_about(results: dict[str, Checked]) -> None:
     """Not vacuous passes: learning rates, metrics and samples were really compared where the idiom has them."""
     for name in ("mnist_style", "warmup_plateau", "trainer_class", "dcgan", "custom_init", "eval_metrics"):
         status, summary = results[name].verdicts()["lr"]
@@ -248,7 +243,7 @@ def test_the_checks_compare_what_each_idiom_is_about(results: LazyChecks) -> Non
 
 
 @pytest.mark.parametrize("name", FSDP)
-def test_the_converted_ddp_script_passes_every_invariant_under_fsdp(name: str, results: LazyChecks) -> None:
+def test_the_converted_ddp_script_passes_every_invariant_under_fsdp(name: str, results: dict[str, Checked]) -> None:
     checked = results[f"fsdp:{name}"]
     verdicts = checked.verdicts()
     assert checked.returncode == 0, checked.text()
@@ -261,7 +256,7 @@ def test_the_converted_ddp_script_passes_every_invariant_under_fsdp(name: str, r
 
 
 @pytest.mark.parametrize("name", [*sorted(NAIVE), *(f"fsdp-{n}" for n in sorted(FSDP_NAIVE))])
-def test_the_naive_conversion_fails_the_invariant_it_breaks(name: str, results: LazyChecks) -> None:
+def test_the_naive_conversion_fails_the_invariant_it_breaks(name: str, results: dict[str, Checked]) -> None:
     fsdp = name.startswith("fsdp-")
     checked = results[f"fsdp-naive:{name[5:]}" if fsdp else f"naive:{name}"]
     _, _, invariant, evidence = FSDP_NAIVE[name[5:]] if fsdp else NAIVE[name]

@@ -9,12 +9,16 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from helpers import DATA
 
 REAL_WORLD = DATA / "convert" / "real_world"
+# the module's first test waits for every check, two at a time (about 5 minutes on an idle 2-core machine, over 10 in
+# CI: the default 600 s stopped it there)
+pytestmark = pytest.mark.timeout(3600)
 VERDICT = re.compile(r"^\s+(PASS|FAIL|SKIP)\s+(\w[\w ]*?)\s{2,}(.*)$")
 SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weights / no hang)
     "gpt_style": (["--device=cpu"], {"wrapped", "samples", "side effects"}),  # nanoGPT's shape
@@ -78,22 +82,18 @@ def _check(name: str, workdir: Path) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory: pytest.TempPathFactory):
-    """Each script's check, run when a test first asks for it (so each test's own timeout covers one check) and
-    kept for the other tests that read it."""
-    done: dict[str, tuple[int, str]] = {}
-
-    def result(name: str) -> tuple[int, str]:
-        if name not in done:
-            done[name] = _check(name, tmp_path_factory.mktemp(f"real-{name}"))
-        return done[name]
-
-    return result
+def checked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    # only the scripts of the selected tests (`-k progress_helper` runs one check, not all of them)
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    with ThreadPoolExecutor(2) as pool:
+        futures = {n: pool.submit(_check, n, tmp_path_factory.mktemp(f"real-{n}")) for n in sorted(selected)}
+        return {n: f.result() for n, f in futures.items()}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_reproduced_idiom_converts_and_passes_its_check_on_two_ranks(name: str, checked) -> None:
-    code, text = checked(name)
+    code, text = checked[name]
     verdicts = {m.group(2).strip(): m.group(1) for m in map(VERDICT.match, text.splitlines()) if m}
     assert code == 0, text
     assert "FAIL" not in verdicts.values(), text
@@ -102,7 +102,7 @@ def test_the_reproduced_idiom_converts_and_passes_its_check_on_two_ranks(name: s
 
 
 def test_a_torchrun_only_original_runs_under_a_one_process_torchrun_environment(checked) -> None:
-    code, text = checked("torchrun_trainer")
+    code, text = checked["torchrun_trainer"]
     assert "original on 1 process under a 1-process torchrun environment" in text, text
 
 
@@ -126,7 +126,7 @@ def test_episodes_end_on_their_own_and_the_stop_on_the_running_reward_is_taken_t
 
 
 def test_a_gpu_only_original_runs_with_its_cuda_calls_rehearsed_on_the_cpu(checked) -> None:
-    code, text = checked("gpu_only_trainer")
+    code, text = checked["gpu_only_trainer"]
     assert "it ran with its CUDA calls rehearsed on the CPU" in text, text
     assert "original on 1 process, CUDA rehearsed on CPU" in text, text
 
