@@ -1,6 +1,7 @@
 """From a LaunchRequest to a LaunchPlan: resolve the config (accelkit.configs), decide CPU rehearsal
 (accelkit.rehearsal), check what can be checked before anything starts (script, GPUs, DeepSpeed, the rendezvous
-port), write the config file, then call the pure plan function."""
+port; a ZeRO checkpoint of another world size the script resumes from: launch.zero_resume), write the config file,
+then call the pure plan function."""
 
 from __future__ import annotations
 
