@@ -1,10 +1,11 @@
-"""A DeepSpeed ZeRO checkpoint written by 4 CPU ranks resumes on 2 through `accelkit launch` (DeepSpeed's universal
-checkpoint, converted by launch before the ranks start) and ends where the uninterrupted 4-rank run ends.
+"""A DeepSpeed ZeRO checkpoint written by N CPU ranks resumes on M through `accelkit launch` (DeepSpeed's universal
+checkpoint, converted by launch before the ranks start) and ends where the uninterrupted N-rank run ends: ZeRO-2
+4 -> 2 and ZeRO-3 2 -> 4.
 
 The minimal template, started from one saved model without dropout (dropout draws per-rank random numbers, which
-differ when the ranks do), trains 8 steps on 4 ranks with a checkpoint every 4. Its checkpoint-4 is copied into a
-second output folder and resumed there on 2 ranks with the same global batch (8 per device x 4 = 16 x 2; the
-accumulation that keeps it automatically is the templates' part). The final fp32 masters (DeepSpeed's own
+differ when the ranks do), trains 8 steps on N ranks with a checkpoint every 4. Its checkpoint-4 is copied into a
+second output folder and resumed there on M ranks with the same global batch of 32 (per-device batch 32 / ranks;
+the accumulation that keeps it automatically is the templates' part). The final fp32 masters (DeepSpeed's own
 zero_to_fp32 on each run's checkpoint-8) agree within 1e-5, the losses logged after the resume are the
 uninterrupted run's, the one line is printed and the original checkpoint is untouched.
 """
@@ -45,8 +46,10 @@ def _masters(checkpoint: Path) -> dict[str, torch.Tensor]:
     return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
 
 
-@pytest.mark.parametrize("zero", [2, 3])
-def test_a_zero_checkpoint_of_4_ranks_resumes_on_2_and_ends_equal(tmp_path: Path, zero: int) -> None:
+# (ZeRO stage, ranks that write the checkpoint, ranks that resume it): both directions, both stages, two runs each.
+@pytest.mark.parametrize(("zero", "written_by", "resumed_on"), [(2, 4, 2), (3, 2, 4)])
+def test_a_zero_checkpoint_resumes_on_another_world_size_and_ends_equal(tmp_path: Path, zero: int, written_by: int,
+                                                                        resumed_on: int) -> None:
     project = init_project(tmp_path / "project", "minimal", backend="ddp").directory
     spec = importlib.util.spec_from_file_location("minimal_train", project / "train.py")
     module = importlib.util.module_from_spec(spec)
@@ -55,15 +58,15 @@ def test_a_zero_checkpoint_of_4_ranks_resumes_on_2_and_ends_equal(tmp_path: Path
     module.MLPClassifier(16, 64, 4, dropout=0.0).save_pretrained(str(project / "init"))
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    first = _train(project, zero, 4, 8, straight)
+    first = _train(project, zero, written_by, 32 // written_by, straight)  # a global batch of 32 on both
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-4", resumed / "checkpoint-4")
     before = tree_hash(resumed / "checkpoint-4")
-    second = _train(project, zero, 2, 16, resumed, "--resume-from-checkpoint", "latest")
+    second = _train(project, zero, resumed_on, 32 // resumed_on, resumed, "--resume-from-checkpoint", "latest")
 
     copy = resumed / "checkpoint-4-universal"
-    assert (f"accelkit: checkpoint-4 was written by 4 ZeRO-{zero} ranks; resuming on 2 from its universal copy {copy} "
-            "(converting it now, with DeepSpeed's ds_to_universal)") in second.stderr
+    assert (f"accelkit: checkpoint-4 was written by {written_by} ZeRO-{zero} ranks; resuming on {resumed_on} from its "
+            f"universal copy {copy} (converting it now, with DeepSpeed's ds_to_universal)") in second.stderr
     assert f"resumed from {copy / 'checkpoint-4'} at step 4" in second.stdout + second.stderr
     assert tree_hash(resumed / "checkpoint-4") == before  # converted beside the original, never in place
     assert not [p.name for p in resumed.iterdir() if p.name.startswith(".")]  # no staging folder left
@@ -71,7 +74,7 @@ def test_a_zero_checkpoint_of_4_ranks_resumes_on_2_and_ends_equal(tmp_path: Path
     want, got = _masters(straight / "checkpoint-8"), _masters(resumed / "checkpoint-8")
     assert sorted(want) == sorted(got)
     worst = max((want[k] - got[k]).abs().max().item() for k in want)
-    print(f"ZeRO-{zero} 4 -> 2 ranks: max |difference| of the final fp32 masters {worst:.3g}")
+    print(f"ZeRO-{zero} {written_by} -> {resumed_on} ranks: max |difference| of the final fp32 masters {worst:.3g}")
     assert worst <= 1e-5
     assert any((want[k] - _masters(straight / "checkpoint-4")[k]).abs().max() > 1e-3 for k in want)  # it trained
     after = _losses(second.stdout + second.stderr)

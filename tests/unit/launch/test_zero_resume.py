@@ -125,3 +125,32 @@ def test_a_converter_failure_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(AccelkitError, match="DeepSpeed's ds_to_universal could not convert"):
         zr.make_universal_copy(plan)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
+
+
+@pytest.mark.parametrize("given_json", [False, True])
+def test_the_ranks_get_the_same_deepspeed_settings_plus_load_universal(tmp_path: Path, given_json: bool) -> None:
+    """Inline settings become the JSON `--deepspeed-json` writes for them; a JSON the user gave keeps every key."""
+    from accelkit.configs import ConfigOptions
+    from accelkit.launch.build_plan import resolve_request, with_load_universal
+    from accelkit.launch.launch_plan import LaunchTarget
+    from accelkit.launch.request import LaunchRequest
+
+    request = LaunchRequest(target=LaunchTarget("train.py"), cpu=True,
+                            options=ConfigOptions(backend="deepspeed", zero_stage=3, num_processes=2))
+    if given_json:  # an Accelerate config naming the user's DeepSpeed JSON
+        user = tmp_path / "ds.json"
+        user.write_text(json.dumps({"zero_optimization": {"stage": 3, "reduce_bucket_size": 1000},
+                                    "checkpoint": {"tag_validation": "FAIL"}, "train_batch_size": "auto"}))
+        (tmp_path / "config.yaml").write_text(
+            "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nnum_machines: 1\nnum_processes: 2\n"
+            f"deepspeed_config:\n  deepspeed_config_file: {user}\n")
+        before = user.read_text()
+        request = LaunchRequest(target=LaunchTarget("train.py"), cpu=True, config_file=tmp_path / "config.yaml")
+    config = with_load_universal(request, resolve_request(request), tmp_path / "launch" / "universal.json")
+    content = dict(config.deepspeed.json_content)
+    assert config.deepspeed.json_file == str(tmp_path / "launch" / "universal.json")
+    assert content["zero_optimization"]["stage"] == 3 and content["checkpoint"]["load_universal"] is True
+    if given_json:
+        assert content["zero_optimization"]["reduce_bucket_size"] == 1000
+        assert content["checkpoint"]["tag_validation"] == "FAIL"
+        assert user.read_text() == before
