@@ -141,6 +141,13 @@ def universal_copy_path(checkpoint: Path) -> Path:
     return checkpoint.parent / f"{checkpoint.name}{UNIVERSAL_SUFFIX}" / checkpoint.name
 
 
+def _universal_tag(path: Path) -> str | None:
+    """The tag folder of a universal checkpoint (what ds_to_universal writes) in a save_state folder, else None."""
+    latest = path / "latest"
+    tag = latest.read_text().strip() if latest.is_file() else None
+    return tag if tag and is_universal_copy(path, tag) else None
+
+
 def is_universal_copy(copy: Path, tag: str) -> bool:
     return (copy / tag / UNIVERSAL_MARKER).is_file()
 
@@ -151,6 +158,9 @@ def plan_zero_resume(args: tuple[str, ...], script: Path, world_size: int, *,
     converted unless an earlier launch made it) and the line that says so. None when nothing is to be done.
     Writes nothing."""
     found = resume_checkpoint(args, script)
+    if found is not None and _universal_tag(found) is not None:  # the copy itself, given by hand: load it as one
+        return ZeroResume(checkpoint=ZeroCheckpoint(found, _universal_tag(found), 0, 0), copy=found, converted=False,
+                          line=f"{found} is a DeepSpeed universal checkpoint: the ranks load it with load_universal")
     checkpoint = read_zero_checkpoint(found) if found is not None else None
     if checkpoint is None or checkpoint.world_size == world_size:
         return None

@@ -94,6 +94,12 @@ def test_the_plan_says_what_it_will_do_and_writes_nothing(tmp_path: Path) -> Non
     (copy / "checkpoint-10" / "pytorch_model" / zr.UNIVERSAL_MARKER).write_bytes(b"")
     again = zr.plan_zero_resume(args, tmp_path / "train.py", 2)
     assert not again.converted and "(converted by an earlier launch" in again.line
+    # The copy given by hand is loaded as what it is, on any world size.
+    (copy / "checkpoint-10" / "latest").write_text("pytorch_model")
+    direct = zr.plan_zero_resume(("--resume-from-checkpoint", str(copy / "checkpoint-10")), tmp_path, 4)
+    assert direct.copy == copy / "checkpoint-10" and not direct.converted
+    assert direct.line == f"{copy / 'checkpoint-10'} is a DeepSpeed universal checkpoint: the ranks load it with " \
+                          "load_universal"
 
 
 def test_a_missing_rank_file_is_refused_in_one_line(tmp_path: Path) -> None:
