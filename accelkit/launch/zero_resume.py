@@ -115,7 +115,10 @@ def read_zero_checkpoint(path: Path) -> ZeroCheckpoint | None:
     world = len(optim_files)
     manifest = path / MANIFEST_NAME
     if manifest.is_file():
-        written_by = json.loads(manifest.read_text()).get("world_size")
+        try:
+            written_by = json.loads(manifest.read_text()).get("world_size")
+        except (OSError, ValueError, AttributeError):
+            raise AccelkitError(f"{manifest} is not a readable manifest", hint=layout.ONE_SAVE) from None
         if isinstance(written_by, int) and written_by != world:
             raise AccelkitError(f"{path.name}'s manifest says {written_by} processes wrote it, but {tag_dir} holds "
                                 f"{world} ranks' optimizer states: files of different runs",

@@ -115,6 +115,13 @@ def test_a_manifest_of_another_world_size_is_refused(tmp_path: Path) -> None:
     assert "one save" in caught.value.hint
 
 
+def test_a_damaged_manifest_is_refused(tmp_path: Path) -> None:
+    checkpoint = zero_checkpoint(tmp_path / "checkpoint-10", ranks=4)
+    (checkpoint / zr.MANIFEST_NAME).write_text('{"world_size": 4')
+    with pytest.raises(AccelkitError, match="accelkit-manifest.json is not a readable manifest"):
+        zr.plan_zero_resume(("--resume-from-checkpoint", str(checkpoint)), tmp_path / "train.py", 2)
+
+
 def test_a_folder_in_the_copys_place_is_refused_not_replaced(tmp_path: Path) -> None:
     checkpoint = zero_checkpoint(tmp_path / "checkpoint-10", ranks=4)
     (tmp_path / "checkpoint-10-universal").mkdir()
