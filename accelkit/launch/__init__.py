@@ -35,6 +35,8 @@ Modules, in the order a launch uses them:
 - failures.py  what the launcher says when a rank exits with an error or dies of a signal;
 - restarts.py  restarts said out loud (`--max-restarts`): which rank, how, the attempt, the checkpoint resumed;
 - supervised.py  the supervised-run API on top of it (request in, outcome out);
+- zero_resume.py  a DeepSpeed ZeRO checkpoint of another world size: read before any rank starts, converted once to
+              DeepSpeed's universal format beside it (ds_to_universal), loaded with load_universal;
 - cluster/    the cluster side: the node launcher every job file runs, SLURM's batch step, the job board, the
               cross-node preflight, network and heartbeats, and the job files (cluster/targets/);
 - raytrain/   `--ray ADDRESS`: the job on the workers of a Ray Train run (one worker per rank);

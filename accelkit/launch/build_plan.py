@@ -1,6 +1,7 @@
 """From a LaunchRequest to a LaunchPlan: resolve the config (accelkit.configs), decide CPU rehearsal
 (accelkit.rehearsal), check what can be checked before anything starts (script, GPUs, DeepSpeed, the rendezvous
-port), write the config file, then call the pure plan function."""
+port; a ZeRO checkpoint of another world size the script resumes from: launch.zero_resume), write the config file,
+then call the pure plan function."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
     """Resolve everything about a launch. The config goes to `config_path`, or to a new temporary directory
     (returned as `temp_dir`). `check_hardware=False` (dry-run, SLURM) plans for another machine: no GPU,
     DeepSpeed or port checks here."""
-    from accelkit.configs import write_config, write_deepspeed_json
+    from accelkit.configs import write_deepspeed_json
 
     check_target(request.target)
     config = resolve_request(request)
@@ -154,6 +155,56 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         compression = compression_env_and_notes(config, request)
     # A DeepSpeed JSON asked for with --deepspeed-json must exist before the rehearsal reads it or a launcher runs.
     write_deepspeed_json(config)
+    temp_dir = None
+    if config_path is None:
+        temp_dir = Path(tempfile.mkdtemp(prefix="accelkit-launch-"))
+        config_path = temp_dir / "accelerate_config.yaml"
+    try:
+        return _prepare(request, config, flags, port_source, compression, config_path, temp_dir, check_hardware)
+    except BaseException:
+        if temp_dir is not None:
+            import shutil
+
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+
+
+def with_load_universal(request: LaunchRequest, config: ResolvedConfig, json_path: Path) -> ResolvedConfig:
+    """The config with a DeepSpeed JSON at `json_path` that adds `checkpoint: {load_universal: true}` to what the
+    ranks would have run: the JSON the config names, or the one `--deepspeed-json` writes for inline settings."""
+    import json
+
+    settings = config.deepspeed
+    if settings is not None and settings.json_file is not None:
+        content = dict(settings.json_content or json.loads(Path(settings.json_file).read_text()))
+    else:  # inline settings: the same options as a JSON file (what `accelkit config --deepspeed-json` writes)
+        options = replace(request.options, deepspeed_json=json_path)
+        config = resolve_request(replace(request, options=options))
+        settings, content = config.deepspeed, dict(config.deepspeed.json_content or {})
+    content["checkpoint"] = {**(content.get("checkpoint") or {}), "load_universal": True}
+    from accelkit.configs.resolved import Source
+
+    sources = {**config.sources, "deepspeed_json": Source.labelled("accelkit: the config + load_universal")}
+    return replace(config, deepspeed=replace(settings, json_file=str(json_path), json_content=content),
+                   sources=sources)
+
+
+def _prepare(request: LaunchRequest, config: ResolvedConfig, flags: LauncherFlags, port_source: str, compression,
+             config_path: Path, temp_dir: Path | None, check_hardware: bool) -> PreparedLaunch:
+    from accelkit.configs import write_config, write_deepspeed_json
+
+    target, resume = request.target, None
+    if not request.for_cluster and config.backend is Backend.DEEPSPEED:
+        # A ZeRO checkpoint of another world size: read now, converted to DeepSpeed's universal format (after the
+        # checks below, not on a dry run) before any rank starts, and loaded by the ranks with load_universal.
+        from accelkit.launch.zero_resume import RESUME_FLAG, plan_zero_resume, with_script_option
+
+        resume = plan_zero_resume(target.args, Path(target.script).resolve(), config.num_processes,
+                                  dry_run=not check_hardware)
+        if resume is not None:
+            config = with_load_universal(request, config, config_path.with_name("deepspeed-load-universal.json"))
+            write_deepspeed_json(config)
+            target = replace(target, args=with_script_option(target.args, RESUME_FLAG, str(resume.copy)))
 
     env: dict[str, str] = {}
     if config.backend is not Backend.DEEPSPEED and config.gradient_accumulation_steps is not None:
@@ -198,19 +249,14 @@ def prepare_launch(request: LaunchRequest, *, config_path: Path | None = None,
         env[PROBES_ENV] = ",".join(probes)
         bootstrap = True
 
-    temp_dir = None
-    if config_path is None:
-        temp_dir = Path(tempfile.mkdtemp(prefix="accelkit-launch-"))
-        config_path = temp_dir / "accelerate_config.yaml"
-    try:
-        write_config(launch_config, config_path, request.command_line, with_json=False)
-    except BaseException:
-        if temp_dir is not None:
-            import shutil
+    write_config(launch_config, config_path, request.command_line, with_json=False)
+    if resume is not None:
+        if check_hardware:
+            from accelkit.launch.zero_resume import make_universal_copy
 
-            shutil.rmtree(temp_dir, ignore_errors=True)
-        raise
-    plan = plan_launch(launch_config, config_path, request.target, flags, python=sys.executable, env=env,
+            make_universal_copy(resume)
+        notes = (resume.line, *notes)
+    plan = plan_launch(launch_config, config_path, target, flags, python=sys.executable, env=env,
                        rehearsal=rehearsal, bootstrap=bootstrap, notes=notes)
     return PreparedLaunch(plan=plan, summary=summary_lines(request, config, plan, port_source=port_source),
                           temp_dir=temp_dir)

@@ -1,0 +1,223 @@
+"""A DeepSpeed ZeRO checkpoint written by N ranks, resumed on M: read before any rank starts, converted once.
+
+DeepSpeed refuses to load ZeRO optimizer partitions written by another data-parallel world size ("Automatic
+adjustment of ZeRO's optimizer state partitioning with a new world size is not currently supported"), on every
+rank, after the job has started. Its universal checkpoint format (one folder per parameter: fp32 weights and each
+optimizer state, unpartitioned) loads at any world size. So, when the script is told to resume
+(`--resume-from-checkpoint latest|DIR`, as the templates are) from a ZeRO checkpoint of another world size, launch:
+
+- reads the checkpoint's layout (the tag folder `latest` names, one optimizer-state file per rank, the ZeRO stage
+  from rank 0's file through accelkit's pickle reader; the manifest's world size when there is one);
+- converts it with DeepSpeed's own converter (`deepspeed.checkpoint.ds_to_universal`), once, into
+  `<checkpoint>-universal/<checkpoint name>/` beside the original (written to a temporary folder, then renamed; an
+  existing copy is reused). The inner folder keeps the checkpoint's name, from which the scripts read the step;
+  `latest` never picks the copy (its name is not `checkpoint-<step>`);
+- hands the ranks the copy (the script's `--resume-from-checkpoint` argument) and a DeepSpeed config with
+  `checkpoint: {load_universal: true}`.
+
+What is not converted is refused in one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelkit.errors import AccelkitError
+
+RESUME_FLAG = "--resume-from-checkpoint"
+OUTPUT_FLAG = "--output-dir"
+MANIFEST_NAME = "accelkit-manifest.json"  # what the templates write last (their shared block "manifest")
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")  # the templates' checkpoint folders
+UNIVERSAL_SUFFIX = "-universal"
+UNIVERSAL_MARKER = Path("zero") / "optimizer_state.pt"  # in the tag folder, written by ds_to_universal
+
+
+@dataclass(frozen=True)
+class ZeroCheckpoint:
+    """A DeepSpeed checkpoint as Accelerate's save_state writes it: `path/<tag>/` holds DeepSpeed's files."""
+
+    path: Path
+    tag: str
+    stage: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class ZeroResume:
+    """What launch does for a resume at another world size: the copy the ranks load, and the line saying so."""
+
+    checkpoint: ZeroCheckpoint
+    copy: Path  # the checkpoint folder the ranks load (inside the `-universal` folder)
+    converted: bool  # False: an earlier launch's copy is reused
+    line: str
+
+
+def script_option(args: tuple[str, ...], flag: str) -> str | None:
+    """The value of `flag VALUE` or `flag=VALUE` in the script's arguments (the last one wins, as argparse)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(f"{flag}="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def with_script_option(args: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
+    """The arguments with every value of `flag` replaced by `value`."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1] = value
+        elif arg.startswith(f"{flag}="):
+            out[i] = f"{flag}={value}"
+    return tuple(out)
+
+
+def resume_checkpoint(args: tuple[str, ...], script: Path) -> Path | None:
+    """The checkpoint folder the script will resume from, by the templates' rule: a folder given, or for "latest"
+    the newest `checkpoint-<step>` in the output folder with a manifest (any when none has one)."""
+    resume = script_option(args, RESUME_FLAG)
+    if not resume:
+        return None
+    if resume != "latest":
+        path = Path(resume).expanduser()
+        return path if path.is_dir() else None
+    output = script_option(args, OUTPUT_FLAG)
+    output_dir = Path(output).expanduser() if output else script.parent / "outputs"
+    if not output_dir.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir()
+             if p.is_dir() and (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    complete = [(step, p) for step, p in found if (p / MANIFEST_NAME).is_file()]
+    return max(complete or found)[1] if found else None
+
+
+def read_zero_checkpoint(path: Path) -> ZeroCheckpoint | None:
+    """The DeepSpeed layout of a save_state folder; None when it holds no ZeRO rank files (not DeepSpeed's, or
+    already universal). A missing rank file, tensor-parallel files or a manifest of another world size: refused."""
+    from accelkit.merge import deepspeed_layout as layout
+
+    latest = path / "latest"
+    if not latest.is_file():
+        return None
+    tag = latest.read_text().strip()
+    tag_dir = path / tag
+    if not tag_dir.is_dir() or not any(layout.OPTIM.match(p.name) for p in tag_dir.iterdir()):
+        return None
+    optim_files = layout.ranked(tag_dir, layout.OPTIM, "optimizer-state")
+    world = len(optim_files)
+    manifest = path / MANIFEST_NAME
+    if manifest.is_file():
+        try:
+            written_by = json.loads(manifest.read_text()).get("world_size")
+        except (OSError, ValueError, AttributeError):
+            raise AccelkitError(f"{manifest} is not a readable manifest", hint=layout.ONE_SAVE) from None
+        if isinstance(written_by, int) and written_by != world:
+            raise AccelkitError(f"{path.name}'s manifest says {written_by} processes wrote it, but {tag_dir} holds "
+                                f"{world} ranks' optimizer states: files of different runs",
+                                hint=layout.ONE_SAVE)
+    return ZeroCheckpoint(path=path, tag=tag, stage=_zero_stage(optim_files[0]), world_size=world)
+
+
+def _zero_stage(optim_file: Path) -> int:
+    """The ZeRO stage rank 0's optimizer state records (read without unpickling code: accelkit.merge)."""
+    from accelkit.merge.deepspeed import read_archive
+    from accelkit.merge.deepspeed_layout import enum_value
+
+    state = read_archive(optim_file).obj
+    stage = enum_value((state.get("optimizer_state_dict") or {}).get("zero_stage")) if isinstance(state, dict) else None
+    if not isinstance(stage, int):
+        raise AccelkitError(f"{optim_file} records no ZeRO stage: it is not a DeepSpeed ZeRO optimizer state",
+                            hint="resume from a checkpoint written by DeepSpeed's save_checkpoint (save_state)")
+    return stage
+
+
+def universal_copy_path(checkpoint: Path) -> Path:
+    """Where the universal copy of `checkpoint` lives: beside it, the inner folder keeping its name."""
+    return checkpoint.parent / f"{checkpoint.name}{UNIVERSAL_SUFFIX}" / checkpoint.name
+
+
+def _universal_tag(path: Path) -> str | None:
+    """The tag folder of a universal checkpoint (what ds_to_universal writes) in a save_state folder, else None."""
+    latest = path / "latest"
+    tag = latest.read_text().strip() if latest.is_file() else None
+    return tag if tag and is_universal_copy(path, tag) else None
+
+
+def is_universal_copy(copy: Path, tag: str) -> bool:
+    return (copy / tag / UNIVERSAL_MARKER).is_file()
+
+
+def plan_zero_resume(args: tuple[str, ...], script: Path, world_size: int, *,
+                     dry_run: bool = False) -> ZeroResume | None:
+    """For a script resuming from a ZeRO checkpoint of another world size: where its universal copy is (to be
+    converted unless an earlier launch made it) and the line that says so. None when nothing is to be done.
+    Writes nothing."""
+    found = resume_checkpoint(args, script)
+    if found is not None and _universal_tag(found) is not None:  # the copy itself, given by hand: load it as one
+        return ZeroResume(checkpoint=ZeroCheckpoint(found, _universal_tag(found), 0, 0), copy=found, converted=False,
+                          line=f"{found} is a DeepSpeed universal checkpoint: the ranks load it with load_universal")
+    checkpoint = read_zero_checkpoint(found) if found is not None else None
+    if checkpoint is None or checkpoint.world_size == world_size:
+        return None
+    copy = universal_copy_path(checkpoint.path)
+    converted = not is_universal_copy(copy, checkpoint.tag)
+    if converted and copy.parent.exists():
+        raise AccelkitError(f"{copy.parent} exists but holds no universal copy of {checkpoint.path.name}",
+                            hint="remove it (accelkit writes the universal copy there)")
+    how = "converted by an earlier launch"
+    if converted:
+        how = "a dry run: not converted yet" if dry_run else "converting it now"
+    line = (f"{checkpoint.path.name} was written by {checkpoint.world_size} ZeRO-{checkpoint.stage} ranks; resuming "
+            f"on {world_size} from its universal copy {copy.parent} ({how}, with DeepSpeed's ds_to_universal)")
+    return ZeroResume(checkpoint=checkpoint, copy=copy, converted=converted, line=line)
+
+
+def make_universal_copy(resume: ZeroResume) -> None:
+    """Write the planned universal copy, unless an earlier launch did."""
+    if resume.converted:
+        convert_to_universal(resume.checkpoint, resume.copy)
+
+
+def convert_to_universal(checkpoint: ZeroCheckpoint, copy: Path) -> None:
+    """`copy`: the checkpoint's own files (scheduler, RNG states, config) and, as its tag folder, DeepSpeed's
+    universal conversion of the rank files. Staged in a temporary folder beside it, renamed when complete."""
+    from accelkit.fsio import StagedOutput
+
+    staged = StagedOutput(copy.parent, is_dir=True)
+    with staged as staging:
+        inner = staging / checkpoint.path.name
+        inner.mkdir()
+        for item in checkpoint.path.iterdir():
+            # The manifest describes the original's files, not the copy's; the tag folder is converted below.
+            if item.name in (checkpoint.tag, MANIFEST_NAME):
+                continue
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, inner / item.name)
+        _run_ds_to_universal(checkpoint.path / checkpoint.tag, inner / checkpoint.tag)
+        staged.commit()
+
+
+def _run_ds_to_universal(tag_dir: Path, output: Path) -> None:
+    """DeepSpeed's converter, called as a library in this process (one worker: no process pool to start).
+    `inject_missing_state`: checkpoints of plain PyTorch models (not Megatron's) carry no universal-checkpoint
+    info block, which the converter otherwise asserts on."""
+    from argparse import Namespace
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = Namespace(input_folder=str(tag_dir), output_folder=str(output), num_extract_workers=1,
+                     num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            ds_to_universal.main(args)
+    except Exception as exc:  # noqa: BLE001 - DeepSpeed's own failure, said in one line
+        raise AccelkitError(f"DeepSpeed's ds_to_universal could not convert {tag_dir}: {type(exc).__name__}: {exc}",
+                            hint="resume on the world size that wrote the checkpoint") from None
