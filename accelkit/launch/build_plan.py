@@ -182,7 +182,7 @@ def with_load_universal(request: LaunchRequest, config: ResolvedConfig, json_pat
         config = resolve_request(replace(request, options=options))
         settings, content = config.deepspeed, dict(config.deepspeed.json_content or {})
     content["checkpoint"] = {**(content.get("checkpoint") or {}), "load_universal": True}
-    from accelkit.configs.resolved import Source
+    from accelkit.configs import Source
 
     sources = {**config.sources, "deepspeed_json": Source.labelled("accelkit: the config + load_universal")}
     return replace(config, deepspeed=replace(settings, json_file=str(json_path), json_content=content),

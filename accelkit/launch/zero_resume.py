@@ -21,14 +21,18 @@ What is not converted is refused in one line before anything is written.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from accelkit.errors import AccelkitError
+from accelkit.merge import read_zero_checkpoint
 
 RESUME_FLAG = "--resume-from-checkpoint"
 OUTPUT_FLAG = "--output-dir"
@@ -39,20 +43,10 @@ UNIVERSAL_MARKER = Path("zero") / "optimizer_state.pt"  # in the tag folder, wri
 
 
 @dataclass(frozen=True)
-class ZeroCheckpoint:
-    """A DeepSpeed checkpoint as Accelerate's save_state writes it: `path/<tag>/` holds DeepSpeed's files."""
-
-    path: Path
-    tag: str
-    stage: int
-    world_size: int
-
-
-@dataclass(frozen=True)
 class ZeroResume:
     """What launch does for a resume at another world size: the copy the ranks load, and the line saying so."""
 
-    checkpoint: ZeroCheckpoint
+    checkpoint: Any  # accelkit.merge.ZeroCheckpoint: the layout read
     copy: Path  # the checkpoint folder the ranks load (inside the `-universal` folder)
     converted: bool  # False: an earlier launch's copy is reused
     line: str
@@ -99,46 +93,6 @@ def resume_checkpoint(args: tuple[str, ...], script: Path) -> Path | None:
     return max(complete or found)[1] if found else None
 
 
-def read_zero_checkpoint(path: Path) -> ZeroCheckpoint | None:
-    """The DeepSpeed layout of a save_state folder; None when it holds no ZeRO rank files (not DeepSpeed's, or
-    already universal). A missing rank file, tensor-parallel files or a manifest of another world size: refused."""
-    from accelkit.merge import deepspeed_layout as layout
-
-    latest = path / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text().strip()
-    tag_dir = path / tag
-    if not tag_dir.is_dir() or not any(layout.OPTIM.match(p.name) for p in tag_dir.iterdir()):
-        return None
-    optim_files = layout.ranked(tag_dir, layout.OPTIM, "optimizer-state")
-    world = len(optim_files)
-    manifest = path / MANIFEST_NAME
-    if manifest.is_file():
-        try:
-            written_by = json.loads(manifest.read_text()).get("world_size")
-        except (OSError, ValueError, AttributeError):
-            raise AccelkitError(f"{manifest} is not a readable manifest", hint=layout.ONE_SAVE) from None
-        if isinstance(written_by, int) and written_by != world:
-            raise AccelkitError(f"{path.name}'s manifest says {written_by} processes wrote it, but {tag_dir} holds "
-                                f"{world} ranks' optimizer states: files of different runs",
-                                hint=layout.ONE_SAVE)
-    return ZeroCheckpoint(path=path, tag=tag, stage=_zero_stage(optim_files[0]), world_size=world)
-
-
-def _zero_stage(optim_file: Path) -> int:
-    """The ZeRO stage rank 0's optimizer state records (read without unpickling code: accelkit.merge)."""
-    from accelkit.merge.deepspeed import read_archive
-    from accelkit.merge.deepspeed_layout import enum_value
-
-    state = read_archive(optim_file).obj
-    stage = enum_value((state.get("optimizer_state_dict") or {}).get("zero_stage")) if isinstance(state, dict) else None
-    if not isinstance(stage, int):
-        raise AccelkitError(f"{optim_file} records no ZeRO stage: it is not a DeepSpeed ZeRO optimizer state",
-                            hint="resume from a checkpoint written by DeepSpeed's save_checkpoint (save_state)")
-    return stage
-
-
 def universal_copy_path(checkpoint: Path) -> Path:
     """Where the universal copy of `checkpoint` lives: beside it, the inner folder keeping its name."""
     return checkpoint.parent / f"{checkpoint.name}{UNIVERSAL_SUFFIX}" / checkpoint.name
@@ -162,7 +116,8 @@ def plan_zero_resume(args: tuple[str, ...], script: Path, world_size: int, *,
     Writes nothing."""
     found = resume_checkpoint(args, script)
     if found is not None and _universal_tag(found) is not None:  # the copy itself, given by hand: load it as one
-        return ZeroResume(checkpoint=ZeroCheckpoint(found, _universal_tag(found), 0, 0), copy=found, converted=False,
+        given = SimpleNamespace(path=found, tag=_universal_tag(found), stage=0, world_size=0)  # no rank files
+        return ZeroResume(checkpoint=given, copy=found, converted=False,
                           line=f"{found} is a DeepSpeed universal checkpoint: the ranks load it with load_universal")
     checkpoint = read_zero_checkpoint(found) if found is not None else None
     if checkpoint is None or checkpoint.world_size == world_size:
@@ -186,7 +141,7 @@ def make_universal_copy(resume: ZeroResume) -> None:
         convert_to_universal(resume.checkpoint, resume.copy)
 
 
-def convert_to_universal(checkpoint: ZeroCheckpoint, copy: Path) -> None:
+def convert_to_universal(checkpoint: Any, copy: Path) -> None:
     """`copy`: the checkpoint's own files (scheduler, RNG states, config) and, as its tag folder, DeepSpeed's
     universal conversion of the rank files. Staged in a temporary folder beside it, renamed when complete."""
     from accelkit.fsio import StagedOutput
@@ -201,7 +156,23 @@ def convert_to_universal(checkpoint: ZeroCheckpoint, copy: Path) -> None:
                 continue
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, inner / item.name)
         _run_ds_to_universal(checkpoint.path / checkpoint.tag, inner / checkpoint.tag)
+        _write_copy_manifest(checkpoint.path / MANIFEST_NAME, inner)
         staged.commit()
+
+
+def _write_copy_manifest(original: Path, inner: Path) -> None:
+    """The original's manifest (run, step, world size, the batch the templates keep on another number of processes)
+    with the copy's own files, so the resumed run reads what wrote the checkpoint and a check of the copy holds."""
+    if not original.is_file():
+        return
+    manifest = json.loads(original.read_text())
+    files = {}
+    for path in sorted(p for p in inner.rglob("*") if p.is_file()):
+        with path.open("rb") as handle:
+            files[path.relative_to(inner).as_posix()] = {"size": path.stat().st_size,
+                                                          "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+    manifest["files"] = files
+    (inner / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def _run_ds_to_universal(tag_dir: Path, output: Path) -> None:

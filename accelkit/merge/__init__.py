@@ -7,7 +7,8 @@ source), the output planned and written by the one writer loop (stream) through 
 `--verify` (writer). Written once: the dtype table (dtypes), the restricted unpicklers (light_pickle), zip records
 and their CRC-32 (records), the ZeRO layout and checks (deepspeed_layout), the non-finite scan (nonfinite), the
 output's rules (output), side files and tied weights (extras), the manifest (manifest), the step counters
-(counters), a training state's files (savestate, torch).
+(counters), a training state's files (savestate, torch); a ZeRO checkpoint's world size for launch's resume
+on another one (zero_world).
 """
 
 from __future__ import annotations
@@ -17,4 +18,5 @@ from accelkit.exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "MergeOptions": "api",
     "run_merge": "api",
+    "read_zero_checkpoint": "zero_world",
 })

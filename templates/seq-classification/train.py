@@ -320,6 +320,9 @@ def keep_global_batch(accelerator: Accelerator, checkpoint: Path | None, per_dev
     except ValueError as refusal:
         raise SystemExit(str(refusal) if accelerator.is_main_process else 1) from None
     accelerator.gradient_accumulation_steps = accumulation
+    if line is not None and accelerator.state.deepspeed_plugin is not None:
+        # DeepSpeed accumulates in its engine, by its own config's value (which prepare() would otherwise keep)
+        accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"] = accumulation
     return line
 
 

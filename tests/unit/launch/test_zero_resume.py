@@ -13,6 +13,7 @@ from helpers import tree_hash
 
 from accelkit.errors import AccelkitError
 from accelkit.launch import zero_resume as zr
+from accelkit.merge.zero_world import read_zero_checkpoint
 
 
 def zero_checkpoint(path: Path, ranks: int = 4, stage: int = 2, manifest_world: int | None = None,
@@ -62,7 +63,7 @@ def test_latest_is_the_newest_complete_checkpoint_as_the_templates_pick_it(tmp_p
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_the_layout_gives_world_size_and_stage(tmp_path: Path, stage: int) -> None:
-    found = zr.read_zero_checkpoint(zero_checkpoint(tmp_path / "checkpoint-10", ranks=4, stage=stage,
+    found = read_zero_checkpoint(zero_checkpoint(tmp_path / "checkpoint-10", ranks=4, stage=stage,
                                                     manifest_world=4))
     assert (found.tag, found.world_size, found.stage) == ("pytorch_model", 4, stage)
 
@@ -71,11 +72,11 @@ def test_folders_without_zero_rank_files_are_not_deepspeed_checkpoints(tmp_path:
     ddp = tmp_path / "checkpoint-1"
     ddp.mkdir()
     (ddp / "model.safetensors").write_bytes(b"")
-    assert zr.read_zero_checkpoint(ddp) is None
+    assert read_zero_checkpoint(ddp) is None
     universal = tmp_path / "checkpoint-2"
     (universal / "pytorch_model" / "zero").mkdir(parents=True)
     (universal / "latest").write_text("pytorch_model")
-    assert zr.read_zero_checkpoint(universal) is None
+    assert read_zero_checkpoint(universal) is None
 
 
 def test_the_plan_says_what_it_will_do_and_writes_nothing(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import REPO_ROOT
@@ -115,8 +116,10 @@ def test_samples_that_are_no_whole_number_of_batches_are_refused() -> None:
 class _Accelerator:
     """What keep_global_batch uses of an Accelerator."""
 
-    def __init__(self, num_processes: int, accumulation: int, main: bool = True) -> None:
+    def __init__(self, num_processes: int, accumulation: int, main: bool = True, deepspeed: dict | None = None) -> None:
         self.num_processes, self.gradient_accumulation_steps, self.is_main_process = num_processes, accumulation, main
+        plugin = None if deepspeed is None else SimpleNamespace(deepspeed_config=deepspeed)
+        self.state = SimpleNamespace(deepspeed_plugin=plugin)
 
 
 def _checkpoint(tmp_path: Path, manifest: dict | None) -> Path:
@@ -131,6 +134,15 @@ def test_keep_global_batch_sets_the_accumulation_before_prepare(tmp_path: Path) 
     accelerator = _Accelerator(2, 1)
     line = T["keep_global_batch"](accelerator, _checkpoint(tmp_path, FOUR_RANKS), 8, 2)
     assert accelerator.gradient_accumulation_steps == 2 and line.endswith("keeps the global batch of 32")
+
+
+def test_keep_global_batch_sets_deepspeeds_own_accumulation(tmp_path: Path) -> None:
+    """Under DeepSpeed the engine accumulates by its config's value, which prepare() keeps over the Accelerator's:
+    a ZeRO checkpoint of 4 ranks resumed on 2 (through its universal copy) would step at half the batch."""
+    config = {"gradient_accumulation_steps": 1, "train_batch_size": "auto"}
+    accelerator = _Accelerator(2, 1, deepspeed=config)
+    assert T["keep_global_batch"](accelerator, _checkpoint(tmp_path, FOUR_RANKS), 8, 2) is not None
+    assert accelerator.gradient_accumulation_steps == 2 and config["gradient_accumulation_steps"] == 2
 
 
 @pytest.mark.parametrize("manifest", [None, {"world_size": 4}])

@@ -4,8 +4,10 @@ checkpoint, converted by launch before the ranks start) and ends where the unint
 
 The minimal template, started from one saved model without dropout (dropout draws per-rank random numbers, which
 differ when the ranks do), trains 8 steps on N ranks with a checkpoint every 4. Its checkpoint-4 is copied into a
-second output folder and resumed there on M ranks with the same global batch of 32 (per-device batch 32 / ranks;
-the accumulation that keeps it automatically is the templates' part). The final fp32 masters (DeepSpeed's own
+second output folder and resumed there on M ranks by the same command (per-device batch 8; the first run
+accumulates 32 / (8 x N) micro-batches, set by launch's --gradient-accumulation-steps, which DeepSpeed's config
+carries): the template changes the accumulation to keep the global batch of 32, in DeepSpeed's config too, and says
+so in one line. The final fp32 masters (DeepSpeed's own
 zero_to_fp32 on each run's checkpoint-8) agree within 1e-5, the losses logged after the resume are the
 uninterrupted run's, the one line is printed and the original checkpoint is untouched.
 """
@@ -27,10 +29,11 @@ LOSS = re.compile(r"step (\d+) \| loss ([0-9.]+)")
 COMMON = ["--num-samples", "256", "--max-steps", "8", "--checkpoint-every", "4", "--log-every", "1"]
 
 
-def _train(project: Path, zero: int, ranks: int, per_device: int, out: Path, *extra: str):
+def _train(project: Path, zero: int, ranks: int, accumulation: int, out: Path, *extra: str):
     proc = run_accelkit("launch", "--cpu", "--backend", "deepspeed", "--zero-stage", str(zero), "--num-processes",
-                        str(ranks), "train.py", "--model", str(project / "init"), *COMMON,
-                        "--per-device-batch-size", str(per_device), "--output-dir", str(out), *extra,
+                        str(ranks), "--gradient-accumulation-steps", str(accumulation), "train.py", "--model",
+                        str(project / "init"), *COMMON, "--per-device-batch-size", "8", "--output-dir", str(out),
+                        *extra,
                         cwd=project, env={"OMP_NUM_THREADS": "1"}, timeout=420)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
@@ -58,11 +61,18 @@ def test_a_zero_checkpoint_resumes_on_another_world_size_and_ends_equal(tmp_path
     module.MLPClassifier(16, 64, 4, dropout=0.0).save_pretrained(str(project / "init"))
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    first = _train(project, zero, written_by, 32 // written_by, straight)  # a global batch of 32 on both
+    accumulation = 32 // (8 * written_by)  # a global batch of 32
+    first = _train(project, zero, written_by, accumulation, straight)
+    assert f"effective batch 32 = 8 per device x {written_by} processes x {accumulation} accumulation" in first.stdout
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-4", resumed / "checkpoint-4")
     before = tree_hash(resumed / "checkpoint-4")
-    second = _train(project, zero, resumed_on, 32 // resumed_on, resumed, "--resume-from-checkpoint", "latest")
+    # the same command on another number of processes
+    second = _train(project, zero, resumed_on, accumulation, resumed, "--resume-from-checkpoint", "latest")
+    kept = 32 // (8 * resumed_on)
+    assert (f"resumed from checkpoint-4 (written by {written_by} processes) on {resumed_on}: accumulation "
+            f"{accumulation} -> {kept}") in second.stdout, second.stdout
+    assert f"effective batch 32 = 8 per device x {resumed_on} processes x {kept} accumulation" in second.stdout
 
     copy = resumed / "checkpoint-4-universal"
     assert (f"accelkit: checkpoint-4 was written by {written_by} ZeRO-{zero} ranks; resuming on {resumed_on} from its "
