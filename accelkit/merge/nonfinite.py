@@ -44,10 +44,6 @@ class NonFiniteScan:
         self._numpy = importing.submit(_import_numpy)
         importing.shutdown(wait=False)
 
-    def ready(self) -> bool:
-        """Whether NumPy has loaded (or failed to: `count` then says why)."""
-        return self._numpy.done()
-
     def count(self, view: memoryview, dtype: str) -> int:
         """Non-finite values among the `dtype` elements of `view` (0 for a dtype that has none)."""
         if dtype not in SCANNED or not len(view):

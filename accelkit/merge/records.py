@@ -366,11 +366,6 @@ class RecordReader:
         self._track(record, start, data)
         return data
 
-    def map_again(self, record: ZipRecord, start: int, length: int) -> memoryview:
-        """Bytes of `record` already read through `map`, mapped again without counting them towards its CRC-32."""
-        self._check_range(record, start, length)
-        return map_file(self._fd(record.path), record.offset + start, length, record.path)
-
     def map_plain(self, path: Path, offset: int, length: int) -> memoryview:
         """Bytes of a file that carries no checksum (safetensors), mapped."""
         return map_file(self._fd(path), offset, length, path)

@@ -68,13 +68,6 @@ class Windows:
         segment.fill(start, dest)
         return dest
 
-    def read_again(self, segment: RecordRange | FileRange, start: int, length: int) -> memoryview:
-        """Bytes [start, start + length) of a record or file range read before, mapped again (their CRC-32 was
-        taken the first time)."""
-        if isinstance(segment, RecordRange):
-            return self.reader.map_again(segment.record, segment.start + start, length)
-        return self.reader.map_plain(segment.path, segment.start + start, length)
-
     def out(self, tensor: Tensor, data: memoryview) -> memoryview:
         """The window as it goes out: cast to the tensor's dtype when --dtype asked for it."""
         if tensor.cast_from is None:
@@ -94,11 +87,10 @@ class Windows:
 
 def write_tensors(target: Path, header: bytes, tensors: list[Tensor], windows: Windows, scan: NonFiniteScan,
                   allow_nonfinite: bool, label: Path, on_bytes: Callable[[int], None]) -> None:
-    """Header, then every window of every tensor, in one pass (see the module docstring); the non-finite scan, in
-    write order, by a ScanCursor."""
+    """Header, then every window of every tensor, in one pass (see the module docstring). A refusal counts the
+    non-finite values in the COUNTED_BYTES of the segment where they were found first."""
     pending: collections.deque = collections.deque()
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelkit-write")
-    cursor = ScanCursor(windows, scan, allow_nonfinite)
 
     def settle(future) -> None:
         try:
@@ -109,24 +101,29 @@ def write_tensors(target: Path, header: bytes, tensors: list[Tensor], windows: W
     out = SafetensorsWriter(target, header, sum(t.nbytes for t in tensors), label)
     try:
         for tensor in tensors:
+            stored = tensor.cast_from or tensor.dtype
+            bad = stored_bad = 0
             for segment, end, view in windows.windows(tensor):
                 data = windows.out(tensor, view)
-                try:
-                    cursor.check(tensor, segment, end - len(view), end, view, data)
-                except BaseException:
+                counted = scan.count(data, tensor.dtype) if records.SCAN_NONFINITE else 0
+                if counted:
+                    scan.found(tensor.name, counted)
+                    bad += counted
+                    stored_bad += scan.count(view, stored) if data is not view else counted
+                if data is not view:
+                    view.release()
+                if bad and not allow_nonfinite and (end % COUNTED_BYTES == 0 or end == segment.nbytes):
                     data.release()
-                    raise
-                finally:
-                    if data is not view:
-                        view.release()
+                    raise refusal(tensor.name, bad, overflow=stored != tensor.dtype and TABLE[stored].floating
+                                  and not stored_bad)
+                if end % COUNTED_BYTES == 0 or end == segment.nbytes:
+                    bad = stored_bad = 0
                 future = writer.submit(_write_window, out, data)
                 future.view = data
                 pending.append(future)
                 while len(pending) >= WINDOWS_IN_FLIGHT:
                     settle(pending.popleft())
                 on_bytes(len(data))
-                cursor.catch_up()
-        cursor.catch_up(final=True)
         while pending:
             settle(pending.popleft())
         out.close()
@@ -139,63 +136,6 @@ def write_tensors(target: Path, header: bytes, tensors: list[Tensor], windows: W
                 future.view.release()
         with contextlib.suppress(AccelkitError):  # after close, nothing; after a failure, that error is the one told
             out.abort()
-
-
-class ScanCursor:
-    """The non-finite scan of the windows in write order, and the refusal: the values counted in the COUNTED_BYTES of
-    the segment where the first were found.
-
-    NumPy loads on a thread while the input is opened; a ZeRO checkpoint opens sooner than NumPy loads (0.16-0.2 s at
-    load 5), and waiting for it held the first write back. A window of the input's bytes (a record or file range,
-    written as stored) that comes while NumPy is still loading is written at once and queued by where it is, not by
-    its bytes; once NumPy is there the queue is scanned, mapped again from the page cache, up to CATCH_UP windows per
-    window written (so it shrinks) and the rest before the output is complete. What is scanned, and what a refusal
-    says, is the same; only when."""
-
-    CATCH_UP = 2
-
-    def __init__(self, windows: Windows, scan: NonFiniteScan, allow_nonfinite: bool) -> None:
-        self.windows, self.scan, self.allow_nonfinite = windows, scan, allow_nonfinite
-        self.bad = self.stored_bad = 0
-        self.queued: collections.deque[tuple[Tensor, Segment, int, int]] = collections.deque()
-
-    def check(self, tensor: Tensor, segment: Segment, begin: int, end: int, view: memoryview,
-              data: memoryview) -> None:
-        """Scan the window [begin, end) of `segment` (`view` as stored, `data` as written), or queue it."""
-        if not records.SCAN_NONFINITE:
-            return
-        if self.queued or not self.scan.ready():
-            if data is view and isinstance(segment, (RecordRange, FileRange)):
-                self.queued.append((tensor, segment, begin, end))
-                return
-            self.catch_up(final=True)  # a cast or materialised window: its bytes are not in the input as written
-        self._count(tensor, segment, end, view, data)
-
-    def catch_up(self, final: bool = False) -> None:
-        """Scan queued windows once NumPy has loaded: CATCH_UP of them, or all when `final`."""
-        if not self.queued or not (final or self.scan.ready()):
-            return
-        for _ in range(len(self.queued) if final else min(self.CATCH_UP, len(self.queued))):
-            tensor, segment, begin, end = self.queued.popleft()
-            view = self.windows.read_again(segment, begin, end - begin)
-            try:
-                self._count(tensor, segment, end, view, view)
-            finally:
-                view.release()
-
-    def _count(self, tensor: Tensor, segment: Segment, end: int, view: memoryview, data: memoryview) -> None:
-        stored = tensor.cast_from or tensor.dtype
-        counted = self.scan.count(data, tensor.dtype)
-        if counted:
-            self.scan.found(tensor.name, counted)
-            self.bad += counted
-            self.stored_bad += self.scan.count(view, stored) if data is not view else counted
-        piece_ends = end % COUNTED_BYTES == 0 or end == segment.nbytes
-        if self.bad and not self.allow_nonfinite and piece_ends:
-            raise refusal(tensor.name, self.bad, overflow=stored != tensor.dtype and TABLE[stored].floating
-                          and not self.stored_bad)
-        if piece_ends:
-            self.bad = self.stored_bad = 0
 
 
 def _write_window(out: SafetensorsWriter, view: memoryview) -> None:

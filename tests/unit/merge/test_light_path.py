@@ -177,47 +177,6 @@ def test_both_paths_count_the_same_non_finite_values(tmp_path: Path) -> None:
                                  "(a flipped bit) or the run diverged", said
 
 
-def test_windows_written_before_numpy_loads_are_scanned_after_with_the_same_counts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While NumPy loads, windows are written unscanned and scanned later, mapped again: the refusal counts the same
-    values of the same piece, nothing is left behind, and --allow-nonfinite finds every value and writes the same
-    bytes."""
-    from accelkit.merge.nonfinite import NonFiniteScan
-
-    big = torch.ones(5 * 1024 * 1024)  # 20 MiB of fp32: 10 windows, pieces of 16 and 4 MiB
-    for at in (1, 3 * 1024 * 1024 // 4 + 5, 4 * 1024 * 1024 + 7):
-        big[at] = float("inf")
-    src = dcp_save({"big": big, "after": torch.ones(8)}, tmp_path / "dcp")
-    expected = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "now.safetensors", progress=False,
-                                             allow_nonfinite=True))
-    asked: list[bool] = []
-    scanned: list[int] = []
-
-    def not_yet(self) -> bool:  # NumPy "loads" during the first 4 windows
-        asked.append(True)
-        return len(asked) > 4
-
-    counting = NonFiniteScan.count
-
-    def count(self, view, dtype):
-        scanned.append(len(view))
-        return counting(self, view, dtype)
-
-    monkeypatch.setattr(NonFiniteScan, "ready", not_yet)
-    monkeypatch.setattr(NonFiniteScan, "count", count)
-    with pytest.raises(AccelkitError) as refused:
-        merge_checkpoint(MergeOptions(input=src, output=tmp_path / "out.safetensors", progress=False))
-    assert refused.value.message.startswith("tensor 'big' holds 2 non-finite values (NaN or inf)")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dcp", "now.safetensors"]
-    asked.clear()
-    scanned.clear()
-    later = merge_checkpoint(MergeOptions(input=src, output=tmp_path / "later.safetensors", progress=False,
-                                          allow_nonfinite=True))
-    assert later.nonfinite == expected.nonfinite == {"big": 3}
-    assert sum(scanned) == big.nbytes + 8 * 4  # every byte scanned once
-    assert (tmp_path / "later.safetensors").read_bytes() == (tmp_path / "now.safetensors").read_bytes()
-
-
 def test_a_corrupt_record_fails_with_the_torch_paths_message(tmp_path: Path) -> None:
     src = dcp_save({"w": torch.ones(64, 64)}, tmp_path / "dcp")
     shard = next(src.glob("*.distcp"))
