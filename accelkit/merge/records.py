@@ -134,12 +134,41 @@ def map_file(fd: int, offset: int, length: int, path: Path) -> memoryview:
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages are faulted in as they are touched
 
 
-class Window(io.RawIOBase):
-    """A read-only file object over bytes [start, start + length) of a file (one archive inside a .distcp file)."""
+class ArchiveEnds:
+    """The first and last bytes of one archive, read once. A torch.save archive keeps its pickle, its small records,
+    its local headers and its record table there, around the one large data record: reading them from these two
+    pieces makes the table's and headers' dozen small reads per archive (DCP has one archive per tensor and rank)
+    two reads; whatever lies outside them is read from the file."""
+
+    HEAD, TAIL = 4096, 16384
 
     def __init__(self, fd: int, start: int, length: int, path: Path) -> None:
+        self.fd, self.path = fd, path
+        self._pieces: list[tuple[int, bytearray]] = []
+        for begin, size in ((start, min(length, self.HEAD)), (start + max(0, length - self.TAIL),
+                                                              min(length, self.TAIL))):
+            piece = bytearray(size)
+            pread_into(fd, memoryview(piece), begin, path)
+            self._pieces.append((begin, piece))
+
+    def read_into(self, dest: memoryview, offset: int) -> None:
+        """Fill `dest` with the file's bytes at absolute `offset`."""
+        end = offset + len(dest)
+        for begin, piece in self._pieces:
+            if begin <= offset and end <= begin + len(piece):
+                dest[:] = memoryview(piece)[offset - begin:end - begin]
+                return
+        pread_into(self.fd, dest, offset, self.path)
+
+
+class Window(io.RawIOBase):
+    """A read-only file object over bytes [start, start + length) of a file (one archive inside a .distcp file),
+    read through `ends` when given."""
+
+    def __init__(self, fd: int, start: int, length: int, path: Path, ends: ArchiveEnds | None = None) -> None:
         super().__init__()
         self._fd, self._start, self._length, self._path, self._pos = fd, start, length, path, 0
+        self._ends = ends
 
     def readable(self) -> bool:
         return True
@@ -158,15 +187,22 @@ class Window(io.RawIOBase):
     def readinto(self, buffer) -> int:
         n = max(0, min(len(buffer), self._length - self._pos))
         if n:
-            pread_into(self._fd, memoryview(buffer).cast("B")[:n], self._start + self._pos, self._path)
+            dest = memoryview(buffer).cast("B")[:n]
+            if self._ends is not None:
+                self._ends.read_into(dest, self._start + self._pos)
+            else:
+                pread_into(self._fd, dest, self._start + self._pos, self._path)
             self._pos += n
         return n
 
 
-def local_data_offset(fd: int, header_offset: int, path: Path) -> int:
+def local_data_offset(fd: int, header_offset: int, path: Path, ends: ArchiveEnds | None = None) -> int:
     """Where a record's bytes start: after its local header, whose extra field may differ from the central one."""
     header = bytearray(zipfile.sizeFileHeader)
-    pread_into(fd, memoryview(header), header_offset, path)
+    if ends is not None:
+        ends.read_into(memoryview(header), header_offset)
+    else:
+        pread_into(fd, memoryview(header), header_offset, path)
     fields = struct.unpack(zipfile.structFileHeader, header)
     if fields[0] != zipfile.stringFileHeader:
         raise zipfile.BadZipFile(f"no local header at byte {header_offset}")
@@ -178,11 +214,12 @@ def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[by
     """A `torch.save` zip archive at [start, start + length) of a file: its pickle, CRC-32 checked, and its data
     records by storage key. Compressed, big-endian or odd archives are Unproven (the torch path reads them)."""
     records: dict[str, ZipRecord] = {}
-    with zipfile.ZipFile(io.BufferedReader(Window(fd, start, length, file))) as archive:
+    ends = ArchiveEnds(fd, start, length, file)
+    with zipfile.ZipFile(Window(fd, start, length, file, ends)) as archive:
         for info in archive.infolist():
             if info.compress_type != zipfile.ZIP_STORED:
                 raise Unproven(f"{file.name} has a compressed record")
-            offset = local_data_offset(fd, start + info.header_offset, file)
+            offset = local_data_offset(fd, start + info.header_offset, file, ends)
             records[info.filename] = ZipRecord(file, info.filename, offset, info.file_size, info.CRC)
     pickles = [name for name in records if name.endswith("data.pkl") and name.count("/") <= 1]
     if len(pickles) != 1:
@@ -195,7 +232,7 @@ def read_torch_archive(fd: int, file: Path, start: int, length: int) -> tuple[by
             data[name[len(prefix) + len("data/"):]] = record
             continue
         raw = bytearray(record.size)
-        pread_into(fd, memoryview(raw), record.offset, file)
+        ends.read_into(memoryview(raw), record.offset)
         if crc32(raw) != record.crc:
             raise Unproven(f"CRC-32 of {name}")
         if name == prefix + "byteorder" and bytes(raw) != b"little":
