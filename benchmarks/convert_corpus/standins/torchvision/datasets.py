@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import torch
@@ -83,3 +84,8 @@ class ImageFolder(CIFAR10):
         self.samples = [(f"{root}/{i}.png", int(t)) for i, t in enumerate(self.targets)]
         self.imgs = self.samples
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+
+# torchvision's per-dataset submodules (`from torchvision.datasets import mnist; mnist.MNIST(...)`): this module
+mnist = sys.modules[__name__]
+sys.modules[f"{__name__}.mnist"] = mnist
