@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import numpy as np
 import torch
@@ -86,6 +87,7 @@ class ImageFolder(CIFAR10):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
 
-# torchvision's per-dataset submodules (`from torchvision.datasets import mnist; mnist.MNIST(...)`): this module
-mnist = sys.modules[__name__]
-sys.modules[f"{__name__}.mnist"] = mnist
+# torchvision's per-dataset submodules (`from torchvision.datasets import mnist; mnist.MNIST(...)`)
+mnist = types.ModuleType(f"{__name__}.mnist")
+mnist.MNIST, mnist.FashionMNIST, mnist.KMNIST, mnist.EMNIST = MNIST, FashionMNIST, KMNIST, EMNIST
+sys.modules[mnist.__name__] = mnist
