@@ -183,9 +183,12 @@ def _print_split(split: str, rows: list[dict]) -> None:
     refused = [r for r in rows if r["outcome"] == "refused"]
     alone = [r for r in rows if r["outcome"] == "left alone"]
     crashed = [r for r in failed if any(f.startswith("converted run:") for f in r.get("fails", []))]
-    print(f"\n{split}: {len(passed)}/{count} converted and --check PASS ({100 * len(passed) / count:.0f}%); "
-          f"{len(refused)} refused, {len(crashed)} crashed (the converted run exits non-zero), "
-          f"{len(failed) - len(crashed)} FAIL/timeout")
+    if not any("check" in r for r in converted):  # --no-check: no figure to give, only the conversion outcomes
+        print(f"\n{split}: {len(converted)}/{count} converted, --check not run; {len(refused)} refused")
+    else:
+        print(f"\n{split}: {len(passed)}/{count} converted and --check PASS ({100 * len(passed) / count:.0f}%); "
+              f"{len(refused)} refused, {len(crashed)} crashed (the converted run exits non-zero), "
+              f"{len(failed) - len(crashed)} FAIL/timeout")
     print(f"{count} scripts: {len(converted)} converted ({len(passed)} --check PASS, {len(failed)} FAIL/timeout, "
           f"{len(not_run)} not run here), {len(refused)} refused, {len(alone)} left alone, "
           f"{count - len(converted) - len(refused) - len(alone)} missing")
