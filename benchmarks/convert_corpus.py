@@ -2,9 +2,10 @@
 each script is materialized from the fetched git mirrors with offline stand-ins for its data, converted, and, when
 converted and runnable here, proved with `accelkit convert --check` (the original on 1 process, the conversion on 2
 CPU ranks). Prints one line per script: converted / refused (reason) / left alone, the `--check` verdict per
-invariant, and the totals.
+invariant, and the totals per split (the manifest splits by repository: "development", the repositories the
+converter is fixed on, and "held-out", run as they are; the held-out figure is the one that counts).
 
-    python benchmarks/convert_corpus.py [--only NAME ...] [--no-check] [--timeout S] [--json OUT.json]
+    python benchmarks/convert_corpus.py [--split NAME] [--only NAME ...] [--no-check] [--timeout S] [--json OUT.json]
 
 Needs the mirrors (/work/.mirror/OWNER+NAME/repo, made by the search tool's `fetch`; ACCELKIT_CORPUS_MIRRORS moves
 them). Nothing is downloaded. The third-party scripts are never copied into this repository.
@@ -47,7 +48,8 @@ def _run(command: list[str], cwd: Path, timeout: int, made: Materialized | None 
 
 
 def convert_one(entry: dict, out: Path, check: bool, timeout: int, steps: int) -> dict:
-    row: dict = {"name": entry["name"], "repo": entry["repo"], "path": entry["path"], "style": entry["style"]}
+    row: dict = {"name": entry["name"], "repo": entry["repo"], "path": entry["path"], "style": entry["style"],
+                 "split": entry["split"]}
     made = materialize(entry, out)
     if made.script is None:
         row.update(outcome="missing", reason=made.why)
@@ -126,12 +128,15 @@ def _refusal(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--split", choices=sorted({e["split"] for e in load_manifest()}), default=None,
+                        help="run one split of the manifest only")
     parser.add_argument("--no-check", action="store_true", help="convert only")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per --check")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps of the 2-process run")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    entries = [e for e in load_manifest() if not args.only or e["name"] in args.only]
+    entries = [e for e in load_manifest() if (not args.only or e["name"] in args.only)
+               and (args.split is None or e["split"] == args.split)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="accelkit-corpus-") as tmp:
         for entry in entries:
@@ -161,6 +166,15 @@ def _print_row(row: dict) -> None:
 
 
 def _print_totals(rows: list[dict]) -> None:
+    splits = sorted({r["split"] for r in rows})
+    for split in splits:
+        _print_split(split, [r for r in rows if r["split"] == split])
+    if len(splits) > 1:
+        _print_split("all", rows)
+
+
+def _print_split(split: str, rows: list[dict]) -> None:
+    """The split's figure (converted and `--check` PASS over its scripts), then where the rest went."""
     count = len(rows)
     converted = [r for r in rows if r["outcome"] == "converted"]
     passed = [r for r in converted if r.get("check") == "PASS"]
@@ -168,7 +182,14 @@ def _print_totals(rows: list[dict]) -> None:
     not_run = [r for r in converted if r.get("check") in {None, "not run", "original fails"}]
     refused = [r for r in rows if r["outcome"] == "refused"]
     alone = [r for r in rows if r["outcome"] == "left alone"]
-    print(f"\n{count} scripts: {len(converted)} converted ({len(passed)} --check PASS, {len(failed)} FAIL/timeout, "
+    crashed = [r for r in failed if any(f.startswith("converted run:") for f in r.get("fails", []))]
+    if not any("check" in r for r in converted):  # --no-check: no figure to give, only the conversion outcomes
+        print(f"\n{split}: {len(converted)}/{count} converted, --check not run; {len(refused)} refused")
+    else:
+        print(f"\n{split}: {len(passed)}/{count} converted and --check PASS ({100 * len(passed) / count:.0f}%); "
+              f"{len(refused)} refused, {len(crashed)} crashed (the converted run exits non-zero), "
+              f"{len(failed) - len(crashed)} FAIL/timeout")
+    print(f"{count} scripts: {len(converted)} converted ({len(passed)} --check PASS, {len(failed)} FAIL/timeout, "
           f"{len(not_run)} not run here), {len(refused)} refused, {len(alone)} left alone, "
           f"{count - len(converted) - len(refused) - len(alone)} missing")
 

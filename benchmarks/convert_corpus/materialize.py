@@ -49,6 +49,8 @@ def load_manifest() -> list[dict]:
 
 def _git(repo: str, *args: str) -> bytes:
     git_dir = MIRRORS / repo.replace("/", "+") / "repo"
+    if (git_dir / ".git").is_dir():  # some snapshots are clones with a work tree
+        git_dir = git_dir / ".git"
     return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True).stdout
 
 
@@ -233,9 +235,29 @@ def _fineweb(cwd: Path, offline: Path) -> None:
     (folder / "hellaswag_val.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def _mnist_idx(cwd: Path, offline: Path) -> None:
+    """MNIST's four gzipped idx files (datasets/mnist/, vinhkhuc's data_util layout) at MNIST's full counts, which
+    its reader hard-codes; only the first 200 rows are random, the rest zero (a few kB gzipped)."""
+    import gzip
+
+    folder = cwd / "datasets" / "mnist"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = _rng()
+    for prefix, count in (("train", 60_000), ("t10k", 10_000)):
+        images = np.zeros((count, 28 * 28), dtype=np.uint8)
+        images[:200] = rng.integers(0, 256, size=(200, 28 * 28), dtype=np.uint8)
+        labels = np.zeros(count, dtype=np.uint8)
+        labels[:200] = rng.integers(0, 10, size=200, dtype=np.uint8)
+        header = np.array([2051, count, 28, 28], dtype=">i4").tobytes()
+        (folder / f"{prefix}-images-idx3-ubyte.gz").write_bytes(gzip.compress(header + images.tobytes(), 1))
+        header = np.array([2049, count], dtype=">i4").tobytes()
+        (folder / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(header + labels.tobytes(), 1))
+
+
 STAND_INS = {"nanogpt": _nanogpt, "chars": _chars, "shakespeare-chars": _shakespeare_chars, "names": _names,
              "wikitext": _wikitext, "yunjey-text": _yunjey_text, "sine": _sine, "cora": _cora,
-             "cora-download": _cora_download, "bsds300": _bsds300, "style-image": _style_image, "fineweb": _fineweb}
+             "cora-download": _cora_download, "bsds300": _bsds300, "style-image": _style_image, "fineweb": _fineweb,
+             "mnist-idx": _mnist_idx}
 
 
 def main(argv: list[str]) -> int:

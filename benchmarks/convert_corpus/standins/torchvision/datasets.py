@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import types
 
 import numpy as np
 import torch
@@ -83,3 +85,9 @@ class ImageFolder(CIFAR10):
         self.samples = [(f"{root}/{i}.png", int(t)) for i, t in enumerate(self.targets)]
         self.imgs = self.samples
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+
+# torchvision's per-dataset submodules (`from torchvision.datasets import mnist; mnist.MNIST(...)`)
+mnist = types.ModuleType(f"{__name__}.mnist")
+mnist.MNIST, mnist.FashionMNIST, mnist.KMNIST, mnist.EMNIST = MNIST, FashionMNIST, KMNIST, EMNIST
+sys.modules[mnist.__name__] = mnist
