@@ -7,8 +7,8 @@ from pathlib import Path
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import MetadataWrapper
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from accelkit.convert.analysis import analyze
 from accelkit.convert.context import Context
@@ -86,7 +86,7 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     new_module = ctx.module.visit(PlanApplier(plan, dirty))
     if plan.library:
         new_module = new_module.visit(LazyAccelerator())
-    new_module = _drop_unused_imports(new_module, source)
+    new_module = _import_torch_if_unbound(_drop_unused_imports(new_module, source))
     code = new_module.code
     try:
         compile(code, filename, "exec")
@@ -96,6 +96,20 @@ def convert_source(source: str, options: ConvertOptions | None = None, filename:
     for finding in find_concerns(code):  # what --check would catch by running it, caught before anything is written
         plan.report.problem(0, f"line {finding.line} of the converted script: {finding.what}", finding.todo)
     return ConversionResult(code, plan.report.sorted(), code != source)
+
+
+def _import_torch_if_unbound(module: cst.Module) -> cst.Module:
+    """The transforms write `torch.` code (a tensor for a reduced metric, a device move); a script that only imports
+    from torch (`from torch import nn, optim`) binds no `torch`: the conversion imports it (it crashed on 2 ranks)."""
+    wrapper = MetadataWrapper(module)
+    unbound = any(access.node.value == "torch" and not access.referents
+                  for scope in set(wrapper.resolve(ScopeProvider).values()) if scope is not None
+                  for access in scope.accesses if isinstance(access.node, cst.Name))
+    if not unbound:
+        return module
+    context = CodemodContext(wrapper=wrapper)
+    AddImportsVisitor.add_needed_import(context, "torch")
+    return wrapper.visit(AddImportsVisitor(context))
 
 
 def _drop_unused_imports(module: cst.Module, source: str) -> cst.Module:

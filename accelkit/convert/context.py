@@ -76,6 +76,10 @@ class Context:
                 return self._lines[later]
         return 0
 
+    def binds(self, name: str) -> bool:
+        """The script binds `name` at some level by an import, a def or a class (a name a conversion must not take)."""
+        return name in self._aliases or name in self._bound
+
     def qnames(self, node: cst.CSTNode) -> set[str]:
         """Fully qualified names a call or a dotted expression refers to (`{"torch.optim.SGD"}`), or empty."""
         if isinstance(node, cst.Call):

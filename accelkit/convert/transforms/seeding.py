@@ -26,29 +26,50 @@ def apply(ctx: Context, facts: Facts, plan: EditPlan, options: object) -> None:
         return
     flow = Flow(ctx, facts)
     in_training = _reached_from_training(ctx, flow)
-    libraries: dict[str, tuple[str, int]] = {}  # library -> (its name in the script, first draw's line)
+    # library -> (the script's name for its module or None, first draw's line, whether the library's name is taken)
+    libraries: dict[str, tuple[str | None, int, bool]] = {}
     for call in ctx.of_type(cst.Call):
         library = _library_of(ctx, call)
         if library is None or _per_step(ctx, flow, call, in_training):
             continue
-        alias = ctx.code(call.func).split(".")[0]
-        libraries.setdefault(library, (alias, ctx.line(call)))
+        alias = _module_alias(ctx, call, library)
+        libraries.setdefault(library, (alias, ctx.line(call), alias is None and ctx.binds(library)))
     if not libraries:
         return
     anchor = _first_executed(ctx)
     if anchor is None:
         return
-    seeds = [{"torch": f"{alias}.manual_seed({COMMON_SEED})", "numpy": f"{alias}.random.seed({COMMON_SEED})",
-              "random": f"{alias}.seed({COMMON_SEED})"}[library] for library, (alias, _) in libraries.items()]
+    seeds = [seed for library, (alias, _, taken) in libraries.items()
+             for seed in _seed_statements(library, alias, taken)]
     statement = cst.parse_statement("; ".join(seeds) + "\n")
     statement = statement.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
         "# one random task on every process: the script draws its data without a seed (see the report)"))])
     plan.insert_before(anchor, statement, uses_accelerator=False)
-    first = min(line for _, line in libraries.values())
+    first = min(line for _, line, _ in libraries.values())
     plan.report.change(ctx.line(anchor), f"added `{'; '.join(seeds)}` before the script's first statement",
                        f"the script draws random data before training without a seed (line {first}): each process "
                        "would draw a different task and the processes would train on different problems; one seed "
                        "for every process keeps one task (change the seed for another draw)")
+
+
+def _module_alias(ctx: Context, call: cst.Call, library: str) -> str | None:
+    """The script's name for the library module itself (`torch`, `np`, `rnd`), when the draw is reached through it;
+    None for a function imported by name (`from torch import randn`: `randn` is no module to seed)."""
+    root = call.func
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    return root.value if isinstance(root, cst.Name) and ctx.qnames(root) == {library} else None
+
+
+def _seed_statements(library: str, alias: str | None, taken: bool) -> list[str]:
+    """The seed call on the library's module; with an import of it when the script names none (under a name of its
+    own when the library's name is `taken`: `from random import random` binds `random` to a function)."""
+    imports: list[str] = []
+    if alias is None:
+        alias = f"{library}_for_seed" if taken else library
+        imports.append(f"import {library}" + (f" as {alias}" if taken else ""))
+    call = {"torch": "manual_seed", "numpy": "random.seed", "random": "seed"}[library]
+    return [*imports, f"{alias}.{call}({COMMON_SEED})"]
 
 
 def _library_of(ctx: Context, call: cst.Call) -> str | None:
