@@ -247,7 +247,22 @@ def _reduce_accumulators(ctx: Context, facts: Facts, plan: EditPlan, loop: cst.F
                            "Accelerate repeats to even out the last batches are cut off first)" if trimmed else
                            "summed across processes after the loop (a last batch padded by Accelerate for an "
                            "uneven split is counted too)")
-    _scale_per_process_lengths(ctx, facts, plan, after)
+    _scale_per_process_lengths(ctx, facts, plan, after, _batch_counter(ctx, facts, loop))
+
+
+def _batch_counter(ctx: Context, facts: Facts, loop: cst.For) -> str | None:
+    """`i` of `for i, batch in enumerate(loader, 1)`: after the loop it is this process's number of batches."""
+    call = loop.iter
+    if not (isinstance(call, cst.Call) and ctx.qnames(call) == {"builtins.enumerate"} and len(call.args) == 2
+            and facts.kind(call.args[0].value) == "loader"):
+        return None
+    start = call.args[1].value
+    if not (isinstance(start, cst.Integer) and start.value == "1"):
+        return None  # from 0 it ends at one less than the count: the script's own division is left as it is
+    target = loop.target
+    if isinstance(target, cst.Tuple) and target.elements and isinstance(target.elements[0].value, cst.Name):
+        return target.elements[0].value.value
+    return None
 
 
 def _python_number(ctx: Context, value: cst.BaseExpression) -> bool:
@@ -266,17 +281,22 @@ def _python_number(ctx: Context, value: cst.BaseExpression) -> bool:
         value.value.attr.value == "shape"
 
 
-def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: EditPlan, after: list[cst.CSTNode]) -> None:
-    """`total / len(loader)`: a prepared loader has this process's batches only; every process's count is
-    len(loader) * num_processes (prepared loaders give every process the same number of batches)."""
+def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: EditPlan, after: list[cst.CSTNode],
+                               counter: str | None = None) -> None:
+    """`total / len(loader)` (or `total / i` after `for i, batch in enumerate(loader, 1)`, `counter`): a prepared
+    loader has this process's batches only; every process's count is len(loader) * num_processes (prepared loaders
+    give every process the same number of batches). Each count is scaled once, however many loops' sums it divides
+    (an evaluation line after both the training and the evaluation loop was scaled twice: half the loss)."""
     for node in after:
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "len"
-                and node.args and facts.kind(node.args[0].value) == "loader"):
+        length = (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "len"
+                  and node.args and facts.kind(node.args[0].value) == "loader")
+        if not (length or (counter is not None and isinstance(node, cst.Name) and node.value == counter)):
             continue
         parent = ctx.parent(node)
         if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide)
-                and parent.right is node):
+                and parent.right is node) or id(node) in plan.counted:
             continue
+        plan.counted.add(id(node))
         plan.edit(node, lambda u: cst.BinaryOperation(left=u, operator=cst.Multiply(),
                                                       right=cst.parse_expression("accelerator.num_processes"),
                                                       lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))

@@ -102,3 +102,60 @@ def test_a_taken_library_name_is_not_rebound_by_the_seed() -> None:
     compile(code, "train.py", "exec")
     assert "import random as random_for_seed" in code and "random_for_seed.seed(0)" in code, code
     assert "shuffle.seed" not in code and "\nrandom.seed" not in code
+
+
+EPOCHS = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+xs = torch.randn(64, 4)
+ys = (xs.sum(1) > 0).long()
+train_loader = DataLoader(TensorDataset(xs, ys), batch_size=8, shuffle=True)
+test_loader = DataLoader(TensorDataset(xs, ys), batch_size=8)
+model = nn.Linear(4, 2)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    running_loss = 0.0
+    for i, data in enumerate(train_loader, START):
+        img, label = data
+        out = model(img)
+        loss = criterion(out, label)
+        running_loss += loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(f'Finish {epoch+1} epoch, Loss: {running_loss/i:.6f}')
+    model.eval()
+    eval_loss = 0.
+    eval_acc = 0.
+    for data in test_loader:
+        img, label = data
+        with torch.no_grad():
+            out = model(img)
+            loss = criterion(out, label)
+        eval_loss += loss.item()
+        _, pred = torch.max(out, 1)
+        eval_acc += (pred == label).float().mean()
+    print(f'Test Loss: {eval_loss/len(test_loader):.6f}, Acc: {eval_acc/len(test_loader):.6f}')
+"""
+
+
+def test_a_mean_of_per_batch_means_printed_after_two_loops_is_scaled_once() -> None:
+    """pytorch-beginner's shape: the evaluation line comes after the training loop and after the evaluation loop;
+    both loops' sums are reduced, and its `len(test_loader)` was scaled by the number of processes twice (the test
+    loss printed half of the one-process value). The training loss divided by the batch counter of
+    `enumerate(loader, 1)` was not scaled at all (printed twice the value)."""
+    code = convert_source(EPOCHS.replace("START", "1"), filename="train.py").code
+    compile(code, "train.py", "exec")
+    assert "eval_loss/(len(test_loader) * accelerator.num_processes)" in code, code
+    assert "eval_acc/(len(test_loader) * accelerator.num_processes)" in code
+    assert code.count("accelerator.num_processes") == 3, code
+    assert "running_loss/(i * accelerator.num_processes)" in code
+
+
+def test_a_counter_from_zero_is_left_as_the_script_wrote_it() -> None:
+    code = convert_source(EPOCHS.replace("START", "0"), filename="train.py").code
+    assert "running_loss/i:" in code
