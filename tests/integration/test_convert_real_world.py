@@ -68,6 +68,10 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # MorvanZhou's 302/503: the targets in the statement after the forward were left whole (a crash on 2 ranks),
     # the held-out set under `if t % 10 == 0:` was sharded with the training data
     "full_batch_heldout": ([], {"wrapped", "lr", "samples", "side effects"}),
+    # the held-out split (2026-11-29): an unseeded script (its original started from other weights: a false FAIL of
+    # `weights`), and means of per-batch means after two loops (the evaluation divisor was scaled for the training
+    # loop's sum: the gathered test loss printed at half)
+    "unseeded_means": ([], {"wrapped", "lr", "samples", "metrics", "side effects"}),
 }
 
 

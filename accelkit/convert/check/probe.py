@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -55,6 +56,9 @@ MAX_STEPS_WITH_ROWS = 64  # steps whose input rows are kept one by one (the chec
 MAX_ROWS_PER_STEP = 4096
 # weights kept after every step up to this many values (all steps together); beyond it, the last step's only
 MAX_KEPT_VALUES = 8_000_000
+
+
+START_SEED = 0  # the converter's seed for unseeded draws (transforms/seeding.py): rank 0 starts where it does
 
 
 class CheckProbe:
@@ -89,6 +93,15 @@ class CheckProbe:
 
     # -- installation ----------------------------------------------------------------------------------------
     def install(self) -> None:
+        # Every run of the check starts its generators from one seed per rank (the script's own seeds still win): an
+        # unseeded original and rank 0 of its conversion then draw the same initial weights, so the weights compared
+        # after each step differ only by what the conversion changed (they started from two OS-seeded draws, a false
+        # FAIL of `weights` on 4 of 4 unseeded held-out scripts). Other ranks draw other numbers, as they would on
+        # their own: a model never broadcast from rank 0 still starts from different weights there.
+        seed = START_SEED + self.record.rank
+        random.seed(seed)
+        after_import("numpy", lambda: sys.modules["numpy"].random.seed(seed))
+        after_import("torch", lambda: sys.modules["torch"].manual_seed(seed))
         steps = clock()
         steps.on_before_step(self._before_step)
         steps.on_step(self._after_step)

@@ -16,7 +16,7 @@ import re
 import libcst as cst
 
 from accelkit.convert.analysis import Facts
-from accelkit.convert.context import Context, dotted, names_of
+from accelkit.convert.context import Context, dotted, names_in, names_of
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
 
@@ -247,7 +247,7 @@ def _reduce_accumulators(ctx: Context, facts: Facts, plan: EditPlan, loop: cst.F
                            "Accelerate repeats to even out the last batches are cut off first)" if trimmed else
                            "summed across processes after the loop (a last batch padded by Accelerate for an "
                            "uneven split is counted too)")
-    _scale_per_process_lengths(ctx, facts, plan, after, _batch_counter(ctx, facts, loop))
+    _scale_per_process_lengths(ctx, facts, plan, after, set(names), _batch_counter(ctx, facts, loop))
 
 
 def _batch_counter(ctx: Context, facts: Facts, loop: cst.For) -> str | None:
@@ -282,11 +282,12 @@ def _python_number(ctx: Context, value: cst.BaseExpression) -> bool:
 
 
 def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: EditPlan, after: list[cst.CSTNode],
-                               counter: str | None = None) -> None:
-    """`total / len(loader)` (or `total / i` after `for i, batch in enumerate(loader, 1)`, `counter`): a prepared
-    loader has this process's batches only; every process's count is len(loader) * num_processes (prepared loaders
-    give every process the same number of batches). Each count is scaled once, however many loops' sums it divides
-    (an evaluation line after both the training and the evaluation loop was scaled twice: half the loss)."""
+                               reduced: set[str], counter: str | None = None) -> None:
+    """`total / len(loader)` (or `total / i` after `for i, batch in enumerate(loader, 1)`, `counter`), where `total`
+    is one of the sums just `reduced`: a prepared loader has this process's batches only; every process's count is
+    len(loader) * num_processes (prepared loaders give every process the same number of batches). Only a division
+    of a reduced sum, once: an evaluation line after the training loop divides the evaluation's own sums (computed
+    on gathered batches, or reduced after their own loop), and it was scaled by the training loop too."""
     for node in after:
         length = (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "len"
                   and node.args and facts.kind(node.args[0].value) == "loader")
@@ -296,6 +297,8 @@ def _scale_per_process_lengths(ctx: Context, facts: Facts, plan: EditPlan, after
         if not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide)
                 and parent.right is node) or id(node) in plan.counted:
             continue
+        if not names_in(parent.left) & reduced:
+            continue  # another sum: its own loop scales it, or it covers every process already (gathered)
         plan.counted.add(id(node))
         plan.edit(node, lambda u: cst.BinaryOperation(left=u, operator=cst.Multiply(),
                                                       right=cst.parse_expression("accelerator.num_processes"),

@@ -159,3 +159,16 @@ def test_a_mean_of_per_batch_means_printed_after_two_loops_is_scaled_once() -> N
 def test_a_counter_from_zero_is_left_as_the_script_wrote_it() -> None:
     code = convert_source(EPOCHS.replace("START", "0"), filename="train.py").code
     assert "running_loss/i:" in code
+
+
+def test_a_gathered_evaluation_divided_after_a_reduced_training_loop_is_left_whole() -> None:
+    """The evaluation loop unpacks its batch in its header: its outputs are gathered, each pass covers every
+    process's samples, and its `len(test_loader)` passes are every process's count already. Only the training
+    loop's reduced sum gets a scaled divisor (the evaluation's was scaled too: half the test loss)."""
+    source = EPOCHS.replace("START", "1").replace("    for data in test_loader:\n        img, label = data\n",
+                                                  "    for img, label in test_loader:\n")
+    code = convert_source(source, filename="train.py").code
+    compile(code, "train.py", "exec")
+    assert "gather_for_metrics" in code
+    assert "eval_loss/len(test_loader)" in code and "eval_acc/len(test_loader)" in code, code
+    assert "running_loss/(i * accelerator.num_processes)" in code
