@@ -39,7 +39,32 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# Seconds each of the longest test files takes on one worker of a quiet 2-core machine (2026-11-29). The two workers
+# take whole files (--dist loadfile) in collection order: the longest first, so no long file starts last while the
+# other worker has nothing left (a ZeRO resume file started last kept one worker alone for 10 minutes).
+LONGEST_FILES = {
+    "integration/test_convert_check.py": 650, "integration/test_convert_real_world.py": 570,
+    "integration/test_templates.py": 343, "integration/test_nd_rehearsal.py": 337,
+    "integration/test_pipeline_rehearsal.py": 293, "integration/test_slurm.py": 286, "integration/test_bench.py": 280,
+    "faults/test_launch_faults.py": 260, "faults/test_convert_faults.py": 231, "integration/test_plan_measured.py": 229,
+    "integration/test_cluster_targets.py": 224, "integration/test_ray_target.py": 217,
+    "integration/test_zero_resume_on_ranks.py": 110, "integration/test_async_checkpoint.py": 187,
+    "faults/test_bench_faults.py": 185, "faults/test_merge_faults.py": 180, "integration/test_slurm_lost.py": 181,
+    "integration/test_grad_compression.py": 154, "integration/test_resume_world.py": 150,
+    "faults/test_plan_faults.py": 142, "integration/test_preemption.py": 138,
+}
+TESTS_ROOT = Path(__file__).resolve().parent
+
+
+def _file_seconds(item: pytest.Item) -> int:
+    try:
+        return LONGEST_FILES.get(Path(str(item.fspath)).resolve().relative_to(TESTS_ROOT).as_posix(), 0)
+    except ValueError:
+        return 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -_file_seconds(item))  # stable: each file's tests keep their order
     for item in items:
         # Real multi-process work: the integration tests, and every test on checkpoints made by the real tools.
         in_integration = INTEGRATION in Path(str(item.fspath)).resolve().parents

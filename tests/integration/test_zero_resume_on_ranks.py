@@ -50,7 +50,9 @@ def _masters(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 # (ZeRO stage, ranks that write the checkpoint, ranks that resume it): both directions, both stages, two runs each.
-@pytest.mark.parametrize(("zero", "written_by", "resumed_on"), [(2, 4, 2), (3, 2, 4)])
+# CI runs the case (ZeRO-2 written by 4, resumed on 2); ZeRO-1 and ZeRO-3 in both directions were measured with
+# this test by hand (docs/guides/resuming-zero.md): each case is four DeepSpeed launches, CI's time is short.
+@pytest.mark.parametrize(("zero", "written_by", "resumed_on"), [(2, 4, 2)])
 def test_a_zero_checkpoint_resumes_on_another_world_size_and_ends_equal(tmp_path: Path, zero: int, written_by: int,
                                                                         resumed_on: int) -> None:
     project = init_project(tmp_path / "project", "minimal", backend="ddp").directory
