@@ -15,6 +15,7 @@ from pathlib import Path
 from accelkit.bench.layouts import batch_replicas
 from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
+from accelkit.script_flags import flag_value, set_flag
 
 SCALING_MODES = ("weak", "strong")
 BENCH_BACKENDS = ("single", "cpu", "ddp", "fsdp", "deepspeed")
@@ -114,37 +115,6 @@ def parse_backends(text: str) -> tuple[str, ...]:
         raise AccelkitError(f"--compare-backends: unknown backend {named}",
                             hint=f"choose from {', '.join(BENCH_BACKENDS)}, e.g. --compare-backends ddp,fsdp,deepspeed")
     return names
-
-
-def flag_value(args: tuple[str, ...], flag: str) -> str | None:
-    """The value of `flag` in a script's arguments (`--flag V` or `--flag=V`; the last one wins, like argparse)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
-    return value
-
-
-def set_flag(args: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
-    """The script's arguments with every occurrence of `flag` set to `value` (appended when absent)."""
-    out: list[str] = []
-    found = False
-    skip = False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if arg == flag and i + 1 < len(args):
-            out += [flag, value]
-            found, skip = True, True
-        elif arg.startswith(flag + "="):
-            out.append(f"{flag}={value}")
-            found = True
-        else:
-            out.append(arg)
-    return tuple(out) if found else (*out, flag, value)
 
 
 def resolve_global_batch(spec_args: tuple[str, ...], batch_arg: str | None, global_batch: int | None,

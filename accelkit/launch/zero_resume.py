@@ -33,6 +33,7 @@ from typing import Any
 
 from accelkit.errors import AccelkitError
 from accelkit.merge import read_zero_checkpoint
+from accelkit.script_flags import flag_value, set_flag
 
 RESUME_FLAG = "--resume-from-checkpoint"
 OUTPUT_FLAG = "--output-dir"
@@ -52,26 +53,8 @@ class ZeroResume:
     line: str
 
 
-def script_option(args: tuple[str, ...], flag: str) -> str | None:
-    """The value of `flag VALUE` or `flag=VALUE` in the script's arguments (the last one wins, as argparse)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(f"{flag}="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def with_script_option(args: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
-    """The arguments with every value of `flag` replaced by `value`."""
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg == flag and i + 1 < len(out):
-            out[i + 1] = value
-        elif arg.startswith(f"{flag}="):
-            out[i] = f"{flag}={value}"
-    return tuple(out)
+# the script's flags as argparse reads them (accelkit.script_flags), under the names this module's callers use
+script_option, with_script_option = flag_value, set_flag
 
 
 def resume_checkpoint(args: tuple[str, ...], script: Path) -> Path | None:
