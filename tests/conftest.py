@@ -90,10 +90,18 @@ def merge_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_state under rehearsal, save_pretrained, torch.save): see tests/data/merge/producers.py."""
     import sys
 
+    from filelock import FileLock
+
     sys.path.insert(0, str(DATA / "merge"))
     from producers import produce_all
 
-    return produce_all(tmp_path_factory.getbasetemp() / "merge-producers")
+    # Made once for the whole run, not once per xdist worker (about 100 s of CPU each): the workers' base folders
+    # share a parent, and the first worker to get there makes them while the other waits on the lock.
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    with FileLock(str(shared / "merge-producers.lock")):
+        return produce_all(shared / "merge-producers")
 
 
 @pytest.fixture(scope="session")
