@@ -48,6 +48,14 @@ def check_backend(spec: CompressionSpec, cfg: Any, *, reduce_dtype_given: bool =
     if not spec.active:
         return NONE
     flag = f"--grad-compression {spec.method}"
+    pipeline = getattr(cfg.parallelism, "pp", 1) if cfg.parallelism is not None else 1
+    if pipeline > 1:  # the template's pipeline loop shards its stages itself: nothing would apply it
+        said = f"--reduce-dtype {spec.method}" if reduce_dtype_given else flag
+        raise AccelkitError(f"{said} with a pipeline (pp {pipeline}): the pipeline's stages run in the template's "
+                            "own loop, outside Accelerate's prepare (no DDP hook, no FSDP2 policy), so nothing would "
+                            "apply it",
+                            hint=f"drop {said.split()[0]} under --pp-size (docs/guides/nd-parallelism.md lists what "
+                                 "pipelines apply)")
     if cfg.num_processes < 2:
         raise AccelkitError(f"{flag} on one process: there is no gradient communication to compress",
                             hint="use 2 or more processes (--num-processes N), or drop --grad-compression")

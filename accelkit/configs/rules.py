@@ -242,7 +242,7 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
                        "sequence parallelism both split the sequence and cannot be combined",
                        "keep one: --cp-size N (FSDP2, torch) or --sp-size N (DeepSpeed Ulysses)", "sp_size")
         return
-    pipeline = list(_pipeline(cfg, p))
+    pipeline = [*_pipeline(cfg, p), *_pp_options(cfg, p)]
     yield from pipeline
     if any(f.is_error for f in pipeline):
         return
@@ -313,6 +313,40 @@ def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
                        "with FSDP2 (dp_shard) and tensor parallelism (tp) only", f"drop {flag_name(other)}"
                        + (" and shard over --dp-shard-size under --backend fsdp" if other == "dp_replicate_size"
                           else ""), other)
+
+
+# Options the pipeline loop (templates/causal-lm/pipeline_parallel.py) cannot apply: it shards its stages with
+# fully_shard itself, outside Accelerate's prepare, and saves torch distributed checkpoints per stage. It applies
+# --mixed-precision bf16 (autocast), --activation-checkpointing (each decoder layer) and --sharding (FSDP2's
+# reshard_after_forward); the others would be dropped without a word, so they are refused.
+PP_UNAPPLIED = {  # the reduce dtype and gradient compression: accelkit.compression.checks
+    "offload": "the pipeline's stages are not offloaded (Accelerate's prepare does that)",
+    "wrap_policy": "the pipeline shards each decoder layer as one FSDP2 unit, whatever the wrap policy",
+    "wrap_cls": "the pipeline shards each decoder layer as one FSDP2 unit, whatever the wrap classes",
+    "min_num_params": "the pipeline shards each decoder layer as one FSDP2 unit, whatever the size",
+}
+
+
+def _pp_options(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
+    """Options a pipeline layout would drop without a word: each refused, naming why."""
+    if p.pp == 1:
+        return
+    for name, why in PP_UNAPPLIED.items():
+        value = cfg.value(name)
+        if cfg.source(name).kind != DEFAULT and value not in (None, False, (), "none"):
+            said = flag_name(name) if value is True and cfg.given_by_flag(name) else cfg.said(name)
+            yield _finding("pp-option", ERROR, f"{said} with {cfg.said('pp_size')}: {why}",
+                           f"drop {flag_name(name)} (docs/guides/nd-parallelism.md lists what pipelines apply)", name)
+    if cfg.value("state_dict") is not None and str(getattr(cfg.value("state_dict"), "value", cfg.value("state_dict"))
+                                                  ) == "full" and cfg.source("state_dict").kind != DEFAULT:
+        yield _finding("pp-option", ERROR, f"{cfg.said('state_dict')} with {cfg.said('pp_size')}: the pipeline saves "
+                       "each stage's shards (torch distributed checkpoint) and its final model as safetensors per "
+                       "stage", "drop --state-dict full; `accelkit merge-ckpt` merges a pipeline checkpoint into one "
+                       "file", "state_dict")
+    if cfg.mixed_precision is MixedPrecision.FP16:
+        yield _finding("pp-option", ERROR, f"{cfg.said('mixed_precision')} with {cfg.said('pp_size')}: fp16 needs a "
+                       "loss scaler across the stages, which the pipeline does not have", "use --mixed-precision "
+                       "bf16 (applied by autocast in every stage) or no", "mixed_precision")
 
 
 def _pp_layers(cfg: ResolvedConfig, model_config: Any) -> Iterator[Finding]:

@@ -264,6 +264,10 @@ def row(layout: Layout, model: Model, *, gpus: int, nodes: int, gpu_memory: int 
     why = unavailable(layout, model, gpus, nodes)
     if why is not None:
         return Row(layout, why)
+    if layout.mesh.pp > 1 and layout.backend != "fsdp":
+        # the template's pipeline recomputes its layers only on --activation-checkpointing, FSDP's switch: a pipeline
+        # alone (ddp) keeps every layer's activations, and is priced so
+        checkpointing = False
     if profile is None:
         profile = from_formula({"hidden_size": model.hidden, "num_hidden_layers": model.layers,
                                 "vocab_size": model.vocab}, micro_batch, seq_len)

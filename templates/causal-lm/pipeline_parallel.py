@@ -24,9 +24,11 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch import nn
 
 ENV_VAR = "ACCELKIT_PIPELINE"
@@ -88,11 +90,12 @@ class StageModule(nn.Module):
     """One pipeline stage: the full model's own submodules for `layers` (and the embeddings on the first stage, the
     norm and LM head on the last), under the full model's names."""
 
-    def __init__(self, full: nn.Module, layers: range, first: bool, last: bool) -> None:
+    def __init__(self, full: nn.Module, layers: range, first: bool, last: bool, checkpointing: bool = False) -> None:
         super().__init__()
         inner = full.model
         self.config = full.config
         self.first, self.last = first, last
+        self.checkpointing = checkpointing  # each decoder layer's activations recomputed in backward
         self.model = nn.Module()
         if first:
             self.model.embed_tokens = inner.embed_tokens
@@ -108,8 +111,13 @@ class StageModule(nn.Module):
         mask = _causal_mask(self.config, hidden, position_ids)
         position_embeddings = self.model.rotary_emb(hidden, position_ids=position_ids)
         for layer in self.model.layers.values():
-            out = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                        position_ids=position_ids)
+            if self.checkpointing and torch.is_grad_enabled():
+                out = torch.utils.checkpoint.checkpoint(layer, hidden, use_reentrant=False, attention_mask=mask,
+                                                        position_embeddings=position_embeddings,
+                                                        position_ids=position_ids)
+            else:
+                out = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
+                            position_ids=position_ids)
             hidden = out[0] if isinstance(out, tuple) else out
         if self.last:
             return self.lm_head(self.model.norm(hidden))
@@ -127,10 +135,27 @@ def check_model(model: nn.Module) -> None:
                          "different stages; use a model with tie_word_embeddings=false")
 
 
+class StageOptions(NamedTuple):
+    """What the launch asked of FSDP that the pipeline applies itself (its stages are sharded here, not by
+    Accelerate's prepare); `accelkit config` refuses the FSDP options it cannot apply."""
+
+    checkpointing: bool = False  # --activation-checkpointing: each decoder layer recomputed in backward
+    reshard_after_forward: bool = True  # --sharding: full (True) or grad-op (False), FSDP2's reshard_after_forward
+
+    @classmethod
+    def of(cls, accelerator) -> StageOptions:
+        plugin = getattr(accelerator.state, "fsdp_plugin", None)
+        if plugin is None:
+            return cls()
+        reshard = plugin.reshard_after_forward
+        return cls(bool(plugin.activation_checkpointing), reshard if isinstance(reshard, bool) else True)
+
+
 class Pipeline:
     """This rank's part of the pipeline: its stage modules, their PipelineStages and the schedule."""
 
-    def __init__(self, spec: dict, model: nn.Module, device: torch.device, loss_fn) -> None:
+    def __init__(self, spec: dict, model: nn.Module, device: torch.device, loss_fn,
+                 options: StageOptions | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -148,7 +173,9 @@ class Pipeline:
         ranges = split_layers(len(model.model.layers), num_stages)
         # Rank r holds stages r, r + pp, ...: the loop order the interleaved schedules expect.
         self.stage_ids = [self.pp_rank + k * pp for k in range(per_rank)]
-        self.modules = [StageModule(model, ranges[s], s == 0, s == num_stages - 1) for s in self.stage_ids]
+        self.options = options or StageOptions()
+        self.modules = [StageModule(model, ranges[s], s == 0, s == num_stages - 1, self.options.checkpointing)
+                        for s in self.stage_ids]
         for module in self.modules:
             module.to(device)
             if tp > 1:
@@ -191,9 +218,10 @@ class Pipeline:
         from torch.distributed.fsdp import fully_shard
 
         dp_mesh = self.mesh["dp_shard"]
+        reshard = self.options.reshard_after_forward
         for layer in module.model.layers.values():
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(module, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
 
     def parameters(self):
         for module in self.modules:
@@ -323,7 +351,8 @@ def train_with_pipeline(t, args, accelerator, spec: dict, tokenizer, model, trai
         raise SystemExit(f"--per-device-batch-size {args.per_device_batch_size} does not split into {m} pipeline "
                          f"microbatches: use a multiple of {m}")
     accumulation = args.gradient_accumulation_steps
-    pipeline = Pipeline(spec, model, accelerator.device, causal_lm_loss(m * accumulation))
+    options = StageOptions.of(accelerator)
+    pipeline = Pipeline(spec, model, accelerator.device, causal_lm_loss(m * accumulation), options)
     # Every rank reads the global batch (dp_shard x per-device) in the same seeded order; each data-parallel rank
     # takes its slice, so the run sees what one process with the global batch sees.
     # Accelerate's seedable sampler, seeded as Accelerator.prepare seeds it: the one-process run's order.
@@ -361,7 +390,9 @@ def train_with_pipeline(t, args, accelerator, spec: dict, tokenizer, model, trai
 
     num_params = sum(p.numel() for p in model.parameters())
     t.log(accelerator, f"pipeline {spec['schedule']} | pp {spec['pp']} x dp_shard {dp} x tp {spec['tp']} | "
-                       f"{pipeline_stage_count(spec)} stages, {m} microbatches | world size "
+                       f"{pipeline_stage_count(spec)} stages, {m} microbatches | precision "
+                       f"{accelerator.mixed_precision} | activation checkpointing "
+                       f"{'on' if options.checkpointing else 'off'} | world size "
                        f"{accelerator.num_processes} | device {accelerator.device}\n"
                        f"effective batch {global_batch * accumulation} = {args.per_device_batch_size} per device x "
                        f"{dp} data-parallel processes x {accumulation} accumulation | learning rate "
@@ -386,7 +417,8 @@ def train_with_pipeline(t, args, accelerator, spec: dict, tokenizer, model, trai
             input_ids = batch["input_ids"][lo:lo + args.per_device_batch_size].to(accelerator.device)
             labels = batch["labels"][lo:lo + args.per_device_batch_size].to(accelerator.device)
             # The pipeline has already run backward: the guard reads the (detached) loss and the gradient norm.
-            step_loss = step_loss + guard.watch(pipeline.step(input_ids, labels)).cpu()
+            with accelerator.autocast():  # --mixed-precision bf16: every stage's forward in bf16, as in one process
+                step_loss = step_loss + guard.watch(pipeline.step(input_ids, labels)).cpu()
             micro += 1
             if micro < accumulation:
                 continue

@@ -38,6 +38,19 @@ CONFIG_CASES = [
     (["--backend", "fsdp", "--fsdp-version", "1", "--num-processes", "4", "--pp-size", "2"], r"needs FSDP2"),
     (["--backend", "ddp", "--num-processes", "4", "--pp-size", "4", "--model-config", str(TEMPLATE)],
      r"--pp-size 4 makes 4 pipeline stages, but the model has 2 decoder layers"),
+    # issue 46: options the pipeline loop would drop without a word
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--reduce-dtype", "bf16"],
+     r"--reduce-dtype bf16 with a pipeline \(pp 2\): .*nothing would apply it"),
+    (["--backend", "ddp", "--num-processes", "2", "--pp-size", "2", "--grad-compression", "powersgd"],
+     r"--grad-compression powersgd with a pipeline \(pp 2\)"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--mixed-precision", "fp16"],
+     r"--mixed-precision fp16 with --pp-size 2: fp16 needs a loss scaler across the stages"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--state-dict", "full"],
+     r"--state-dict full with --pp-size 2: the pipeline saves each stage's shards"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--offload"],
+     r"--offload with --pp-size 2: the pipeline's stages are not offloaded"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--wrap-policy", "size"],
+     r"--wrap-policy size with --pp-size 2: the pipeline shards each decoder layer as one FSDP2 unit"),
 ]
 
 
@@ -56,6 +69,8 @@ def test_config_refuses_and_writes_nothing(args: list[str], message: str, tmp_pa
      r"makes 4 pipeline stages \(2 per process with --pp-schedule interleaved1f1b\), but the model has 2"),
     (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--microbatches", "1"],
      r"--microbatches 1 is fewer than the 2 pipeline stages"),
+    (["--backend", "fsdp", "--num-processes", "4", "--pp-size", "2", "--reduce-dtype", "bf16"],
+     r"--reduce-dtype bf16 with a pipeline \(pp 2\)"),
 ])
 def test_launch_refuses_a_pipeline_before_any_rank_starts(args: list[str], message: str, tmp_path: Path) -> None:
     result = invoke_fault(["launch", "--cpu", *args, str(TEMPLATE), "--output-dir", str(tmp_path / "out")],
