@@ -1,4 +1,6 @@
-"""merge-ckpt on checkpoints written by the real tools: FSDP2 + DCP, DeepSpeed ZeRO-1/2/3, save_pretrained, torch.save.
+"""merge-ckpt on checkpoints written by the real tools: FSDP2 + DCP, FSDP2's per-rank files (Accelerate's
+`save_fsdp_model(use_dcp=False)`, verl-style model_world_size_N_rank_R.pt), DeepSpeed ZeRO-1/2/3, save_pretrained,
+torch.save.
 
 Every merged output is compared bit for bit with the full state dict the producer held.
 """
@@ -17,6 +19,9 @@ from safetensors.torch import load_file
 # input (relative to the producers' root) -> the producer's full state dict
 CASES = {
     "fsdp2-dcp": ("fsdp/dcp", "fsdp/dcp_expected.safetensors"),
+    # each rank's torch.save of its FSDP2 DTensors: the same trained model as the DCP save beside it
+    "fsdp2-per-rank": ("fsdp/verl", "fsdp/dcp_expected.safetensors"),
+    "accelerate-per-rank": ("accelerate/per_rank", "accelerate/expected.safetensors"),  # save_fsdp_model, no DCP
     "zero1": ("ds/zero1", "ds/zero1_expected.safetensors"),
     "zero2": ("ds/zero2", "ds/zero2_expected.safetensors"),
     "zero3": ("ds/zero3/global_step2", "ds/zero3_expected.safetensors"),  # a tag folder given directly

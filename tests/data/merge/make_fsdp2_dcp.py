@@ -1,9 +1,10 @@
 """Producer: a torch DCP checkpoint of the tiny model sharded with FSDP2 (`fully_shard`) on 2 gloo ranks.
 
 Run with `python -m torch.distributed.run --nproc_per_node 2 make_fsdp2_dcp.py OUT`. Writes OUT/dcp/ (the
-sharded model state dict saved with torch.distributed.checkpoint) and, from rank 0, OUT/dcp_expected.safetensors:
-the full state dict gathered after training, to compare against. Also writes the model's config.json beside the
-checkpoint so merge-ckpt can find it.
+sharded model state dict saved with torch.distributed.checkpoint), OUT/verl/model_world_size_2_rank_{0,1}.pt (each
+rank's `torch.save(model.state_dict())`, DTensor shards, as RL frameworks such as verl save) and, from rank 0,
+OUT/dcp_expected.safetensors: the full state dict gathered after training, to compare both against. Also writes the
+model's config.json beside the checkpoint so merge-ckpt can find it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
     dcp.save(get_model_state_dict(model), checkpoint_id=str(out / "dcp"))
+    (out / "verl").mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out / "verl" / f"model_world_size_2_rank_{rank}.pt")
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         full.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight
