@@ -127,6 +127,20 @@ def test_a_config_that_ties_weights_is_asked_beside_the_byte_ranges(ckpts: Path,
     assert report.dropped_aliases == {"lm_head.weight": "model.embed_tokens.weight"}
 
 
+def test_per_rank_shards_of_every_placement_are_put_together(ckpts: Path, tmp_path: Path) -> None:
+    """Per-rank DTensors split along columns (assembled by torch), on a 2-D mesh, replicated, and a plain buffer: the
+    merge equals the tensors before they were distributed."""
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.api import merge_checkpoint
+
+    report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "placements", output=tmp_path / "m.safetensors",
+                                           verify=True, progress=False))
+    expected = load_file(ckpts / "fsdp" / "placements_expected.safetensors")
+    assert_bit_identical(load_file(tmp_path / "m.safetensors"), expected)
+    assert report.world_size == 2 and report.verified
+    assert "2 rank files: 5 DTensors with one mesh" in report.checks[0]
+
+
 def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path) -> None:
     """`accelkit launch --backend fsdp --cpu` + Accelerate's save_state; merge the save_state folder itself."""
     produced = ckpts / "accelerate"
