@@ -67,3 +67,24 @@ def test_a_rank_has_its_coordinate_in_rank_order() -> None:
     mesh = torch.arange(12).reshape(2, 3, 2)
     for rank in range(12):
         assert mesh[_coordinate(rank, (2, 3, 2))].item() == rank
+
+
+def test_a_rank_file_is_loaded_with_the_allowlist_only(tmp_path: Path) -> None:
+    """A rank file naming anything but tensors and DTensor's classes is refused, never unpickled; a world of one
+    rank with plain tensors merges (the names give its size)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.api import merge_checkpoint
+
+    folder = files(tmp_path / "in")
+    torch.save({"w": torch.arange(6.0).reshape(2, 3)}, folder / "model_world_size_1_rank_0.pt")
+    merge_checkpoint(MergeOptions(input=folder, output=tmp_path / "m.safetensors", progress=False))
+    assert torch.equal(load_file(tmp_path / "m.safetensors")["w"], torch.arange(6.0).reshape(2, 3))
+    torch.save({"w": torch.zeros(3), "hook": shutil.rmtree}, folder / "model_world_size_1_rank_0.pt")
+    with pytest.raises(AccelkitError, match="model_world_size_1_rank_0.pt contains objects outside the safe allowlist"):
+        merge_checkpoint(MergeOptions(input=folder, output=tmp_path / "n.safetensors", progress=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "m.safetensors"]
