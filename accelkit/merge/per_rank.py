@@ -155,11 +155,10 @@ class _Assembly:
 
         first = self.dicts[self.ranks[0]]
         for rank in self.ranks[1:]:
-            if list(self.dicts[rank]) != list(first):
-                odd = next(iter(set(first).symmetric_difference(self.dicts[rank])), None)
-                where = f"{odd!r} is in one and not the other" if odd else "their order differs"
+            odd = sorted(set(first).symmetric_difference(self.dicts[rank]))
+            if odd:
                 raise AccelkitError(f"{self.found.files[rank].name} and {self.found.files[self.ranks[0]].name} hold "
-                                    f"different tensors ({where})", hint=_ONE_SAVE)
+                                    f"different tensors ({odd[0]!r} is in one and not the other)", hint=_ONE_SAVE)
         world = self.found.world_size
         meshes = 0
         seen: dict[tuple, str] = {}
@@ -171,6 +170,8 @@ class _Assembly:
             if isinstance(value, DTensor):
                 world = self._check_mesh(name, world)
                 meshes += 1
+            else:
+                self._check_plain(name)
             key = self._alias_key(name)
             if key is not None and key in seen:
                 self.source.aliases[name] = seen[key]
@@ -235,6 +236,16 @@ class _Assembly:
                                     f"{rank} of {tuple(head.shape)} sharded {tuple(head.placements)} holds {want}",
                                     hint=_ONE_SAVE)
         return size
+
+    def _check_plain(self, name: str) -> None:
+        """A plain tensor (a buffer FSDP2 leaves whole): one shape and dtype in every rank file; rank 0's is merged."""
+        head = self.dicts[self.ranks[0]][name]
+        for rank in self.ranks[1:]:
+            value = self.dicts[rank][name]
+            if (tuple(value.shape), value.dtype) != (tuple(head.shape), head.dtype):
+                raise AccelkitError(f"{self.found.files[rank].name}: {name!r} is {tuple(value.shape)} {value.dtype}, "
+                                    f"but {tuple(head.shape)} {head.dtype} in {self.found.files[self.ranks[0]].name}",
+                                    hint=_ONE_SAVE)
 
     def _alias_key(self, name: str) -> tuple | None:
         """What makes `name` the same tensor as another (tied weights): the same local storage, offset, shape and
