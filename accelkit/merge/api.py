@@ -28,7 +28,7 @@ from pathlib import Path
 from accelkit.command_result import CommandResult
 from accelkit.errors import AccelkitError
 from accelkit.fsio import StagedOutput, write_error
-from accelkit.merge import counters, dcp, deepspeed, extras, manifest, stream
+from accelkit.merge import counters, dcp, deepspeed, extras, manifest, per_rank, stream
 from accelkit.merge.deepspeed_layout import is_deepspeed_tag_dir
 from accelkit.merge.dtypes import CAST, TABLE
 from accelkit.merge.nonfinite import NonFiniteScan, nonfinite_note, scan_line
@@ -207,6 +207,7 @@ def check_merge_request(opts: MergeOptions) -> int | None:
 SUPPORTED = (
     "a torch DCP folder (.metadata + __*_*.distcp; or an Accelerate save_state folder with pytorch_model_fsdp_0/), "
     "a DeepSpeed ZeRO checkpoint (folder with `latest`, or a tag folder with *_optim_states.pt), "
+    "per-rank FSDP2 files (Accelerate's pytorch_model_fsdp_0_rank{r}.bin, model_world_size_N_rank_R.pt), "
     "HF sharded safetensors (*.safetensors.index.json), a .safetensors file, or a .bin/.pt/.pth state dict"
 )
 _ACCELERATE_FSDP = re.compile(r"^pytorch_model_fsdp_(\d+)$")
@@ -217,7 +218,7 @@ class Detected:
     """What the input is, recognised once from its names: the format, the file or folder its reader opens (with the
     DeepSpeed tag asked for), and why."""
 
-    kind: str  # "dcp", "deepspeed", "safetensors" (a file or an index) or "torch_file"
+    kind: str  # "dcp", "deepspeed", "per_rank", "safetensors" (a file or an index) or "torch_file"
     path: Path
     why: str
     tag: str | None = None
@@ -227,6 +228,8 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
     """Recognise the input's format from its names, the most specific layouts first."""
     if not path.exists():
         raise AccelkitError(f"input {path} does not exist", hint="pass the checkpoint folder or file to merge")
+    if path.is_file() and per_rank.is_rank_file(path):  # one rank's file: the save is the folder of all of them
+        path = path.parent
     if path.is_file():
         if path.name.endswith(".safetensors.index.json"):
             return Detected("safetensors", path, f"{path.name} is a safetensors index")
@@ -252,6 +255,9 @@ def detect(path: Path, tag: str | None = None, model_index: int | None = None) -
         kind = "a Trainer checkpoint folder" if (path / "trainer_state.json").is_file() else \
             "an Accelerate save_state folder"
         return Detected("dcp", chosen, f"{path.name}/ is {kind}: merging {chosen.name}/ ({how}){extra}")
+    ranks = per_rank.find_rank_files(path, model_index)
+    if ranks is not None:
+        return Detected("per_rank", path, ranks.why)
     if model_index is not None:
         raise AccelkitError("--model-index applies only to Accelerate save_state folders with FSDP models",
                             hint=f"{path} has no pytorch_model_fsdp_N/ folders")
@@ -307,6 +313,10 @@ def open_checked(opts: MergeOptions, detected: Detected,
             source = dcp.open_dcp(detected.path, reader)
         elif detected.kind == "deepspeed":
             source = deepspeed.open_deepspeed(detected.path, detected.tag, reader)
+        elif detected.kind == "per_rank":
+            with _importing_torch():
+                from accelkit.merge import torch_files  # noqa: F401  (the reader's torch adapter)
+            source = per_rank.open_per_rank(detected.path, opts.model_index, reader)
         else:
             with _importing_torch():
                 from accelkit.merge import torch_files

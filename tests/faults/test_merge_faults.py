@@ -192,6 +192,48 @@ def test_pickle_outside_the_allowlist_is_refused(tmp_path: Path) -> None:
     refused(tmp_path, src, match="outside the safe allowlist")
 
 
+def _swap_in_rank_file(path: Path, name: str, other: str) -> None:
+    """Rank file `path` with `name`'s DTensor replaced by `other`'s (another global shape): a shard of another save."""
+    from torch.distributed.tensor import DTensor  # noqa: F401  (torch.load rebuilds DTensors with it imported)
+
+    state = torch.load(path, weights_only=False)  # the test's own file, written by the producer
+    state[name] = state[other]
+    torch.save(state, path)
+
+
+PER_RANK_FAULTS = {
+    # Accelerate's names carry no world size: the device mesh in rank 0's file says 2 ranks
+    "accelerate-missing-rank": ("accelerate/per_rank", "unlink", "pytorch_model_fsdp_0_rank1.bin",
+                                r"the file of rank 1 is missing: the device mesh has 2 ranks"),
+    "mixed-world-sizes": ("fsdp/verl", "copy-as", "model_world_size_4_rank_1.pt",
+                          r"files of different world sizes: 2 \(2 files\), 4 \(1 file\)"),
+    "wrong-shape": ("fsdp/verl", "swap", "model_world_size_2_rank_1.pt",
+                    r"model_world_size_2_rank_1\.pt: 'model\.layers\.0\.self_attn\.q_proj\.weight' is \(16, 32\)"),
+    "rank-0-copied-as-rank-1": ("fsdp/verl", "copy-over", "model_world_size_2_rank_1.pt",
+                                r"_rank_1\.pt holds the shard of mesh coordinate \(0,\), not rank 1's"),
+}
+
+
+@pytest.mark.parametrize("case", list(PER_RANK_FAULTS))
+def test_per_rank_files_that_are_not_one_save(ckpts: Path, tmp_path: Path, case: str) -> None:
+    """FSDP2's per-rank files (Accelerate's use_dcp=False, verl's model_world_size_N_rank_R.pt): a rank file
+    missing, files of two world sizes, a shard of another shape, a shard at another rank's place: refused, nothing
+    written."""
+    rel, action, name, match = PER_RANK_FAULTS[case]
+    src = copy_in(ckpts, rel, tmp_path)
+    rank0 = sorted(src.iterdir())[0]
+    if action == "unlink":
+        (src / name).unlink()
+    elif action == "copy-as":
+        shutil.copy(src / "model_world_size_2_rank_1.pt", src / name)
+    elif action == "copy-over":
+        shutil.copy(rank0, src / name)
+    else:
+        _swap_in_rank_file(src / name, "model.layers.0.self_attn.q_proj.weight",
+                           "model.layers.0.self_attn.k_proj.weight")
+    refused(tmp_path, src, match=match)
+
+
 # -- mixed checkpoints: rank files of another step or another run ---------------------------------------------------
 def test_dcp_rank_files_from_another_step(ckpts: Path, tmp_path: Path) -> None:
     """Rank 1's files of the step-1 save copied into the step-2 folder (no manifest): Accelerate's RNG files and

@@ -1,4 +1,6 @@
-"""merge-ckpt on checkpoints written by the real tools: FSDP2 + DCP, DeepSpeed ZeRO-1/2/3, save_pretrained, torch.save.
+"""merge-ckpt on checkpoints written by the real tools: FSDP2 + DCP, FSDP2's per-rank files (Accelerate's
+`save_fsdp_model(use_dcp=False)`, verl-style model_world_size_N_rank_R.pt), DeepSpeed ZeRO-1/2/3, save_pretrained,
+torch.save.
 
 Every merged output is compared bit for bit with the full state dict the producer held.
 """
@@ -17,6 +19,9 @@ from safetensors.torch import load_file
 # input (relative to the producers' root) -> the producer's full state dict
 CASES = {
     "fsdp2-dcp": ("fsdp/dcp", "fsdp/dcp_expected.safetensors"),
+    # each rank's torch.save of its FSDP2 DTensors: the same trained model as the DCP save beside it
+    "fsdp2-per-rank": ("fsdp/verl", "fsdp/dcp_expected.safetensors"),
+    "accelerate-per-rank": ("accelerate/per_rank", "accelerate/expected.safetensors"),  # save_fsdp_model, no DCP
     "zero1": ("ds/zero1", "ds/zero1_expected.safetensors"),
     "zero2": ("ds/zero2", "ds/zero2_expected.safetensors"),
     "zero3": ("ds/zero3/global_step2", "ds/zero3_expected.safetensors"),  # a tag folder given directly
@@ -120,6 +125,20 @@ def test_a_config_that_ties_weights_is_asked_beside_the_byte_ranges(ckpts: Path,
     report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "dcp", output=tmp_path / "out", progress=False))
     assert report.notes[-1].startswith("read without torch"), report.notes
     assert report.dropped_aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+
+
+def test_per_rank_shards_of_every_placement_are_put_together(ckpts: Path, tmp_path: Path) -> None:
+    """Per-rank DTensors split along columns (assembled by torch), on a 2-D mesh, replicated, and a plain buffer: the
+    merge equals the tensors before they were distributed."""
+    from accelkit.merge import MergeOptions
+    from accelkit.merge.api import merge_checkpoint
+
+    report = merge_checkpoint(MergeOptions(input=ckpts / "fsdp" / "placements", output=tmp_path / "m.safetensors",
+                                           verify=True, progress=False))
+    expected = load_file(ckpts / "fsdp" / "placements_expected.safetensors")
+    assert_bit_identical(load_file(tmp_path / "m.safetensors"), expected)
+    assert report.world_size == 2 and report.verified
+    assert "2 rank files: 5 DTensors with one mesh" in report.checks[0]
 
 
 def test_accelerate_save_state_under_accelkit_launch(ckpts: Path, tmp_path: Path) -> None:

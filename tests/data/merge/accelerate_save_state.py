@@ -5,6 +5,8 @@ FSDP2 code writes OUT/ckpt-step1/ and OUT/ckpt/ (step 2): pytorch_model_fsdp_0/ 
 random_states_<rank>.pkl, and the prepared scheduler's scheduler.bin. After each save the checkpoint gets the
 manifest accelkit's templates write (the block below is a copy of theirs; tests/unit/templates checks it). The main
 process also writes the gathered full state dict, OUT/expected.safetensors, and the model config, OUT/config.json.
+Accelerate's other FSDP2 sharded format is written from the same trained model: OUT/per_rank/
+pytorch_model_fsdp_0_rank{0,1}.bin (`save_fsdp_model(..., use_dcp=False)`: each rank's torch.save of its DTensors).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def write_manifest_file(checkpoint_dir: Path, step: int, run_id: str, world_size
 
 
 def main() -> None:
+    from accelerate.utils import save_fsdp_model
     from safetensors.torch import save_file
 
     out = Path(sys.argv[1])
@@ -85,6 +88,7 @@ def main() -> None:
         checkpoint = out / ("ckpt" if step == 1 else f"ckpt-step{step + 1}")
         accelerator.save_state(str(checkpoint))
         write_manifest(accelerator, checkpoint, step + 1, run_id)
+    save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, str(out / "per_rank"), use_dcp=False)
     full = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         full.pop("lm_head.weight", None)  # tied to model.embed_tokens.weight
