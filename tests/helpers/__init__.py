@@ -17,7 +17,9 @@ DATA = TESTS / "data"
 # DeepSpeed JIT-builds its shared-memory comm op on a CPU rank's first use (minutes of C++ compile on two cores).
 # One cache for the whole suite, set for every subprocess by conftest.py, so it is built once per run; one per
 # virtualenv, because the build file names the venv's Python (another venv would rebuild it for each other).
-OP_CACHE = Path.home() / ".cache" / "torch_extensions" / f"accelkit-tests-{Path(sys.prefix).name}"
+# (By the venv's whole path: checkouts side by side each have a `.venv`, and one cache for all would rebuild in turn.)
+OP_CACHE = (Path.home() / ".cache" / "torch_extensions"
+            / f"accelkit-tests-{Path(sys.prefix).name}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]}")
 
 
 def run_accelkit(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
