@@ -5,7 +5,9 @@ The Trainer (trainer.kubeflow.org/v1alpha1) starts `numNodes` pods from the `tor
 in the trainer container (torchrun's own variables). The container's command is the per-node command
 (node_command.py) reading them: machine 0 (PET_NODE_RANK 0, at PET_MASTER_ADDR) hosts the job board on the port
 after PET_MASTER_PORT, and each pod checks the runtime's counts against the job it was written for. The image
-holds accelkit, the packages and the project (the command runs in the image's working directory).
+holds accelkit, the packages and the project (the command runs in the image's working directory). Each pod
+requests CPUs and memory (BestEffort pods are evicted first), has a /dev/shm in memory, and reads the job board's key
+from a Secret made once where the job is submitted (the TrainJob names it; the key is in no file).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Kubernetes cluster has them, copies `workdir` (the folder accelkit was run in) t
 node and then `run` on every node at once, with SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (one per line, the head node
 first), SKYPILOT_NUM_NODES and SKYPILOT_NUM_GPUS_PER_NODE set. The `run` block is the per-node command
 (node_command.py): machine 0 is the first address of SKYPILOT_NODE_IPS and hosts the job board, and each node
-checks SkyPilot's counts against the job it was written for.
+checks SkyPilot's counts against the job it was written for. The job board's key is the task's one secret, with no
+value in the file: `sky launch --secret` gives it (job_key.py).
 """
 
 from __future__ import annotations
