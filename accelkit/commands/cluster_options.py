@@ -30,9 +30,11 @@ def cluster_resource_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--cpus-per-node", type=click.IntRange(min=1), default=None, metavar="C",
                      help="With --slurm/--skypilot/--kubernetes: CPUs per node for all of its ranks and their data "
                           "loaders (SLURM: --cpus-per-task of the one launcher task per node). Default: SLURM whole "
-                          "nodes (--exclusive) for GPU jobs, a CPU per process for --cpu jobs."),
+                          "nodes (--exclusive) for GPU jobs; Kubernetes 8 per GPU rank; a CPU per process for --cpu "
+                          "jobs."),
         click.option("--mem-per-node", default=None, metavar="SIZE",
-                     help="With --slurm/--skypilot/--kubernetes: memory per node, e.g. 512GiB (SLURM: --mem)."),
+                     help="With --slurm/--skypilot/--kubernetes: memory per node, e.g. 512GiB (SLURM: --mem). Default "
+                          "with --kubernetes: 32GiB per GPU rank, 4GiB per --cpu process (a request, no limit)."),
         click.option("--setup", multiple=True, metavar="LINE",
                      help="With --slurm/--skypilot/--kubernetes: a shell line run on every node before its launcher "
                           "(modules, a venv); repeat for more lines."),
@@ -51,7 +53,7 @@ def cluster_resource_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "jobs must be written there."),
         click.option("--shm-size", default=None, metavar="SIZE",
                      help="With --kubernetes: the size limit of the pods' /dev/shm (a memory volume), e.g. 64GiB. "
-                          "Default: no limit but the pod's memory."),
+                          "Default: half the pod's memory request."),
     ]
     for option in reversed(options):
         func = option(func)

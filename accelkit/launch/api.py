@@ -81,11 +81,13 @@ def dry_run_text_of(request: LaunchRequest) -> str:
 def write_cluster_job(request: LaunchRequest, job_file: ClusterJobFile, stall_timeout: float | None) -> CommandResult:
     """Write the job file of one cluster target; say what it resolved and how to submit it."""
     from accelkit.launch.cluster.targets import kubernetes, skypilot, slurm
+    from accelkit.launch.cluster.targets.job_key import skypilot_launch_command
     from accelkit.launch.cluster.targets.node_resources import NodeResources, parse_memory
     from accelkit.launch.cluster.targets.storage import parse_storages
 
     nodes = 1 if request.options.num_machines is None else request.options.num_machines  # or its spelling --nodes
     path, name = job_file.path, job_file.job_name
+    before = ""  # a step before the submission
     resources = NodeResources(cpus=job_file.cpus_per_node,
                               memory=parse_memory(job_file.mem_per_node, "--mem-per-node"))
     shape = {"nodes": nodes, "gpus_per_node": job_file.gpus_per_node, "job_name": name,
@@ -101,14 +103,15 @@ def write_cluster_job(request: LaunchRequest, job_file: ClusterJobFile, stall_ti
         job = skypilot.write_skypilot_task(request, skypilot.SkyPilotOptions(
             **shape, accelerator=job_file.accelerator, workdir=Path.cwd(),
             storage=parse_storages(tuple(job_file.storage), "SkyPilot")), path, job_file.force)
-        submit = f"sky launch -c {shlex.quote(name)} {shlex.quote(str(path))}"
+        submit = skypilot_launch_command(name, shlex.quote(str(path)))
     else:
         job = kubernetes.write_trainjob(request, kubernetes.KubernetesOptions(
             **shape, image=job_file.image, workdir=Path.cwd(),
             storage=parse_storages(tuple(job_file.storage), "Kubernetes"),
             shm_size=parse_memory(job_file.shm_size, "--shm-size")), path, job_file.force)
         submit = f"kubectl apply -f {shlex.quote(str(path))}"
+        before = f"Create the job board's key once (a Secret): {kubernetes.create_secret_command(name)}\n"
     result = CommandResult()
     for line in job.summary:
         result.err(line)
-    return result.out(f"Wrote {path} (config: {job.config_path}). Submit it with: {submit}")
+    return result.out(f"Wrote {path} (config: {job.config_path}). {before}Submit it with: {submit}")

@@ -47,6 +47,9 @@ def refused(project: Path, args: list[str], match: str, script: tuple[str, ...] 
     # too little for the node's GPU ranks
     ([*SLURM, "--cpus-per-node", "4"], "--cpus-per-node 4 is fewer than the node's 8 GPU ranks"),
     ([*KUBE, "--mem-per-node", "32GiB", "--shm-size", "64GiB"], "--shm-size is more than --mem-per-node"),
+    # /dev/shm above the pod's default memory request (8 GPU ranks x 32 GiB)
+    ([*KUBE, "--shm-size", "300GiB"], "--shm-size 300.00 GiB is more than the pod's memory request, 256.00 GiB "
+                                      r"\(32.00 GiB x 8 processes, the default without --mem-per-node\)"),
     # what cannot go into an #SBATCH line or the job's shell
     ([*SLURM, "--account", "my account"], "--account 'my account' cannot go into an #SBATCH line"),
     ([*SLURM, "--qos", 'hi"gh'], "--qos 'hi\"gh' cannot go into an #SBATCH line"),

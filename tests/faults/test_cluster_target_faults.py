@@ -5,9 +5,13 @@ read-only folders, which need a mount namespace, in real processes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import DATA
 from helpers.faults import invoke_fault, run_fault
 
@@ -111,3 +115,24 @@ def test_a_script_outside_the_uploaded_folder(project: Path) -> None:
     result = invoke_fault(["launch", *SKY, "--cpu", "--nodes", "2", "--gpus-per-node", "1", str(PROBE)],
                           watch=[project], cwd=project)
     result.assert_refused(f"the script {PROBE} is outside {project}")
+
+
+def test_a_node_without_the_job_board_key_says_how_to_launch(project: Path) -> None:
+    """The key is in neither job file: a node started without it (`sky launch` without --secret, or a pod given an
+    empty key) stops with one line that says how the job is launched, before any rank starts."""
+    written = invoke_fault(["launch", "--cpu", "--kubernetes", "tj.yaml", "--nodes", "2", "--gpus-per-node", "1",
+                            "--image", "img", "train.py"], watch=[], cwd=project, record=False)
+    assert written.returncode == 0, written.stderr
+    trainer = yaml.safe_load((project / "tj.yaml").read_text())["spec"]["trainer"]
+    request = next(item["value"] for item in trainer["env"] if item["name"] == "ACCELKIT_LAUNCH_REQUEST")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
+    before = sorted(project.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "accelkit.launch.cluster.node", "--machine-rank", "0",
+                           "--main-process-ip", "127.0.0.1", "--main-process-port", "1", "--job-board-port", "2"],
+                          env={**env, "ACCELKIT_LAUNCH_REQUEST": request}, capture_output=True, text=True,
+                          timeout=120, cwd=project)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors[0] == "Error: --job-board-port needs $ACCELKIT_JOB_KEY (the job board's key)", proc.stderr
+    assert "--secret ACCELKIT_JOB_KEY" in proc.stderr and "kubectl create secret generic" in proc.stderr
+    assert sorted(project.iterdir()) == before

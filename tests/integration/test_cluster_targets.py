@@ -78,10 +78,20 @@ def run_nodes(project: Path, command: str, node_env: list[dict[str, str]], hosts
 
 
 def sky_nodes(task: dict, hosts: NetworkNamespaces) -> list[dict[str, str]]:
-    """What SkyPilot sets on each node: its rank and every node's IP address (machine 0's first)."""
+    """What SkyPilot sets on each node: its rank, every node's IP address (machine 0's first), the task's envs and
+    its secrets (`sky launch --secret ACCELKIT_JOB_KEY` gives the key)."""
     ips = "".join(f"{address}\n" for address in hosts.addresses)
-    return [{**task["envs"], "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": ips,
-             "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"} for rank in (0, 1)]
+    return [{**task["envs"], "ACCELKIT_JOB_KEY": "0123456789abcdef", "SKYPILOT_NODE_RANK": str(rank),
+             "SKYPILOT_NODE_IPS": ips, "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"} for rank in (0, 1)]
+
+
+def pod_env(trainer: dict) -> dict[str, str]:
+    """The trainer container's env as the kubelet sets it: each value, or the key from the Secret it names (made
+    with `kubectl create secret generic accelkit-job-key --from-literal=key=...`, as launch says)."""
+    secrets = {"accelkit-job-key": {"key": "0123456789abcdef"}}
+    return {item["name"]: item["value"] if "value" in item else
+            secrets[item["valueFrom"]["secretKeyRef"]["name"]][item["valueFrom"]["secretKeyRef"]["key"]]
+            for item in trainer["env"]}
 
 
 def test_skypilots_parser_accepts_the_tasks_and_rejects_broken_ones(tmp_path: Path) -> None:
@@ -97,7 +107,11 @@ def test_skypilots_parser_accepts_the_tasks_and_rejects_broken_ones(tmp_path: Pa
               "unknown_key.yaml": {**task, "nodes": 2}}
     for name, data in broken.items():
         (tmp_path / name).write_text(yaml.safe_dump(data))
-    parsed = parse_tasks([gpu, cpu, *(tmp_path / name for name in broken)])
+    # as `sky launch --secret ACCELKIT_JOB_KEY` parses them (the key's entry in the task has no value)
+    parsed = parse_tasks([gpu, cpu, *(tmp_path / name for name in broken)], secrets={"ACCELKIT_JOB_KEY": "k" * 32})
+    # SkyPilot's secret (redacted from its logs and dashboard), not one of the task's envs; nothing left unresolved
+    assert parsed[0]["secrets"] == {"ACCELKIT_JOB_KEY": "k" * 32} and not parsed[0]["unresolved_secrets"], parsed[0]
+    assert "ACCELKIT_JOB_KEY" not in parsed[0]["envs"] and task["secrets"] == {"ACCELKIT_JOB_KEY": None}
     assert parsed[0]["num_nodes"] == 2 and parsed[0]["accelerators"] == [{"A100-80GB": 8}], parsed[0]
     assert parsed[0]["workdir"] == str(tmp_path) and "pip install" in parsed[0]["setup"]
     # accelkit runs from a checkout here: its source tree goes to every node, and setup installs it from there
@@ -135,7 +149,7 @@ def test_trainjob_command_trains_a_template_on_two_pods(tmp_path: Path, hosts: N
                                "--gpus-per-node", "1", "--image", "img", "train.py", "--max-steps", "2",
                                "--num-samples", "64", "--output-dir", "out").read_text())
     trainer = job["spec"]["trainer"]
-    env = {item["name"]: item["value"] for item in trainer["env"]}
+    env = pod_env(trainer)
     port = str(two_free_ports())
     pods = [{**env, "PET_NNODES": "2", "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
              "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": hosts.addresses[0], "PET_MASTER_PORT": port}
@@ -168,7 +182,7 @@ def test_pods_with_different_scripts_stop_before_any_rank(tmp_path: Path, hosts:
     job = yaml.safe_load(write(pod0, "--cpu", "--kubernetes", "trainjob.yaml", "--nodes", "2", "--gpus-per-node", "1",
                                "--image", "img", "probe.py").read_text())
     trainer = job["spec"]["trainer"]
-    env = {item["name"]: item["value"] for item in trainer["env"]}
+    env = pod_env(trainer)
     port = str(two_free_ports())
     procs = []
     for rank, cwd in ((0, pod0), (1, pod1)):
@@ -203,7 +217,7 @@ def node_runs(project: Path, target: str, hosts: NetworkNamespaces) -> tuple[str
                                "--nodes", "2", "--gpus-per-node", "1", "--image", "img", "train.py",
                                *PREEMPT_ARGS).read_text())
     trainer = job["spec"]["trainer"]
-    env = {item["name"]: item["value"] for item in trainer["env"]}
+    env = pod_env(trainer)
     return trainer["command"][2], [{**env, "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(rank),
                                     "PET_MASTER_ADDR": hosts.addresses[0], "PET_MASTER_PORT": str(port)}
                                    for rank in (0, 1)]

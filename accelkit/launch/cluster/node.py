@@ -14,10 +14,10 @@ the job board (accelkit.launch.cluster.job_board), when the job has one, the nod
 - on a stall, waits a few seconds for the other nodes' watchdogs so every node prints its ranks' stacks.
 
 Under SLURM the batch step hosts the board. Where the nodes start on their own (SkyPilot, Kubernetes),
-`--job-board-port P` has machine 0 host it on port P (with $ACCELKIT_JOB_KEY from the job file) and, at the end,
-print the first failing rank of the whole job and exit with its status; `--expect-machines` and
-`--expect-processes-per-node` take the scheduler's own counts (SKYPILOT_NUM_NODES, PET_NPROC_PER_NODE, ...) and
-refuse a job whose shape is not the one the request was written for.
+`--job-board-port P` has machine 0 host it on port P (with $ACCELKIT_JOB_KEY: SkyPilot's secret, a Kubernetes
+Secret, never in the job file) and, at the end, print the first failing rank of the whole job and exit with its
+status; `--expect-machines` and `--expect-processes-per-node` take the scheduler's own counts (SKYPILOT_NUM_NODES,
+PET_NPROC_PER_NODE, ...) and refuse a job whose shape is not the one the request was written for.
 """
 
 from __future__ import annotations
@@ -324,8 +324,10 @@ def _host_or_find_board(port: int, machine_rank: int, main_process_ip: str) -> j
     """Machine 0 hosts the job board on `port`; every node (machine 0 too) then finds it through the environment."""
     key = os.environ.get(job_board.KEY_ENV)
     if not key:
-        raise AccelkitError(f"--job-board-port needs ${job_board.KEY_ENV} (the job file sets it)",
-                            hint="run the job file accelkit wrote as it is")
+        raise AccelkitError(f"--job-board-port needs ${job_board.KEY_ENV} (the job board's key)",
+                            hint=f"launch the job as accelkit printed it: SkyPilot with `--secret "
+                                 f"{job_board.KEY_ENV}`, Kubernetes after `kubectl create secret generic "
+                                 "JOB-NAME-job-key ...`")
     hosted = None
     if machine_rank == 0:
         try:

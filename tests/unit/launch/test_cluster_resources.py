@@ -135,16 +135,50 @@ def test_trainjob_requests_cpus_memory_shm_and_a_shared_claim(tmp_path, monkeypa
     assert script.index("source /opt/venv/bin/activate") < script.index("exec python -m accelkit.launch.cluster.node")
 
 
-def test_every_trainjob_has_its_shm_volume(tmp_path, monkeypatch):
-    """Even asking nothing: a container's default /dev/shm is 64 MiB, and DataLoader workers or NCCL die of SIGBUS
-    past it."""
-    _write(tmp_path, monkeypatch, "--cpu", "--kubernetes", "tj.yaml", "--nodes", "2", "--gpus-per-node", "2",
-           "--image", "img")
-    data = yaml.safe_load((tmp_path / "tj.yaml").read_text())
+def qos_class(resources: dict) -> str:
+    """Kubernetes' QoS class of a pod of one container with `resources` (only CPU and memory count)."""
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    counted = {name: value for name, value in {**requests, **limits}.items() if name in ("cpu", "memory")}
+    if not counted:
+        return "BestEffort"
+    if all(name in limits and requests.get(name, limits[name]) == limits[name] for name in ("cpu", "memory")):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def _trainjob(folder, monkeypatch, *args: str) -> tuple[dict, dict]:
+    """The TrainJob `accelkit launch ARGS` writes, read back with the Trainer's API models: (its resources per
+    node, its /dev/shm volume)."""
+    from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+
+    _write(folder, monkeypatch, "--kubernetes", "tj.yaml", "--force", "--nodes", "2", "--image", "img", *args)
+    data = yaml.safe_load((folder / "tj.yaml").read_text())
+    assert TrainerV1alpha1TrainJob.from_dict(data).to_dict() == data  # every field one the Trainer's API knows
     pod = data["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
-    spec = pod["template"]["spec"]["template"]["spec"]
-    assert spec["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    assert data["spec"]["trainer"]["resourcesPerNode"] == {"requests": {"cpu": "2"}}
+    [shm] = [volume for volume in pod["template"]["spec"]["template"]["spec"]["volumes"] if volume["name"] == "dshm"]
+    return data["spec"]["trainer"]["resourcesPerNode"], shm["emptyDir"]
+
+
+def test_every_trainjob_asks_for_cpus_memory_and_shm(tmp_path, monkeypatch):
+    """Asking nothing: a pod requesting only GPUs is BestEffort (evicted first, its ranks on whatever CPUs are left);
+    each pod requests the node's processes x the documented per-process figures (a GPU rank: 8 CPUs, 32 GiB; a CPU
+    rank: 1 and 4 GiB), without a memory limit (no OOM kill from a default), and /dev/shm gets half the memory (a
+    container's default 64 MiB kills DataLoader workers and NCCL with SIGBUS)."""
+    resources, shm = _trainjob(tmp_path, monkeypatch, "--gpus-per-node", "8")
+    assert resources == {"requests": {"cpu": "64", "memory": "256Gi"}, "limits": {"nvidia.com/gpu": "8"}}
+    assert qos_class(resources) == "Burstable" and shm == {"medium": "Memory", "sizeLimit": "128Gi"}
+    resources, shm = _trainjob(tmp_path, monkeypatch, "--cpu", "--gpus-per-node", "3")
+    assert resources == {"requests": {"cpu": "3", "memory": "12Gi"}} and shm["sizeLimit"] == "6Gi"
+    assert qos_class(resources) == "Burstable"
+    # what the user gives replaces the default it names; memory given is also the limit (the user's own figure)
+    resources, shm = _trainjob(tmp_path, monkeypatch, "--gpus-per-node", "4", "--cpus-per-node", "48")
+    assert resources["requests"] == {"cpu": "48", "memory": "128Gi"} and "memory" not in resources["limits"]
+    resources, shm = _trainjob(tmp_path, monkeypatch, "--gpus-per-node", "4", "--mem-per-node", "100GiB")
+    assert resources == {"requests": {"cpu": "32", "memory": "100Gi"},
+                         "limits": {"memory": "100Gi", "nvidia.com/gpu": "4"}}
+    assert shm["sizeLimit"] == "50Gi" and qos_class(resources) == "Burstable"
+    resources, shm = _trainjob(tmp_path, monkeypatch, "--gpus-per-node", "4", "--shm-size", "100GiB")
+    assert resources["requests"]["memory"] == "128Gi" and shm["sizeLimit"] == "100Gi"
 
 
 def test_sharded_jobs_with_their_checkpoints_on_shared_storage_are_written(tmp_path, monkeypatch):

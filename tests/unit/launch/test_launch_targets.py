@@ -38,7 +38,9 @@ def test_skypilot_task_for_two_h100_nodes(tmp_path, monkeypatch):
     result = _write(tmp_path, monkeypatch, "--backend", "deepspeed", "--zero-stage", "3", "--skypilot", "task.yaml",
                     "--nodes", "2", "--gpus-per-node", "8", "--accelerator", "h100", "--stall-timeout", "600",
                     "--storage", "/checkpoints=s3://my-bucket", "train.py", "--lr", "1e-4")
-    assert "sky launch -c accelkit task.yaml" in result.stdout
+    # the job board's key is made at launch and passed as SkyPilot's secret: nowhere in the task file
+    assert ('ACCELKIT_JOB_KEY="$(python3 -c \'import secrets; print(secrets.token_hex(16))\')" sky launch -c accelkit '
+            'task.yaml --secret ACCELKIT_JOB_KEY') in result.stdout
     task = yaml.safe_load((tmp_path / "task.yaml").read_text())
     assert (task["num_nodes"], task["resources"], task["workdir"]) == (2, {"accelerators": "H100:8"}, str(tmp_path))
     assert task["setup"].startswith('pip install "torch==') and '"deepspeed==' in task["setup"]
@@ -49,7 +51,8 @@ def test_skypilot_task_for_two_h100_nodes(tmp_path, monkeypatch):
         assert f'"${variable}"' in run
     assert "head -n1" in run and "python -m accelkit.launch.cluster.node" in run and "--stall-timeout 600" in run
     assert "--main-process-port 29500 --job-board-port 29501" in run
-    assert len(task["envs"]["ACCELKIT_JOB_KEY"]) == 32
+    assert task["secrets"] == {"ACCELKIT_JOB_KEY": None} and "ACCELKIT_JOB_KEY" not in task["envs"]
+    assert "--secret ACCELKIT_JOB_KEY" in (tmp_path / "task.yaml").read_text().splitlines()[1]  # the header says so
     config = yaml.safe_load((tmp_path / "task.accelerate.yaml").read_text())
     assert (config["distributed_type"], config["num_machines"], config["num_processes"]) == ("DEEPSPEED", 2, 16)
 
@@ -71,7 +74,11 @@ def test_trainjob_is_read_by_the_trainers_api_models(tmp_path, monkeypatch):
                     "--gpus-per-node", "8", "--image", "ghcr.io/me/train:1", "--job-name", "llama-ft",
                     "--storage", "/checkpoints=ckpt-rwx", "train.py")
     assert "kubectl apply -f trainjob.yaml" in result.stdout
-    data = yaml.safe_load((tmp_path / "trainjob.yaml").read_text())
+    # the job board's key: a Secret made once where the job is submitted, never in the TrainJob
+    assert ("kubectl create secret generic llama-ft-job-key --from-literal=key=\"$(python3 -c 'import secrets; "
+            "print(secrets.token_hex(16))')\"") in result.stdout
+    text = (tmp_path / "trainjob.yaml").read_text()
+    data = yaml.safe_load(text)
     job = TrainerV1alpha1TrainJob.from_dict(data)
     assert job.to_dict() == data  # every field is one the Trainer's API knows (nothing dropped)
     patch = data["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
@@ -87,8 +94,11 @@ def test_trainjob_is_read_by_the_trainers_api_models(tmp_path, monkeypatch):
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     for variable in ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NPROC_PER_NODE"):
         assert f"${variable}" in script
-    env = {item.name: item.value for item in trainer.env}
-    request = LaunchRequest.from_json(env["ACCELKIT_LAUNCH_REQUEST"])
+    env = {item.name: item for item in trainer.env}
+    request = LaunchRequest.from_json(env["ACCELKIT_LAUNCH_REQUEST"].value)
+    key = env["ACCELKIT_JOB_KEY"]
+    assert key.value is None and key.value_from.secret_key_ref.to_dict() == {"name": "llama-ft-job-key", "key": "key"}
+    assert "kubectl create secret generic llama-ft-job-key" in text.splitlines()[1]  # the header says it too
     assert (request.options.num_machines, request.options.num_processes, request.cpu) == (4, 32, False)
 
 
@@ -96,7 +106,8 @@ def test_a_cpu_trainjob_asks_for_cores_not_gpus(tmp_path, monkeypatch):
     _write(tmp_path, monkeypatch, "--cpu", "--kubernetes", "tj.yaml", "--nodes", "2", "--gpus-per-node", "2",
            "--image", "img", "train.py")
     trainer = yaml.safe_load((tmp_path / "tj.yaml").read_text())["spec"]["trainer"]
-    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "2"}} and trainer["numProcPerNode"] == 2
+    # a core and 4 GiB per rehearsed rank (node_resources.CPU_RANK_*)
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "2", "memory": "8Gi"}} and trainer["numProcPerNode"] == 2
 
 
 def test_every_target_runs_the_same_node_launcher(tmp_path, monkeypatch):

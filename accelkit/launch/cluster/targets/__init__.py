@@ -11,6 +11,8 @@ the request every node runs); each only spells them in its scheduler's format.
 - skypilot.py      a SkyPilot task (num_nodes, resources.accelerators, setup, run);
 - kubernetes.py    a Kubeflow Trainer TrainJob (runtimeRef torch-distributed);
 - accelerators.py  the accelerator names SkyPilot knows;
+- job_key.py       the job board's key (SkyPilot's --secret, a Kubernetes Secret): made at submission, never in
+                   the job file;
 - node_resources.py  NodeResources: CPUs and memory per node, and the ceilings no scheduler grants past (nodes,
                    GPUs, CPUs, memory);
 - storage.py       storage every node shares (--storage), and the refusal of a sharded checkpoint scattered over the

@@ -29,6 +29,17 @@ MAX_CPUS_PER_NODE = 2_048
 # The most memory one machine holds: 2-socket servers reach 6-12 TiB, the largest single-system servers 48 TiB.
 MAX_MEMORY_PER_NODE = 64 * 2**40
 
+# What a pod asks for per process when the user names nothing (a TrainJob: a pod with no CPU or memory request is
+# BestEffort, the first evicted under memory pressure, and its ranks share whatever CPUs are left). A GPU rank: a
+# core for the rank and 7 for its DataLoader workers, and 32 GiB (its copy of the model while it loads, its
+# batches, pinned buffers). Every multi-GPU cloud machine has at least that per GPU: 12 vCPUs and 85-144 GiB per
+# GPU on A100 machines (AWS p4d, GCP a2, Azure ND A100 v4), 12-26 vCPUs and 230-256 GiB on H100 ones, 12 vCPUs and
+# 48 GiB on 4-GPU g4dn/g5 ones. A CPU rehearsal's rank (--cpu): a core and 4 GiB (small models, gloo).
+GPU_RANK_CPUS = 8
+GPU_RANK_MEMORY = 32 * 2**30
+CPU_RANK_CPUS = 1
+CPU_RANK_MEMORY = 4 * 2**30
+
 
 @dataclass(frozen=True)
 class NodeResources:
@@ -40,6 +51,20 @@ class NodeResources:
     @property
     def given(self) -> bool:
         return self.cpus is not None or self.memory is not None
+
+
+def per_process_resources(cpu: bool) -> NodeResources:
+    """The documented CPUs and memory of one process (GPU rank, or a --cpu rehearsal's rank)."""
+    return NodeResources(cpus=CPU_RANK_CPUS, memory=CPU_RANK_MEMORY) if cpu else \
+        NodeResources(cpus=GPU_RANK_CPUS, memory=GPU_RANK_MEMORY)
+
+
+def with_defaults(resources: NodeResources, processes_per_node: int, cpu: bool) -> NodeResources:
+    """`resources`, with what was not given derived from the node's processes x the per-process figures."""
+    each = per_process_resources(cpu)
+    assert each.cpus is not None and each.memory is not None
+    return NodeResources(cpus=resources.cpus or each.cpus * processes_per_node,
+                         memory=resources.memory or each.memory * processes_per_node)
 
 
 def parse_memory(text: str | None, option: str) -> int | None:

@@ -5,18 +5,19 @@ Kubernetes cluster has them, copies `workdir` (the folder accelkit was run in) t
 node and then `run` on every node at once, with SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (one per line, the head node
 first), SKYPILOT_NUM_NODES and SKYPILOT_NUM_GPUS_PER_NODE set. The `run` block is the per-node command
 (node_command.py): machine 0 is the first address of SKYPILOT_NODE_IPS and hosts the job board, and each node
-checks SkyPilot's counts against the job it was written for.
+checks SkyPilot's counts against the job it was written for. The job board's key is the task's one secret, with no
+value in the file: `sky launch --secret` gives it (job_key.py).
 """
 
 from __future__ import annotations
 
 import re
-import secrets
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from accelkit.errors import AccelkitError
+from accelkit.launch.cluster.job_board import KEY_ENV
 from accelkit.launch.cluster.targets.accelerators import canonical_accelerator
 from accelkit.launch.cluster.targets.cluster_job import (
     ClusterJob,
@@ -25,6 +26,7 @@ from accelkit.launch.cluster.targets.cluster_job import (
     write_cluster_job,
     yaml_document,
 )
+from accelkit.launch.cluster.targets.job_key import skypilot_launch_command
 from accelkit.launch.cluster.targets.node_command import NodeCommand
 from accelkit.launch.cluster.targets.storage import SharedMount, check_checkpoints_shared
 from accelkit.launch.request import LaunchRequest
@@ -94,8 +96,9 @@ def run_command(job: ClusterJob, options: SkyPilotOptions) -> str:
     ])
 
 
-def render_task(job: ClusterJob, options: SkyPilotOptions, key: str | None = None) -> str:
-    """The task YAML for `job`. `key`: the job board's key (random when not given)."""
+def render_task(job: ClusterJob, options: SkyPilotOptions) -> str:
+    """The task YAML for `job`. The job board's key is a secret with no value in the file: `sky launch --secret`
+    gives it (job_key.skypilot_launch_command), and SkyPilot redacts it from its logs and dashboard."""
     resources: dict = {}
     if job.gpus_per_node:
         resources["accelerators"] = f"{options.accelerator}:{job.gpus_per_node}"
@@ -116,13 +119,14 @@ def render_task(job: ClusterJob, options: SkyPilotOptions, key: str | None = Non
         "num_nodes": job.nodes,
         "resources": resources,
         **({"file_mounts": file_mounts} if file_mounts else {}),
-        # What every node runs (accelkit launch's request) and the key of the job board machine 0 hosts.
-        "envs": {REQUEST_ENV: job.request.to_json(), "ACCELKIT_JOB_KEY": key or secrets.token_hex(16)},
+        "envs": {REQUEST_ENV: job.request.to_json()},  # what every node runs (accelkit launch's request)
+        "secrets": {KEY_ENV: None},  # the key of the job board machine 0 hosts: given by `sky launch --secret`
         "setup": "\n".join([*options.setup, setup_command(job, ACCELKIT_MOUNT if source is not None else None)]) + "\n",
         "run": run_command(job, options),
     }
     header = [f"# Written by: {job.request.command_line}",
-              "# Launch with: sky launch -c accelkit <this file>   (the exit status is the first failing rank's)",
+              f"# Launch with: {skypilot_launch_command('accelkit', '<this file>')}",
+              "#   (the job board's key, made at launch; the exit status is the first failing rank's)",
               "# setup installs this machine's versions of the packages; every node must run the same ones."]
     header += [f"# Shared storage ({storage.source}) at {storage.mount} on every node: write checkpoints there."
                for storage in options.storage]
