@@ -321,10 +321,15 @@ def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
 # reshard_after_forward); the others would be dropped without a word, so they are refused.
 PP_UNAPPLIED = {  # the reduce dtype and gradient compression: accelkit.compression.checks
     "offload": "the pipeline's stages are not offloaded (Accelerate's prepare does that)",
-    "wrap_policy": "the pipeline shards each decoder layer as one FSDP2 unit, whatever the wrap policy",
+    "wrap_policy": "the pipeline shards each decoder layer as one FSDP2 unit (the transformer policy), whatever the "
+                   "wrap policy",
     "wrap_cls": "the pipeline shards each decoder layer as one FSDP2 unit, whatever the wrap classes",
     "min_num_params": "the pipeline shards each decoder layer as one FSDP2 unit, whatever the size",
 }
+# The pipeline's own wrapping is the transformer policy: a config that states it (accelkit config writes it) says
+# what the pipeline does; the classes or size a file carries beside it are unused, but only a flag given for this
+# run asks for them.
+PP_FILE_ONLY = ("wrap_cls", "min_num_params")
 
 
 def _pp_options(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
@@ -333,10 +338,14 @@ def _pp_options(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
         return
     for name, why in PP_UNAPPLIED.items():
         value = cfg.value(name)
-        if cfg.source(name).kind != DEFAULT and value not in (None, False, (), "none"):
-            said = flag_name(name) if value is True and cfg.given_by_flag(name) else cfg.said(name)
-            yield _finding("pp-option", ERROR, f"{said} with {cfg.said('pp_size')}: {why}",
-                           f"drop {flag_name(name)} (docs/guides/nd-parallelism.md lists what pipelines apply)", name)
+        if cfg.source(name).kind == DEFAULT or value in (None, False, ()):
+            continue
+        if (name == "wrap_policy" and value == WrapPolicy.TRANSFORMER) or \
+                (name in PP_FILE_ONLY and not cfg.given_by_flag(name)):
+            continue
+        said = flag_name(name) if value is True and cfg.given_by_flag(name) else cfg.said(name)
+        yield _finding("pp-option", ERROR, f"{said} with {cfg.said('pp_size')}: {why}",
+                       f"drop {flag_name(name)} (docs/guides/nd-parallelism.md lists what pipelines apply)", name)
     if cfg.value("state_dict") is not None and str(getattr(cfg.value("state_dict"), "value", cfg.value("state_dict"))
                                                   ) == "full" and cfg.source("state_dict").kind != DEFAULT:
         yield _finding("pp-option", ERROR, f"{cfg.said('state_dict')} with {cfg.said('pp_size')}: the pipeline saves "

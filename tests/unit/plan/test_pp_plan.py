@@ -192,7 +192,9 @@ def test_model_states_of_the_templates_pipeline_as_measured():
                    seq_len=16, micro_batch=2, compute_bytes=4)
     sharded = nd.row(nd.Layout("fsdp", Mesh(pp=2, dp_shard=2), microbatches=2), model, gpus=4, nodes=1,
                      gpu_memory=None, seq_len=16, micro_batch=2, compute_bytes=4)
-    assert (alone.worst_rank, alone.states) == (1, 856_064)
+    # A pipeline alone (ddp) is priced without checkpointing, as the template runs it: the first stage, holding two
+    # micro-batches' activations under 1F1B, is the rank that needs the most; its states are the embeddings' stage.
+    assert (alone.worst_rank, alone.states) == (0, 855_040)
     assert (sharded.worst_rank, sharded.states) == (1, 428_544)
 
 
