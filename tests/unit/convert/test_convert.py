@@ -55,7 +55,9 @@ def test_corpus_covers_the_shapes_the_issue_lists() -> None:
             # issue #23: the defects of the conversions, hand-made batch sources
             "main_guard", "downloads_progress", "word_lm", "random_regression", "iterable_stream",
             # issue #23: torch.distributed scripts
-            "ddp_torchrun", "ddp_or_single"} <= names
+            "ddp_torchrun", "ddp_or_single",
+            # issue #41: a data-dependent init (ActNorm) before prepare
+            "actnorm_init"} <= names
 
 
 def test_untouched_code_keeps_formatting_and_comments() -> None:
