@@ -154,11 +154,11 @@ def naive_metric_reduced_twice() -> str:
 
 
 def naive_data_init_after_prepare() -> str:
-    # ActNorm's data-dependent init run per rank after prepare broadcast the weights, from each rank's own first
-    # batch (the first batch of the one-process run: the same init there) (issue #41)
+    # ActNorm's data-dependent init moved after prepare: each rank initialises from its own first batch after the
+    # broadcast (what the converter wrote before issue #41) (issue #41)
     prepare = "    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)\n"
-    code = _replace(_converted("actnorm_init"), "    data_init(model, x[:8])  # the first batch's statistics\n", "")
-    return _replace(code, prepare, prepare + "    data_init(model, next(iter(loader))[0])\n")
+    code = _replace(_converted("actnorm_init"), "    data_init(model, loader)\n", "")
+    return _replace(code, prepare, prepare + "    data_init(model, loader)\n")
 
 
 NAIVE = {

@@ -1,7 +1,7 @@
-"""Data-dependent initialisation (Glow's ActNorm): the statistics of the first training samples set the
-normalisation layer's parameters before training, so that its outputs start at zero mean and unit variance. It
-must run before DDP copies rank 0's weights to the other ranks: run per rank after, each rank's own first batch
-would give each rank other parameters."""
+"""Data-dependent initialisation (Glow's ActNorm): the statistics of the first batch set the normalisation layer's
+parameters before training, so that its outputs start at zero mean and unit variance. It must read the loader and run
+before DDP copies rank 0's weights to the other ranks: run per rank after, each rank's own first batch would give each
+rank other parameters."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,7 +28,8 @@ class Net(nn.Module):
         return self.body(self.norm(x))
 
 
-def data_init(model, x):
+def data_init(model, loader):
+    x, _ = next(iter(loader))
     with torch.no_grad():
         model.norm.loc.copy_(-x.mean(dim=0))
         model.norm.log_scale.copy_(-torch.log(x.std(dim=0) + 1e-6))
@@ -41,7 +42,7 @@ def main():
     y = x[:, :2].sum(dim=1, keepdim=True) / 10
     loader = DataLoader(TensorDataset(x, y), batch_size=8)
     model = Net()
-    data_init(model, x[:8])  # the first batch's statistics
+    data_init(model, loader)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for epoch in range(2):
         for step, (xb, yb) in enumerate(loader):
