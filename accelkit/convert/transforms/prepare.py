@@ -5,7 +5,8 @@ optimizer is created, under the name it has there (`model` in `Trainer.run` even
 handed over as `self.model`); objects built by a function that returns them are prepared where the caller binds
 them. When: right before the first statement that runs them (a loop, a forward call, handing them to a function
 that trains), so everything that changes a model first (custom init, `apply(init_fn)`, loading weights, freezing,
-a new head) happens before DDP copies rank 0's weights to every process. Schedulers: only those stepped with every
+a new head, a data-dependent init from `next(iter(loader))`, which is no first use of the loader) happens before DDP
+copies rank 0's weights to every process. Schedulers: only those stepped with every
 optimizer step (a prepared scheduler steps once per process, which is right for them and N times too fast for one
 stepped per epoch); the others are left alone and the report says why.
 """
