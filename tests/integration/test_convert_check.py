@@ -3,8 +3,9 @@
 Every corpus script (one per idiom of issue #16, and their combinations) converts and passes every invariant; the
 naive conversions the issue measured (an epoch scheduler prepared, prepare before a custom init, the model never
 prepared, hand-made batches not sharded, a metric not reduced, an early stop decided per process, files written by
-every process) fail the invariant they break, with evidence. All checks run at the start of the module, two at a
-time, and each test reads its result.
+every process) and issue #41's mutants (a per-batch scheduler not prepared, a metric reduced twice, a data-dependent
+init run per rank after prepare) fail the invariant they break, with evidence. All checks run at the start of the
+module, two at a time, and each test reads its result.
 """
 
 from __future__ import annotations
@@ -136,6 +137,30 @@ def naive_stream_not_prepared() -> str:
                     "    model, optimizer, val_loader = accelerator.prepare(model, optimizer, val_loader)")
 
 
+def naive_batch_scheduler_not_prepared() -> str:
+    # the per-batch warm-up left out of prepare: it steps once per process step, half as often per sample (issue #41)
+    return _replace(_converted("warmup_plateau"),
+                    "model, optimizer, train_loader, val_loader, warmup = accelerator.prepare(\n"
+                    "        model, optimizer, train_loader, val_loader, warmup\n    )",
+                    "model, optimizer, train_loader, val_loader = accelerator.prepare(\n"
+                    "        model, optimizer, train_loader, val_loader\n    )")
+
+
+def naive_metric_reduced_twice() -> str:
+    # the reduced sum reduced again: the same value on every rank, summed once more (issue #41)
+    reduce = ('        total_loss = accelerator.reduce(torch.as_tensor(total_loss, device=accelerator.device), "sum")'
+              '.item()\n')
+    return _replace(_converted("eval_metrics"), reduce, reduce + reduce)
+
+
+def naive_data_init_after_prepare() -> str:
+    # ActNorm's data-dependent init moved after prepare: each rank initialises from its own first batch after the
+    # broadcast (what the converter wrote before issue #41) (issue #41)
+    prepare = "    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)\n"
+    code = _replace(_converted("actnorm_init"), "    data_init(model, loader)\n", "")
+    return _replace(code, prepare, prepare + "    data_init(model, loader)\n")
+
+
 NAIVE = {
     # name: (original corpus script, naive conversion, invariant that must fail, words the evidence must hold)
     "epoch_scheduler_prepared": ("mnist_style", naive_epoch_scheduler_prepared, "lr", "0.245"),
@@ -151,6 +176,12 @@ NAIVE = {
                                    "printed by its caller: 0.4457 on `valid loss` where one process prints 0.6363"),
     "stream_not_prepared": ("iterable_eval", naive_stream_not_prepared, "samples",
                             "(IterableDataset), epoch 1: 70 sample(s) taken by more than one rank"),
+    "batch_scheduler_not_prepared": ("warmup_plateau", naive_batch_scheduler_not_prepared, "lr",
+                                     "used lr 0.0166667 on 2 processes; the original used 0.025"),
+    "metric_reduced_twice": ("eval_metrics", naive_metric_reduced_twice, "metrics",
+                             "2.725705 on `EVAL validation loss` where one process prints 1.362852"),
+    "data_init_after_prepare": ("actnorm_init", naive_data_init_after_prepare, "weights",
+                                "the ranks started from different weights"),
 }
 # converted DDP (torchrun) scripts checked under FSDP too: `--check --backend fsdp`
 FSDP = ["ddp_torchrun"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from accelkit.convert.check.equivalence import Equivalence
 from accelkit.convert.check.probe_metrics import NUMBER
-from accelkit.convert.check.record import Pass, Record, Step
+from accelkit.convert.check.record import Pass, Record, Step, a_look_at_the_data
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 LR_RTOL = 1e-6
@@ -342,6 +342,7 @@ def samples(runs: Runs) -> Verdict:
     checked: list[str] = []
     training_loaders: set[int] = set()
     streams: dict[int, list[str]] = defaultdict(list)  # IterableDataset loader -> what was checked, per epoch
+    looks: list[str] = []  # passes that every rank took alike before prepare: nothing to shard
     for key in keys:
         passes = [next((p for p in r.passes if (p.loader, p.number) == key), None) for r in ranks]
         present = [p for p in passes if p is not None]
@@ -357,6 +358,9 @@ def samples(runs: Runs) -> Verdict:
             continue
         if not present or not any(p.indices for p in present):
             continue
+        if a_look_at_the_data(passes):
+            looks.append(f"loader #{key[0]}")
+            continue
         if any(p.steps for p in present):
             training_loaders.add(key[0])
         problem = _pass_problem(key, passes, original_passes.get(key), runs.world)
@@ -369,13 +373,14 @@ def samples(runs: Runs) -> Verdict:
     loaders = Counter(k.split(":")[0] for k in checked)
     described = ", ".join(f"loader #{k} ({'training' if int(k) in training_loaders else 'evaluation'}, "
                           f"{n} epoch(s))" for k, n in sorted(loaders.items()))
-    if not streams:
-        return Verdict(name, PASS, f"each sample seen once per epoch across the {runs.world} ranks: {described}")
     parts = [f"each sample seen once per epoch across the {runs.world} ranks: {described}"] if described else []
     for loader, whats in sorted(streams.items()):
         kind = "training" if loader in training_loaders else "evaluation"
         epochs = "; ".join(f"{n} epoch(s): {what}" for what, n in Counter(whats).items())
         parts.append(f"IterableDataset loader #{loader} ({kind}, samples compared by content): {epochs}")
+    if looks:
+        parts.append(f"the same batches of {', '.join(sorted(set(looks)))} read alike by every rank, without training "
+                     "(a look at the data before prepare shards the loader)")
     return Verdict(name, PASS, "; ".join(parts))
 
 

@@ -106,18 +106,32 @@ class Record:
         return record
 
 
+def a_look_at_the_data(passes: list[Pass | None]) -> bool:
+    """Every rank read the same batches of a loader not sharded, trained on none and stopped within the epoch: a look
+    at the data (the first batch for a data-dependent init, a shape) before `prepare`, the same on every rank."""
+    present = [p for p in passes if p is not None]
+    return (len(present) == len(passes) > 0 and bool(present[0].indices) and not present[0].stream
+            and not any(p.steps or p.complete for p in present)
+            and all(p.indices == present[0].indices for p in present))
+
+
 def replay_order(ranks: list[Record]) -> dict[str, list[list[int]]]:
     """For the equivalence run: each training pass's batches as the N ranks took them at the same step, together
-    (rank 0's k-th batch, then rank 1's, ...), so that one process at N times the batch trains on the same samples."""
+    (rank 0's k-th batch, then rank 1's, ...), so that one process at N times the batch trains on the same samples;
+    a look at the data every rank took alike, as each rank took it (an ActNorm init from the first batch reads the
+    script's batch, not N times it)."""
     order: dict[str, list[list[int]]] = {}
-    keys = sorted({(p.loader, p.number) for r in ranks for p in r.passes if p.steps and p.indices and not p.stream})
+    keys = sorted({(p.loader, p.number) for r in ranks for p in r.passes if p.indices and not p.stream})
     for key in keys:
         passes = [next((p for p in r.passes if (p.loader, p.number) == key), None) for r in ranks]
         if any(p is None or p.batch_size <= 0 for p in passes):
             continue
         per_rank = [[p.indices[i:i + p.batch_size] for i in range(0, len(p.indices), p.batch_size)]
                     for p in passes if p is not None]
-        order[f"{key[0]}:{key[1]}"] = [sum(batches, []) for batches in zip(*per_rank, strict=False)]
+        if a_look_at_the_data(passes):
+            order[f"{key[0]}:{key[1]}"] = per_rank[0]
+        elif any(p.steps for p in passes if p is not None):
+            order[f"{key[0]}:{key[1]}"] = [sum(batches, []) for batches in zip(*per_rank, strict=False)]
     return order
 
 

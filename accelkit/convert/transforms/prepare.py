@@ -5,7 +5,8 @@ optimizer is created, under the name it has there (`model` in `Trainer.run` even
 handed over as `self.model`); objects built by a function that returns them are prepared where the caller binds
 them. When: right before the first statement that runs them (a loop, a forward call, handing them to a function
 that trains), so everything that changes a model first (custom init, `apply(init_fn)`, loading weights, freezing,
-a new head) happens before DDP copies rank 0's weights to every process. Schedulers: only those stepped with every
+a new head, a data-dependent init from `next(iter(loader))`, which is no first use of the loader) happens before DDP
+copies rank 0's weights to every process. Schedulers: only those stepped with every
 optimizer step (a prepared scheduler steps once per process, which is right for them and N times too fast for one
 stepped per epoch); the others are left alone and the report says why.
 """
@@ -521,7 +522,7 @@ def _passive(ctx: Context, flow: Flow, ref: cst.CSTNode, member: Member) -> bool
         if isinstance(call, cst.Call):
             name = call.func.value if isinstance(call.func, cst.Name) else None
             if member.kind == "loader" and name in ITERATING:
-                return False  # `for i, batch in enumerate(loader)` runs the loader
+                return _first_batch(ctx, call)  # `for i, batch in enumerate(loader)` runs the loader
             if name in HARMLESS_CALLS or any(q.startswith(("builtins.print", "torch.nn.init"))
                                              for q in ctx.qnames(call)):
                 return True
@@ -558,9 +559,20 @@ def _runs_parameter(ctx: Context, flow: Flow, function: cst.FunctionDef, call: c
         parent = ctx.parent(ref)
         if isinstance(parent, cst.Call) and parent.func is ref:
             return True
-        if isinstance(parent, cst.Arg):
+        if isinstance(parent, cst.Arg) and not _first_batch(ctx, ctx.parent(parent)):
             return True  # handed on: assume it runs
     return False
+
+
+def _first_batch(ctx: Context, call: cst.CSTNode) -> bool:
+    """`next(iter(loader))`: a look at the first batch (a data-dependent init such as ActNorm's, a shape). On the
+    loader not yet prepared every process reads the same batch, the one the original reads, and a model initialised
+    from it is then copied from rank 0 by prepare; prepared first, each process would read a batch of its own."""
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == "iter"):
+        return False
+    arg = ctx.parent(call)
+    outer = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+    return isinstance(outer, cst.Call) and isinstance(outer.func, cst.Name) and outer.func.value == "next"
 
 
 def _rebuild_containers(ctx: Context, plan: EditPlan, lines: list, batch: list[Member], add) -> None:

@@ -126,10 +126,29 @@ def test_the_equivalence_run_replays_the_ranks_batches_of_each_step_together() -
     def rank(indices: list[int], steps: int = 3) -> Record:
         return Record(passes=[Pass(loader=0, number=0, length=3, dataset_length=12, batch_size=2, indices=indices,
                                    steps=steps),
-                              Pass(loader=1, number=0, length=1, dataset_length=4, batch_size=2, indices=[0, 1])])
+                              Pass(loader=1, number=0, length=1, dataset_length=4, batch_size=2, indices=[0, 1],
+                                   complete=True)])
     # shuffled: rank 0 took [5, 1], [7, 3], [0, 9]; rank 1 [2, 8], [4, 6], [11, 10] (a prefetched batch left over)
     order = replay_order([rank([5, 1, 7, 3, 0, 9]), rank([2, 8, 4, 6, 11, 10, 3, 3])])
     assert order == {"0:0": [[5, 1, 2, 8], [7, 3, 4, 6], [0, 9, 11, 10]]}  # the evaluation pass is not replayed
+
+
+def test_a_look_at_the_first_batch_before_prepare_is_replayed_at_the_scripts_batch() -> None:
+    """An ActNorm init reads the first batch of the loader not yet sharded, alike on every rank: the equivalence run
+    reads that batch too, not the first batch at N times the batch size (other statistics, other initial weights)."""
+    from accelkit.convert.check.record import Pass, replay_order
+
+    def rank(train: list[int]) -> Record:
+        return Record(passes=[Pass(loader=0, number=0, length=8, dataset_length=64, batch_size=8,
+                                   indices=list(range(8))),
+                              Pass(loader=0, number=1, length=4, dataset_length=64, batch_size=8, indices=train,
+                                   steps=4, complete=True)])
+    order = replay_order([rank([*range(0, 8), *range(16, 24)]), rank([*range(8, 16), *range(24, 32)])])
+    assert order == {"0:0": [list(range(8))], "0:1": [list(range(16)), list(range(16, 32))]}
+    # the ranks read other batches (the loader sharded before the look): not a look, not replayed
+    other = rank([])
+    other.passes[0].indices = list(range(8, 16))
+    assert "0:0" not in replay_order([rank([]), other])
 
 
 def test_steps_at_another_learning_rate_than_the_global_batch_run_are_not_compared() -> None:

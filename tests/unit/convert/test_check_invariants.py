@@ -96,6 +96,28 @@ def test_samples_once_per_epoch_with_room_only_for_the_padding_of_an_uneven_spli
     assert samples(_runs(original, truncated)).status == FAIL  # the same batch on both ranks, even mid-epoch
 
 
+def test_a_look_at_the_first_batch_before_prepare_is_not_a_pass_to_shard() -> None:
+    """Every rank read the same first batch of the loader not yet sharded (an ActNorm init), then trained on its
+    shards: samples PASS and say so; a look that differs between the ranks, or a whole epoch alike, is not one."""
+    def look(indices: list[int], complete: bool = False) -> Pass:
+        return Pass(loader=0, number=0, length=-1, dataset_length=10, batch_size=2, indices=indices,
+                    complete=complete)
+
+    def train(indices: list[int]) -> Pass:
+        return Pass(loader=0, number=1, length=-1, dataset_length=10, batch_size=2, indices=indices, steps=3,
+                    complete=True)
+    ranks = [Record(rank=r, world=2, role="converted", passes=[look([0, 1]), train(shard)])
+             for r, shard in enumerate(([0, 1, 4, 5, 8, 9], [2, 3, 6, 7]))]
+    verdict = samples(_runs(Record(), ranks))
+    assert verdict.status == PASS, verdict.summary
+    assert "the same batches of loader #0 read alike by every rank, without training" in verdict.summary
+    ranks[1].passes[0] = look([0, 1, 2, 3])
+    assert samples(_runs(Record(), ranks)).status == FAIL
+    for record in ranks:
+        record.passes[0] = look(list(range(10)), complete=True)
+    assert samples(_runs(Record(), ranks)).status == FAIL  # a whole evaluation epoch on every rank: not sharded
+
+
 def test_samples_without_a_dataloader_compare_the_inputs_of_each_step() -> None:
     same = [Record(rank=r, step_inputs=["a", "b", "c", "d"], fingerprints={"x": 4}) for r in range(2)]
     verdict = samples(_runs(Record(), same))

@@ -55,7 +55,9 @@ def test_corpus_covers_the_shapes_the_issue_lists() -> None:
             # issue #23: the defects of the conversions, hand-made batch sources
             "main_guard", "downloads_progress", "word_lm", "random_regression", "iterable_stream",
             # issue #23: torch.distributed scripts
-            "ddp_torchrun", "ddp_or_single"} <= names
+            "ddp_torchrun", "ddp_or_single",
+            # issue #41: a data-dependent init (ActNorm) before prepare
+            "actnorm_init"} <= names
 
 
 def test_untouched_code_keeps_formatting_and_comments() -> None:
@@ -120,6 +122,33 @@ def test_prepare_is_placed_before_first_use_and_split_when_needed() -> None:
     assert ("    opt = torch.optim.Adam(model.parameters())\n    model.train()\n"
             "    model, opt = accelerator.prepare(model, opt)\n    train(model, opt)\n") in out
     assert "    eval_loader = DataLoader([1, 2, 3])\n    eval_loader = accelerator.prepare(eval_loader)\n" in out
+
+
+def test_a_look_at_the_first_batch_stays_before_prepare() -> None:
+    """A data-dependent init (ActNorm) reads `next(iter(loader))`, directly or in a helper: it must read the loader
+    not yet sharded (the batch the original reads, the same on every process) and change the model before prepare
+    copies rank 0's weights; a loop over the loader still runs it."""
+    head = ("import torch\nfrom torch.utils.data import DataLoader\n"
+            "def init_from(model, loader):\n"
+            "    x = next(iter(loader))\n"
+            "    model.bias.data.copy_(-x.mean())\n"
+            "def init_from_batch(model, x):\n"
+            "    model.bias.data.copy_(-x.mean())\n"
+            "def main():\n"
+            "    loader = DataLoader(torch.randn(16, 2), batch_size=4)\n"
+            "    model = torch.nn.Linear(2, 2)\n")
+    tail = ("    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    for x in loader:\n"
+            "        model(x).sum().backward()\n")
+    prepared = "    model, opt, loader = accelerator.prepare(model, opt, loader)\n    for x in loader:\n"
+    inline = "    x0 = next(iter(loader))\n    init_from_batch(model, x0)\n"
+    for init in ("    init_from(model, loader)\n", inline):
+        out = convert(head + init + tail)
+        assert init + tail.splitlines(keepends=True)[0] + prepared in out, out
+    # a helper that loops over the loader runs it: prepared before
+    looping = head.replace("    x = next(iter(loader))\n", "    for x in loader:\n        pass\n")
+    out = convert(looping + "    init_from(model, loader)\n" + tail)
+    assert out.index("accelerator.prepare(") < out.index("    init_from(model, loader)\n"), out
 
 
 def test_amp_with_scaler_checkpoint_and_mixed_precision_option() -> None:
