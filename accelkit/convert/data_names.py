@@ -92,8 +92,16 @@ def alias_source(ctx: Context, scope: cst.CSTNode, name: str, within: cst.CSTNod
 
 
 def _aliased(value: cst.BaseExpression | None) -> str | None:
-    """`train_x` of `train_x`, `train_x.float()`, `train_x.to(device)`."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
-            value.func.attr.value in KEEP_SAMPLES:
-        value = value.func.value
+    """`train_x` of `train_x`, `train_x.float()`, `train_x.to(device)`, `Variable(train_x)` (old tutorials)."""
+    while isinstance(value, cst.Call):
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value in KEEP_SAMPLES:
+            value = value.func.value
+        elif _called(value.func) == "Variable" and len(value.args) >= 1 and value.args[0].keyword is None:
+            value = value.args[0].value
+        else:
+            break
     return value.value if isinstance(value, cst.Name) else None
+
+
+def _called(func: cst.BaseExpression) -> str | None:
+    return func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None

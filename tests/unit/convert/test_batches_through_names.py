@@ -99,6 +99,7 @@ def test_two_loops_over_the_same_data_shard_it_once() -> None:
 
 FULL = """
 import torch
+from torch.autograd import Variable
 
 torch.manual_seed(0)
 train_x = torch.randn(64, 3)
@@ -138,7 +139,7 @@ fit(net, 10)
     ("""
 optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
 for step in range(10):
-    inputs = train_x.to("cpu")
+    inputs = Variable(train_x.to("cpu"))
     batch = inputs
     optimizer.zero_grad()
     loss = criterion(net(batch), train_y)
@@ -170,7 +171,7 @@ def fit(net, steps):
 
 fit(net, 10)
 """), filename="train.py")
-    assert [p.line for p in result.report.problems] == [13]
+    assert [p.line for p in result.report.problems] == [14]
     assert "trains on `inputs`, a local of `fit`, and on `train_y`, a global it reads" \
         in result.report.problems[0].what
     assert "shard" not in result.code
