@@ -275,7 +275,8 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         return
     across = _cut_along_a_later_dimension(ctx, flow, loop, roots)
     dimension = 0
-    if across is not None:
+    samples_along = _sample_dimensions(ctx, flow, loop, roots) if across is not None else {}
+    if across is not None and not samples_along:
         dimension, why = _stream_dimension(ctx, flow, loop, roots)
         if why:
             plan.report.problem(ctx.line(loop), f"{where} cuts its batches along a later dimension "
@@ -326,7 +327,7 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                                                             f"training (line {done_before[0]})")
         return
     roots = [r for r in roots if (*site, r) not in plan.sharded]
-    first = roots[0]
+    first = next((r for r in roots if not samples_along.get(r)), roots[0])  # its samples along dimension 0
     windows = _windows(ctx, flow, loop)
     if dimension:
         _shard_streams(ctx, plan, loop, roots, dimension, anchor, block, position)
@@ -343,7 +344,7 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         note = SHARD_NOTE
     shard = shard.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(note))])
     targets = ", ".join(roots)
-    values = ", ".join(f"{r}[shard]" for r in roots)
+    values = ", ".join(f"{r}[{':, ' * samples_along.get(r, 0)}shard]" for r in roots)
     apply_shard = cst.parse_statement(f"{targets} = {values}\n")
     _insert_shard(plan, block, anchor, position, [shard, apply_shard])
     line = ctx.line(anchor)
@@ -708,6 +709,34 @@ def _stream_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[s
     if not _bounded_along(ctx, loop, roots, dimension):
         return 0, f"its loop bounds do not follow the length of dimension {dimension} (`.size({dimension})`)"
     return dimension, ""
+
+
+def _sample_dimensions(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> dict[str, int]:
+    """Batch-second data (`trX[:, start:end, :]` of (time, samples, features) beside the labels `trY[start:end]`):
+    every cut takes the same one window per step, along dimension 0 of some data and a later one of others, and
+    the loop is bounded by the length of the data cut along dimension 0 (`len(trY)`, or a name computed from it).
+    The window pairs each sample of the later dimension with a label, so that dimension holds the samples: each
+    datum's dimension is returned ({} when not proven)."""
+    along: dict[str, int] = {}
+    windows: set[str] = set()
+    for cut in _cuts(ctx, flow, loop, roots):
+        elements = [e.slice for e in cut.slice]
+        whole = [isinstance(e, cst.Slice) and e.lower is None and e.upper is None and e.step is None
+                 for e in elements]
+        cuts = [i for i, w in enumerate(whole) if not w]
+        if len(cuts) != 1 or not isinstance(elements[cuts[0]], cst.Slice):
+            return {}
+        window = elements[cuts[0]]
+        if window.lower is None or window.upper is None or window.step is not None:
+            return {}
+        name = cut.value.value  # type: ignore[attr-defined]
+        if along.setdefault(name, cuts[0]) != cuts[0]:
+            return {}
+        windows.add(f"{ctx.code(window.lower)}:{ctx.code(window.upper)}".replace(" ", ""))
+    first = [r for r, d in along.items() if d == 0]
+    if len(windows) != 1 or not first or len(first) == len(along) or set(along) != set(roots):
+        return {}
+    return along if _bounds_through(ctx, loop, first) is not None else {}
 
 
 def _bounded_along(ctx: Context, loop: cst.CSTNode, roots: list[str], dimension: int) -> bool:

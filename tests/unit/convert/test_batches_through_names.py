@@ -192,3 +192,42 @@ for step in range(10):
 """), filename="train.py")
     assert len(result.report.problems) == 1
     assert "whose source could not be found" in result.report.problems[0].what
+
+
+LSTM = """
+import torch
+
+torch.manual_seed(0)
+trX = torch.randn(5, 64, 3)  # (time, samples, features), the layout nn.LSTM takes by default
+trY = torch.randint(0, 2, (64,))
+lstm, head = torch.nn.LSTM(3, 8), torch.nn.Linear(8, 2)
+model = torch.nn.ModuleDict({{"lstm": lstm, "head": head}})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batch_size = 16
+train_size = {length}
+num_batches = train_size // batch_size
+for epoch in range(2):
+    for k in range(num_batches):
+        start, end = k * batch_size, (k + 1) * batch_size
+        optimizer.zero_grad()
+        out, _ = model["lstm"](trX[:, start:end, :])
+        loss = torch.nn.functional.cross_entropy(model["head"](out[-1]), trY[start:end])
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_batch_second_data_cut_beside_its_labels_is_sharded_along_the_samples() -> None:
+    # the same window of trX along dimension 1 and of trY along dimension 0: dimension 1 holds the samples
+    result = convert_source(LSTM.format(length="len(trY)"), filename="train.py")
+    assert not result.report.problems, result.report.problems
+    assert "trX, trY = trX[:, shard], trY[shard]" in result.code
+    assert "len(trY) - len(trY) % accelerator.num_processes" in result.code
+
+
+def test_batch_second_data_bounded_by_its_time_steps_is_still_refused() -> None:
+    # `len(trX)` counts the 5 time steps, not the samples: the bound does not follow the samples' shard
+    result = convert_source(LSTM.format(length="len(trX)"), filename="train.py")
+    assert [p.line for p in result.report.problems] == [14]
+    assert "cuts its batches along a later dimension (`trX[:, start:end, :]`)" in result.report.problems[0].what
+    assert "shard" not in result.code
