@@ -31,6 +31,8 @@ class EditPlan:
         self.prepare_sites: dict[str, list[tuple[cst.CSTNode | None, int]]] = defaultdict(list)  # (function, line)
         self.imports: list[str] = []  # names imported from accelerate besides Accelerator
         self.seeded: set[int] = set()  # statements already preceded by per-process seeds
+        # (block, statement the data are sharded after, data name): line of the shard already added
+        self.sharded: dict[tuple[int, int, str], int] = {}
         self.counted: set[int] = set()  # per-process batch counts already scaled to every process's (metrics.py)
         self.prints: list[cst.CSTNode] = []  # `print(...)` calls rewritten to `accelerator.print(...)`
         self.gated_output: list[cst.CSTNode] = []  # output statements put under `if accelerator.is_local_main_process:`

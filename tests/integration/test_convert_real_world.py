@@ -72,6 +72,12 @@ SCRIPTS = {  # script: (arguments, invariants that must PASS besides ran / weigh
     # `weights`), and means of per-batch means after two loops (the evaluation divisor was scaled for the training
     # loop's sum: the gathered test loss printed at half)
     "unseeded_means": ([], {"wrapped", "lr", "samples", "metrics", "side effects"}),
+    # issue #41 (held-out split): a loop bounded through a local of the data (`n = len(X)`, `end = min(i + bs, n)`)
+    # then a shuffled pass over the same data (was refused: fixed loop bounds; the data were then sharded twice)
+    "named_slice_bounds": ([], {"wrapped", "lr", "samples", "side effects"}),
+    # issue #41: a full batch reached through an alias (`data, target = train_x, train_y` in the loop: was refused,
+    # source not found; `inputs = features.float()` beside a global: the shard made that global local, a crash)
+    "aliased_full_batch": ([], {"wrapped", "lr", "samples", "side effects"}),
 }
 
 

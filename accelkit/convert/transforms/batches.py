@@ -19,6 +19,7 @@ import libcst as cst
 from accelkit.convert.analysis import Facts, bindings, classify, environment_call, environments, inside_class
 from accelkit.convert.batch_sources import custom_source, loaders_handed_in, loop_source_call, unseen_call
 from accelkit.convert.context import Context, dotted
+from accelkit.convert.data_names import alias_source, assignments_of, computed_from
 from accelkit.convert.edits import EditPlan
 from accelkit.convert.flow import Flow
 from accelkit.convert.transforms.distributed import asks_the_rank
@@ -206,6 +207,19 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                                                 "which becomes accelerator.process_index")
         return
     roots = _roots(ctx, facts, flow, loop)
+    if function is not None:
+        roots, mixed = _one_scope(ctx, function, roots)
+        if mixed:
+            local, read = mixed
+            plan.report.problem(ctx.line(loop), f"{where} trains on `{local}`, a local of `{function.name.value}`, "
+                                                f"and on `{read}`, a global it reads: sharding them together there "
+                                                f"would make `{read}` a local of `{function.name.value}` "
+                                                "(UnboundLocalError)",
+                                f"bind `{local}` and `{read}` in the same place (both in `{function.name.value}`, "
+                                "or both at module level), or wrap them in a DataLoader")
+            plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: data bound in two "
+                                                                                 "scopes")
+            return
     orders = _index_orders(ctx, loop)
     # a permutation of the indices is no noise: each process permutes its own share (made before it, below)
     noise = [n for n in _random_draws(ctx, facts, flow, loop, NOISE) if not any(n is o for o in orders.values())]
@@ -249,8 +263,9 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                                f"{names}), so it is left whole; every process computes the same gradient (correct, "
                                "no speed-up from more processes)")
         return
-    if _sliced(ctx, flow, loop, roots) and not (_bounded_by_the_data(ctx, loop, roots)
-                                               and _helpers_bounded_by_their_data(ctx, flow, loop)):
+    sliced = _sliced(ctx, flow, loop, roots)
+    through = _bounds_through(ctx, loop, roots) if sliced else []
+    if sliced and (through is None or not _helpers_bounded_by_their_data(ctx, flow, loop)):
         names = ", ".join(f"`{r}`" for r in roots)
         plan.report.problem(ctx.line(loop), f"{where} cuts its batches from {names} with bounds that do not follow "
                                             "the data's length: sharding the data would leave steps without data",
@@ -260,7 +275,8 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         return
     across = _cut_along_a_later_dimension(ctx, flow, loop, roots)
     dimension = 0
-    if across is not None:
+    samples_along = _sample_dimensions(ctx, flow, loop, roots) if across is not None else {}
+    if across is not None and not samples_along:
         dimension, why = _stream_dimension(ctx, flow, loop, roots)
         if why:
             plan.report.problem(ctx.line(loop), f"{where} cuts its batches along a later dimension "
@@ -281,7 +297,18 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: data bound at module "
                                                                              "level")
         return
-    late = _orders_that_do_not_follow(ctx, loop, orders, roots, anchor)
+    stale = _computed_before_the_shard(ctx, through or [], block, anchor, position)
+    if stale is not None:
+        plan.report.problem(ctx.line(loop), f"{where} takes its bounds from `{ctx.code(stale).strip()}` (line "
+                                            f"{ctx.line(stale)}), computed before the data it cuts are all bound: "
+                                            "after the shard it would still count all of the samples and run past "
+                                            "each process's share",
+                            "compute it after the data are built (or use `len(data)` in the loop), or wrap the "
+                            "data in a DataLoader")
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), "NOT sharded: loop bound computed "
+                                                                             "before the data")
+        return
+    late = _orders_that_do_not_follow(ctx, loop, orders, roots, anchor, block, position)
     if late:
         name, call = late
         plan.report.problem(ctx.line(loop), f"{where} indexes its batches by `{name}` (`{ctx.code(call)}`, line "
@@ -292,7 +319,15 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), f"NOT sharded: index order `{name}` "
                                                                              "of fixed length")
         return
-    first = roots[0]
+    # a second loop over the same data, bound in the same place (slices in order, then a shuffled pass): sharded once
+    site = (id(block), id(anchor) if position == "after" else 0)
+    done_before = [plan.sharded[(*site, r)] for r in roots if (*site, r) in plan.sharded]
+    if len(done_before) == len(roots):
+        plan.report.found_item("batches", ", ".join(roots), ctx.line(loop), f"sharded by process index before "
+                                                                            f"training (line {done_before[0]})")
+        return
+    roots = [r for r in roots if (*site, r) not in plan.sharded]
+    first = next((r for r in roots if not samples_along.get(r)), roots[0])  # its samples along dimension 0
     windows = _windows(ctx, flow, loop)
     if dimension:
         _shard_streams(ctx, plan, loop, roots, dimension, anchor, block, position)
@@ -309,10 +344,11 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
         note = SHARD_NOTE
     shard = shard.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(note))])
     targets = ", ".join(roots)
-    values = ", ".join(f"{r}[shard]" for r in roots)
+    values = ", ".join(f"{r}[{':, ' * samples_along.get(r, 0)}shard]" for r in roots)
     apply_shard = cst.parse_statement(f"{targets} = {values}\n")
     _insert_shard(plan, block, anchor, position, [shard, apply_shard])
     line = ctx.line(anchor)
+    plan.sharded.update({(*site, r): line for r in roots})
     how = ("one contiguous part of len // num_processes rows per process: the batches are windows of a sequence"
            if windows else "every num_processes-th sample, at most num_processes-1 dropped")
     plan.report.change(line, f"shard the hand-made batches' data by process: `{targets} = {values}` ({how})",
@@ -320,6 +356,29 @@ def _convert_loop(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: 
                        "(and equal shares keep every process at the same number of steps)")
     plan.report.found_item("batches", targets, ctx.line(loop), f"sharded by process index before training "
                                                                 f"(line {line})")
+
+
+def _one_scope(ctx: Context, function: cst.FunctionDef, roots: list[str]) -> tuple[list[str], tuple[str, str] | None]:
+    """The data as names of one scope: a local of the training function that only aliases a global it reads
+    (`inputs = dataset_tensor` beside a global `labels`) stands for that global, so that all are sharded where
+    they are bound. Returns the roots and, when a local and a global are still mixed, (local, global)."""
+    params = {p.name.value for p in function.params.params}
+
+    def local(name: str) -> bool:
+        return name in params or bool(assignments_of(ctx, function, name))
+
+    if all(local(r) for r in roots) or not any(local(r) for r in roots):
+        return roots, None
+    resolved: list[str] = []
+    for root in roots:
+        source = alias_source(ctx, function, root, function) if local(root) and root not in params else None
+        name = source if source is not None and not local(source) else root
+        if name not in resolved:
+            resolved.append(name)
+    still = [r for r in resolved if local(r)]
+    if still:
+        return roots, (still[0], next(r for r in resolved if not local(r)))
+    return resolved, None
 
 
 def _plays_episodes(ctx: Context, facts: Facts, flow: Flow, plan: EditPlan, loop: cst.CSTNode) -> bool:
@@ -397,8 +456,15 @@ def _roots(ctx: Context, facts: Facts, flow: Flow, loop: cst.CSTNode) -> list[st
     models = facts.of_kind("model")
     found: list[str] = []
 
-    def add(name: str | None) -> None:
-        if name and name not in bound_inside and name not in skip and name not in found and name.isidentifier():
+    scope = ctx.function(loop) or ctx.module
+
+    def add(name: str | None, depth: int = 3) -> None:
+        if not name:
+            return
+        if name in bound_inside:  # `data, target = train_x, train_y` in the loop: the data are what it aliases
+            if depth:
+                add(alias_source(ctx, scope, name, loop), depth - 1)
+        elif name not in skip and name not in found and name.isidentifier():
             found.append(name)
 
     for node in [loop, *_reached(flow, loop)]:
@@ -471,15 +537,18 @@ def _index_orders(ctx: Context, loop: cst.CSTNode) -> dict[str, cst.Call]:
 
 
 def _orders_that_do_not_follow(ctx: Context, loop: cst.CSTNode, orders: dict[str, cst.Call], roots: list[str],
-                               anchor: cst.CSTNode) -> tuple[str, cst.Call] | None:
-    """An index order the loop uses that would not be made over the shard: its length names none of the data, or
-    it is made before the data are sharded (`anchor`)."""
+                               anchor: cst.CSTNode, block, position: str) -> tuple[str, cst.Call] | None:
+    """An index order the loop uses that would not be made over the shard: its length reads none of the data
+    (directly, `torch.randperm(len(x))`, or through a local, `n = len(x)`), or it is made before the data are
+    sharded (`anchor`)."""
     used = {n.value for n in ctx.descendants(loop) if type(n) is cst.Name}
+    scope = ctx.function(loop) or ctx.module
     for name, call in orders.items():
         if name not in used:
             continue
-        names = {n.value for n in ctx.descendants(call) if type(n) is cst.Name}
-        if not names & set(roots) or ctx.line(call) <= ctx.line(anchor):
+        through = computed_from(ctx, scope, call, set(roots))
+        if through is None or ctx.line(call) <= ctx.line(anchor) or \
+                _computed_before_the_shard(ctx, through, block, anchor, position) is not None:
             return name, call
     return None
 
@@ -642,6 +711,34 @@ def _stream_dimension(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[s
     return dimension, ""
 
 
+def _sample_dimensions(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[str]) -> dict[str, int]:
+    """Batch-second data (`trX[:, start:end, :]` of (time, samples, features) beside the labels `trY[start:end]`):
+    every cut takes the same one window per step, along dimension 0 of some data and a later one of others, and
+    the loop is bounded by the length of the data cut along dimension 0 (`len(trY)`, or a name computed from it).
+    The window pairs each sample of the later dimension with a label, so that dimension holds the samples: each
+    datum's dimension is returned ({} when not proven)."""
+    along: dict[str, int] = {}
+    windows: set[str] = set()
+    for cut in _cuts(ctx, flow, loop, roots):
+        elements = [e.slice for e in cut.slice]
+        whole = [isinstance(e, cst.Slice) and e.lower is None and e.upper is None and e.step is None
+                 for e in elements]
+        cuts = [i for i, w in enumerate(whole) if not w]
+        if len(cuts) != 1 or not isinstance(elements[cuts[0]], cst.Slice):
+            return {}
+        window = elements[cuts[0]]
+        if window.lower is None or window.upper is None or window.step is not None:
+            return {}
+        name = cut.value.value  # type: ignore[attr-defined]
+        if along.setdefault(name, cuts[0]) != cuts[0]:
+            return {}
+        windows.add(f"{ctx.code(window.lower)}:{ctx.code(window.upper)}".replace(" ", ""))
+    first = [r for r, d in along.items() if d == 0]
+    if len(windows) != 1 or not first or len(first) == len(along) or set(along) != set(roots):
+        return {}
+    return along if _bounds_through(ctx, loop, first) is not None else {}
+
+
 def _bounded_along(ctx: Context, loop: cst.CSTNode, roots: list[str], dimension: int) -> bool:
     """`for i in range(0, ids.size(1) - n, n)`: the loop's bounds read the windowed dimension's length."""
     if not isinstance(loop, cst.For):
@@ -672,6 +769,7 @@ def _shard_streams(ctx: Context, plan: EditPlan, loop: cst.CSTNode, roots: list[
     apply_shard = cst.parse_statement(f"{targets} = {values}\n")
     _insert_shard(plan, block, anchor, position, [shard, apply_shard])
     line = ctx.line(anchor)
+    plan.sharded.update({(id(block), id(anchor) if position == "after" else 0, r): line for r in roots})
     plan.report.change(line, f"shard the parallel streams by process: `{targets} = {values}` (each process takes "
                              f"its own contiguous part of every stream along dimension {dimension}; the rows, the "
                              "batch, stay whole)",
@@ -711,17 +809,35 @@ def _fixed_selections(ctx: Context, flow: Flow, loop: cst.CSTNode, roots: list[s
     return True
 
 
-def _bounded_by_the_data(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> bool:
-    """A loop over `range(...)` must take its bounds from the data (`len(x)`), so that it follows the shard."""
+def _bounds_through(ctx: Context, loop: cst.CSTNode, roots: list[str]) -> list[cst.CSTNode] | None:
+    """A loop over `range(...)` must take its bounds from the data, so that it follows the shard: `len(x)` itself
+    (returns []), or a local computed from it (`n = len(x)`, `steps = x.size(0) // bs`: returns the assignments it
+    goes through, which must run after the shard). None when the bounds do not follow the data."""
+    scope = ctx.function(loop) or ctx.module
     if isinstance(loop, cst.While):
-        test_names = {n.value for n in ctx.descendants(loop.test) if type(n) is cst.Name}
-        return bool(test_names & set(roots)) or not any(isinstance(n, cst.Subscript) for n in ctx.descendants(loop))
+        if not any(isinstance(n, cst.Subscript) for n in ctx.descendants(loop)):
+            return []
+        return computed_from(ctx, scope, loop.test, set(roots))
     source = loop.iter  # type: ignore[attr-defined]
     if isinstance(source, cst.Call) and ctx.code(source.func) == "enumerate" and source.args:
         source = source.args[0].value
     if not (isinstance(source, cst.Call) and ctx.code(source.func) == "range"):
-        return True
-    return any(type(n) is cst.Name and n.value in roots for n in ctx.descendants(source))  # type: ignore[attr-defined]
+        return []
+    return computed_from(ctx, scope, source, set(roots))
+
+
+def _computed_before_the_shard(ctx: Context, through: list[cst.CSTNode], block, anchor: cst.CSTNode,
+                               position: str) -> cst.CSTNode | None:
+    """The first assignment a loop bound or an index order goes through that runs before the data are sharded
+    after `anchor` (`n = len(x)` between `x = ...` and `y = ...`: it would keep the length of all the data)."""
+    if position != "after":
+        return None
+    body = list(block.body)
+    for statement in through:
+        top = ctx.top_statement_in(statement, block)
+        if top is not None and body.index(top) <= body.index(anchor):
+            return statement
+    return None
 
 
 def _helpers_bounded_by_their_data(ctx: Context, flow: Flow, loop: cst.CSTNode) -> bool:
