@@ -638,9 +638,43 @@ def _emit(ctx: Context, flow: Flow, plan: EditPlan, block: cst.CSTNode, body: li
                         (lambda s: plan.insert_before(body[bound], s)) if bound < len(body) else
                         (lambda s: plan.insert_after(anchor, s)))
     function = ctx.function(body[0]) if body else None
+    _declare_outer_names(ctx, plan, function, [m.key for m in batch])
     for member in batch:
         plan.prepared[member.key] = f"line {anchor_line} ({where})"
         plan.prepare_sites[member.key].append((function, anchor_line))
+
+
+def _declare_outer_names(ctx: Context, plan: EditPlan, function: cst.FunctionDef | None, keys: list[str]) -> None:
+    """A function that prepares a model, optimizer or loader it reads from the module (or an enclosing function)
+    without binding it: the prepare's assignment would make the name local to the whole function, and its first
+    read an UnboundLocalError. The name is declared `global` (or `nonlocal`) at the top of the function instead, so
+    the prepared object replaces the outer one, for the other functions that use it too."""
+    if function is None:
+        return
+    from libcst.metadata import FunctionScope, GlobalScope, MetadataWrapper, ScopeProvider
+
+    plain = [k for k in keys if k.isidentifier()]
+    if not plain:
+        return
+    scopes = MetadataWrapper(ctx.module, unsafe_skip_copy=True).resolve(ScopeProvider)
+    inner = scopes.get(function.body.body[0]) if function.body.body else None
+    if not isinstance(inner, FunctionScope):
+        return
+    declared: dict[str, list[str]] = {"global": [], "nonlocal": []}
+    for key in plain:
+        if inner.assignments[key]:  # a parameter or a local of its own: the prepare rebinds that local
+            continue
+        outer = inner.parent
+        while not isinstance(outer, GlobalScope) and not outer.assignments[key]:
+            outer = outer.parent
+        declared["global" if isinstance(outer, GlobalScope) else "nonlocal"].append(key)
+    for word, names in declared.items():
+        if names:
+            plan.body_start[function.body].insert(0, cst.parse_statement(f"{word} {', '.join(names)}\n"))
+            plan.report.change(ctx.line(function), f"`{word} {', '.join(names)}` added to `{function.name.value}()`",
+                               f"it prepares {', '.join(f'`{n}`' for n in names)} from outside the function: "
+                               "without the declaration the prepare would make each a local, unbound where the "
+                               "function first reads it")
 
 
 def _prepare_returned(ctx: Context, plan: EditPlan, item: Tracked) -> None:
