@@ -141,7 +141,7 @@ def test_config_check_reads_the_pipeline_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("microbatches=4", "microbatches=1"))
     errors = [f.message for f in check_config(bad) if f.is_error]
-    assert errors == ["microbatches 1 is fewer than the 2 pipeline stages of pp_size 2: every schedule needs a "
+    assert errors == ["microbatches 1 is fewer than the 2 pipeline stages (pp 2): every schedule needs a "
                       "microbatch for each stage in flight"]
     broken = tmp_path / "broken.yaml"
     broken.write_text(good.read_text().replace("schedule=1f1b", "schedule=zigzag"))
