@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
-from accelkit.pipeline_schedules import check_microbatches
+from accelkit.pipeline_schedules import check_microbatches, default_microbatches
 from accelkit.plan import nd
-from accelkit.plan.pipeline import DEFAULT_SCHEDULE, default_microbatches, schedule_name
+from accelkit.plan.pipeline import DEFAULT_SCHEDULE, schedule_name
 
 EXAMPLE = 'e.g. --layout "dp_shard=8,tp=8,pp=8"'
 

@@ -118,11 +118,6 @@ class Pipeline:
         return f"{self.schedule}, {self.microbatches} micro-batches{v}"
 
 
-def default_microbatches(ranks: int, schedule: str) -> int:
-    """torchtitan's default: one micro-batch per stage of the whole pipeline."""
-    return pipeline_schedules.default_microbatches(ranks, schedule)
-
-
 def check_pipeline(pipeline: Pipeline, layers: int | None) -> None:
     """The rules torch.distributed.pipelining and a stage split enforce, before anything is planned."""
     p, m = pipeline.ranks, pipeline.microbatches
