@@ -5,14 +5,27 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ShellVariable:
+    """A value the shell fills in when the command runs, written `"$NAME"` (expanded, never split): machine 0's
+    address in a command printed for every machine of a multi-machine job."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f'"${self.name}"'
 
 
 def command_line(*words: object, flags: Iterable[tuple[str, object]] = (), args: Sequence[object] = (),
                  script_args: Sequence[str] = ()) -> str:
     """`words` (the program, its command, leading arguments), then each (flag, value) spelled as click reads it
     back: True -> `--flag`, False -> `--no-flag`, a tuple or list -> `--flag item` once per item, None or () ->
-    nothing, anything else -> `--flag value`; then `args`, then `script_args` after `--`. Every word quoted."""
-    parts = [str(word) for word in words]
+    nothing, a ShellVariable -> `--flag "$NAME"`, anything else -> `--flag value`; then `args`, then `script_args`
+    after `--`. Every word quoted (a ShellVariable so that the shell expands it)."""
+    parts: list[object] = [str(word) for word in words]
     for flag, value in flags:
         if value is None or value == ():
             continue
@@ -22,8 +35,8 @@ def command_line(*words: object, flags: Iterable[tuple[str, object]] = (), args:
             for item in value:
                 parts += [flag, str(item)]
         else:
-            parts += [flag, str(value)]
+            parts += [flag, value if isinstance(value, ShellVariable) else str(value)]
     parts += [str(arg) for arg in args]
     if script_args:
         parts += ["--", *script_args]
-    return shlex.join(parts)
+    return " ".join(str(part) if isinstance(part, ShellVariable) else shlex.quote(str(part)) for part in parts)

@@ -28,6 +28,19 @@ def _to_int(ctx: click.Context, param: click.Parameter, value: str | None) -> in
     return None if value is None else int(value)
 
 
+class PipelineSchedule(click.ParamType):
+    """`--pp-schedule` of config, launch, bench and plan: any spelling accelkit.pipeline_schedules accepts, given
+    back as the name configs carry (`Interleaved1F1B` -> `interleaved1f1b`); anything else is refused there, in the
+    one message of every command."""
+
+    name = "schedule"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from accelkit.pipeline_schedules import parse_schedule
+
+        return parse_schedule(str(value)).name
+
+
 def _click_option(flag: str, f: Field) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     meta = f.metadata
     kind, choices, help_text = meta["kind"], meta["choices"], meta["help"]
@@ -42,6 +55,8 @@ def _click_option(flag: str, f: Field) -> Callable[[Callable[..., Any]], Callabl
         return click.option(flag, f.name, type=click.Choice([str(c) for c in choices]), callback=_to_int, **common)
     if kind == "choice":
         return click.option(flag, f.name, type=click.Choice(list(choices)), **common)
+    if kind == "schedule":
+        return click.option(flag, f.name, type=PipelineSchedule(), **common)
     if kind == "int":
         return click.option(flag, f.name, type=int, **common)
     if kind == "path":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from accelkit.commands.config_options import PipelineSchedule
 from accelkit.commands.printing import finish
 from accelkit.commands.script_args import ScriptCommand
 from accelkit.commands.supervision_options import stall_timeout_option
@@ -53,10 +54,12 @@ OPTIMIZERS = ("adamw", "sgd-momentum", "sgd", "adafactor")
 @click.option("--layout", metavar="LAYOUT", help='Plan one N-D or pipeline layout, in bench\'s syntax: '
                                                   '"dp_shard=8,tp=8,pp=8" (dp_replicate, dp_shard, cp, sp, tp, pp); '
                                                   'sets --num-processes.')
-@click.option("--pp-schedule", metavar="SCHEDULE", help="With pp in --layout: GPipe, 1F1B (default) or "
-                                                        "Interleaved1F1B (2 stages per rank).")
-@click.option("--microbatches", type=click.IntRange(min=1), metavar="M",
-              help="With pp in --layout: micro-batches per step (of --micro-batch samples). Default: one per stage.")
+@click.option("--pp-schedule", type=PipelineSchedule(), metavar="SCHEDULE",
+              help="With pp in --layout: GPipe, 1F1B (default), Interleaved1F1B or InterleavedZeroBubble (the "
+                   "interleaved ones: 2 stages per rank); any case, as `accelkit config` takes it.")
+@click.option("--microbatches", type=int, metavar="M",
+              help="With pp in --layout: micro-batches per step (of --micro-batch samples): at least pp, at most "
+                   "4096, a multiple of pp for the interleaved schedules. Default: one per stage.")
 @click.option("--strategy", type=click.Choice(STRATEGY_NAMES), help="Recommend (write, measure) this strategy "
                                                                     "instead of the decision tree's.")
 @click.option("--prefer", type=click.Choice(("any", "fsdp", "deepspeed")), default="any", show_default=True,

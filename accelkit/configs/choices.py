@@ -110,11 +110,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 # `--parallelism_config_sp_backend`); a unit test keeps them equal to the installed Accelerate's choices.
 CP_BACKENDS = ("torch",)
 SP_BACKENDS = ("deepspeed",)
-# Pipeline schedules (torch.distributed.pipelining), as `--pp-schedule` spells them. The first two run one stage per
-# rank; the others loop MULTI_STAGE_PER_RANK stages per rank (interleaving).
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble")
-SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
-MULTI_STAGE_PER_RANK = 2
 
 
 def from_accelerate(kind: type[Choice], text: object) -> Choice | None:

@@ -3,7 +3,7 @@
 Each field of ConfigOptions carries its own command-line spelling, help text, choices and the Accelerate config key it
 sets, so the click options of `accelkit config` and `accelkit launch` (accelkit/commands/config_options.py), the JSON
 that carries a launch request between processes, and the findings that name a flag and a key all read this one table.
-Light on purpose (standard library + the choices module): `accelkit --help` imports it.
+Light on purpose (standard library, the choices module and accelkit.pipeline_schedules): `accelkit --help` imports it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 from accelkit.configs.choices import (
     CP_BACKENDS,
     FSDP_VERSIONS,
-    PP_SCHEDULES,
     SP_BACKENDS,
     ZERO_STAGES,
     Backend,
@@ -25,12 +24,14 @@ from accelkit.configs.choices import (
     StateDict,
     WrapPolicy,
 )
+from accelkit.pipeline_schedules import SCHEDULE_NAMES
 
 
 def _option(help: str, *, key: str | None = None, kind: str = "text", choices: tuple = (), metavar: str | None = None,
             group: str = "", default: Any = None) -> Any:
-    """A ConfigOptions field. `kind`: text | int | path | switch (--x/--no-x) | choice | many (repeatable);
-    `key`: the Accelerate config key it sets (dotted inside a section); `group`: the only backend it applies to."""
+    """A ConfigOptions field. `kind`: text | int | path | switch (--x/--no-x) | choice | schedule (a pipeline
+    schedule in any accepted spelling) | many (repeatable); `key`: the Accelerate config key it sets (dotted
+    inside a section); `group`: the only backend it applies to."""
     return field(default=default, metadata={"help": help, "key": key, "kind": kind, "choices": choices,
                                             "metavar": metavar, "group": group})
 
@@ -133,10 +134,12 @@ class ConfigOptions:
         "N-D: pipeline parallelism (the decoder layers are split into N stages, one group of processes each; run by "
         "accelkit's templates with torch.distributed.pipelining).", kind="int", metavar="N")
     pp_schedule: str | None = _option(
-        "Pipeline schedule. gpipe and 1f1b run one stage per process, the interleaved ones two. Default: 1f1b.",
-        kind="choice", choices=PP_SCHEDULES)
+        "Pipeline schedule: gpipe, 1f1b, interleaved1f1b or interleavedzerobubble (any case: 1F1B, "
+        "Interleaved1F1B). gpipe and 1f1b run one stage per process, the interleaved ones two. Default: 1f1b.",
+        kind="schedule", choices=SCHEDULE_NAMES, metavar="SCHEDULE")
     microbatches: int | None = _option(
-        "Pipeline microbatches per batch (at least the number of stages). Default: --pp-size.", kind="int",
+        "Pipeline microbatches per step: at least --pp-size, at most 4096, a multiple of --pp-size for the "
+        "interleaved schedules. Default: one per stage (--pp-size, twice that interleaved).", kind="int",
         metavar="M")
 
     # The model, for the checks that need it (tp must divide its attention heads); written to no config key.

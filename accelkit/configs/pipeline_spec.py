@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from accelkit.configs.choices import MULTI_STAGE_PER_RANK, PP_SCHEDULES, SINGLE_STAGE_SCHEDULES
 from accelkit.errors import AccelkitError
+from accelkit.pipeline_schedules import DEFAULT_SCHEDULE as DEFAULT
+from accelkit.pipeline_schedules import default_microbatches, parse_schedule
 
 ENV_VAR = "ACCELKIT_PIPELINE"
 COMMENT_KEY = "accelkit-pipeline"
-DEFAULT_SCHEDULE = "1f1b"
-MAX_MICROBATCHES = 4096  # per batch: far above any schedule's useful range (a few per stage), below absurd values
+DEFAULT_SCHEDULE = DEFAULT.name  # the schedules, their spellings and the micro-batch rules: accelkit.pipeline_schedules
 _SIZES = ("pp", "dp_shard", "tp")
 
 
@@ -35,32 +35,33 @@ class PipelineSpec:
 
     pp: int
     schedule: str = DEFAULT_SCHEDULE
-    microbatches: int = 0  # 0: pp
+    microbatches: int = 0  # 0: the default, one per stage
     dp_shard: int = 1
     tp: int = 1
 
     @property
     def stages_per_rank(self) -> int:
-        return 1 if self.schedule in SINGLE_STAGE_SCHEDULES else MULTI_STAGE_PER_RANK
+        return stages_per_rank(self.schedule)
 
     @property
     def stages(self) -> int:
         return self.pp * self.stages_per_rank
 
     def env_value(self) -> str:
-        return (f"pp={self.pp},schedule={self.schedule},microbatches={self.microbatches or self.pp},"
-                f"dp_shard={self.dp_shard},tp={self.tp}")
+        m = self.microbatches or default_microbatches(self.pp, self.schedule)
+        return f"pp={self.pp},schedule={self.schedule},microbatches={m},dp_shard={self.dp_shard},tp={self.tp}"
 
 
 def stages_per_rank(schedule: str | None) -> int:
-    return 1 if (schedule or DEFAULT_SCHEDULE) in SINGLE_STAGE_SCHEDULES else MULTI_STAGE_PER_RANK
+    return parse_schedule(schedule or DEFAULT_SCHEDULE).stages_per_rank
 
 
 def of_parallelism(p: Any) -> PipelineSpec | None:
     """The pipeline a ParallelismSettings asks for, or None without one."""
     if p is None or p.pp <= 1:
         return None
-    return PipelineSpec(pp=p.pp, schedule=p.pp_schedule or DEFAULT_SCHEDULE, microbatches=p.microbatches or p.pp,
+    return PipelineSpec(pp=p.pp, schedule=p.pp_schedule or DEFAULT_SCHEDULE,
+                        microbatches=p.microbatches or default_microbatches(p.pp, p.pp_schedule),
                         dp_shard=p.dp_shard, tp=p.tp)
 
 
@@ -68,15 +69,12 @@ def parse_pipeline(text: str, where: str = ENV_VAR) -> PipelineSpec:
     """`pp=2,schedule=1f1b,microbatches=4,dp_shard=1,tp=1` -> PipelineSpec; AccelkitError naming `where`."""
     values: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        match = re.fullmatch(r"(pp|dp_shard|tp|microbatches)=(\d+)|schedule=([a-z0-9]+)", item)
+        match = re.fullmatch(r"(pp|dp_shard|tp|microbatches)=(\d+)|schedule=([A-Za-z0-9_-]+)", item)
         if not match:
             raise AccelkitError(f"{where}: {item!r} is not a pipeline setting",
                                 hint="write pp=N,schedule=S,microbatches=M,dp_shard=D,tp=T")
         if match.group(3) is not None:
-            if match.group(3) not in PP_SCHEDULES:
-                raise AccelkitError(f"{where}: unknown pipeline schedule {match.group(3)!r}",
-                                    hint=f"use one of {', '.join(PP_SCHEDULES)}")
-            values["schedule"] = match.group(3)
+            values["schedule"] = parse_schedule(match.group(3), f"{where}: schedule").name
         else:
             values[match.group(1)] = int(match.group(2))
     if values.get("pp", 0) < 2:
@@ -115,8 +113,9 @@ def pipeline_with_config_comment(options: Any, labels: dict[str, str], config_fi
     spec = comment_spec(config_file, read_pipeline_comment)
     if spec is None:
         return options, labels
+    m = spec.microbatches or default_microbatches(spec.pp, spec.schedule)
     given = {name: value for name, value in (("pp_size", spec.pp), ("pp_schedule", spec.schedule),
-                                             ("microbatches", spec.microbatches or spec.pp),
+                                             ("microbatches", m),
                                              ("dp_shard_size", spec.dp_shard), ("tp_size", spec.tp))
              if getattr(options, name) is None}
     return replace(options, **given), {**labels, **{name: str(config_file) for name in given}}

@@ -219,10 +219,13 @@ def _fill_parallelism(r: ConfigOptions, backend: Backend, default: Any) -> None:
     for name in (*ND_SIZES.values(), "pp_size"):
         default(name, 1)
     if r.pp_size > 1:
-        from accelkit.configs.pipeline_spec import DEFAULT_SCHEDULE
+        from accelkit.pipeline_schedules import DEFAULT_SCHEDULE, default_microbatches, parse_schedule
 
-        default("pp_schedule", DEFAULT_SCHEDULE)
-        default("microbatches", r.pp_size, f"default: one per stage of --pp-size {r.pp_size}")
+        if r.pp_schedule is not None:  # any accepted spelling (`Interleaved1F1B`) -> the name configs carry
+            r.pp_schedule = parse_schedule(r.pp_schedule).name
+        default("pp_schedule", DEFAULT_SCHEDULE.name)
+        stages = default_microbatches(r.pp_size, r.pp_schedule)
+        default("microbatches", stages, f"default: one per stage, {stages} stages of --pp-size {r.pp_size}")
 
 
 def _backend_default_reason(r: ConfigOptions) -> str:

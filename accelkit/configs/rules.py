@@ -261,7 +261,7 @@ def _parallelism(cfg: ResolvedConfig) -> Iterator[Finding]:
 def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
     """Pipeline parallelism (accelkit.configs.pipeline_spec): its settings without a pipeline, microbatches against the
     stages and the schedule, and what the templates compose it with (FSDP2's dp_shard and TP, on one mesh)."""
-    from accelkit.configs.pipeline_spec import MAX_MICROBATCHES, stages_per_rank
+    from accelkit.pipeline_schedules import default_microbatches, microbatch_rule_break
 
     if p.pp == 1:
         for name in ("pp_schedule", "microbatches"):
@@ -269,30 +269,13 @@ def _pipeline(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
                 yield _finding("pp-unused", ERROR, f"{cfg.said(name)} applies to a pipeline, but there is none "
                                "(pp_size is 1)", f"add --pp-size 2 or more, or drop {flag_name(name)}", name)
         return
-    m, schedule = p.microbatches or p.pp, p.pp_schedule or "1f1b"
-    if cfg.value("microbatches") == 0:  # 0 is "not given" inside; said by the user, it is a mistake, not the default
-        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', 0)}: a pipeline splits each batch into "
-                       "one or more microbatches", f"use --microbatches {p.pp} or more, or leave it out (default: "
-                       f"{p.pp}, one per stage)", "microbatches")
-        return
-    if m > MAX_MICROBATCHES:
-        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} is above {MAX_MICROBATCHES:,}: each "
-                       "microbatch is a separate forward and backward per stage, and the batch is split that many "
-                       "ways", f"use --microbatches between {p.pp} and {MAX_MICROBATCHES} ({4 * p.pp} keeps the "
-                       "bubble under 20%)", "microbatches")
-        return
-    if m < p.pp:
-        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} is fewer than the {p.pp} pipeline "
-                       f"stages of {cfg.said('pp_size')}: every schedule needs a microbatch for each stage in "
-                       "flight", f"use --microbatches {p.pp} or more ({4 * p.pp} keeps the bubble under 20%)",
-                       "microbatches")
-        return
-    rounds = max(1, m // p.pp)
-    if stages_per_rank(schedule) > 1 and m % rounds:
-        yield _finding("pp-microbatches", ERROR, f"{cfg.said('microbatches', m)} with "
-                       f"{cfg.said('pp_schedule', schedule)}: the interleaved schedules run microbatches in "
-                       f"{rounds} rounds of {cfg.said('pp_size')}, and {m} is not a multiple of {rounds}",
-                       f"use a multiple of {p.pp} microbatches, e.g. --microbatches {rounds * p.pp}", "microbatches")
+    # the one rule set of every command (accelkit.pipeline_schedules); 0 is "not given" inside, so a 0 the user said
+    # is checked as said, not replaced by the default
+    m = 0 if cfg.value("microbatches") == 0 else p.microbatches or default_microbatches(p.pp, p.pp_schedule)
+    broken = microbatch_rule_break(p.pp, p.pp_schedule, m, said_microbatches=cfg.said("microbatches", m),
+                                   said_schedule=cfg.said("pp_schedule", p.pp_schedule))
+    if broken is not None:
+        yield _finding("pp-microbatches", ERROR, broken.message, broken.hint, "microbatches")
         return
     said = cfg.said_backend()
     if cfg.backend is Backend.DEEPSPEED:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from accelkit.configs import Mesh
 from accelkit.errors import AccelkitError
+from accelkit.pipeline_schedules import check_microbatches, default_microbatches
 from accelkit.plan import nd
-from accelkit.plan.pipeline import DEFAULT_SCHEDULE, default_microbatches, schedule_name
+from accelkit.plan.pipeline import DEFAULT_SCHEDULE, schedule_name
 
 EXAMPLE = 'e.g. --layout "dp_shard=8,tp=8,pp=8"'
 
@@ -21,6 +22,8 @@ def parse_layout_option(text: str, schedule: str | None, microbatches: int | Non
     if mesh.sp > 1 and mesh.pp > 1:
         raise AccelkitError("--layout: pp does not compose with sp (Ulysses runs under DeepSpeed, the pipeline "
                             "under torch's mesh)", hint="split the sequence with cp instead, or drop pp")
+    if microbatches is not None:  # the rules of every command (accelkit.pipeline_schedules), before anything is built
+        check_microbatches(mesh.pp, name, microbatches)
     return nd.Layout(mesh.natural_backend, mesh, schedule=name,
                      microbatches=microbatches if microbatches is not None else default_microbatches(mesh.pp, name))
 

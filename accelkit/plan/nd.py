@@ -45,6 +45,7 @@ from accelkit.configs import Mesh
 from accelkit.plan.activations.profile import Profile, from_formula
 from accelkit.plan.estimate import CUDA_RESERVE, usable_gpu
 from accelkit.plan.pipeline import DEFAULT_SCHEDULE, Pipeline
+from accelkit.plan.spine import MACHINE_RANK, MAIN_ADDRESS
 from accelkit.sizes import format_bytes
 
 MOMENTS = {"adamw": 2, "sgd-momentum": 1, "sgd": 0, "adafactor": 1}
@@ -490,7 +491,7 @@ def launch_flags(layout: Layout, gpus: int, nodes: int, precision: str | None, c
     switch; DeepSpeed runs it from the script)."""
     flags = [layout.flags(), f"--num-machines {nodes} --num-processes {gpus}"]
     if nodes > 1:
-        flags.append("--main-process-ip MACHINE0")
+        flags.append(f"--main-process-ip {MAIN_ADDRESS}")
     if precision is not None:
         flags.append(f"--mixed-precision {precision}")
     if checkpointing and layout.backend == "fsdp":
@@ -529,9 +530,16 @@ def advise(model: Model, *, gpus: int, nodes: int, gpu_memory: int | None, seq_l
     if checkpointing and best.layout.backend != "fsdp":
         reason += ("; activation checkpointing: call model.gradient_checkpointing_enable() in the script (only "
                    "FSDP configs switch it on)")
-    flags = launch_flags(best.layout, gpus, nodes, precision, checkpointing)
-    commands = (f"accelkit config {flags} -o nd.yaml", f"accelkit launch {flags} train.py")
-    return NdAdvice(best, rows, reason, commands)
+    return NdAdvice(best, rows, reason, layout_commands(best.layout, gpus, nodes, precision, checkpointing))
+
+
+def layout_commands(layout: Layout, gpus: int, nodes: int, precision: str | None,
+                    checkpointing: bool) -> tuple[str, str]:
+    """The `accelkit config` and `accelkit launch` lines of a layout, as printed (valid as printed: a test runs
+    them); on several machines each machine gives its own rank to the launch."""
+    flags = launch_flags(layout, gpus, nodes, precision, checkpointing)
+    rank = f" --machine-rank {MACHINE_RANK}" if nodes > 1 else ""
+    return f"accelkit config {flags} -o nd.yaml", f"accelkit launch {flags}{rank} train.py"
 
 
 def describe_row(r: Row) -> str:

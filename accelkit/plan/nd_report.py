@@ -84,10 +84,9 @@ def nd_section(plan: Any, layout: nd.Layout | None = None) -> tuple[list[str], d
                        layouts=[layout] if layout is not None else None, buffers=_table_buffers(plan),
                        asked=layout is not None)
     if layout is not None and advice.best is None:  # the given layout: its commands whether or not it fits
-        flags = nd.launch_flags(layout, hardware.gpus, hardware.nodes, MIXED_PRECISION[training.precision],
-                                checkpointing)
         advice = nd.NdAdvice(None, advice.rows, advice.reason,
-                             (f"accelkit config {flags} -o nd.yaml", f"accelkit launch {flags} train.py"))
+                             nd.layout_commands(layout, hardware.gpus, hardware.nodes,
+                                                MIXED_PRECISION[training.precision], checkpointing))
     title = "Layout (--layout; per GPU, the rank that needs the most):" if layout is not None else \
         "N-D and pipeline layouts (activation checkpointing; per GPU, the rank that needs the most):"
     lines = ["", title]

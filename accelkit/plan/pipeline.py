@@ -10,9 +10,13 @@ schedules), m micro-batches per step:
   so m per stage; 1F1B starts its first backward after p - r forwards on rank r, so min(m, p - r); Interleaved1F1B
   warms up with (v-1)*p + 2*(p-1-r) forwards before its first backward (torch's `_get_1f1b_rank_ops`), so
   min(m*v, (v-1)*p + 2*(p-1-r) + 1) stage-micro-batches of L/(p*v) layers: on rank 0 that is 1 + (p-1)/(p*v) times
-  1F1B's (Narayanan et al. 2021).
+  1F1B's (Narayanan et al. 2021). InterleavedZeroBubble splits each backward into its input and weight gradients
+  and warms up with one forward per hop instead of two ((v-1)*p + (p-1-r), torch's `_get_warmup_ops` with
+  multiply_factor=1), so it keeps min(m*v, (v-1)*p + (p-1-r) + 1); the inputs kept for the deferred weight
+  gradients are not counted.
 - bubble: the idle share of a step, (p-1)/(m+p-1) for GPipe and 1F1B; interleaving divides the warm-up by v, and
-  the plan reports Narayanan et al.'s (p-1)/(v*m) for it.
+  the plan reports Narayanan et al.'s (p-1)/(v*m) for it; for InterleavedZeroBubble that figure is an upper bound
+  (its deferred weight gradients fill part of the bubble, by how much depends on their time).
 - point-to-point: every stage boundary a micro-batch crosses sends its hidden state forward and its gradient
   back, so a rank sends 2 * v * m boundary tensors per step, one fewer per micro-batch for the first stage (no
   gradient to send back) and for the last (no output to send on); the plan counts the busiest rank (with p = 2
@@ -24,21 +28,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from accelkit import pipeline_schedules
 from accelkit.errors import AccelkitError
 
-# torch.distributed.pipelining's schedule class names (what `--pp-schedule` takes, case-insensitive) -> v
-SCHEDULES = {"GPipe": 1, "1F1B": 1, "Interleaved1F1B": 2}
-DEFAULT_SCHEDULE = "1F1B"
+# The schedules the plan models, by torch's class names less `Schedule` -> v; their names, spellings and the rules on
+# micro-batches are accelkit.pipeline_schedules', shared with config, launch and bench.
+SCHEDULES = {s.torch_name: s.stages_per_rank for s in pipeline_schedules.SCHEDULES}
+DEFAULT_SCHEDULE = pipeline_schedules.DEFAULT_SCHEDULE.torch_name
+ZERO_BUBBLE = "InterleavedZeroBubble"
 
 
 def schedule_name(text: str) -> str:
-    """`--pp-schedule` text -> the schedule's name as torch spells it (`interleaved1f1b` -> `Interleaved1F1B`)."""
-    by_key = {name.lower().replace("-", "").replace("_", ""): name for name in SCHEDULES}
-    key = text.strip().lower().replace("-", "").replace("_", "")
-    if key not in by_key:
-        raise AccelkitError(f"--pp-schedule {text!r} is not a pipeline schedule the plan models",
-                            hint=f"use one of {', '.join(SCHEDULES)} (torch.distributed.pipelining's names)")
-    return by_key[key]
+    """`--pp-schedule` text in any accepted spelling -> torch's spelling (`interleaved1f1b` -> `Interleaved1F1B`)."""
+    return pipeline_schedules.parse_schedule(text).torch_name
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,10 @@ class Pipeline:
             return m * v
         if v == 1:
             return min(m, p - rank)
-        return min(m * v, (v - 1) * p + 2 * (p - 1 - rank) + 1)
+        # torch's _get_warmup_ops: 2 forwards per hop from the last rank, 1 for the zero-bubble schedule (its
+        # backward is split, the weight gradients deferred)
+        per_hop = 1 if self.schedule == ZERO_BUBBLE else 2
+        return min(m * v, (v - 1) * p + per_hop * (p - 1 - rank) + 1)
 
     def head_in_flight(self) -> int:
         """Micro-batches whose loss inputs (logits) the last stage keeps: all of them under GPipe, one otherwise
@@ -113,22 +118,12 @@ class Pipeline:
         return f"{self.schedule}, {self.microbatches} micro-batches{v}"
 
 
-def default_microbatches(ranks: int, schedule: str) -> int:
-    """torchtitan's default: one micro-batch per stage of the whole pipeline."""
-    return ranks * (SCHEDULES[schedule] if ranks > 1 else 1)
-
-
 def check_pipeline(pipeline: Pipeline, layers: int | None) -> None:
     """The rules torch.distributed.pipelining and a stage split enforce, before anything is planned."""
     p, m = pipeline.ranks, pipeline.microbatches
     if p == 1:
         return
-    if m < p:
-        raise AccelkitError(f"--microbatches {m} is fewer than the {p} pipeline stages: every stage would idle",
-                            hint=f"give --microbatches {p} or more (a multiple of {p} keeps the bubble small)")
-    if pipeline.stages_per_rank > 1 and m % p:
-        raise AccelkitError(f"--microbatches {m} does not divide into rounds of {p} for {pipeline.schedule}",
-                            hint=f"give a multiple of {p}, e.g. --microbatches {(m // p + 1) * p}")
+    pipeline_schedules.check_microbatches(p, pipeline.schedule, m)
     if layers is not None and layers < pipeline.stages:
         raise AccelkitError(f"pp {p} with {pipeline.schedule} needs {pipeline.stages} stages, more than the "
                             f"model's {layers} layers", hint="use a smaller pp, or the 1F1B schedule (one stage "

@@ -38,7 +38,7 @@ def commands(plan: Plan, config_path: str | None = None, script: str | None = No
             options = options_with_compression(options, chosen.strategy, plan.compression, Path(path))
     return Commands(spine.config_command(options, path),
                     spine.launch_command(path, script or str(plan.spec.script or "your_script.py"),
-                                         chosen.strategy, chosen.accumulation), path)
+                                         chosen.strategy, chosen.accumulation, plan.hardware.nodes), path)
 
 
 def unit(plan: Plan) -> tuple[str, int]:
@@ -145,7 +145,7 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None,
         lines.append(f"Recommendation: {layout.describe()} ({layout.name}). {reason}.")
         lines += [f"  {command}" for command in choice.commands]
         if plan.hardware.nodes > 1:
-            lines.append("  (run the launch on every machine with --machine-rank R --main-process-ip ADDRESS_OF_0)")
+            lines.append(f"  {spine.MACHINES_NOTE}")
     elif rec.strategy is None:
         lines.append(f"Recommendation: none. {rec.reason}")
     else:
@@ -156,7 +156,7 @@ def text(plan: Plan, config_path: str | None = None, script: str | None = None,
         cmd = commands(plan, config_path, script)
         lines += [f"  {cmd.config}", f"  {cmd.launch}"]
         if hw.nodes > 1:
-            lines.append("  (run the launch on every machine with --machine-rank R --main-process-ip ADDRESS_OF_0)")
+            lines.append(f"  {spine.MACHINES_NOTE}")
         if tr.activation_checkpointing and plan.chosen.strategy.family != "fsdp":
             lines.append("  Activation checkpointing: call model.gradient_checkpointing_enable() in the script "
                          "(only FSDP configs switch it on).")

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from accelkit.plan.catalog import Strategy
 from accelkit.plan.inputs import MIXED_PRECISION, Hardware, Training
-from accelkit.shellwords import command_line
+from accelkit.shellwords import ShellVariable, command_line
+
+# What differs between the machines of a multi-machine job, in the commands the plan prints: each machine sets them
+# before running the same two lines (config refuses several machines without machine 0's address).
+MAIN_ADDRESS = ShellVariable("MAIN_PROCESS_IP")
+MACHINE_RANK = ShellVariable("MACHINE_RANK")
+MACHINES_NOTE = (f"(on every machine first set {MAIN_ADDRESS.name} to machine 0's address and {MACHINE_RANK.name} to "
+                 "its rank, 0 for machine 0; the same two commands then run on each)")
 
 
 def config_options_for(strategy: Strategy, hardware: Hardware, training: Training, accumulation: int):
@@ -62,12 +69,18 @@ def layout_options(layout, hardware: Hardware, training: Training, checkpointing
 
 
 def config_command(options, output: Path | str) -> str:
+    """The printed `accelkit config` line; on several machines with machine 0's address as a shell variable."""
+    if (options.num_machines or 1) > 1 and options.main_process_ip is None:
+        from dataclasses import replace
+
+        options = replace(options, main_process_ip=MAIN_ADDRESS)
     return options.config_command(output)
 
 
-def launch_command(config: Path | str, script: str, strategy: Strategy, accumulation: int) -> str:
+def launch_command(config: Path | str, script: str, strategy: Strategy, accumulation: int, machines: int = 1) -> str:
     in_launch = accumulation > 1 and strategy.family != "deepspeed"  # DeepSpeed keeps it in its config
-    flags = [("--config", config), ("--gradient-accumulation-steps", accumulation if in_launch else None)]
+    flags = [("--config", config), ("--machine-rank", MACHINE_RANK if machines > 1 else None),
+             ("--gradient-accumulation-steps", accumulation if in_launch else None)]
     return command_line("accelkit", "launch", flags=flags, args=[script])
 
 

@@ -57,7 +57,7 @@ SEVEN_B = ["--params", "7B", *MEMORY]
     (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4,pp=2", "--gpus", "4"],
      r"--layout dp_shard=4,pp=2 multiplies to 8 GPUs, not --num-processes 4"),
     (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4,pp=2", "--pp-schedule", "zigzag"],
-     r"--pp-schedule 'zigzag' is not a pipeline schedule the plan models"),
+     r"--pp-schedule 'zigzag' is not a pipeline schedule"),
     (["--params", "7B", "--gpu-memory", "80GB", "--layout", "dp_shard=4", "--pp-schedule", "1F1B"],
      r"--pp-schedule needs a pipeline: --layout has no pp dimension"),
     (["--params", "7B", *MEMORY, "--microbatches", "4"], r"--microbatches needs a pipeline: give --layout with pp=N"),

@@ -38,9 +38,11 @@ def test_bubble_and_bytes_per_pipeline_rank() -> None:
 
 def test_no_pipeline_no_figures_and_a_schedule_the_plan_does_not_model() -> None:
     assert pipeline_figures([{"steps": [], "pipeline": None}], 0, 2) is None
-    figures = pipeline_figures([rank([0], [0.01], 10, "ScheduleInterleavedZeroBubble")], 0, 2)
+    figures = pipeline_figures([rank([0], [0.01], 10, "ScheduleLoopedBFS")], 0, 2)  # torch's, not accelkit's
     assert figures is not None and figures.planned_bubble is None and figures.stages[0].p2p_computed is None
     assert plan_schedule("ScheduleInterleaved1F1B") == "Interleaved1F1B" and plan_schedule(None) is None
+    # every schedule config offers is one the plan models (accelkit.pipeline_schedules: one vocabulary)
+    assert plan_schedule("ScheduleInterleavedZeroBubble") == "InterleavedZeroBubble"
     assert rank_bubble([{"seconds": 1.0}]) is None and sent_bytes(None) is None
 
 

@@ -64,9 +64,10 @@ def test_pipeline_is_filled_and_spelled_for_the_ranks(given: dict, spec: str) ->
     ({"backend": "ddp", "num_processes": 2, "pp_schedule": "gpipe"},
      "--pp-schedule gpipe applies to a pipeline, but there is none"),
     ({"backend": "ddp", "num_processes": 2, "pp_size": 2, "microbatches": 1},
-     "--microbatches 1 is fewer than the 2 pipeline stages of --pp-size 2"),
+     "--microbatches 1 is fewer than the 2 pipeline stages (pp 2)"),
     ({"backend": "ddp", "num_processes": 4, "pp_size": 4, "pp_schedule": "interleaved1f1b", "microbatches": 9},
-     "the interleaved schedules run microbatches in 2 rounds of --pp-size 4, and 9 is not a multiple of 2"),
+     "the interleaved schedules run the microbatches in rounds of one per pipeline rank, and 9 is not a multiple "
+     "of pp 4"),
     ({"backend": "deepspeed", "num_processes": 2, "pp_size": 2},
      "--pp-size 2 with --backend deepspeed: DeepSpeed's pipeline engine is not reachable through Accelerate"),
     ({"backend": "fsdp", "num_processes": 4, "pp_size": 2, "cp_size": 2},
@@ -140,8 +141,8 @@ def test_config_check_reads_the_pipeline_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("microbatches=4", "microbatches=1"))
     errors = [f.message for f in check_config(bad) if f.is_error]
-    assert errors == ["microbatches 1 is fewer than the 2 pipeline stages of pp_size 2: every schedule needs a "
+    assert errors == ["microbatches 1 is fewer than the 2 pipeline stages (pp 2): every schedule needs a "
                       "microbatch for each stage in flight"]
     broken = tmp_path / "broken.yaml"
     broken.write_text(good.read_text().replace("schedule=1f1b", "schedule=zigzag"))
-    assert any("unknown pipeline schedule 'zigzag'" in f.message for f in check_config(broken) if f.is_error)
+    assert any("schedule 'zigzag' is not a pipeline schedule" in f.message for f in check_config(broken) if f.is_error)

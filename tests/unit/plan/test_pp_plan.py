@@ -90,7 +90,7 @@ def test_schedule_names(text, name):
 
 @pytest.mark.parametrize("pipeline, layers, message", [
     (Pipeline(8, "1F1B", 4), 80, "--microbatches 4 is fewer than the 8 pipeline stages"),
-    (Pipeline(4, "Interleaved1F1B", 6), 80, "does not divide into rounds of 4"),
+    (Pipeline(4, "Interleaved1F1B", 6), 80, "6 is not a multiple of pp 4"),
     (Pipeline(8, "Interleaved1F1B", 8), 12, "needs 16 stages, more than the model's 12 layers"),
 ])
 def test_pipeline_rules(pipeline, layers, message):
