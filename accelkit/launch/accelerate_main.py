@@ -21,8 +21,8 @@ from accelkit.errors import AccelkitError, report
 from accelkit.launch import failures
 from accelkit.launch.launch_dir import is_stalled, restore_user_tmpdir
 from accelkit.launch.restarts import forget_inherited_attempt
+from accelkit.line_state import start_line
 from accelkit.ranks import WATCH_DIR_ENV
-from accelkit.ranks.line_state import start_line
 
 
 def exit_status(returncode: int) -> int:

@@ -38,7 +38,7 @@ _ONE_SAVE = "copy every rank's file of one save into the folder, and nothing els
 
 
 @dataclass(frozen=True)
-class RankFiles:
+class PerRankFiles:
     """The rank files of one save: rank -> file, the world size the names give (verl's; Accelerate's names do not),
     the layout's name and why it was recognised."""
 
@@ -52,7 +52,7 @@ def is_rank_file(path: Path) -> bool:
     return bool(ACCELERATE.match(path.name) or VERL.match(path.name))
 
 
-def find_rank_files(folder: Path, model_index: int | None) -> RankFiles | None:
+def find_rank_files(folder: Path, model_index: int | None) -> PerRankFiles | None:
     """The per-rank files in `folder` (None when it holds none), refused when they cannot be one save's: ranks
     missing from the names, names of several world sizes."""
     accelerate: dict[int, dict[int, Path]] = {}
@@ -70,7 +70,7 @@ def find_rank_files(folder: Path, model_index: int | None) -> RankFiles | None:
         files = accelerate[index]
         _gaps(files, max(files) + 1, f"pytorch_model_fsdp_{index}_rank{{}}.bin", folder)
         extra = f"; {len(accelerate)} models saved, pick another with --model-index" if len(accelerate) > 1 else ""
-        return RankFiles(files, None, "Accelerate FSDP2 per-rank files (save_fsdp_model, use_dcp=False)",
+        return PerRankFiles(files, None, "Accelerate FSDP2 per-rank files (save_fsdp_model, use_dcp=False)",
                          f"{folder.name}/ holds pytorch_model_fsdp_{index}_rank*.bin: Accelerate's per-rank FSDP2 "
                          f"files{extra}")
     if not verl:
@@ -88,7 +88,7 @@ def find_rank_files(folder: Path, model_index: int | None) -> RankFiles | None:
         raise AccelkitError(f"{files[beyond[0]].name} names rank {beyond[0]} of a world of {world} ranks",
                             hint=_ONE_SAVE)
     _gaps(files, world, f"model_world_size_{world}_rank_{{}}.pt", folder)
-    return RankFiles(files, world, "per-rank FSDP2 state dicts (model_world_size_N_rank_R.pt)",
+    return PerRankFiles(files, world, "per-rank FSDP2 state dicts (model_world_size_N_rank_R.pt)",
                      f"{folder.name}/ holds model_world_size_{world}_rank_*.pt: per-rank FSDP2 state dicts")
 
 
@@ -145,7 +145,7 @@ def open_per_rank(folder: Path, model_index: int | None, reader: RecordReader) -
 class _Assembly:
     """The checks across the rank files, and each tensor's segments."""
 
-    def __init__(self, found: RankFiles, archives: dict[int, TorchArchive], source: CheckpointSource) -> None:
+    def __init__(self, found: PerRankFiles, archives: dict[int, TorchArchive], source: CheckpointSource) -> None:
         self.found, self.archives, self.source = found, archives, source
         self.dicts = {r: _state_dict(a) for r, a in archives.items()}
         self.ranks = sorted(archives)
@@ -250,7 +250,7 @@ class _Assembly:
     def _alias_key(self, name: str) -> tuple | None:
         """What makes `name` the same tensor as another (tied weights): the same local storage, offset, shape and
         strides, and the same placements, in every rank file."""
-        from accelkit.merge.torch_files import storage_key
+        from accelkit.merge.torch_files import storage_identity
 
         parts = []
         for rank in self.ranks:
@@ -258,7 +258,7 @@ class _Assembly:
             local = _local(value)
             if not local.numel():
                 return None
-            parts.append((storage_key(local), local.storage_offset(), tuple(local.shape), tuple(local.stride()),
+            parts.append((storage_identity(local), local.storage_offset(), tuple(local.shape), tuple(local.stride()),
                           local.dtype, tuple(getattr(value, "placements", ())), tuple(value.shape)))
         return tuple(parts)
 

@@ -59,7 +59,7 @@ class TorchFileSource(CheckpointSource):
         for name, t in sd.items():
             if not isinstance(t, torch.Tensor):
                 continue
-            key = (storage_key(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            key = (storage_identity(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
             if t.numel() and key in seen:
                 self.aliases[name] = seen[key]
                 continue
@@ -77,7 +77,7 @@ def torch_tensor(name: str, tensor: torch.Tensor, segments: list[Segment]) -> Te
     return Tensor(name, name_of(tensor.dtype), tuple(tensor.shape), segments, tensor.element_size())
 
 
-def storage_key(tensor: torch.Tensor) -> object:
+def storage_identity(tensor: torch.Tensor) -> object:
     """What identifies a tensor's storage: its record offset on the meta device, its address in memory."""
     storage = tensor.untyped_storage()
     offset = getattr(storage, "_checkpoint_offset", None)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, clip, debug_enabled, report
-from accelkit.ranks.line_state import track_line_state
+from accelkit.line_state import track_line_state
 from accelkit.ranks.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_failure, write_rank_error
 from accelkit.ranks.rank_output import whole_lines
 from accelkit.rehearsal import REHEARSAL_ENV, install

@@ -47,7 +47,7 @@ def test_carriage_returns_start_a_line_as_progress_bars_redraw() -> None:
 
 _RANK = """
 import sys
-from accelkit.ranks.line_state import track_line_state
+from accelkit.line_state import track_line_state
 track_line_state(sys.argv[1])
 for piece in sys.argv[2:]:
     sys.stderr.write(piece)
@@ -68,7 +68,7 @@ def test_accelkit_lines_start_a_line_after_a_ranks_unfinished_progress_bar(tmp_p
     """tqdm redraws `\\r 45%|####` with no newline until it closes: a rank that fails midway leaves the line open,
     and the supervisor's next line (written by another process to the same log) must not be glued to it
     (`grep ^accelkit` on a SLURM log). After a rank's whole line, no blank line is added."""
-    from accelkit.ranks.line_state import start_line
+    from accelkit.line_state import start_line
 
     log, watch_dir = tmp_path / "job.log", tmp_path / "launch"
     watch_dir.mkdir()
@@ -91,7 +91,7 @@ def test_accelkit_lines_start_a_line_after_a_ranks_unfinished_progress_bar(tmp_p
 def test_without_a_supervisor_a_ranks_streams_are_left_alone(tmp_path, monkeypatch) -> None:
     import sys
 
-    from accelkit.ranks.line_state import track_line_state
+    from accelkit.line_state import track_line_state
 
     monkeypatch.delenv("ACCELKIT_WATCH_DIR", raising=False)
     before = (sys.stdout, sys.stderr)

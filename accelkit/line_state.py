@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from accelkit.ranks.rank_files import WATCH_DIR_ENV
+from accelkit.ranks import WATCH_DIR_ENV
 
 LINE_STATE_FILE = "line-state"
 AT_LINE_START, MID_LINE = b"\n", b"-"
