@@ -105,7 +105,7 @@ def weights(runs: Runs) -> Verdict:
         return Verdict(name, SKIP, "no training step was reached on 2 ranks")
     per_rank = [_steps(r) for r in ranks]
     manual = per_rank[0][0].optimizer < 0
-    unit = "backward pass" if manual else "step"
+    units = "backward passes" if manual else "steps"
     for position, step in enumerate(per_rank[0]):
         others = [(r, steps[position]) for r, steps in enumerate(per_rank) if position < len(steps)]
         digests = {s.digest for _, s in others}
@@ -114,7 +114,7 @@ def weights(runs: Runs) -> Verdict:
             evidence = [f"rank {r}: {s.digest}" for r, s in others]
             if len(others) < len(per_rank):
                 counts = ", ".join(f"rank {r}: {len(s)}" for r, s in enumerate(per_rank))
-                return Verdict(name, FAIL, f"the ranks took different numbers of {unit}es ({counts})",
+                return Verdict(name, FAIL, f"the ranks took different numbers of {units} ({counts})",
                                tuple(evidence))
             befores = {s.before for _, s in others if s.before is not None}
             if len(befores) > 1:
@@ -129,7 +129,7 @@ def weights(runs: Runs) -> Verdict:
     lengths = {len(s) for s in per_rank}
     if len(lengths) > 1:
         counts = ", ".join(f"rank {r}: {len(s)}" for r, s in enumerate(per_rank))
-        return Verdict(name, FAIL, f"the ranks took different numbers of {unit}es ({counts})")
+        return Verdict(name, FAIL, f"the ranks took different numbers of {units} ({counts})")
     count = len(per_rank[0])
     what = f"before each of {count} backward passes" if manual else f"after each of {count} optimizer steps"
     gathered = " (full parameters gathered from the FSDP shards)" if ranks[0].backend == "fsdp" else ""
