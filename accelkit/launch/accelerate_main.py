@@ -21,7 +21,6 @@ from accelkit.errors import AccelkitError, report
 from accelkit.launch import failures
 from accelkit.launch.launch_dir import is_stalled, restore_user_tmpdir
 from accelkit.launch.restarts import forget_inherited_attempt
-from accelkit.line_state import start_line
 from accelkit.ranks import WATCH_DIR_ENV
 
 
@@ -275,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
         rendezvous.wait_for_machine_zero()
         launch_command(args)
     except ChildFailedError as exc:
-        start_line(watch_dir=watch_dir)  # what follows starts a line, even after a rank's unfinished progress bar
         _record_first_failure(exc)
         if is_stalled(watch_dir):  # the supervisor stopped a stalled job and has said why
             return 1

@@ -179,9 +179,6 @@ class RestartReporter(logging.Handler):
         return None
 
     def _say(self, text: str) -> None:
-        from accelkit.line_state import start_line
-
-        start_line(self.stream, self.watch_dir)  # a rank's progress bar may have left its line open
         print(f"accelkit: {text}", file=self.stream or sys.stderr, flush=True)
 
     def _append(self, entry: dict) -> None:

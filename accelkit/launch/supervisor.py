@@ -124,9 +124,6 @@ class Supervisor:
         self.failures: list = []  # RankFailure, the earliest first, read when the job is over
 
     def _say(self, text: str) -> None:
-        from accelkit.line_state import start_line
-
-        start_line(self.messages, self.watch.watch_dir if self.watch is not None else None)  # a bar left open
         print(f"accelkit: {text}", file=self.messages or sys.stderr, flush=True)
 
     # -- signals ---------------------------------------------------------------------------------------------

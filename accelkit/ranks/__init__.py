@@ -9,7 +9,6 @@ unmodified script.
                  counter, failure record, one-line explanations);
 - resume_record.py, restart_store.py   which checkpoint a rank resumed from; a restarted group's store keys, by round;
 - rank_output.py each rank's output in whole lines (line-buffered); the `--rank-prefix` probe;
-- line_state.py  whether the ranks left a line open (a progress bar), so accelkit's own lines start a new one;
 - explain.py     known failures of a rank, turned into one line naming the cause and the fix;
 - user_code.py   telling the user's frames from library frames in a stack;
 - probes/        what the per-feature probes (bench, plan --measure, convert --check) share.

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 from accelkit.errors import AccelkitError, clip, debug_enabled, report
-from accelkit.line_state import track_line_state
 from accelkit.ranks.rank_files import WATCH_DIR_ENV, RankFailure, RankFiles, write_failure, write_rank_error
 from accelkit.ranks.rank_output import whole_lines
 from accelkit.rehearsal import REHEARSAL_ENV, install
@@ -107,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     whole_lines()  # torchrun's `python -u` would let two ranks' lines glue together
-    track_line_state()  # where the supervisor's own lines start (a progress bar may leave a line open)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv == ["-m"]:
         print(USAGE, file=sys.stderr)
