@@ -48,7 +48,7 @@ def check_backend(spec: CompressionSpec, cfg: Any, *, reduce_dtype_given: bool =
     if not spec.active:
         return NONE
     flag = f"--grad-compression {spec.method}"
-    pipeline = getattr(cfg.parallelism, "pp", 1) if cfg.parallelism is not None else 1
+    pipeline = getattr(cfg.parallelism, "pp", 1)  # None: no layout
     if pipeline > 1:  # the template's pipeline loop shards its stages itself: nothing would apply it
         said = f"--reduce-dtype {spec.method}" if reduce_dtype_given else flag
         raise AccelkitError(f"{said} with a pipeline (pp {pipeline}): the pipeline's stages run in the template's "

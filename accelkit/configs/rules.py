@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, WrapPolicy
+from accelkit.configs.choices import Backend, MixedPrecision, OffloadDevice, Sharding, StateDict, WrapPolicy
 from accelkit.configs.findings import ERROR, WARNING, Finding, raise_first_error
 from accelkit.configs.options import ConfigOptions, backend_group, config_key, flag_name
 from accelkit.configs.resolved import DEFAULT, FLAG, ResolvedConfig
@@ -329,8 +329,7 @@ def _pp_options(cfg: ResolvedConfig, p: Any) -> Iterator[Finding]:
         said = flag_name(name) if value is True and cfg.given_by_flag(name) else cfg.said(name)
         yield _finding("pp-option", ERROR, f"{said} with {cfg.said('pp_size')}: {why}",
                        f"drop {flag_name(name)} (docs/guides/nd-parallelism.md lists what pipelines apply)", name)
-    if cfg.value("state_dict") is not None and str(getattr(cfg.value("state_dict"), "value", cfg.value("state_dict"))
-                                                  ) == "full" and cfg.source("state_dict").kind != DEFAULT:
+    if cfg.value("state_dict") == StateDict.FULL and cfg.source("state_dict").kind != DEFAULT:
         yield _finding("pp-option", ERROR, f"{cfg.said('state_dict')} with {cfg.said('pp_size')}: the pipeline saves "
                        "each stage's shards (torch distributed checkpoint) and its final model as safetensors per "
                        "stage", "drop --state-dict full; `accelkit merge-ckpt` merges a pipeline checkpoint into one "

@@ -37,8 +37,17 @@ class Context:
         for node in self.nodes:
             self._by_class.setdefault(type(node), []).append(node)
         self._aliases, self._bound = _imported_and_defined(self.nodes)
+        self._scopes = None
 
     # --- navigation -------------------------------------------------------------------------------------------
+    def scopes(self):
+        """libcst's scope of every node (ScopeProvider), worked out once, on first use: most conversions never ask."""
+        if self._scopes is None:
+            from libcst.metadata import MetadataWrapper, ScopeProvider
+
+            self._scopes = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(ScopeProvider)
+        return self._scopes
+
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self._parents.get(node)
 

@@ -651,13 +651,12 @@ def _declare_outer_names(ctx: Context, plan: EditPlan, function: cst.FunctionDef
     the prepared object replaces the outer one, for the other functions that use it too."""
     if function is None:
         return
-    from libcst.metadata import FunctionScope, GlobalScope, MetadataWrapper, ScopeProvider
+    from libcst.metadata import FunctionScope, GlobalScope
 
     plain = [k for k in keys if k.isidentifier()]
     if not plain:
         return
-    scopes = MetadataWrapper(ctx.module, unsafe_skip_copy=True).resolve(ScopeProvider)
-    inner = scopes.get(function.body.body[0]) if function.body.body else None
+    inner = ctx.scopes().get(function.body.body[0]) if function.body.body else None
     if not isinstance(inner, FunctionScope):
         return
     declared: dict[str, list[str]] = {"global": [], "nonlocal": []}
